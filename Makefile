@@ -1,0 +1,48 @@
+# Entry points. Every target bootstraps .venv and the generated gRPC code itself.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+PROTOS := $(sort $(wildcard proto/mqstore/v1/*.proto))
+GENERATED := gen/.generated
+STORE ?= ./data
+PYTEST_ARGS ?=
+
+.PHONY: setup proto run test lint bench clean
+
+setup: $(GENERATED)
+
+$(INSTALLED): requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	touch $@
+
+# Generated code is never edited by hand: it is rebuilt from proto/ whenever a .proto changes.
+$(GENERATED): $(INSTALLED) $(PROTOS) pyproject.toml
+	rm -rf gen && mkdir -p gen
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS)
+	touch gen/mqstore/__init__.py gen/mqstore/v1/__init__.py
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+proto:
+	rm -f $(GENERATED)
+	$(MAKE) $(GENERATED)
+
+run: $(GENERATED)
+	$(VENV)/bin/mqstore run --store $(STORE)
+
+test: $(GENERATED)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(GENERATED)
+	$(VENV)/bin/ruff check services gateway pipeline tests bench
+	$(VENV)/bin/mypy services gateway pipeline
+
+bench: $(GENERATED)
+	$(PY) -m bench.append_engine
+	$(PY) -m bench.append_grpc
+	$(PY) -m bench.sync_flush
+
+clean:
+	rm -rf $(VENV) gen build *.egg-info

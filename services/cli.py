@@ -1,0 +1,69 @@
+"""The ``mqstore`` command line: run the services, inspect store files offline."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mqstore", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    _add_run(commands)
+    _add_inspect(commands)
+    return parser
+
+
+def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = commands.add_parser("run", help="run the whole system on an embedded default (127.0.0.1)")
+    run.add_argument("--store", default="./data", help="store root directory (default ./data)")
+    run.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+    run.set_defaults(handler=_run)
+
+    serve = commands.add_parser("commitlog", help="run the commitlog service alone")
+    serve.add_argument("--store", default="./data", help="store root directory")
+    serve.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+    serve.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9901)")
+    serve.set_defaults(handler=_serve_commitlog)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from services.commitlog.main import serve
+
+    return serve(store=args.store, config_file=args.config, listen=None)
+
+
+def _serve_commitlog(args: argparse.Namespace) -> int:
+    from services.commitlog.main import serve
+
+    return serve(store=args.store, config_file=args.config, listen=args.listen)
+
+
+def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    inspect = commands.add_parser("inspect", help="decode store files offline")
+    kinds = inspect.add_subparsers(dest="kind", required=True)
+    commitlog = kinds.add_parser("commitlog", help="decode every record of a commitlog directory")
+    commitlog.add_argument("dir", help="a commitlog directory (mqstore's or RocketMQ's)")
+    commitlog.add_argument("--from", dest="from_offset", type=int, default=None,
+                           help="start at this commitlog offset (a record boundary)")
+    commitlog.add_argument("--json", action="store_true", help="one JSON object per record")
+    commitlog.set_defaults(handler=_inspect_commitlog)
+
+
+def _inspect_commitlog(args: argparse.Namespace) -> int:
+    from services.store.inspect_commitlog import main as inspect_main
+
+    return inspect_main(args.dir, args.from_offset, args.json)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

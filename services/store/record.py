@@ -1,0 +1,269 @@
+"""The CommitLog record codec: RocketMQ's v1 message layout (decoding also accepts v2).
+
+All integers are big-endian. A v1 record with IPv4 hosts::
+
+    0  TOTALSIZE 4        28 PHYSICALOFFSET 8     64 STOREHOSTADDRESS 8 (20 if sysFlag & 0x20)
+    4  MAGICCODE 4        36 SYSFLAG 4            72 RECONSUMETIMES 4
+    8  BODYCRC 4          40 BORNTIMESTAMP 8      76 PREPARED TRANSACTION OFFSET 8
+    12 QUEUEID 4          48 BORNHOST 8 (20 if    84 BODYLENGTH 4, body
+    16 FLAG 4                sysFlag & 0x10)         TOPICLENGTH 1 (v2: 2), topic
+    20 QUEUEOFFSET 8      56 STORETIMESTAMP 8        PROPERTIESLENGTH 2, properties
+
+Offsets after BORNHOST shift by 12 for every IPv6 host. The end of a file is marked by a BLANK
+record: TOTALSIZE = bytes left in the file, MAGICCODE = BLANK_MAGIC_CODE; only those 8 bytes are
+written, which is why a file always keeps 8 bytes free for it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.store.message import (
+    BORNHOST_V6_FLAG,
+    DEFAULT_DELAY_LEVELS_MS,
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    SCHEDULE_TOPIC,
+    STOREHOSTADDRESS_V6_FLAG,
+    MessageRecord,
+    string_to_properties,
+    tags_code,
+)
+from services.store.socket_address import decode_address
+
+MESSAGE_MAGIC_CODE = 0xDAA320A7
+MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB
+BLANK_MAGIC_CODE = 0xCBD43194
+END_FILE_MIN_BLANK_LENGTH = 8
+
+QUEUE_OFFSET_POS = 20
+PHYSICAL_OFFSET_POS = 28
+SYSFLAG_POS = 36
+BORNHOST_POS = 48
+IPV4_HOST_LENGTH = 8
+IPV6_HOST_LENGTH = 20
+MAX_TOPIC_LENGTH_V1 = 127
+MAX_PROPERTIES_LENGTH = 32767
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP, 48 bytes
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_I16 = struct.Struct(">h")
+_AFTER_STORE_HOST = struct.Struct(">iqi")  # RECONSUMETIMES, PREPARED TX OFFSET, BODYLENGTH
+
+
+class RecordError(ValueError):
+    """Bytes at an offset that are not a valid record."""
+
+
+def body_crc(body: bytes) -> int:
+    """BODYCRC as RocketMQ computes it: CRC32 masked to a non-negative Java int."""
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def host_lengths(sys_flag: int) -> tuple[int, int]:
+    born = IPV6_HOST_LENGTH if sys_flag & BORNHOST_V6_FLAG else IPV4_HOST_LENGTH
+    store = IPV6_HOST_LENGTH if sys_flag & STOREHOSTADDRESS_V6_FLAG else IPV4_HOST_LENGTH
+    return born, store
+
+
+def store_timestamp_pos(sys_flag: int) -> int:
+    return BORNHOST_POS + host_lengths(sys_flag)[0]
+
+
+def record_length(sys_flag: int, body_len: int, topic_len: int, properties_len: int, v2: bool = False) -> int:
+    """Total stored size of a record (RocketMQ's calMsgLength)."""
+    born, store = host_lengths(sys_flag)
+    return 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born + 8 + store + 4 + 8 + 4 + body_len \
+        + (2 if v2 else 1) + topic_len + 2 + properties_len
+
+
+def encode_blank(size: int) -> bytes:
+    """The 8 bytes written at a file's end: TOTALSIZE (bytes left) and the BLANK magic."""
+    return _SIZE_MAGIC.pack(size, BLANK_MAGIC_CODE)
+
+
+def encode_record(
+    *,
+    topic: bytes,
+    queue_id: int,
+    body: bytes,
+    flag: int,
+    properties: bytes,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_host: bytes,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    queue_offset: int = 0,
+    commitlog_offset: int = 0,
+    store_timestamp: int = 0,
+    crc: int | None = None,
+) -> bytes:
+    """Encode one v1 record. The engine passes 0 for the fields it patches under the put lock
+    (queue offset, commitlog offset, store timestamp) and fills them with :func:`patch_offsets`."""
+    total = record_length(sys_flag, len(body), len(topic), len(properties))
+    return b"".join((
+        _PREFIX.pack(
+            total, MESSAGE_MAGIC_CODE, body_crc(body) if crc is None else crc, queue_id, flag,
+            queue_offset, commitlog_offset, sys_flag, born_timestamp,
+        ),
+        born_host,
+        _I64.pack(store_timestamp),
+        store_host,
+        _AFTER_STORE_HOST.pack(reconsume_times, prepared_transaction_offset, len(body)),
+        body,
+        _U8.pack(len(topic)),
+        topic,
+        _I16.pack(len(properties)),
+        properties,
+    ))
+
+
+_OFFSETS = struct.Struct(">qq")
+
+
+def patch_offsets(buf: bytearray, pos: int, queue_offset: int, commitlog_offset: int,
+                  store_timestamp: int, timestamp_pos: int) -> None:
+    """Fill the fields only known under the put lock into an encoded record at ``buf[pos:]``."""
+    _OFFSETS.pack_into(buf, pos + QUEUE_OFFSET_POS, queue_offset, commitlog_offset)
+    _I64.pack_into(buf, pos + timestamp_pos, store_timestamp)
+
+
+def read_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """TOTALSIZE and MAGICCODE at ``pos`` (magic unsigned)."""
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    return int(size), int(magic)
+
+
+def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageRecord:
+    """Decode the record at ``buf[pos:]``. Raises RecordError if it is not a whole valid record
+    (a BLANK record raises too: callers check the magic first)."""
+    limit = len(buf)
+    if pos + 8 > limit:
+        raise RecordError(f"offset {pos}: fewer than 8 bytes left")
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
+        raise RecordError(f"offset {pos}: magic code {magic:#010x} is not a message magic code")
+    if size < 91 or pos + size > limit:
+        raise RecordError(f"offset {pos}: total size {size} does not fit the {limit - pos} bytes left")
+    try:
+        (_, _, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
+         born_ts) = _PREFIX.unpack_from(buf, pos)
+        born_len, store_len = host_lengths(sys_flag)
+        p = pos + BORNHOST_POS
+        born_host = decode_address(bytes(buf[p:p + born_len]))
+        p += born_len
+        store_ts = _I64.unpack_from(buf, p)[0]
+        p += 8
+        store_host = decode_address(bytes(buf[p:p + store_len]))
+        p += store_len
+        reconsume, prepared, body_len = _AFTER_STORE_HOST.unpack_from(buf, p)
+        p += 16
+        if body_len < 0 or p + body_len > pos + size:
+            raise RecordError(f"offset {pos}: body length {body_len} exceeds the record")
+        body = bytes(buf[p:p + body_len])
+        p += body_len
+        if magic == MESSAGE_MAGIC_CODE:
+            topic_len = _U8.unpack_from(buf, p)[0]
+            p += 1
+        else:
+            topic_len = _U16.unpack_from(buf, p)[0]
+            p += 2
+        topic = bytes(buf[p:p + topic_len]).decode("utf-8")
+        p += topic_len
+        props_len = _I16.unpack_from(buf, p)[0]
+        p += 2
+        if props_len < 0:
+            raise RecordError(f"offset {pos}: negative properties length {props_len}")
+        props = bytes(buf[p:p + props_len]).decode("utf-8")
+        p += props_len
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise RecordError(f"offset {pos}: malformed record ({exc})") from None
+    if p - pos != size:
+        raise RecordError(f"offset {pos}: fields add up to {p - pos} bytes, total size says {size}")
+    return MessageRecord(
+        store_size=size, magic=magic, body_crc=crc, queue_id=queue_id, flag=flag,
+        queue_offset=queue_offset, commitlog_offset=commitlog_offset, sys_flag=sys_flag,
+        born_timestamp=born_ts, born_host=born_host, store_timestamp=store_ts, store_host=store_host,
+        reconsume_times=reconsume, prepared_transaction_offset=prepared, body=body, topic=topic,
+        properties=string_to_properties(props),
+    )
+
+
+@dataclass(slots=True, frozen=True)
+class DispatchRequest:
+    """What RocketMQ's checkMessageAndReturnSize yields: the facts the ConsumeQueue and IndexFile
+    need. ``msg_size`` > 0 is a record, 0 a BLANK (move to the next file); ``success`` False stops a walk."""
+
+    success: bool
+    msg_size: int
+    topic: str = ""
+    queue_id: int = 0
+    commitlog_offset: int = 0
+    queue_offset: int = 0
+    tags_code: int = 0
+    store_timestamp: int = 0
+    keys: str | None = None
+    uniq_key: str | None = None
+    sys_flag: int = 0
+    prepared_transaction_offset: int = 0
+
+
+INVALID = DispatchRequest(success=False, msg_size=-1)
+
+
+def deliver_timestamp(delay_level: int, store_timestamp: int, delay_levels_ms: Sequence[int]) -> int:
+    """ScheduleMessageService.computeDeliverTimestamp: store time + the level's delay."""
+    if 1 <= delay_level <= len(delay_levels_ms):
+        return store_timestamp + delay_levels_ms[delay_level - 1]
+    return store_timestamp + 1000
+
+
+def check_record(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    check_crc: bool = True,
+    delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS,
+) -> DispatchRequest:
+    """Validate the record at ``pos`` the way recovery and dispatch do (checkMessageAndReturnSize)."""
+    if pos + 8 > len(buf):
+        return INVALID
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return DispatchRequest(success=True, msg_size=0)
+    try:
+        record = decode_record(buf, pos)
+    except RecordError:
+        return DispatchRequest(success=False, msg_size=size if magic in (
+            MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) else -1)
+    if check_crc and body_crc(record.body) != record.body_crc:
+        return INVALID
+    return dispatch_request_of(record, delay_levels_ms)
+
+
+def dispatch_request_of(record: MessageRecord,
+                        delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchRequest:
+    props = record.properties
+    code = tags_code(props.get(PROPERTY_TAGS))
+    delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
+    if record.topic == SCHEDULE_TOPIC and delay is not None:
+        level = min(int(delay), len(delay_levels_ms))
+        if level > 0:
+            code = deliver_timestamp(level, record.store_timestamp, delay_levels_ms)
+    return DispatchRequest(
+        success=True, msg_size=record.store_size, topic=record.topic, queue_id=record.queue_id,
+        commitlog_offset=record.commitlog_offset, queue_offset=record.queue_offset, tags_code=code,
+        store_timestamp=record.store_timestamp, keys=props.get(PROPERTY_KEYS),
+        uniq_key=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), sys_flag=record.sys_flag,
+        prepared_transaction_offset=record.prepared_transaction_offset,
+    )
