@@ -1,0 +1,463 @@
+"""The CommitLog engine: one sequential log of every message, recovered on start, flushed by policy.
+
+Usable in-process (tests, benchmarks) and behind the gRPC servicer. Thread-safe: appends are
+serialised by the put lock; reads and tails run concurrently with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService, ServiceThread
+from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
+from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from services.commitlog.queue_offsets import (
+    QueueKey,
+    QueueOffsetSnapshot,
+    QueueOffsetStore,
+    advances_queue,
+    replay_queue_offsets,
+)
+from services.commitlog.recovery import recover_abnormally, recover_normally
+from services.commitlog.topic_config import PERM_WRITE, TopicConfig, TopicConfigManager, check_topic_name
+from services.store.checkpoint import StoreCheckpoint
+from services.store.config import SYNC_FLUSH, MessageStoreConfig
+from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, UnavailableError
+from services.store.mapped_file import MappedFile
+from services.store.mapped_file_queue import MappedFileQueue
+from services.store.message import Message, parse_delay_levels
+from services.store.message_id import encode_message_id
+from services.store.record import (
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    PHYSICAL_OFFSET_POS,
+    encode_blank,
+    patch_offsets,
+)
+from services.store.store_root import AbortFile, StoreLock
+from services.store.transient_store_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+_SIZE_MAGIC = struct.Struct(">iI")
+_I64 = struct.Struct(">q")
+MAX_READ_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class TailChunk:
+    start_offset: int
+    data: bytes
+    next_offset: int
+    record_count: int
+
+
+@dataclass(slots=True, frozen=True)
+class StoreStats:
+    min_offset: int
+    max_offset: int
+    flushed_offset: int
+    committed_offset: int
+    mapped_file_count: int
+    disk_total_bytes: int
+    disk_used_bytes: int
+
+
+class CommitLog:
+    def __init__(self, config: MessageStoreConfig, store_root: str | Path) -> None:
+        config.validate()
+        self.config = config
+        self.root = Path(store_root)
+        self.sync_flush = config.flush_disk_type == SYNC_FLUSH
+        # RocketMQ uses the pool only for an async-flushing master.
+        self.pool_enabled = config.transient_store_pool_enable and not self.sync_flush
+        self._delay_levels_ms = parse_delay_levels(config.message_delay_level)
+        self._lock_file = StoreLock(self.root)
+        self._abort = AbortFile(self.root)
+        self.pool = TransientStorePool(config.transient_store_pool_size, config.mapped_file_size_commit_log) \
+            if self.pool_enabled else None
+        self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool)
+        self.topics = TopicConfigManager(self.root / "config" / "topics.json")
+        self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
+        self.encoder = MessageEncoder(config.store_host, config.max_message_size,
+                                      config.mapped_file_size_commit_log, len(self._delay_levels_ms))
+        self.queue_table: dict[QueueKey, int] = {}
+        self._put_lock = threading.Lock()
+        self._new_data = threading.Condition()
+        self._tail_waiters = 0
+        self._running = False
+        self.disk_full = False
+        self.incarnation = ""
+        self._checkpoint: StoreCheckpoint | None = None
+        self._services: list[ServiceThread] = []
+        self._group_commit: GroupCommitService | None = None
+        self._flush_service: ServiceThread | None = None
+        self._state_service: StoreStateService | None = None
+        self.last_exit_ok = True
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._lock_file.acquire()
+        try:
+            self._start_locked()
+        except BaseException:
+            self._lock_file.release()
+            raise
+
+    def _start_locked(self) -> None:
+        started = time.monotonic()
+        self.last_exit_ok = not self._abort.exists()
+        self._checkpoint = StoreCheckpoint(self.root / "checkpoint")
+        self.mfq.load()
+        cfg = self.config
+        if self.last_exit_ok:
+            end = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms)
+        else:
+            log.warning("abort file found in %s: the last stop was not clean, recovering abnormally", self.root)
+            end = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
+                                     cfg.message_index_enable and cfg.message_index_safe, self._delay_levels_ms)
+        self.mfq.truncate_dirty_files(end)
+        self.topics.load()
+        self._restore_queue_table(end)
+        self._abort.create()
+        self.incarnation = uuid.uuid4().hex
+        self._start_services()
+        self._running = True
+        log.info("commitlog ready in %.2fs: offsets [%d, %d), %d queues, incarnation %s",
+                 time.monotonic() - started, self.min_offset, self.max_offset, len(self.queue_table),
+                 self.incarnation)
+
+    def _restore_queue_table(self, end: int) -> None:
+        snapshot = self._queue_offset_store.load()
+        start = self.mfq.min_offset
+        table: dict[QueueKey, int] = {}
+        if snapshot is not None and self.mfq.min_offset <= snapshot.commitlog_offset <= end:
+            start, table = snapshot.commitlog_offset, dict(snapshot.next_offsets)
+        elif snapshot is not None:
+            log.warning("queue offset snapshot at %d is outside the log [%d, %d]: rebuilding from the log",
+                        snapshot.commitlog_offset, self.mfq.min_offset, end)
+        replayed = replay_queue_offsets(self.mfq, start, end, table)
+        log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
+        self.queue_table = table
+        self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
+
+    def _start_services(self) -> None:
+        cfg = self.config
+        if self.sync_flush:
+            self._group_commit = GroupCommitService(self.mfq)
+            flush: ServiceThread = self._group_commit
+        else:
+            flush = FlushRealTimeService(self.mfq, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,
+                                         cfg.flush_commit_log_thorough_interval, cfg.flush_commit_log_timed)
+        self._services = [flush]
+        self._flush_service = flush
+        if self.pool_enabled:
+            commit = CommitRealTimeService(self.mfq, cfg.commit_interval_commit_log, cfg.commit_commit_log_least_pages,
+                                           cfg.commit_commit_log_thorough_interval, flush)
+            self._services.insert(0, commit)
+            self._flush_service = commit
+        assert self._checkpoint is not None
+        self._state_service = StoreStateService(self, self._checkpoint)
+        self._services.append(self._state_service)
+        for service in self._services:
+            service.start()
+
+    def shutdown(self) -> None:
+        """Clean stop: drain puts, commit and flush everything, write the checkpoint, remove abort."""
+        with self._put_lock:
+            self._running = False
+        for service in self._services:  # commit before flush, flush before checkpoint
+            service.stop()
+        self._services = []
+        while self.mfq.commit(0):
+            pass
+        self.mfq.flush_until(self.mfq.max_offset)
+        if self._checkpoint is not None:
+            if self.mfq.store_timestamp:
+                self._checkpoint.physic_msg_timestamp = self.mfq.store_timestamp
+            self._checkpoint.close()
+            self._checkpoint = None
+        self._queue_offset_store.save(self.queue_offset_snapshot())
+        self.mfq.shutdown()
+        if self.pool is not None:
+            self.pool.close()
+        with self._new_data:
+            self._new_data.notify_all()
+        self._abort.remove()
+        self._lock_file.release()
+        log.info("commitlog stopped cleanly at offset %d", self.max_offset)
+
+    @property
+    def writable(self) -> bool:
+        return self._running and not self.disk_full
+
+    # -- put ---------------------------------------------------------------------------------
+    def put_message(self, msg: Message) -> PutMessageResult:
+        return self.put_messages([msg])[0]
+
+    def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
+        """Append ``messages`` in order under one hold of the put lock. All are validated first:
+        one bad message rejects the whole batch and nothing is written."""
+        if not messages:
+            return []
+        now = int(time.time() * 1000)
+        encoded = [self._encode(msg, now, i if len(messages) > 1 else None) for i, msg in enumerate(messages)]
+        with self._put_lock:
+            if not self.writable:
+                raise UnavailableError("the commitlog is not writable (stopping, or the disk is full)")
+            results = self._append_locked(encoded)
+        if self._tail_waiters:
+            with self._new_data:
+                self._new_data.notify_all()
+        self._handle_flush(encoded, results)
+        return results
+
+    def _encode(self, msg: Message, now: int, index: int | None) -> EncodedMessage:
+        encoded = self.encoder.encode(msg, now, index)
+        self._check_queue(encoded.topic, encoded.queue_id, index)
+        return encoded
+
+    def _check_queue(self, topic: str, queue_id: int, index: int | None) -> None:
+        config = self.topics.get(topic)
+        if config is None:
+            try:
+                check_topic_name(topic)
+            except InvalidArgumentError as exc:
+                raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, str(exc), index) from None
+            if not self.config.auto_create_topic_enable:
+                raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
+            config = self.topics.get_or_create(topic, self.config.default_topic_queue_nums)
+        if not config.perm & PERM_WRITE:
+            raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, f"topic {topic!r} is not writable (perm {config.perm})",
+                                  index)
+        if not 0 <= queue_id < config.write_queue_nums:
+            raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
+                                  f"queue id {queue_id} is out of range for topic {topic!r}: it has "
+                                  f"{config.write_queue_nums} write queues (0..{config.write_queue_nums - 1})", index)
+
+    def _append_locked(self, encoded: Sequence[EncodedMessage]) -> list[PutMessageResult]:
+        store_timestamp = int(time.time() * 1000)
+        batch = bytearray(b"".join([e.record for e in encoded]))
+        view = memoryview(batch)
+        table = self.queue_table
+        store_host = self.encoder.store_host
+        results: list[PutMessageResult] = []
+        mapped = self.mfq.last_file_for_append()
+        file_pos = mapped.wrote_position
+        segment_start = batch_pos = 0
+        try:
+            for e in encoded:
+                size = len(e.record)
+                if size + END_FILE_MIN_BLANK_LENGTH > mapped.file_size - file_pos:
+                    mapped.append(view[segment_start:batch_pos])
+                    mapped = self._roll(mapped, store_timestamp)
+                    file_pos, segment_start = 0, batch_pos
+                commitlog_offset = mapped.file_from_offset + file_pos
+                key = (e.topic, e.queue_id)
+                if advances_queue(e.sys_flag):
+                    queue_offset = table.get(key, 0)
+                    table[key] = queue_offset + 1
+                else:
+                    queue_offset = 0
+                patch_offsets(batch, batch_pos, queue_offset, commitlog_offset, store_timestamp, e.timestamp_pos)
+                results.append(PutMessageResult(
+                    PutMessageStatus.PUT_OK, commitlog_offset, size, queue_offset, store_timestamp,
+                    encode_message_id(store_host, commitlog_offset), e.topic, e.queue_id))
+                batch_pos += size
+                file_pos += size
+            mapped.append(view[segment_start:batch_pos])
+        finally:
+            view.release()
+        mapped.store_timestamp = store_timestamp
+        return results
+
+    def _roll(self, mapped: MappedFile, store_timestamp: int) -> MappedFile:
+        """END_OF_FILE: mark the rest of the file BLANK and continue in the next file."""
+        remaining = mapped.remaining
+        mapped.append(encode_blank(remaining))
+        mapped.wrote_position = mapped.file_size
+        mapped.store_timestamp = store_timestamp
+        return self.mfq.last_file_for_append()
+
+    def _handle_flush(self, encoded: Sequence[EncodedMessage], results: list[PutMessageResult]) -> None:
+        if self._group_commit is not None:
+            if any(e.wait_store_msg_ok for e in encoded):
+                last = results[-1]
+                end = last.commitlog_offset + last.wrote_bytes
+                if not self._group_commit.wait_for_flush(end, self.config.sync_flush_timeout / 1000):
+                    log.warning("flush of offset %d did not finish within syncFlushTimeout", end)
+                    for result in results:
+                        result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        elif self._flush_service is not None:
+            self._flush_service.wakeup()
+
+    # -- read --------------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        return self.mfq.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.mfq.max_offset
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) of one file; the query path reads whole records this way."""
+        if size <= 0 or size > MAX_READ_BYTES:
+            raise InvalidArgumentError(f"size {size} must be within 1..{MAX_READ_BYTES}")
+        self._check_offset_range(offset, offset + size)
+        mapped = self.mfq.find_by_offset(offset)
+        if mapped is None:
+            raise OutOfRangeError(f"offset {offset} is not in the log [{self.min_offset}, {self.max_offset})")
+        position = offset - mapped.file_from_offset
+        if position + size > mapped.file_size:
+            raise InvalidArgumentError(f"[{offset}, {offset + size}) crosses the end of file {mapped.path.name}: "
+                                       "a record never does")
+        try:
+            return mapped.read(position, size)
+        except ValueError as exc:  # deleted or not yet readable meanwhile
+            raise OutOfRangeError(str(exc)) from None
+
+    def _check_offset_range(self, start: int, end: int) -> None:
+        if start < 0:
+            raise InvalidArgumentError(f"offset {start} is negative")
+        min_offset, max_offset = self.min_offset, self.max_offset
+        if start < min_offset:
+            raise OutOfRangeError(f"offset {start} is below the min offset {min_offset} (older files were deleted)")
+        if end > max_offset:
+            raise OutOfRangeError(f"[{start}, {end}) goes past the max offset {max_offset}")
+
+    def tail_chunk(self, offset: int, max_bytes: int) -> TailChunk:
+        """Whole records from ``offset`` (a record boundary), up to ``max_bytes`` (at least one record).
+        An empty chunk means the caller is at the end of the log."""
+        self._check_tail_start(offset)
+        mapped = self.mfq.find_by_offset(offset)
+        if mapped is None:  # offset == max offset on a file boundary, or an empty log
+            return TailChunk(offset, b"", offset, 0)
+        buf = mapped.buffer
+        start = pos = offset - mapped.file_from_offset
+        readable = mapped.read_position
+        count = 0
+        next_offset = -1
+        while pos + 8 <= readable:
+            size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+            if magic == BLANK_MAGIC_CODE:
+                next_offset = mapped.file_tail_offset
+                break
+            if count and pos + size - start > max_bytes:
+                break
+            pos += size
+            count += 1
+        data = buf[start:pos] if count else b""
+        if next_offset < 0:
+            next_offset = mapped.file_from_offset + pos
+        return TailChunk(offset, data, next_offset, count)
+
+    def _check_tail_start(self, offset: int) -> None:
+        if offset < 0:
+            raise InvalidArgumentError(f"offset {offset} is negative")
+        min_offset, max_offset = self.min_offset, self.max_offset
+        if offset < min_offset:
+            raise OutOfRangeError(f"offset {offset} is below the min offset {min_offset}: those files were deleted")
+        if offset > max_offset:
+            raise OutOfRangeError(f"offset {offset} is beyond the max offset {max_offset}: "
+                                  "the log ends there (it may have been truncated by a crash recovery)")
+        if offset == max_offset or offset % self.config.mapped_file_size_commit_log == 0:
+            return
+        mapped = self.mfq.find_by_offset(offset)
+        if mapped is None:
+            raise OutOfRangeError(f"offset {offset} is not in the log")
+        pos = offset - mapped.file_from_offset
+        size, magic = _SIZE_MAGIC.unpack_from(mapped.buffer, pos)
+        if magic == BLANK_MAGIC_CODE and pos + size == mapped.file_size:
+            return
+        if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) and \
+                _I64.unpack_from(mapped.buffer, pos + PHYSICAL_OFFSET_POS)[0] == offset:
+            return
+        raise InvalidArgumentError(f"offset {offset} is not a record boundary: start at a record's commitlog offset")
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Long poll: block until the log grows past ``offset`` or the timeout. True if it did."""
+        if self.max_offset > offset:
+            return True
+        with self._new_data:
+            self._tail_waiters += 1
+            try:
+                return self._new_data.wait_for(lambda: self.max_offset > offset or not self.writable, timeout_s) \
+                    and self.max_offset > offset
+            finally:
+                self._tail_waiters -= 1
+
+    # -- info and admin ----------------------------------------------------------------------
+    def stats(self) -> StoreStats:
+        usage = shutil.disk_usage(self.root)
+        return StoreStats(self.min_offset, self.max_offset, self.mfq.flushed_where, self.mfq.committed_where,
+                          len(self.mfq.files), usage.total, usage.used)
+
+    def queue_offset_snapshot(self) -> QueueOffsetSnapshot:
+        with self._put_lock:
+            return QueueOffsetSnapshot(self.mfq.max_wrote_offset, dict(self.queue_table))
+
+    def create_topic(self, config: TopicConfig) -> TopicConfig:
+        return self.topics.create(config)
+
+    def update_topic(self, config: TopicConfig) -> TopicConfig:
+        return self.topics.update(config)
+
+    def flush_and_snapshot(self) -> None:
+        """Persist the queue offset table at a point the flushed log covers."""
+        snapshot = self.queue_offset_snapshot()
+        while self.mfq.commit(0):
+            pass
+        self.mfq.flush_until(snapshot.commitlog_offset)
+        if self.mfq.flushed_where >= snapshot.commitlog_offset:
+            self._queue_offset_store.save(snapshot)
+
+
+class StoreStateService(ServiceThread):
+    """Every second: checkpoint the store time the flushed log covers, check the disk.
+    Every ``flushCommitLogThoroughInterval``: persist the queue offset snapshot."""
+
+    name = "store-state"
+
+    def __init__(self, commit_log: CommitLog, checkpoint: StoreCheckpoint) -> None:
+        super().__init__()
+        self._log = commit_log
+        self._checkpoint = checkpoint
+        self._interval_s = commit_log.config.flush_interval_consume_queue / 1000
+        self._snapshot_interval_s = commit_log.config.flush_commit_log_thorough_interval / 1000
+        self._last_snapshot = time.monotonic()
+
+    def run_once(self) -> None:
+        self._stopped.wait(self._interval_s)
+        if self.stopped:
+            return
+        stamp = self._log.mfq.store_timestamp
+        if stamp and stamp != self._checkpoint.physic_msg_timestamp:
+            self._checkpoint.physic_msg_timestamp = stamp
+            self._checkpoint.flush()
+        if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
+            self._last_snapshot = time.monotonic()
+            self._log.flush_and_snapshot()
+        self._check_disk()
+
+    def _check_disk(self) -> None:
+        usage = shutil.disk_usage(self._log.root)
+        ratio = usage.used / usage.total if usage.total else 0.0
+        full = ratio > self._log.config.disk_space_warning_level_ratio
+        if full != self._log.disk_full:
+            if full:
+                log.error("disk of %s is %.0f%% used (> diskSpaceWarningLevelRatio): refusing writes",
+                          self._log.root, ratio * 100)
+            else:
+                log.warning("disk usage back to %.0f%%: accepting writes again", ratio * 100)
+            self._log.disk_full = full

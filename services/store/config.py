@@ -1,0 +1,149 @@
+"""Store settings: RocketMQ MessageStoreConfig names and defaults, from YAML and the environment.
+
+Attributes are the snake_case form of RocketMQ's names (``flushIntervalCommitLog`` ->
+``flush_interval_commit_log``). A YAML file may use either form; an environment variable is the
+upper snake form with the ``MQSTORE_`` prefix (``MQSTORE_FLUSH_DISK_TYPE=SYNC_FLUSH``).
+Precedence: defaults < YAML file < environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "MQSTORE_"
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class ConfigError(ValueError):
+    """A setting that is unknown or has a value of the wrong kind."""
+
+
+@dataclass(slots=True)
+class MessageStoreConfig:
+    """Settings of the store. Names follow RocketMQ 4.9.8's MessageStoreConfig; defaults are its defaults."""
+
+    mapped_file_size_commit_log: int = 1024 * 1024 * 1024
+    mapped_file_size_consume_queue: int = 300_000 * 20
+    flush_disk_type: str = ASYNC_FLUSH
+    flush_interval_commit_log: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval: int = 10_000
+    flush_commit_log_timed: bool = True
+    commit_interval_commit_log: int = 200
+    commit_commit_log_least_pages: int = 4
+    commit_commit_log_thorough_interval: int = 200
+    sync_flush_timeout: int = 5_000
+    transient_store_pool_enable: bool = False
+    transient_store_pool_size: int = 5
+    fast_fail_if_no_buffer_in_store_pool: bool = False
+    flush_interval_consume_queue: int = 1_000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval: int = 60_000
+    max_message_size: int = 1024 * 1024 * 4
+    check_crc_on_recover: bool = True
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    max_hash_slot_num: int = 5_000_000
+    max_index_num: int = 5_000_000 * 4
+    max_msgs_num_batch: int = 64
+    message_index_enable: bool = True
+    message_index_safe: bool = False
+    disk_max_used_space_ratio: int = 75
+    disk_space_warning_level_ratio: float = 0.90
+    clean_resource_interval: int = 10_000
+    file_reserved_time: int = 72
+    delete_when: str = "04"
+    warm_mapped_file_enable: bool = False
+    # Not in MessageStoreConfig: the broker-level settings the store needs.
+    broker_ip: str = "127.0.0.1"
+    listen_port: int = 10911
+    auto_create_topic_enable: bool = True
+    default_topic_queue_nums: int = 8
+    commitlog_listen: str = "127.0.0.1:9901"
+
+    @property
+    def store_host(self) -> str:
+        """``ip:port`` written into every record as STOREHOSTADDRESS (brokerIP1:listenPort)."""
+        return f"[{self.broker_ip}]:{self.listen_port}" if ":" in self.broker_ip else \
+            f"{self.broker_ip}:{self.listen_port}"
+
+    def validate(self) -> None:
+        if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
+            raise ConfigError(f"flushDiskType must be {ASYNC_FLUSH} or {SYNC_FLUSH}, not {self.flush_disk_type!r}")
+        if self.mapped_file_size_commit_log < 4096:
+            raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
+        for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{camel_name(name)} must be positive")
+
+    def with_overrides(self, **values: Any) -> MessageStoreConfig:
+        return dataclasses.replace(self, **values)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(MessageStoreConfig)}
+
+
+def snake_name(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()
+
+
+def camel_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return text in ("true", "1", "yes")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        return str(raw)
+    except ValueError:
+        raise ConfigError(f"{camel_name(name)}: {raw!r} is not a valid {kind}") from None
+
+
+def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> None:
+    for key, raw in source.items():
+        name = snake_name(key)
+        if name not in _FIELDS:
+            raise ConfigError(f"{origin}: unknown setting {key!r}")
+        values[name] = _coerce(name, raw)
+
+
+def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
+                **overrides: Any) -> MessageStoreConfig:
+    """Defaults, then the YAML file, then ``MQSTORE_*`` environment variables, then ``overrides``."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read settings file {path}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"settings file {path} must hold a mapping of setting: value")
+        _apply(values, loaded, str(path))
+    env = os.environ if environ is None else environ
+    _apply(values, {k[len(ENV_PREFIX):]: v for k, v in env.items()
+                    if k.startswith(ENV_PREFIX) and snake_name(k[len(ENV_PREFIX):].lower()) in _FIELDS},
+           "environment")
+    values.update(overrides)
+    config = MessageStoreConfig(**values)
+    config.validate()
+    return config

@@ -1,0 +1,31 @@
+"""Domain errors shared by the services. Each maps to one gRPC status code at the servicer edge."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base: the message says what the caller should fix."""
+
+
+class InvalidArgumentError(StoreError):
+    pass
+
+
+class NotFoundError(StoreError):
+    pass
+
+
+class OutOfRangeError(StoreError):
+    pass
+
+
+class UnavailableError(StoreError):
+    pass
+
+
+class ResourceExhaustedError(StoreError):
+    pass
+
+
+class AlreadyExistsError(StoreError):
+    pass

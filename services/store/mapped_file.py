@@ -1,0 +1,162 @@
+"""MappedFile: one fixed-size, memory-mapped store file named by its 20-digit start offset.
+
+Three positions describe how far the file is done (RocketMQ's names):
+``wrote_position`` (appended), ``committed_position`` (moved from the transient pool buffer into
+the file; equals wrote when no pool is used) and ``flushed_position`` (made durable by fdatasync).
+Readers see bytes up to the read position (committed with a pool, else wrote).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+OS_PAGE_SIZE = 4096
+FILE_NAME_DIGITS = 20
+
+
+def file_name(offset: int) -> str:
+    return f"{offset:0{FILE_NAME_DIGITS}d}"
+
+
+def parse_file_name(path: Path) -> int:
+    """Start offset from a 20-digit name; ValueError for anything else."""
+    name = path.name
+    if len(name) != FILE_NAME_DIGITS or not name.isdigit():
+        raise ValueError(f"{path} is not a store file (its name must be 20 digits)")
+    return int(name)
+
+
+class MappedFile:
+    """A store file mapped into memory. Not thread-safe for writers: the owner serialises appends."""
+
+    def __init__(self, path: Path, file_size: int, write_buffer: mmap.mmap | None = None,
+                 create: bool = True) -> None:
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = parse_file_name(path)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual == 0 and create:
+                os.ftruncate(self._fd, file_size)
+            elif actual != file_size:
+                raise ValueError(f"{path} is {actual} bytes, but store files here are {file_size} bytes")
+            self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.write_buffer = write_buffer
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        # Store time of the last record appended: the checkpoint takes it once that data is flushed.
+        self.store_timestamp = 0
+
+    # -- positions ---------------------------------------------------------------------------
+    @property
+    def file_tail_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    @property
+    def read_position(self) -> int:
+        return self.wrote_position if self.write_buffer is None else self.committed_position
+
+    @property
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    @property
+    def is_full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def set_positions(self, position: int) -> None:
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    # -- writing -----------------------------------------------------------------------------
+    def append(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at the wrote position (into the pool buffer when there is one)."""
+        start = self.wrote_position
+        end = start + len(data)
+        if end > self.file_size:
+            raise ValueError(f"append of {len(data)} bytes overflows {self.path.name} at {start}")
+        target = self._mm if self.write_buffer is None else self.write_buffer
+        target[start:end] = data
+        self.wrote_position = end
+
+    def commit(self, least_pages: int) -> int:
+        """Move pooled bytes into the file (a write into the page cache). Returns the committed position."""
+        if self.write_buffer is None:
+            self.committed_position = self.wrote_position
+            return self.committed_position
+        wrote = self.wrote_position
+        if self._enough_pages(wrote, self.committed_position, least_pages):
+            start = self.committed_position
+            view = memoryview(self.write_buffer)[start:wrote]
+            try:
+                os.pwrite(self._fd, view, start)
+            finally:
+                view.release()
+            self.committed_position = wrote
+        return self.committed_position
+
+    def flush(self, least_pages: int) -> int:
+        """Make everything readable durable with fdatasync. Returns the flushed position."""
+        target = self.read_position
+        if self._enough_pages(target, self.flushed_position, least_pages):
+            os.fdatasync(self._fd)
+            self.flushed_position = target
+        return self.flushed_position
+
+    def _enough_pages(self, ahead: int, behind: int, least_pages: int) -> bool:
+        if ahead == behind:
+            return False
+        if ahead == self.file_size or least_pages <= 0:
+            return True
+        return ahead // OS_PAGE_SIZE - behind // OS_PAGE_SIZE >= least_pages
+
+    # -- reading -----------------------------------------------------------------------------
+    def read(self, position: int, size: int) -> bytes:
+        """Bytes [position, position+size) if readable; ValueError otherwise."""
+        if position < 0 or size < 0 or position + size > self.read_position:
+            raise ValueError(f"{self.path.name}: [{position}, {position + size}) is not readable "
+                             f"(read position {self.read_position})")
+        return self._mm[position:position + size]
+
+    @property
+    def buffer(self) -> mmap.mmap:
+        """The mapping itself, for zero-copy parsing (recovery, tail). Read-only by convention."""
+        return self._mm
+
+    def zero_from(self, position: int) -> None:
+        """Punch the bytes past ``position`` back to zeros, so stale records after a truncation can
+        never be mistaken for new ones by a later recovery."""
+        end = self.file_size
+        if position >= end:
+            return
+        page = -(-position // OS_PAGE_SIZE) * OS_PAGE_SIZE
+        self._mm[position:min(page, end)] = bytes(min(page, end) - position)
+        if page < end:
+            # Shrinking then regrowing the file leaves a hole, which reads as zeros: no 1 GiB memset.
+            # Only called while nothing else touches the file (recovery, under the put lock).
+            os.ftruncate(self._fd, page)
+            os.ftruncate(self._fd, end)
+        os.fdatasync(self._fd)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return (f"MappedFile({self.path.name}, wrote={self.wrote_position}, "
+                f"committed={self.committed_position}, flushed={self.flushed_position})")

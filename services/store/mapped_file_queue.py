@@ -1,0 +1,218 @@
+"""MappedFileQueue: the ordered list of a log's mapped files, addressed by global offset.
+
+The next file is created in the background as soon as the current one is taken into use, so a
+roll-over on the put path rarely waits for file creation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from services.store.mapped_file import MappedFile, file_name, parse_file_name
+from services.store.transient_store_pool import TransientStorePool
+
+log = logging.getLogger(__name__)
+
+
+class MappedFileQueue:
+    def __init__(self, store_path: Path, mapped_file_size: int,
+                 pool: TransientStorePool | None = None, preallocate: bool = True) -> None:
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.pool = pool
+        # Copy-on-write: readers take the current list without a lock.
+        self._files: list[MappedFile] = []
+        self._files_lock = threading.Lock()
+        # Commit and flush may be called from several services (and shutdown) at once.
+        self._flush_lock = threading.Lock()
+        self.flushed_where = 0
+        self.committed_where = 0
+        # Store time of the data the last flush covered (RocketMQ's MappedFileQueue.storeTimestamp).
+        self.store_timestamp = 0
+        self._allocator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="allocate-mapped-file") \
+            if preallocate else None
+        self._next: tuple[int, Future[MappedFile]] | None = None
+
+    # -- loading -----------------------------------------------------------------------------
+    def load(self) -> None:
+        """Map every file of the directory. A wrong-sized last file (a creation cut short) is removed."""
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        paths = sorted(p for p in self.store_path.iterdir() if p.is_file() and not p.name.startswith("."))
+        files: list[MappedFile] = []
+        for i, path in enumerate(paths):
+            offset = parse_file_name(path)
+            if offset % self.mapped_file_size:
+                raise ValueError(f"{path} starts at {offset}, not a multiple of the file size "
+                                 f"{self.mapped_file_size}: is mappedFileSize set as when it was written?")
+            size = path.stat().st_size
+            if size != self.mapped_file_size:
+                if i == len(paths) - 1:
+                    log.warning("removing %s: %d bytes instead of %d (file creation was cut short)",
+                                path, size, self.mapped_file_size)
+                    path.unlink()
+                    continue
+                raise ValueError(f"{path} is {size} bytes but mappedFileSize is {self.mapped_file_size}")
+            if files and offset != files[-1].file_tail_offset:
+                raise ValueError(f"{path} does not follow {files[-1].path.name}: a file is missing")
+            mapped = MappedFile(path, self.mapped_file_size, create=False)
+            mapped.set_positions(self.mapped_file_size)
+            files.append(mapped)
+        self._files = files
+
+    # -- lookup ------------------------------------------------------------------------------
+    @property
+    def files(self) -> list[MappedFile]:
+        return self._files
+
+    def last_file(self) -> MappedFile | None:
+        files = self._files
+        return files[-1] if files else None
+
+    def find_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+        files = self._files
+        if not files:
+            return None
+        first = files[0]
+        index = (offset - first.file_from_offset) // self.mapped_file_size
+        if 0 <= index < len(files) and files[index].file_from_offset <= offset < files[index].file_tail_offset:
+            return files[index]
+        return first if return_first_on_not_found else None
+
+    @property
+    def min_offset(self) -> int:
+        files = self._files
+        return files[0].file_from_offset if files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """End of the readable data."""
+        last = self.last_file()
+        return last.file_from_offset + last.read_position if last else 0
+
+    @property
+    def max_wrote_offset(self) -> int:
+        last = self.last_file()
+        return last.file_from_offset + last.wrote_position if last else 0
+
+    # -- growing -----------------------------------------------------------------------------
+    def last_file_for_append(self, start_offset: int = 0) -> MappedFile:
+        """The file to append to, rolling to a new one when the last is full."""
+        last = self.last_file()
+        if last is not None and not last.is_full:
+            return last
+        offset = last.file_tail_offset if last is not None else start_offset - start_offset % self.mapped_file_size
+        mapped = self._take_or_create(offset)
+        with self._files_lock:
+            self._files = [*self._files, mapped]
+        self._request_next(offset + self.mapped_file_size)
+        return mapped
+
+    def _create(self, offset: int) -> MappedFile:
+        buffer = self.pool.borrow() if self.pool is not None else None
+        return MappedFile(self.store_path / file_name(offset), self.mapped_file_size, write_buffer=buffer)
+
+    def _take_or_create(self, offset: int) -> MappedFile:
+        pending, self._next = self._next, None
+        if pending is not None:
+            pending_offset, future = pending
+            mapped = future.result()
+            if pending_offset == offset:
+                return mapped
+            self._discard(mapped)
+        return self._create(offset)
+
+    def _request_next(self, offset: int) -> None:
+        if self._allocator is not None:
+            self._next = (offset, self._allocator.submit(self._create, offset))
+
+    def _discard(self, mapped: MappedFile) -> None:
+        if mapped.write_buffer is not None and self.pool is not None:
+            self.pool.give_back(mapped.write_buffer)
+        mapped.destroy()
+
+    # -- commit and flush --------------------------------------------------------------------
+    def commit(self, least_pages: int) -> bool:
+        """Commit pooled bytes of the file at committed_where. True if something moved."""
+        with self._flush_lock:
+            return self._commit(least_pages)
+
+    def _commit(self, least_pages: int) -> bool:
+        mapped = self.find_by_offset(self.committed_where, return_first_on_not_found=True)
+        if mapped is None:
+            return False
+        before = self.committed_where
+        position = mapped.commit(least_pages)
+        self.committed_where = mapped.file_from_offset + position
+        if mapped.write_buffer is not None and position == mapped.file_size and self.pool is not None:
+            buffer, mapped.write_buffer = mapped.write_buffer, None
+            self.pool.give_back(buffer)
+        return self.committed_where != before
+
+    def flush(self, least_pages: int) -> bool:
+        """fdatasync the file at flushed_where. True if the flushed offset moved."""
+        with self._flush_lock:
+            return self._flush(least_pages)
+
+    def _flush(self, least_pages: int) -> bool:
+        mapped = self.find_by_offset(self.flushed_where, return_first_on_not_found=True)
+        if mapped is None:
+            return False
+        timestamp = mapped.store_timestamp
+        before = self.flushed_where
+        position = mapped.flush(least_pages)
+        self.flushed_where = mapped.file_from_offset + position
+        if self.flushed_where != before and timestamp:
+            self.store_timestamp = timestamp
+        return self.flushed_where != before
+
+    def flush_until(self, offset: int) -> None:
+        """Flush file after file until ``offset`` is durable or nothing is left to flush."""
+        while self.flushed_where < offset and self.flush(0):
+            pass
+
+    # -- truncation --------------------------------------------------------------------------
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Make ``offset`` the end of the log: later files go, the file holding it is cut there."""
+        kept: list[MappedFile] = []
+        for mapped in self._files:
+            if mapped.file_tail_offset <= offset:
+                kept.append(mapped)
+            elif mapped.file_from_offset <= offset:
+                position = offset - mapped.file_from_offset
+                mapped.zero_from(position)
+                mapped.set_positions(position)
+                kept.append(mapped)
+            else:
+                log.info("deleting %s: it lies past the recovered end of the log %d", mapped.path, offset)
+                self._discard(mapped)
+        with self._files_lock:
+            self._files = kept
+        self.flushed_where = self.committed_where = offset
+
+    def delete_first_files(self, count: int) -> list[MappedFile]:
+        """Drop the ``count`` oldest files (never the last one)."""
+        with self._files_lock:
+            count = min(count, len(self._files) - 1)
+            if count <= 0:
+                return []
+            removed, self._files = self._files[:count], self._files[count:]
+        for mapped in removed:
+            self._discard(mapped)
+        return removed
+
+    # -- shutdown ----------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Close every file. The preallocated next file, never written, is deleted."""
+        pending, self._next = self._next, None
+        if pending is not None:
+            self._discard(pending[1].result())
+        if self._allocator is not None:
+            self._allocator.shutdown(wait=True)
+        for mapped in self._files:
+            if mapped.write_buffer is not None and self.pool is not None:
+                self.pool.give_back(mapped.write_buffer)
+                mapped.write_buffer = None
+            mapped.close()

@@ -1,0 +1,97 @@
+"""The store root's guard files: ``lock`` (one process per store) and ``abort`` (exists while running).
+
+An ``abort`` file found at start means the last run did not stop cleanly, which selects abnormal
+recovery. The lock is an flock held for the life of the process; its content names the holder
+so a second process can say who holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+LOCK_FILE = "lock"
+ABORT_FILE = "abort"
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the store's lock."""
+
+
+class StoreLock:
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOCK_FILE
+        self._fd = -1
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "an unknown process"
+            os.close(fd)
+            raise StoreLockedError(f"store {self.path.parent} is locked by {holder}; "
+                                   "stop that process or use another store directory") from None
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+
+class AbortFile:
+    def __init__(self, root: Path) -> None:
+        self.path = root / ABORT_FILE
+
+    def exists(self) -> bool:
+        return self.path.exists()
+
+    def create(self) -> None:
+        self.path.touch()
+        _fsync_dir(self.path.parent)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        _fsync_dir(self.path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes, keep_backup: bool = False) -> None:
+    """Replace ``path`` so that a crash leaves either the old or the new content, never a mix.
+    With ``keep_backup`` the previous content stays in ``path.bak`` (RocketMQ's ConfigManager habit)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if keep_backup and path.exists():
+        backup = path.with_name(path.name + ".bak")
+        _write_and_rename(backup, path.read_bytes())
+    _write_and_rename(path, data)
+
+
+def _write_and_rename(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)

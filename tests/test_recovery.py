@@ -1,0 +1,214 @@
+"""CommitLog recovery against real RocketMQ stores and against our own damaged logs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.queue_offsets import QueueOffsetSnapshot, QueueOffsetStore
+from services.store.config import MessageStoreConfig, load_config
+from services.store.message import Message
+from services.store.record import decode_record
+from services.store.store_root import StoreLockedError
+
+StoreFactory = Callable[[str], Path]
+FIXTURE_FILE_SIZE = 1024 * 1024
+
+
+def fixture_config(**overrides: Any) -> MessageStoreConfig:
+    return load_config(environ={}, mapped_file_size_commit_log=FIXTURE_FILE_SIZE, **overrides)
+
+
+@contextmanager
+def opened(store: Path, config: MessageStoreConfig | None = None) -> Iterator[CommitLog]:
+    commit_log = CommitLog(config or fixture_config(), store)
+    commit_log.start()
+    try:
+        yield commit_log
+    finally:
+        commit_log.shutdown()
+
+
+def commitlog_files(store: Path) -> list[str]:
+    return sorted(p.name for p in (store / "commitlog").iterdir())
+
+
+def msg_rows(dump_rows: Callable[..., list[dict[str, Any]]], run: str) -> list[dict[str, Any]]:
+    return dump_rows(run, "msg")
+
+
+def test_crash_store_recovers_to_the_offset_real_rocketmq_reached(
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    store = fixture_store("crash-raw")
+    assert (store / "abort").exists()
+    assert len(commitlog_files(store)) == 3  # the preallocated, all-zero third file
+    with opened(store) as log:
+        assert log.last_exit_ok is False
+        assert log.max_offset == 2034195
+        rows = msg_rows(dump_rows, "crash")
+        assert len(rows) == 2110
+        for row in rows:
+            record = decode_record(log.read(row["commitLogOffset"], row["storeSize"]))
+            assert (record.topic, record.queue_id, record.queue_offset, record.body_crc) == \
+                (row["topic"], row["queueId"], row["queueOffset"], row["bodyCRC"])
+        # next queue offsets continue where the real store's ConsumeQueues end
+        ranges = {(r["topic"], r["queueId"]): r["maxOffset"] for r in dump_rows("crash", "cqrange")
+                  if r["maxOffset"] > 0}
+        assert log.queue_table == ranges
+    assert commitlog_files(store) == ["00000000000000000000", "00000000000001048576"]
+    assert not (store / "abort").exists()
+
+
+def test_torn_record_is_truncated(fixture_store: StoreFactory,
+                                  dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    store = fixture_store("torn-raw")
+    with opened(store) as log:
+        assert log.max_offset == 2033918
+        assert log.queue_table[("Topic-Long-Name_with.chars", 0)] == 210
+        last = msg_rows(dump_rows, "torn")[-1]
+        assert last["commitLogOffset"] + last["storeSize"] == 2033918
+        # Unlike RocketMQ, the torn bytes are zeroed so they can never be read as a record again.
+        mapped = log.mfq.find_by_offset(2033918 - 1)
+        assert mapped is not None
+        pos = 2033918 - mapped.file_from_offset
+        assert bytes(mapped.buffer[pos:pos + 277]) == bytes(277)
+
+
+def test_clean_store_recovers_from_the_last_three_files(
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    store = fixture_store("normal-raw")
+    with opened(store) as log:
+        assert log.last_exit_ok is True
+        meta = dump_rows("normal", "meta")[0]
+        assert log.max_offset == meta["maxPhyOffset"] == 3008717
+        ranges = {(r["topic"], r["queueId"]): r["maxOffset"] for r in dump_rows("normal", "cqrange")
+                  if r["maxOffset"] > 0}
+        assert log.queue_table == ranges
+
+
+def test_corrupt_body_crc_stops_abnormal_recovery_at_that_record(
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    store = fixture_store("crash-raw")
+    victim = next(r for r in msg_rows(dump_rows, "crash")
+                  if r["commitLogOffset"] > 1_200_000 and r["bodyLen"] > 10)
+    path = store / "commitlog" / f"{FIXTURE_FILE_SIZE:020d}"
+    body_pos = victim["commitLogOffset"] - FIXTURE_FILE_SIZE + 84 + 4 + 5  # a byte inside the body
+    with open(path, "r+b") as f:
+        f.seek(body_pos)
+        byte = f.read(1)
+        f.seek(body_pos)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with opened(store) as log:
+        assert log.max_offset == victim["commitLogOffset"]
+
+
+def test_crc_is_not_checked_when_check_crc_on_recover_is_off(
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    store = fixture_store("crash-raw")
+    victim = next(r for r in msg_rows(dump_rows, "crash") if r["bodyLen"] > 10)
+    with open(store / "commitlog" / f"{0:020d}", "r+b") as f:
+        f.seek(victim["commitLogOffset"] + 84 + 4 + 3)
+        f.write(b"\x00")
+    with opened(store, fixture_config(check_crc_on_recover=False)) as log:
+        assert log.max_offset == 2034195
+
+
+def small_config(**overrides: Any) -> MessageStoreConfig:
+    return load_config(environ={}, mapped_file_size_commit_log=64 * 1024, **overrides)
+
+
+def put_many(log: CommitLog, count: int, topic: str = "TopicT") -> list[int]:
+    ends = []
+    for i in range(count):
+        result = log.put_message(Message(topic, i % 4, f"body-{i}".encode() * 20, properties={"KEYS": f"k{i}"}))
+        ends.append(result.commitlog_offset + result.wrote_bytes)
+    return ends
+
+
+def test_restart_keeps_queue_offsets_across_file_rolls(tmp_path: Path) -> None:
+    with opened(tmp_path, small_config()) as log:
+        put_many(log, 2000)
+        table = dict(log.queue_table)
+        assert len(log.mfq.files) > 3  # normal recovery only walks the last three
+    with opened(tmp_path, small_config()) as log:
+        assert log.queue_table == table
+        result = log.put_message(Message("TopicT", 1, b"after restart"))
+        assert result.queue_offset == table[("TopicT", 1)]
+
+
+def test_crash_without_snapshot_rebuilds_queue_offsets(tmp_path: Path) -> None:
+    with opened(tmp_path, small_config()) as log:
+        put_many(log, 700)
+        table = dict(log.queue_table)
+    # A snapshot from an older point: start-up replays the records written after it.
+    QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(QueueOffsetSnapshot(0, {}))
+    (tmp_path / "abort").touch()
+    with opened(tmp_path, small_config()) as log:
+        assert log.queue_table == table
+    # A snapshot beyond the end of the log (the log lost data): rebuilt from the whole log.
+    QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(
+        QueueOffsetSnapshot(10**12, {("TopicT", 0): 10**6}))
+    with opened(tmp_path, small_config()) as log:
+        assert log.queue_table == table
+
+
+def test_torn_tail_of_our_own_log_is_truncated(tmp_path: Path) -> None:
+    with opened(tmp_path, small_config()) as log:
+        ends = put_many(log, 300)
+        last_file = log.mfq.files[-1]
+        path, start = last_file.path, last_file.file_from_offset
+    torn_at = ends[-2]  # keep the first 30 bytes of the last record, zero the rest
+    with open(path, "r+b") as f:
+        f.seek(torn_at - start + 30)
+        f.write(bytes(ends[-1] - torn_at - 30))
+    (tmp_path / "abort").touch()
+    with opened(tmp_path, small_config()) as log:
+        assert log.max_offset == torn_at
+        assert log.queue_table[("TopicT", 299 % 4)] == 299 // 4
+        again = log.put_message(Message("TopicT", 299 % 4, b"x"))
+        assert again.commitlog_offset == torn_at and again.queue_offset == 299 // 4
+
+
+def test_stale_records_after_a_truncation_are_not_resurrected(tmp_path: Path) -> None:
+    """After a truncation, new records overwrite the old ones; a later crash recovery must not walk on
+    into the old records left behind them (they sit at their own offsets and have valid CRCs)."""
+    with opened(tmp_path, small_config()) as log:
+        ends = put_many(log, 50)
+    cut = ends[9]
+    (tmp_path / "abort").touch()
+    path = tmp_path / "commitlog" / f"{0:020d}"
+    with open(path, "r+b") as f:  # corrupt record #10: recovery truncates at its start
+        f.seek(cut + 84 + 4 + 2)
+        f.write(b"\xff\xff")
+    with opened(tmp_path, small_config()) as log:
+        assert log.max_offset == cut
+        # Same size as the record it replaces: the old record #11 now starts right where this ends.
+        log.put_message(Message("TopicT", 10 % 4, "body-10".encode() * 20, properties={"KEYS": "k10"}))
+        new_end = log.max_offset
+        assert new_end == ends[10]
+    (tmp_path / "abort").touch()
+    with opened(tmp_path, small_config()) as log:
+        assert log.max_offset == new_end
+
+
+def test_lock_refuses_a_second_writer(tmp_path: Path) -> None:
+    with opened(tmp_path, small_config()):
+        second = CommitLog(small_config(), tmp_path)
+        with pytest.raises(StoreLockedError, match=f"pid.*{os.getpid()}"):
+            second.start()
+    with opened(tmp_path, small_config()) as log:  # released by the clean stop
+        assert log.last_exit_ok
+
+
+def test_clean_stop_removes_abort_and_the_preallocated_file(tmp_path: Path) -> None:
+    with opened(tmp_path, small_config()) as log:
+        put_many(log, 10)
+        assert (tmp_path / "abort").exists()
+    assert not (tmp_path / "abort").exists()
+    assert commitlog_files(tmp_path) == [f"{0:020d}"]
