@@ -34,15 +34,14 @@ from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRang
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import Message, parse_delay_levels
-from services.store.message_id import encode_message_id
 from services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POS,
+    QUEUE_OFFSET_POS,
     encode_blank,
-    patch_offsets,
 )
 from services.store.store_root import AbortFile, StoreLock
 from services.store.transient_store_pool import TransientStorePool
@@ -51,6 +50,7 @@ log = logging.getLogger(__name__)
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _I64 = struct.Struct(">q")
+_OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
 
 
@@ -247,17 +247,18 @@ class CommitLog:
 
     def _append_locked(self, encoded: Sequence[EncodedMessage]) -> list[PutMessageResult]:
         store_timestamp = int(time.time() * 1000)
-        batch = bytearray(b"".join([e.record for e in encoded]))
+        batch = bytearray().join([part for e in encoded for part in (e.head, e.body, e.tail)])
         view = memoryview(batch)
         table = self.queue_table
         store_host = self.encoder.store_host
         results: list[PutMessageResult] = []
+        pack_offsets, pack_i64 = _OFFSETS.pack_into, _I64.pack_into
         mapped = self.mfq.last_file_for_append()
         file_pos = mapped.wrote_position
         segment_start = batch_pos = 0
         try:
             for e in encoded:
-                size = len(e.record)
+                size = e.size
                 if size + END_FILE_MIN_BLANK_LENGTH > mapped.file_size - file_pos:
                     mapped.append(view[segment_start:batch_pos])
                     mapped = self._roll(mapped, store_timestamp)
@@ -269,10 +270,11 @@ class CommitLog:
                     table[key] = queue_offset + 1
                 else:
                     queue_offset = 0
-                patch_offsets(batch, batch_pos, queue_offset, commitlog_offset, store_timestamp, e.timestamp_pos)
+                pack_offsets(batch, batch_pos + QUEUE_OFFSET_POS, queue_offset, commitlog_offset)
+                pack_i64(batch, batch_pos + e.timestamp_pos, store_timestamp)
                 results.append(PutMessageResult(
                     PutMessageStatus.PUT_OK, commitlog_offset, size, queue_offset, store_timestamp,
-                    encode_message_id(store_host, commitlog_offset), e.topic, e.queue_id))
+                    store_host, e.topic, e.queue_id))
                 batch_pos += size
                 file_pos += size
             mapped.append(view[segment_start:batch_pos])

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass
 
 from services.store.errors import InvalidArgumentError
+from services.store.message_id import encode_message_id
 
 
 class PutMessageStatus(enum.Enum):
@@ -28,9 +29,14 @@ class PutMessageResult:
     wrote_bytes: int
     queue_offset: int
     store_timestamp: int
-    msg_id: str
+    store_host: bytes
     topic: str
     queue_id: int
+
+    @property
+    def msg_id(self) -> str:
+        """Offset message id; computed on demand, it is not needed on the in-process put path."""
+        return encode_message_id(self.store_host, self.commitlog_offset)
 
 
 class PutMessageError(InvalidArgumentError):

@@ -41,7 +41,9 @@ class MappedFile:
         try:
             actual = os.fstat(self._fd).st_size
             if actual == 0 and create:
-                os.ftruncate(self._fd, file_size)
+                # Reserve the blocks now: writes into a sparse file allocate on every page fault,
+                # which makes appends ~10x slower; it also surfaces a full disk at creation.
+                os.posix_fallocate(self._fd, 0, file_size)
             elif actual != file_size:
                 raise ValueError(f"{path} is {actual} bytes, but store files here are {file_size} bytes")
             self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

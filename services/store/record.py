@@ -16,10 +16,12 @@ written, which is why a file always keeps 8 bytes free for it.
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from services.store.message import (
     BORNHOST_V6_FLAG,
@@ -91,8 +93,13 @@ def encode_blank(size: int) -> bytes:
     return _SIZE_MAGIC.pack(size, BLANK_MAGIC_CODE)
 
 
-def encode_record(
-    *,
+# Fixed part of a record, TOTALSIZE through BODYLENGTH, per (born host, store host) length.
+_HEADS = {(b, st): struct.Struct(f">iIiiiqqiq{b}sq{st}siqi")
+          for b in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH) for st in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH)}
+_TAIL_LENGTHS = 1 + 2  # TOPICLENGTH (v1) + PROPERTIESLENGTH
+
+
+def encode_record_parts(
     topic: bytes,
     queue_id: int,
     body: bytes,
@@ -108,25 +115,26 @@ def encode_record(
     commitlog_offset: int = 0,
     store_timestamp: int = 0,
     crc: int | None = None,
-) -> bytes:
-    """Encode one v1 record. The engine passes 0 for the fields it patches under the put lock
-    (queue offset, commitlog offset, store timestamp) and fills them with :func:`patch_offsets`."""
-    total = record_length(sys_flag, len(body), len(topic), len(properties))
-    return b"".join((
-        _PREFIX.pack(
-            total, MESSAGE_MAGIC_CODE, body_crc(body) if crc is None else crc, queue_id, flag,
-            queue_offset, commitlog_offset, sys_flag, born_timestamp,
-        ),
-        born_host,
-        _I64.pack(store_timestamp),
-        store_host,
-        _AFTER_STORE_HOST.pack(reconsume_times, prepared_transaction_offset, len(body)),
-        body,
-        _U8.pack(len(topic)),
-        topic,
-        _I16.pack(len(properties)),
-        properties,
-    ))
+) -> tuple[bytes, bytes, bytes]:
+    """Encode one v1 record as (head, body, tail), so a batch can be joined with one copy of each body.
+
+    ``born_host``/``store_host`` must match the sysFlag's IPv6 bits. The engine passes 0 for the fields
+    it fills under the put lock (queue offset, commitlog offset, store timestamp): see :func:`patch_offsets`.
+    """
+    head_struct = _HEADS[len(born_host), len(store_host)]
+    tail = b"".join((_U8.pack(len(topic)), topic, _I16.pack(len(properties)), properties))
+    total = head_struct.size + len(body) + len(tail)
+    head = head_struct.pack(
+        total, MESSAGE_MAGIC_CODE, body_crc(body) if crc is None else crc, queue_id, flag,
+        queue_offset, commitlog_offset, sys_flag, born_timestamp, born_host, store_timestamp, store_host,
+        reconsume_times, prepared_transaction_offset, len(body),
+    )
+    return head, body, tail
+
+
+def encode_record(**fields: Any) -> bytes:
+    """Encode one v1 record (arguments as :func:`encode_record_parts`)."""
+    return b"".join(encode_record_parts(**fields))
 
 
 _OFFSETS = struct.Struct(">qq")
@@ -187,7 +195,9 @@ def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageR
             raise RecordError(f"offset {pos}: negative properties length {props_len}")
         props = bytes(buf[p:p + props_len]).decode("utf-8")
         p += props_len
-    except (struct.error, UnicodeDecodeError) as exc:
+    except RecordError:
+        raise
+    except (struct.error, ValueError) as exc:  # ValueError: bad UTF-8, or a host cut short by the record end
         raise RecordError(f"offset {pos}: malformed record ({exc})") from None
     if p - pos != size:
         raise RecordError(f"offset {pos}: fields add up to {p - pos} bytes, total size says {size}")
@@ -248,7 +258,24 @@ def check_record(
             MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) else -1)
     if check_crc and body_crc(record.body) != record.body_crc:
         return INVALID
-    return dispatch_request_of(record, delay_levels_ms)
+    try:
+        return dispatch_request_of(record, delay_levels_ms)
+    except ValueError:  # DELAY is not an int: RocketMQ's parseInt throws and the record counts as invalid
+        return INVALID
+
+
+_JAVA_INT = re.compile(r"[+-]?\d+")
+
+
+def java_parse_int(text: str) -> int:
+    """Integer.parseInt: optional sign and digits only (no blanks or underscores, which Python's int()
+    would accept), within the signed 32-bit range. Raises ValueError otherwise."""
+    if not _JAVA_INT.fullmatch(text):
+        raise ValueError(f"{text!r} is not a Java int")
+    value = int(text)
+    if not -0x8000_0000 <= value <= 0x7FFF_FFFF:
+        raise ValueError(f"{text!r} is out of the Java int range")
+    return value
 
 
 def dispatch_request_of(record: MessageRecord,
@@ -257,7 +284,7 @@ def dispatch_request_of(record: MessageRecord,
     code = tags_code(props.get(PROPERTY_TAGS))
     delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
     if record.topic == SCHEDULE_TOPIC and delay is not None:
-        level = min(int(delay), len(delay_levels_ms))
+        level = min(java_parse_int(delay), len(delay_levels_ms))
         if level > 0:
             code = deliver_timestamp(level, record.store_timestamp, delay_levels_ms)
     return DispatchRequest(
