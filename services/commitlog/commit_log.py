@@ -154,7 +154,7 @@ class CommitLog:
     def _start_services(self) -> None:
         cfg = self.config
         if self.sync_flush:
-            self._group_commit = GroupCommitService(self.mfq)
+            self._group_commit = GroupCommitService(self.mfq, cfg.group_commit_gather_us)
             flush: ServiceThread = self._group_commit
         else:
             flush = FlushRealTimeService(self.mfq, cfg.flush_interval_commit_log, cfg.flush_commit_log_least_pages,

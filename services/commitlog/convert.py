@@ -19,7 +19,8 @@ UNKNOWN_BORN_HOST = "127.0.0.1:0"
 
 # Domain status -> proto enum value, by name (the numbers match too, but names say what is meant).
 _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {
-    status: commitlog_pb2.PutMessageStatus.Value(f"PUT_MESSAGE_STATUS_{status.name}") for status in PutMessageStatus
+    status: commitlog_pb2.PutMessageStatus.Value(f"PUT_MESSAGE_STATUS_{status.name}")
+    for status in PutMessageStatus
 }
 
 

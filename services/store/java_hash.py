@@ -15,7 +15,7 @@ _UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 def java_string_hash(text: str) -> int:
     """Return ``text.hashCode()`` as Java computes it: a signed 32-bit int."""
     h = 0
-    for unit in array("H", text.encode(_UTF16)):
+    for unit in array("H", text.encode(_UTF16, "surrogatepass")):  # Java strings may hold lone surrogates
         h = (31 * h + unit) & 0xFFFFFFFF
     return h - 0x1_0000_0000 if h & 0x8000_0000 else h
 

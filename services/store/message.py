@@ -63,17 +63,26 @@ def transaction_type(sys_flag: int) -> int:
 
 
 def properties_to_string(properties: dict[str, str]) -> str:
-    """RocketMQ's messageProperties2String: every pair ends with the property separator."""
-    return "".join(f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in properties.items())
+    """RocketMQ 4.9.x messageProperties2String: pairs joined by the property separator, with no
+    separator after the last pair (the 4.9.8 fixture records end ``...CLUSTER\x01DefaultCluster``).
+    A trailing separator would make every record one byte longer than RocketMQ's."""
+    return PROPERTY_SEPARATOR.join(f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in properties.items())
 
 
 def string_to_properties(text: str) -> dict[str, str]:
-    """RocketMQ's string2messageProperties: pairs without exactly one name/value separator are dropped."""
+    """RocketMQ's string2messageProperties (4.9.x): an item splits at its first name/value separator;
+    items with an empty name or an empty value are dropped, and a value may contain the name/value
+    separator. Getting this exactly right matters: keys, tags and DELAY feed the CQ and the index."""
     properties: dict[str, str] = {}
-    for item in text.split(PROPERTY_SEPARATOR):
-        parts = item.split(NAME_VALUE_SEPARATOR)
-        if len(parts) == 2:
-            properties[parts[0]] = parts[1]
+    index, length = 0, len(text)
+    while index < length:
+        end = text.find(PROPERTY_SEPARATOR, index)
+        if end < 0:
+            end = length
+        sep = text.find(NAME_VALUE_SEPARATOR, index, end)
+        if index < sep < end - 1:
+            properties[text[index:sep]] = text[sep + 1:end]
+        index = end + 1
     return properties
 
 

@@ -1,0 +1,86 @@
+"""Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m services.commitlog``.
+
+Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad settings or an address it cannot
+listen on, 3 when another process holds the store's lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mqstore.v1 import commitlog_pb2_grpc
+
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
+from services.server.grpc_server import (
+    BindError,
+    GrpcServer,
+    ServerSettings,
+    ShutdownSignal,
+    serve_until_signal,
+)
+from services.server.logs import configure_logging
+from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
+from services.store.config import ConfigError, MessageStoreConfig, load_config
+from services.store.store_root import StoreLockedError
+
+log = logging.getLogger("services.commitlog")
+
+EXIT_OK = 0
+EXIT_BAD_SETTINGS = 2
+EXIT_STORE_LOCKED = 3
+MIB = 1024 * 1024
+# Stream calls get all workers but these, so unary calls (appends, reads, health) always find one.
+WORKERS_KEPT_FOR_UNARY = 16
+
+
+def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
+    """Receive limit: the largest of a full AppendBatch and a single maxMessageSize message, plus
+    room for the protobuf framing around it."""
+    receive = max(MAX_BATCH_BYTES, config.max_message_size) + MIB
+    return ServerSettings(listen=listen, max_receive_message_bytes=receive,
+                          max_send_message_bytes=max(128 * MIB, 2 * receive))
+
+
+def serve(store: str, config_file: str | None, listen: str | None) -> int:
+    """Run the commitlog service on ``store`` until SIGTERM/SIGINT; returns the exit code."""
+    configure_logging()
+    signals = ShutdownSignal()
+    signals.install()
+    try:
+        config = load_config(config_file)
+        metrics_port = metrics_port_from_env()
+    except (ConfigError, ValueError) as exc:
+        log.error("bad settings: %s", exc)
+        return EXIT_BAD_SETTINGS
+    engine = CommitLog(config, store)
+    try:
+        engine.start()
+    except StoreLockedError as exc:
+        log.error("cannot start: %s", exc, extra={"store": store})
+        return EXIT_STORE_LOCKED
+    address = listen or config.commitlog_listen
+    servicer = CommitLogServicer(engine, max_streams=server_settings(config, address).max_workers
+                                 - WORKERS_KEPT_FOR_UNARY)
+    server = GrpcServer(server_settings(config, address), [SERVICE_NAME],
+                        lambda s: commitlog_pb2_grpc.add_CommitLogServiceServicer_to_server(servicer, s))
+    metrics_server: MetricsServer | None = None
+    try:
+        port = server.start()
+        metrics_server = start_metrics_server(metrics_port)
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        server.stop(grace_s=0)
+        engine.shutdown()
+        return EXIT_BAD_SETTINGS
+    bound = f"{address.rpartition(':')[0]}:{port}"
+    log.info("commitlog service listening on %s, store %s", bound, store,
+             extra={"listen": bound, "store": str(Path(store).resolve()), "incarnation": engine.incarnation})
+
+    def stopped() -> None:
+        engine.shutdown()
+        if metrics_server is not None:
+            metrics_server.stop()
+
+    return serve_until_signal(server, signals, on_stopping=servicer.begin_shutdown, on_stopped=stopped)

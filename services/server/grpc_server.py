@@ -1,0 +1,156 @@
+"""gRPC server plumbing shared by every mqstore service: thread pool, health, reflection, shutdown.
+
+A service registers its servicers on a :class:`GrpcServer`, starts it, and hands control to
+:func:`serve_until_signal`, which blocks until SIGTERM or SIGINT and then stops in the order that
+loses nothing: health NOT_SERVING (load balancers stop sending), the service's own stopping hook
+(wake long polls), ``server.stop(grace)`` (drain RPCs in flight), and finally the engine shutdown.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:9901"
+MIB = 1024 * 1024
+
+
+@dataclass(slots=True, frozen=True)
+class ServerSettings:
+    """Bounds of one gRPC server. Every streaming RPC holds a worker thread for its whole life, so the
+    pool is sized for long polls and streams rather than for CPU."""
+
+    listen: str = DEFAULT_LISTEN
+    max_workers: int = 64
+    # RPCs beyond this many in flight fail fast with RESOURCE_EXHAUSTED instead of queueing unbounded.
+    max_concurrent_rpcs: int = 512
+    max_receive_message_bytes: int = 64 * MIB
+    max_send_message_bytes: int = 128 * MIB
+    shutdown_grace_s: float = 10.0
+    keepalive_time_ms: int = 60_000
+    keepalive_timeout_ms: int = 20_000
+
+
+class BindError(RuntimeError):
+    """The server could not listen on the configured address."""
+
+
+def is_loopback(listen: str) -> bool:
+    """True if the host of ``host:port`` is a loopback address or ``localhost``."""
+    host = listen.rpartition(":")[0].removeprefix("[").removesuffix("]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class GrpcServer:
+    """A ``grpc.server`` with the health and reflection services, bound to exactly one address."""
+
+    def __init__(self, settings: ServerSettings, service_names: Sequence[str],
+                 register: Callable[[grpc.Server], None]) -> None:
+        self.settings = settings
+        self.service_names = tuple(service_names)
+        self.port = 0
+        self._executor = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
+                                                    thread_name_prefix="grpc-worker")
+        self._server = grpc.server(
+            self._executor,
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+            options=[
+                ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
+                ("grpc.max_send_message_length", settings.max_send_message_bytes),
+                # Without this a second server on the same port binds silently and steals connections.
+                ("grpc.so_reuseport", 0),
+                ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+                ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+            ],
+        )
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        register(self._server)
+        reflection.enable_server_reflection(
+            (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+
+    def start(self) -> int:
+        """Bind and start serving; returns the bound port (useful with port 0)."""
+        listen = self.settings.listen
+        if not is_loopback(listen):
+            log.warning("listening on %s, which is not a loopback address: these services have no "
+                        "authentication, keep them behind the gateway", listen)
+        try:
+            self.port = self._server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise BindError(f"cannot listen on {listen}: {exc} "
+                            "(is the port in use, or the address not local?)") from None
+        self._server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *self.service_names):
+            self.health.set(name, serving)
+        return self.port
+
+    def stop(self, on_stopping: Callable[[], None] | None = None, grace_s: float | None = None) -> None:
+        """NOT_SERVING, ``on_stopping`` (end long polls), then drain RPCs for up to the grace period."""
+        self.health.enter_graceful_shutdown()
+        if on_stopping is not None:
+            on_stopping()
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        self._server.stop(grace).wait()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ShutdownSignal:
+    """Turns the first SIGTERM or SIGINT into an event the main thread waits on. A second signal
+    exits at once without a clean stop (the abort file stays, so the next start recovers)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.received: str | None = None
+
+    def install(self) -> None:
+        """Must be called from the main thread (a Python rule for signal handlers)."""
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self._event.is_set():
+            log.error("second %s during shutdown: exiting now without a clean stop", name)
+            os._exit(128 + signum)
+        self.received = name
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self) -> str:
+        """Block until a signal arrives; returns its name. Waits in slices so the handler always runs."""
+        while not self._event.wait(1.0):
+            pass
+        return self.received or "signal"
+
+
+def serve_until_signal(server: GrpcServer, signals: ShutdownSignal, on_stopping: Callable[[], None],
+                       on_stopped: Callable[[], None]) -> int:
+    """Block until SIGTERM/SIGINT, then stop gracefully; returns the process exit code (0)."""
+    name = signals.wait()
+    log.info("%s received: stopping (grace %.0fs)", name, server.settings.shutdown_grace_s)
+    server.stop(on_stopping)
+    on_stopped()
+    log.info("stopped cleanly")
+    return 0

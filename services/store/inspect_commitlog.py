@@ -1,0 +1,188 @@
+"""``mqstore inspect commitlog DIR [--from OFFSET] [--json]``: decode a commitlog directory offline.
+
+``--json`` prints one object per record, field for field what the RocketMQ reference dumps hold
+(``msg`` and ``blank`` rows), so a store written by mqstore can be diffed against one written by
+RocketMQ. Without it a table for people. Only reads: safe on a directory a live store is using.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import sys
+import unicodedata
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from services.store.commitlog_files import (
+    BlankEntry,
+    CommitLogEntry,
+    CommitLogError,
+    CommitLogWalk,
+    RecordEntry,
+    iter_commitlog,
+)
+from services.store.message_id import make_message_id
+
+PROG = "mqstore inspect commitlog"
+EXIT_USAGE = 2
+
+
+def _java_int(value: int) -> int:
+    """An unsigned 32-bit value as the signed int Java (and so the dumps) would print."""
+    return value - 0x1_0000_0000 if value >= 0x8000_0000 else value
+
+
+def _utf16_order(key: str) -> bytes:
+    """Sort key matching Java's String.compareTo (UTF-16 code units), which the dumps' key order uses."""
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def entry_row(entry: CommitLogEntry) -> dict[str, Any]:
+    """The dump row of one entry: ``msg`` as MessageDecoder.decode plus checkMessageAndReturnSize
+    report it, ``blank`` with its signed magic. Key order and value formats follow the dumps."""
+    if isinstance(entry, BlankEntry):
+        return {"type": "blank", "commitLogOffset": entry.offset, "size": entry.size,
+                "magic": _java_int(entry.magic)}
+    record, dispatch = entry.record, entry.dispatch
+    return {
+        "type": "msg",
+        "topic": record.topic,
+        "queueId": record.queue_id,
+        "queueOffset": record.queue_offset,
+        "commitLogOffset": record.commitlog_offset,
+        "storeSize": record.store_size,
+        "bodyCRC": record.body_crc,
+        "flag": record.flag,
+        "sysFlag": record.sys_flag,
+        "bornTimestamp": record.born_timestamp,
+        "storeTimestamp": record.store_timestamp,
+        "bornHost": record.born_host,
+        "storeHost": record.store_host,
+        "reconsumeTimes": record.reconsume_times,
+        "preparedTransactionOffset": record.prepared_transaction_offset,
+        # MessageDecoder leaves the body null when its length is 0; the dumps print that as -1.
+        "body": base64.b64encode(record.body).decode("ascii") if record.body else None,
+        "bodyLen": len(record.body) if record.body else -1,
+        "properties": {k: record.properties[k] for k in sorted(record.properties, key=_utf16_order)},
+        "msgId": make_message_id(record.store_host, record.commitlog_offset),
+        "dispatch": {
+            "success": dispatch.success,
+            "msgSize": dispatch.msg_size,
+            "tagsCode": dispatch.tags_code,
+            "keys": dispatch.keys,
+            "uniqKey": dispatch.uniq_key,
+        },
+    }
+
+
+def json_line(entry: CommitLogEntry) -> str:
+    """One compact JSON line, non-ASCII kept as is, like the dumps."""
+    return json.dumps(entry_row(entry), ensure_ascii=False, separators=(",", ":"))
+
+
+def _display_width(text: str) -> int:
+    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+
+def _cell(text: str, width: int, right: bool = False) -> str:
+    pad = " " * max(0, width - _display_width(text))
+    return pad + text if right else text + pad
+
+
+# (header, width, right-aligned). Widths are fixed so rows can stream: a commitlog holds millions.
+_COLUMNS = (("OFFSET", 12, True), ("SIZE", 7, True), ("TOPIC", 26, False), ("QUEUE", 5, True),
+            ("QOFFSET", 9, True), ("STORE TIME (UTC)", 23, False), ("TAGS", 14, False), ("KEYS", 0, False))
+
+
+def _table_line(values: Iterable[str]) -> str:
+    cells = [_cell(v, width, right) for v, (_, width, right) in zip(values, _COLUMNS, strict=True)]
+    return "  ".join(cells).rstrip()
+
+
+def _store_time(ms: int) -> str:
+    try:
+        when = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+    return when.strftime("%Y-%m-%d %H:%M:%S") + f".{ms % 1000:03d}"
+
+
+def table_line(entry: CommitLogEntry) -> str:
+    if isinstance(entry, BlankEntry):
+        return _table_line((str(entry.offset), str(entry.size), "(BLANK: rest of file unused)",
+                            "", "", "", "", ""))
+    record = entry.record
+    return _table_line((str(entry.offset), str(record.store_size), record.topic, str(record.queue_id),
+                        str(record.queue_offset), _store_time(record.store_timestamp),
+                        record.tags or "-", record.keys or "-"))
+
+
+def _table_header() -> str:
+    return _table_line(name for name, _, _ in _COLUMNS)
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _stdout_bytes() -> BinaryIO:
+    """Write UTF-8 whatever the locale: topics, tags and keys are often not ASCII."""
+    sys.stdout.flush()
+    return sys.stdout.buffer
+
+
+def _silence_stdout() -> None:
+    """After EPIPE, point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def main(dir: str, from_offset: int | None, as_json: bool) -> int:
+    """Print every entry of commitlog directory ``dir`` from ``from_offset`` (a record boundary) on.
+    Returns 0, or 2 after a one-line message on stderr for a bad directory or offset."""
+    path = Path(dir)
+    if path.is_dir() and (path / "commitlog").is_dir():
+        return _error(f"{dir} looks like a store root; pass {path / 'commitlog'}")
+    try:
+        walk = iter_commitlog(path, from_offset)
+    except CommitLogError as exc:
+        return _error(str(exc))
+    except OSError as exc:
+        return _error(f"{dir}: {exc.strerror or exc}")
+    try:
+        _print(walk, as_json)
+    except BrokenPipeError:
+        # The reader went away (``| head``): it asked for less, which is not an error.
+        _silence_stdout()
+        return 0
+    except (CommitLogError, OSError) as exc:
+        return _error(str(exc))
+    finally:
+        walk.close()
+    return 0
+
+
+def _print(walk: CommitLogWalk, as_json: bool) -> None:
+    out = _stdout_bytes()
+    records = blanks = 0
+    if not as_json:
+        out.write((_table_header() + "\n").encode())
+    for entry in walk:
+        if isinstance(entry, RecordEntry):
+            records += 1
+        else:
+            blanks += 1
+        out.write(((json_line(entry) if as_json else table_line(entry)) + "\n").encode())
+    if not as_json:
+        end = walk.end
+        where = f"; data ends at offset {end.offset}: {end.reason}" if end is not None else ""
+        out.write(f"# {records} records, {blanks} blanks{where}\n".encode())
+    out.flush()
