@@ -189,7 +189,7 @@ def test_stale_records_after_a_truncation_are_not_resurrected(tmp_path: Path) ->
     with opened(tmp_path, small_config()) as log:
         assert log.max_offset == cut
         # Same size as the record it replaces: the old record #11 now starts right where this ends.
-        log.put_message(Message("TopicT", 10 % 4, "body-10".encode() * 20, properties={"KEYS": "k10"}))
+        log.put_message(Message("TopicT", 10 % 4, b"body-10" * 20, properties={"KEYS": "k10"}))
         new_end = log.max_offset
         assert new_end == ends[10]
     (tmp_path / "abort").touch()

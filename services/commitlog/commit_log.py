@@ -238,8 +238,8 @@ class CommitLog:
                 raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
             config = self.topics.get_or_create(topic, self.config.default_topic_queue_nums)
         if not config.perm & PERM_WRITE:
-            raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, f"topic {topic!r} is not writable (perm {config.perm})",
-                                  index)
+            raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
+                                  f"topic {topic!r} is not writable (perm {config.perm})", index)
         if not 0 <= queue_id < config.write_queue_nums:
             raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
                                   f"queue id {queue_id} is out of range for topic {topic!r}: it has "

@@ -56,7 +56,7 @@ def _matches_checkpoint(mapped: MappedFile, min_timestamp: int) -> bool:
     if _U32.unpack_from(buf, 4)[0] not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         return False
     sys_flag = _I32.unpack_from(buf, SYSFLAG_POS)[0]
-    store_timestamp = _I64.unpack_from(buf, store_timestamp_pos(sys_flag))[0]
+    store_timestamp: int = _I64.unpack_from(buf, store_timestamp_pos(sys_flag))[0]
     return store_timestamp != 0 and store_timestamp <= min_timestamp
 
 

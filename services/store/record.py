@@ -16,6 +16,7 @@ written, which is why a file always keeps 8 bytes free for it.
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
 import zlib
@@ -37,6 +38,9 @@ from services.store.message import (
     tags_code,
 )
 from services.store.socket_address import decode_address
+
+# Anything record bytes are parsed from: file mappings included, without copying.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB
@@ -147,13 +151,13 @@ def patch_offsets(buf: bytearray, pos: int, queue_offset: int, commitlog_offset:
     _I64.pack_into(buf, pos + timestamp_pos, store_timestamp)
 
 
-def read_size_and_magic(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+def read_size_and_magic(buf: Buffer, pos: int) -> tuple[int, int]:
     """TOTALSIZE and MAGICCODE at ``pos`` (magic unsigned)."""
     size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     return int(size), int(magic)
 
 
-def decode_record(buf: bytes | bytearray | memoryview, pos: int = 0) -> MessageRecord:
+def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
     """Decode the record at ``buf[pos:]``. Raises RecordError if it is not a whole valid record
     (a BLANK record raises too: callers check the magic first)."""
     limit = len(buf)
@@ -240,7 +244,7 @@ def deliver_timestamp(delay_level: int, store_timestamp: int, delay_levels_ms: S
 
 
 def check_record(
-    buf: bytes | bytearray | memoryview,
+    buf: Buffer,
     pos: int,
     check_crc: bool = True,
     delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS,
