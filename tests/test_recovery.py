@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.queue_offsets import QueueOffsetSnapshot, QueueOffsetStore
 from services.store.config import MessageStoreConfig, load_config
+from services.store.errors import OutOfRangeError
 from services.store.message import Message
 from services.store.record import decode_record
 from services.store.store_root import StoreLockedError
@@ -212,3 +214,26 @@ def test_clean_stop_removes_abort_and_the_preallocated_file(tmp_path: Path) -> N
         assert (tmp_path / "abort").exists()
     assert not (tmp_path / "abort").exists()
     assert commitlog_files(tmp_path) == [f"{0:020d}"]
+
+
+def test_expired_files_are_deleted_and_reads_below_them_are_out_of_range(tmp_path: Path) -> None:
+    hour = time.strftime("%H")
+    with opened(tmp_path, small_config(delete_when=hour, file_reserved_time=72)) as log:
+        put_many(log, 1500)
+        files = list(log.mfq.files)
+        assert len(files) >= 5
+        log.mfq.flush_until(log.max_offset)
+        old = time.time() - 100 * 3600
+        for mapped in files[:3]:
+            os.utime(mapped.path, (old, old))
+        table = dict(log.queue_table)
+        assert log.clean_expired_files(disk_used_ratio=0.1) == [m.path for m in files[:3]]
+        assert log.min_offset == files[3].file_from_offset
+        with pytest.raises(OutOfRangeError, match="below the min offset"):
+            log.read(0, 10)
+        # Nothing expired is left: another round deletes nothing, and never the last file.
+        assert log.clean_expired_files(disk_used_ratio=0.1) == []
+        # A disk past diskSpaceWarningLevelRatio cleans at once, expired or not, but keeps the last file.
+        assert len(log.clean_expired_files(disk_used_ratio=0.95)) == min(10, len(files) - 4)
+    with opened(tmp_path, small_config()) as log:
+        assert log.queue_table == table

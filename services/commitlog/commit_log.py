@@ -52,6 +52,7 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
+DELETE_FILES_BATCH_MAX = 10
 
 
 @dataclass(slots=True, frozen=True)
@@ -415,6 +416,19 @@ class CommitLog:
     def update_topic(self, config: TopicConfig) -> TopicConfig:
         return self.topics.update(config)
 
+    def clean_expired_files(self, disk_used_ratio: float) -> list[Path]:
+        """RocketMQ's CleanCommitLogService: at the ``deleteWhen`` hour, or whenever the disk is fuller
+        than ``diskMaxUsedSpaceRatio``, delete files older than ``fileReservedTime`` hours; when the
+        disk is past ``diskSpaceWarningLevelRatio``, delete the oldest files even if not expired."""
+        cfg = self.config
+        hours = {int(h) for h in cfg.delete_when.split(";") if h.strip().isdigit()}
+        due = time.localtime().tm_hour in hours or disk_used_ratio * 100 > cfg.disk_max_used_space_ratio
+        clean_at_once = disk_used_ratio > cfg.disk_space_warning_level_ratio
+        if not (due or clean_at_once):
+            return []
+        expired_before = time.time() - cfg.file_reserved_time * 3600
+        return self.mfq.delete_expired_files(expired_before, clean_at_once, DELETE_FILES_BATCH_MAX)
+
     def flush_and_snapshot(self) -> None:
         """Persist the queue offset table at a point the flushed log covers."""
         snapshot = self.queue_offset_snapshot()
@@ -438,6 +452,8 @@ class StoreStateService(ServiceThread):
         self._interval_s = commit_log.config.flush_interval_consume_queue / 1000
         self._snapshot_interval_s = commit_log.config.flush_commit_log_thorough_interval / 1000
         self._last_snapshot = time.monotonic()
+        self._clean_interval_s = commit_log.config.clean_resource_interval / 1000
+        self._last_clean = time.monotonic()
 
     def run_once(self) -> None:
         self._stopped.wait(self._interval_s)
@@ -450,9 +466,12 @@ class StoreStateService(ServiceThread):
         if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
             self._last_snapshot = time.monotonic()
             self._log.flush_and_snapshot()
-        self._check_disk()
+        if time.monotonic() - self._last_clean >= self._clean_interval_s:
+            self._last_clean = time.monotonic()
+            self._log.clean_expired_files(self._check_disk())
 
-    def _check_disk(self) -> None:
+    def _check_disk(self) -> float:
+        """Refuse writes above diskSpaceWarningLevelRatio; returns the used ratio."""
         usage = shutil.disk_usage(self._log.root)
         ratio = usage.used / usage.total if usage.total else 0.0
         full = ratio > self._log.config.disk_space_warning_level_ratio
@@ -463,3 +482,4 @@ class StoreStateService(ServiceThread):
             else:
                 log.warning("disk usage back to %.0f%%: accepting writes again", ratio * 100)
             self._log.disk_full = full
+        return ratio

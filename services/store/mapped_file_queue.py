@@ -192,16 +192,23 @@ class MappedFileQueue:
             self._files = kept
         self.flushed_where = self.committed_where = offset
 
-    def delete_first_files(self, count: int) -> list[MappedFile]:
-        """Drop the ``count`` oldest files (never the last one)."""
+    def delete_expired_files(self, expired_before_s: float, clean_at_once: bool, max_files: int) -> list[Path]:
+        """Delete the oldest files last modified before ``expired_before_s`` (any old file when
+        ``clean_at_once``), never the last file and never data that is not yet flushed."""
         with self._files_lock:
-            count = min(count, len(self._files) - 1)
-            if count <= 0:
-                return []
-            removed, self._files = self._files[:count], self._files[count:]
+            files = self._files
+            count = 0
+            for mapped in files[:-1]:
+                if count >= max_files or mapped.file_tail_offset > self.flushed_where:
+                    break
+                if not clean_at_once and mapped.path.stat().st_mtime >= expired_before_s:
+                    break
+                count += 1
+            removed, self._files = files[:count], files[count:]
         for mapped in removed:
+            log.info("deleting expired commitlog file %s", mapped.path.name)
             self._discard(mapped)
-        return removed
+        return [m.path for m in removed]
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
