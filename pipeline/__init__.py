@@ -1,0 +1,1 @@
+"""PySpark jobs over store files (issue 6): export, reindex, verify, statistics."""

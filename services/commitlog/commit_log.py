@@ -30,7 +30,13 @@ from services.commitlog.recovery import recover_abnormally, recover_normally
 from services.commitlog.topic_config import PERM_WRITE, TopicConfig, TopicConfigManager, check_topic_name
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
-from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, UnavailableError
+from services.store.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    StoreError,
+    UnavailableError,
+)
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import Message, parse_delay_levels
@@ -53,6 +59,7 @@ _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
 DELETE_FILES_BATCH_MAX = 10
+_PENDING = StoreError("placeholder for a message not yet appended")
 
 
 @dataclass(slots=True, frozen=True)
@@ -213,6 +220,26 @@ class CommitLog:
             return []
         now = int(time.time() * 1000)
         encoded = [self._encode(msg, now, i if len(messages) > 1 else None) for i, msg in enumerate(messages)]
+        return self._put_encoded(encoded)
+
+    def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult | StoreError]:
+        """Append the valid ones of ``messages`` (from independent producers) under one hold of the put
+        lock; each invalid one gets its own error and does not affect the others."""
+        now = int(time.time() * 1000)
+        outcomes: list[PutMessageResult | StoreError] = []
+        valid: list[EncodedMessage] = []
+        for msg in messages:
+            try:
+                valid.append(self._encode(msg, now, None))
+                outcomes.append(_PENDING)
+            except StoreError as exc:
+                outcomes.append(exc)
+        if valid:
+            results = iter(self._put_encoded(valid))
+            outcomes = [next(results) if o is _PENDING else o for o in outcomes]
+        return outcomes
+
+    def _put_encoded(self, encoded: list[EncodedMessage]) -> list[PutMessageResult]:
         with self._put_lock:
             if not self.writable:
                 raise UnavailableError("the commitlog is not writable (stopping, or the disk is full)")

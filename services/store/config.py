@@ -43,7 +43,7 @@ class MessageStoreConfig:
     commit_commit_log_thorough_interval: int = 200
     sync_flush_timeout: int = 5_000
     # Not in RocketMQ: how long a group-commit leader lets runnable producers append before it flushes.
-    group_commit_gather_us: int = 200
+    group_commit_gather_us: int = 0
     transient_store_pool_enable: bool = False
     transient_store_pool_size: int = 5
     fast_fail_if_no_buffer_in_store_pool: bool = False
