@@ -155,8 +155,8 @@ class GroupCommitService(ServiceThread):
                     return True
                 self._flushing = True
             self._lead_flush()
-            if time.monotonic() > deadline:
-                return self.flushed >= offset
+            if time.monotonic() > deadline:  # durable now, but not within syncFlushTimeout
+                return False
 
     def _lead_flush(self) -> None:
         # Let producers that are runnable append first, so this flush covers them too.

@@ -88,9 +88,12 @@ class MappedFileQueue:
 
     @property
     def max_offset(self) -> int:
-        """End of the readable data."""
+        """End of the readable data. With a transient store pool, bytes become readable only once
+        committed into their file, in order, so the committed offset is the end."""
+        if self.pool is not None:
+            return self.committed_where
         last = self.last_file()
-        return last.file_from_offset + last.read_position if last else 0
+        return last.file_from_offset + last.wrote_position if last else 0
 
     @property
     def max_wrote_offset(self) -> int:
