@@ -29,6 +29,7 @@ from services.store.record import (
     END_FILE_MIN_BLANK_LENGTH,
     IPV4_HOST_LENGTH,
     MAX_PROPERTIES_LENGTH,
+    MAX_TOPIC_LENGTH_V1,
     encode_record_parts,
     java_parse_int,
 )
@@ -98,7 +99,7 @@ class MessageEncoder:
         else:
             props, wait = b"", True
         head, body, tail = encode_record_parts(
-            self._topic_bytes(topic), queue_id, body, msg.flag, props, sys_flag,
+            self._topic_bytes(topic, index), queue_id, body, msg.flag, props, sys_flag,
             msg.born_timestamp or born_timestamp_default, born_host, self.store_host, msg.reconsume_times,
             msg.prepared_transaction_offset,
         )
@@ -118,10 +119,13 @@ class MessageEncoder:
             self._born_hosts[born_host] = encoded
         return encoded
 
-    def _topic_bytes(self, topic: str) -> bytes:
+    def _topic_bytes(self, topic: str, index: int | None) -> bytes:
         encoded = self._topics.get(topic)
         if encoded is None:
             encoded = topic.encode("utf-8")
+            if len(encoded) > MAX_TOPIC_LENGTH_V1:  # the record's TOPICLENGTH is one byte
+                raise _illegal(f"topic {topic[:40]!r}... is {len(encoded)} bytes, longer than "
+                               f"{MAX_TOPIC_LENGTH_V1}", index)
             if len(self._topics) < 65536:
                 self._topics[topic] = encoded
         return encoded
