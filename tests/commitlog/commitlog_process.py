@@ -1,7 +1,7 @@
 """A real ``mqstore commitlog`` process for tests: start it, talk to it, stop it cleanly or kill it.
 
 Kept apart from conftest.py so test modules (and crash tests) can import the handle type:
-``from commitlog_process import CommitLogProcess, start_commitlog``.
+``from tests.commitlog.commitlog_process import CommitLogProcess, start_commitlog``.
 """
 
 from __future__ import annotations

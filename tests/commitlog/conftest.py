@@ -6,20 +6,17 @@
 
 At teardown every process still running is stopped with SIGTERM and must exit 0 and leave no
 ``abort`` file (a clean stop). Processes a test stopped or killed itself are left alone.
-Test modules import the helpers directly: ``from commitlog_process import CommitLogProcess``.
+Test modules import the helpers directly: ``from tests.commitlog.commitlog_process import CommitLogProcess``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # so test modules can import commitlog_process
-
-from commitlog_process import CommitLogProcess, Launcher, StartCommitLog  # noqa: E402
+from tests.commitlog.commitlog_process import CommitLogProcess, Launcher, StartCommitLog
 
 
 @pytest.fixture

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from commitlog_process import CommitLogProcess, StartCommitLog
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+
+from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 
 MIB = 1024 * 1024
 MAX_MESSAGE_SIZE = 16 * 1024

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from commitlog_process import (
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+from mqstore.v1 import commitlog_pb2 as pb
+from mqstore.v1 import common_pb2
+
+from services.store.message_id import decode_message_id
+from services.store.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
+from tests.commitlog.commitlog_process import (
     SERVICE_NAME,
     CommitLogProcess,
     StartCommitLog,
@@ -23,13 +30,6 @@ from commitlog_process import (
     mqstore_command,
     stop_cleanly,
 )
-from grpc_health.v1 import health_pb2
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
-from mqstore.v1 import commitlog_pb2 as pb
-from mqstore.v1 import common_pb2
-
-from services.store.message_id import decode_message_id
-from services.store.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
 
 MIB = 1024 * 1024
 FILE_SIZE = 1 * MIB

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from commitlog_process import CommitLogProcess, StartCommitLog
 from mqstore.v1 import commitlog_pb2, common_pb2
 
 from services.store.record import decode_record
+from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 
 CYCLES = int(__import__("os").environ.get("CRASH_CYCLES", "20"))
 PRODUCERS = 4
