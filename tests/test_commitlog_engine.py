@@ -177,3 +177,11 @@ def test_transient_store_pool_commits_then_flushes(tmp_path: Path) -> None:
         assert log.max_offset == results[-1].commitlog_offset + results[-1].wrote_bytes
     finally:
         log.shutdown()
+
+
+def test_a_rejected_batch_creates_no_topic(log: CommitLog) -> None:
+    with pytest.raises(PutMessageError):
+        log.put_messages([Message("BrandNew", 0, b"ok"), Message("BrandNew", 99, b"bad queue")])
+    assert log.topics.get("BrandNew") is None
+    log.put_message(Message("BrandNew", 0, b"ok"))
+    assert log.topics.get("BrandNew") == TopicConfig("BrandNew", 8, 8)

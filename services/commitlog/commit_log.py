@@ -240,6 +240,10 @@ class CommitLog:
         return outcomes
 
     def _put_encoded(self, encoded: list[EncodedMessage]) -> list[PutMessageResult]:
+        topics = self.topics
+        for topic in {e.topic for e in encoded}:
+            if topics.get(topic) is None:
+                topics.get_or_create(topic, self.config.default_topic_queue_nums)
         with self._put_lock:
             if not self.writable:
                 raise UnavailableError("the commitlog is not writable (stopping, or the disk is full)")
@@ -264,7 +268,8 @@ class CommitLog:
                 raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, str(exc), index) from None
             if not self.config.auto_create_topic_enable:
                 raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
-            config = self.topics.get_or_create(topic, self.config.default_topic_queue_nums)
+            # Checked against the topic it would get; created only once the whole put is valid.
+            config = TopicConfig(topic, self.config.default_topic_queue_nums, self.config.default_topic_queue_nums)
         if not config.perm & PERM_WRITE:
             raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
                                   f"topic {topic!r} is not writable (perm {config.perm})", index)
@@ -422,7 +427,7 @@ class CommitLog:
         with self._new_data:
             self._tail_waiters += 1
             try:
-                return self._new_data.wait_for(lambda: self.max_offset > offset or not self.writable, timeout_s) \
+                return self._new_data.wait_for(lambda: self.max_offset > offset or not self._running, timeout_s) \
                     and self.max_offset > offset
             finally:
                 self._tail_waiters -= 1
@@ -430,7 +435,8 @@ class CommitLog:
     # -- info and admin ----------------------------------------------------------------------
     def stats(self) -> StoreStats:
         usage = shutil.disk_usage(self.root)
-        return StoreStats(self.min_offset, self.max_offset, self.mfq.flushed_where, self.mfq.committed_where,
+        committed = self.mfq.committed_where if self.pool_enabled else self.mfq.max_wrote_offset
+        return StoreStats(self.min_offset, self.max_offset, self.mfq.flushed_where, committed,
                           len(self.mfq.files), usage.total, usage.used)
 
     def queue_offset_snapshot(self) -> QueueOffsetSnapshot:

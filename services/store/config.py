@@ -9,6 +9,7 @@ Precedence: defaults < YAML file < environment.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +20,9 @@ from typing import Any
 import yaml
 
 ENV_PREFIX = "MQSTORE_"
+# MQSTORE_* variables that are not store settings.
+_NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT"}  # read by services/server
+log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
 
@@ -142,9 +146,16 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
             raise ConfigError(f"settings file {path} must hold a mapping of setting: value")
         _apply(values, loaded, str(path))
     env = os.environ if environ is None else environ
-    _apply(values, {k[len(ENV_PREFIX):]: v for k, v in env.items()
-                    if k.startswith(ENV_PREFIX) and snake_name(k[len(ENV_PREFIX):].lower()) in _FIELDS},
-           "environment")
+    from_env = {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name in _FIELDS:
+            from_env[name] = value
+        elif name.upper() not in _NON_SETTING_ENV:
+            log.warning("ignoring %s: there is no setting %s (see services/store/config.py)", key, camel_name(name))
+    _apply(values, from_env, "environment")
     values.update(overrides)
     config = MessageStoreConfig(**values)
     config.validate()

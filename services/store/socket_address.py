@@ -17,7 +17,10 @@ def parse_address(text: str) -> tuple[bytes, int]:
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise AddressError(f"address {text!r} must look like ip:port")
-    host = host.removeprefix("[").removesuffix("]")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if host.startswith("[") != host.endswith("]") or ":" in host and not bracketed:
+        raise AddressError(f"address {text!r} must look like ip:port, with an IPv6 ip in brackets ([::1]:80)")
+    host = host[1:-1] if bracketed else host
     try:
         ip = ipaddress.ip_address(host)
         port = int(port_text)
