@@ -79,6 +79,7 @@ class StoreStats:
     mapped_file_count: int
     disk_total_bytes: int
     disk_used_bytes: int
+    recovered_offset: int
 
 
 class CommitLog:
@@ -112,6 +113,7 @@ class CommitLog:
         self._flush_service: ServiceThread | None = None
         self._state_service: StoreStateService | None = None
         self.last_exit_ok = True
+        self.recovered_offset = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -135,6 +137,7 @@ class CommitLog:
             end = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
                                      cfg.message_index_enable and cfg.message_index_safe, self._delay_levels_ms)
         self.mfq.truncate_dirty_files(end)
+        self.recovered_offset = end
         self.topics.load()
         self._restore_queue_table(end)
         self._abort.create()
@@ -437,7 +440,7 @@ class CommitLog:
         usage = shutil.disk_usage(self.root)
         committed = self.mfq.committed_where if self.pool_enabled else self.mfq.max_wrote_offset
         return StoreStats(self.min_offset, self.max_offset, self.mfq.flushed_where, committed,
-                          len(self.mfq.files), usage.total, usage.used)
+                          len(self.mfq.files), usage.total, usage.used, self.recovered_offset)
 
     def queue_offset_snapshot(self) -> QueueOffsetSnapshot:
         with self._put_lock:

@@ -99,4 +99,5 @@ def store_info_to_proto(stats: StoreStats, *, flush_disk_type: str, transient_st
         store_root=store_root,
         incarnation=incarnation,
         store_host=store_host,
+        recovered_offset=stats.recovered_offset,
     )
