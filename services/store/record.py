@@ -214,7 +214,7 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
     )
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
 class DispatchRequest:
     """What RocketMQ's checkMessageAndReturnSize yields: the facts the ConsumeQueue and IndexFile
     need. ``msg_size`` > 0 is a record, 0 a BLANK (move to the next file); ``success`` False stops a walk."""
@@ -298,3 +298,63 @@ def dispatch_request_of(record: MessageRecord,
         uniq_key=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), sys_flag=record.sys_flag,
         prepared_transaction_offset=record.prepared_transaction_offset,
     )
+
+
+def parse_dispatch_requests(data: Buffer, start_offset: int,
+                            delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> list[DispatchRequest]:
+    """Dispatch requests of whole records laid back to back in ``data`` (a Tail chunk), the first at
+    commitlog offset ``start_offset``. The dispatch path: bodies are skipped, never copied, and the
+    record was already validated by the writer, so no CRC is computed here.
+
+    Raises RecordError if the bytes are not whole records (a tailer must then resynchronise).
+    """
+    requests: list[DispatchRequest] = []
+    append = requests.append
+    unpack_prefix, unpack_i64, unpack_after, unpack_i16 = (
+        _PREFIX.unpack_from, _I64.unpack_from, _AFTER_STORE_HOST.unpack_from, _I16.unpack_from)
+    limit = len(data)
+    pos = 0
+    while pos < limit:
+        try:
+            (size, magic, _, queue_id, _, queue_offset, commitlog_offset, sys_flag,
+             _) = unpack_prefix(data, pos)
+            born = IPV6_HOST_LENGTH if sys_flag & BORNHOST_V6_FLAG else IPV4_HOST_LENGTH
+            store = IPV6_HOST_LENGTH if sys_flag & STOREHOSTADDRESS_V6_FLAG else IPV4_HOST_LENGTH
+            p = pos + BORNHOST_POS + born
+            store_timestamp = unpack_i64(data, p)[0]
+            p += 8 + store
+            _, prepared, body_len = unpack_after(data, p)
+            p += 16 + body_len
+            if magic == MESSAGE_MAGIC_CODE:
+                topic_len = data[p]
+                p += 1
+            elif magic == MESSAGE_MAGIC_CODE_V2:
+                topic_len = _U16.unpack_from(data, p)[0]
+                p += 2
+            else:
+                raise RecordError(f"offset {start_offset + pos}: magic code {magic:#010x} is not a message")
+            topic = bytes(data[p:p + topic_len]).decode("utf-8")
+            p += topic_len
+            props_len = unpack_i16(data, p)[0]
+            p += 2
+            props = string_to_properties(bytes(data[p:p + props_len]).decode("utf-8")) if props_len > 0 else {}
+        except (struct.error, IndexError, UnicodeDecodeError) as exc:
+            raise RecordError(f"offset {start_offset + pos}: malformed record ({exc})") from None
+        if p + max(props_len, 0) - pos != size or commitlog_offset != start_offset + pos:
+            raise RecordError(f"offset {start_offset + pos}: not a whole record that starts here")
+        tags = props.get(PROPERTY_TAGS)
+        code = tags_code(tags) if tags else 0
+        if topic == SCHEDULE_TOPIC:
+            delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
+            if delay is not None:
+                try:
+                    level = min(java_parse_int(delay), len(delay_levels_ms))
+                except ValueError:
+                    level = 0
+                if level > 0:
+                    code = deliver_timestamp(level, store_timestamp, delay_levels_ms)
+        append(DispatchRequest(True, size, topic, queue_id, commitlog_offset, queue_offset, code,
+                               store_timestamp, props.get(PROPERTY_KEYS),
+                               props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), sys_flag, prepared))
+        pos += size
+    return requests
