@@ -51,12 +51,37 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                            help="start at this commitlog offset (a record boundary)")
     commitlog.add_argument("--json", action="store_true", help="one JSON object per record")
     commitlog.set_defaults(handler=_inspect_commitlog)
+    consumequeue = kinds.add_parser("consumequeue", help="print the units of ConsumeQueue files")
+    consumequeue.add_argument("dir", help="a consumequeue directory, a topic's or a queue's directory")
+    consumequeue.add_argument("--json", action="store_true", help="one JSON object per unit")
+    consumequeue.set_defaults(handler=_inspect_consumequeue)
+    index = kinds.add_parser("index", help="print an IndexFile: header, then entries")
+    index.add_argument("file", help="one index file (mqstore's or RocketMQ's)")
+    index.add_argument("--json", action="store_true", help="one JSON object per line")
+    index.add_argument("--slots", action="store_true", help="also print the non-empty hash slots")
+    index.add_argument("--hash-slot-num", type=int, default=None,
+                       help="maxHashSlotNum (default: inferred from the file size)")
+    index.add_argument("--index-num", type=int, default=None,
+                       help="maxIndexNum (default: inferred from the file size)")
+    index.set_defaults(handler=_inspect_index)
 
 
 def _inspect_commitlog(args: argparse.Namespace) -> int:
     from services.store.inspect_commitlog import main as inspect_main
 
     return inspect_main(args.dir, args.from_offset, args.json)
+
+
+def _inspect_consumequeue(args: argparse.Namespace) -> int:
+    from services.store.inspect_consumequeue import main as inspect_main
+
+    return inspect_main(args.dir, args.json)
+
+
+def _inspect_index(args: argparse.Namespace) -> int:
+    from services.store.inspect_index import main as inspect_main
+
+    return inspect_main(args.file, args.json, args.slots, args.hash_slot_num, args.index_num)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

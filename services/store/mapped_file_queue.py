@@ -6,6 +6,7 @@ roll-over on the put path rarely waits for file creation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -143,7 +144,7 @@ class MappedFileQueue:
             return self._commit(least_pages)
 
     def _commit(self, least_pages: int) -> bool:
-        mapped = self.find_by_offset(self.committed_where, return_first_on_not_found=True)
+        mapped = self.find_by_offset(self.committed_where, return_first_on_not_found=self.committed_where == 0)
         if mapped is None:
             return False
         before = self.committed_where
@@ -160,7 +161,7 @@ class MappedFileQueue:
             return self._flush(least_pages)
 
     def _flush(self, least_pages: int) -> bool:
-        mapped = self.find_by_offset(self.flushed_where, return_first_on_not_found=True)
+        mapped = self.find_by_offset(self.flushed_where, return_first_on_not_found=self.flushed_where == 0)
         if mapped is None:
             return False
         timestamp = mapped.store_timestamp
@@ -212,6 +213,26 @@ class MappedFileQueue:
             log.info("deleting expired commitlog file %s", mapped.path.name)
             self._discard(mapped)
         return [m.path for m in removed]
+
+    def delete_last_file(self) -> None:
+        """Drop the newest file (a ConsumeQueue truncated below its start)."""
+        with self._files_lock:
+            if not self._files:
+                return
+            *kept, last = self._files
+            self._files = kept
+        log.info("deleting %s: it holds only data past the truncation point", last.path)
+        self._discard(last)
+
+    def destroy(self) -> None:
+        """Delete every file and the directory itself if it is then empty."""
+        with self._files_lock:
+            files, self._files = self._files, []
+        for mapped in files:
+            self._discard(mapped)
+        self.flushed_where = self.committed_where = 0
+        with contextlib.suppress(OSError):  # missing, or holds something that is not ours: leave it
+            self.store_path.rmdir()
 
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:

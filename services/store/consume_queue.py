@@ -1,0 +1,544 @@
+"""ConsumeQueue: per-queue index of the commitlog, byte-compatible with Apache RocketMQ 4.9.8.
+
+A queue lives in ``consumequeue/{topic}/{queueId}/`` as fixed-size files named by the 20-digit byte
+offset of their first unit. A unit is 20 big-endian bytes: commitlog offset (8), message size (4),
+tags code (8); unit *k* (queue offset / cq offset *k*) sits at byte ``20*k`` of the queue's stream.
+Files are created zero-filled and on demand (no successor is made for a full file until the next
+unit arrives). RocketMQ's validity rule for a unit is ``commitlog offset >= 0 and size > 0``; the
+first invalid unit ends a queue's data on recovery.
+
+The writer (the dispatcher) is single-threaded per store; readers run concurrently and only look at
+bytes below a file's wrote position, which is advanced after the bytes are in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+from services.store.mapped_file import MappedFile
+from services.store.mapped_file_queue import MappedFileQueue
+from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, transaction_type
+from services.store.record import DispatchRequest
+
+log = logging.getLogger(__name__)
+
+CQ_STORE_UNIT_SIZE = 20
+DEFAULT_MAPPED_FILE_SIZE = 300_000 * CQ_STORE_UNIT_SIZE
+JAVA_INT_MAX = 0x7FFF_FFFF
+
+_UNIT = struct.Struct(">qiq")
+_OFFSET_AND_SIZE = struct.Struct(">qi")
+#: fillPreBlank's filler: commitlog offset 0, size Integer.MAX_VALUE, tags code 0.
+BLANK_UNIT = _UNIT.pack(0, JAVA_INT_MAX, 0)
+_ZERO_UNIT = bytes(CQ_STORE_UNIT_SIZE)
+# Recovery scans files in chunks, so a mostly empty 6 MB file is not read (page-faulted) in full.
+_SCAN_CHUNK = CQ_STORE_UNIT_SIZE * 4096
+
+#: (commitlog offset, size, tags code, cq offset): what the dispatcher puts.
+Unit = tuple[int, int, int, int]
+#: store_time_of(commitlog offset, size) -> the record's store timestamp, negative when unreadable
+#: (RocketMQ's CommitLog.pickupStoreTimestamp).
+StoreTimeOf = Callable[[int, int], int]
+
+
+def is_valid_unit(commitlog_offset: int, size: int) -> bool:
+    """RocketMQ's rule on recovery and truncation: anything else is the end of the data."""
+    return commitlog_offset >= 0 and size > 0
+
+
+def _is_filler(commitlog_offset: int, size: int, tags_code: int) -> bool:
+    return commitlog_offset == 0 and size == JAVA_INT_MAX and tags_code == 0
+
+
+def _chunks(mapped: MappedFile, stop: int) -> Iterator[tuple[int, bytes]]:
+    """(byte position, bytes) of a file below ``stop`` in whole-unit chunks, so that a reader
+    stopping early does not fault in the whole file."""
+    for chunk_start in range(0, stop, _SCAN_CHUNK):
+        yield chunk_start, mapped.buffer[chunk_start:min(chunk_start + _SCAN_CHUNK, stop)]
+
+
+def _iter_units(mapped: MappedFile, stop: int) -> Iterator[tuple[int, int, int, int]]:
+    """(byte position, commitlog offset, size, tags code) of the units of a file below ``stop``."""
+    for chunk_start, chunk in _chunks(mapped, stop):
+        for index, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(chunk)):
+            yield chunk_start + index * CQ_STORE_UNIT_SIZE, offset, size, tags_code
+
+
+def _all_valid(chunk: bytes) -> bool:
+    """Whether every unit of ``chunk`` is valid, without a Python loop over the units (recovery
+    reads up to 900,000 units a queue): no sign bit in any commitlog offset or size, and no size
+    whose 4 bytes are all zero (the bytes of each size OR-ed together through 4 big integers)."""
+    count = len(chunk) // CQ_STORE_UNIT_SIZE
+    if count == 0:
+        return True
+    step = CQ_STORE_UNIT_SIZE
+    if max(chunk[0::step]) >= 0x80 or max(chunk[8::step]) >= 0x80:
+        return False
+    size_bytes = (int.from_bytes(chunk[8::step]) | int.from_bytes(chunk[9::step])
+                  | int.from_bytes(chunk[10::step]) | int.from_bytes(chunk[11::step]))
+    return b"\x00" not in size_bytes.to_bytes(count)
+
+
+def _java_div(numerator: int, denominator: int) -> int:
+    """Java's long division truncates toward zero (Python's // floors): (-1) / 20 == 0."""
+    quotient = abs(numerator) // abs(denominator)
+    return quotient if (numerator >= 0) == (denominator > 0) else -quotient
+
+
+def last_modified_ms(path: Path) -> int:
+    """Java's File.lastModified() on Linux: mtime truncated to milliseconds, 0 when it cannot stat."""
+    try:
+        return os.stat(path).st_mtime_ns // 1_000_000
+    except OSError:
+        return 0
+
+
+class ConsumeQueue:
+    """One queue of one topic (RocketMQ's ConsumeQueue, without the ConsumeQueueExt)."""
+
+    def __init__(self, root: Path, topic: str, queue_id: int,
+                 mapped_file_size: int = DEFAULT_MAPPED_FILE_SIZE) -> None:
+        if mapped_file_size <= 0 or mapped_file_size % CQ_STORE_UNIT_SIZE:
+            raise ValueError(f"mappedFileSizeConsumeQueue {mapped_file_size} is not a multiple of "
+                             f"{CQ_STORE_UNIT_SIZE}")
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = mapped_file_size
+        self.store_path = root / topic / str(queue_id)
+        # No preallocation: a broker may have thousands of queues, most of them idle.
+        self.mapped_file_queue = MappedFileQueue(self.store_path, mapped_file_size, preallocate=False)
+        #: commitlog offset + size of the last unit put or recovered (-1: none). Units ending at or
+        #: below it are re-dispatches and are skipped.
+        self.max_physic_offset = -1
+        #: byte offset of the first unit pointing at a commitlog record that still exists.
+        self.min_logic_offset = 0
+
+    def __repr__(self) -> str:
+        return (f"ConsumeQueue({self.topic}/{self.queue_id}, min={self.min_offset_in_queue}, "
+                f"max={self.max_offset_in_queue}, maxPhysicOffset={self.max_physic_offset})")
+
+    # -- offsets -------------------------------------------------------------------------------
+    @property
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def max_offset_in_queue(self) -> int:
+        """The next cq offset to be written (number of units, counting from 0)."""
+        return self.mapped_file_queue.max_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def message_total_in_queue(self) -> int:
+        return self.max_offset_in_queue - self.min_offset_in_queue
+
+    def roll_next_file(self, index: int) -> int:
+        """The first cq offset of the file after the one holding ``index`` (a reader skipping a hole)."""
+        units_per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+        return index + units_per_file - index % units_per_file
+
+    # -- load and recovery ---------------------------------------------------------------------
+    def load(self) -> None:
+        self.mapped_file_queue.load()
+
+    def recover(self) -> None:
+        """Find the end of the data after a restart: walk the last 3 files from their first unit and
+        stop at the first invalid unit. Files before them are taken as full, as RocketMQ does."""
+        files = self.mapped_file_queue.files
+        if not files:
+            return
+        end = 0
+        for mapped in files[max(len(files) - 3, 0):]:
+            position, max_physic = self._scan(mapped, None)
+            if max_physic >= 0:
+                self.max_physic_offset = max_physic
+            end = mapped.file_from_offset + position
+            if position != mapped.file_size:
+                break
+        log.debug("recovered %s/%d to byte %d", self.topic, self.queue_id, end)
+        self._cut(end)
+
+    def truncate_dirty_logic_files(self, commitlog_offset: int) -> None:
+        """Drop every unit pointing at or past ``commitlog_offset``: the commitlog was cut there by a
+        crash recovery, so those units point at nothing or at a different, later record."""
+        self.max_physic_offset = commitlog_offset
+        queue = self.mapped_file_queue
+        while (last := queue.last_file()) is not None:
+            position, max_physic = self._scan(last, commitlog_offset)
+            if position == 0:
+                queue.delete_last_file()
+                continue
+            if max_physic >= 0:
+                self.max_physic_offset = max_physic
+            self._cut(last.file_from_offset + position)
+            return
+        queue.flushed_where = queue.committed_where = 0
+
+    def _scan(self, mapped: MappedFile, limit: int | None) -> tuple[int, int]:
+        """Leading units of a file that are valid (and, with ``limit``, point below it).
+        Returns (byte position after them, commitlog offset + size of the last one, -1 for none).
+        Filler units do not count for the max: RocketMQ would make it Integer.MAX_VALUE."""
+        max_physic = -1
+        for chunk_start, chunk in _chunks(mapped, mapped.file_size):
+            last = _UNIT.unpack_from(chunk, len(chunk) - CQ_STORE_UNIT_SIZE)
+            if limit is None and not _is_filler(*last) and _all_valid(chunk):
+                max_physic = last[0] + last[1]
+                continue
+            for index, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(chunk)):
+                if not is_valid_unit(offset, size) or (limit is not None and offset >= limit):
+                    return chunk_start + index * CQ_STORE_UNIT_SIZE, max_physic
+                if not _is_filler(offset, size, tags_code):
+                    max_physic = offset + size
+        return mapped.file_size, max_physic
+
+    def _cut(self, end: int) -> None:
+        """Make byte ``end`` the end of the queue. Stale bytes after it are zeroed (an fdatasync)
+        only when there are any right at ``end`` or in later files: on a clean restart nothing is
+        written, which keeps thousands of queues cheap to open and leaves file mtimes alone
+        (getOffsetInQueueByTime picks a file by its mtime)."""
+        queue = self.mapped_file_queue
+        last = queue.last_file()
+        if last is None:
+            return
+        if last.file_from_offset <= end <= last.file_tail_offset:
+            position = end - last.file_from_offset
+            if position == last.file_size or last.buffer[position:position + CQ_STORE_UNIT_SIZE] == _ZERO_UNIT:
+                last.set_positions(position)
+                queue.flushed_where = queue.committed_where = end
+                return
+        queue.truncate_dirty_files(end)
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        """RocketMQ 4.9's correctMinOffset: the min logic offset becomes the first unit of the first
+        file that points at or past the commitlog's min offset (unchanged when none does). Filler
+        units point at 0, so after a restart a pre-blank-filled queue's min offset is its file start."""
+        files = self.mapped_file_queue.files
+        if not files:
+            return
+        first = files[0]
+        for position, offset, _size, _tags_code in _iter_units(first, first.read_position):
+            if offset >= commitlog_min_offset:
+                self.min_logic_offset = first.file_from_offset + position
+                return
+
+    # -- writing -------------------------------------------------------------------------------
+    def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int,
+                                  cq_offset: int) -> bool:
+        """Put one unit (RocketMQ's putMessagePositionInfo). True when written or already there."""
+        self.put_batch(((commitlog_offset, size, tags_code, cq_offset),))
+        return True
+
+    def put_batch(self, units: Sequence[Unit]) -> int:
+        """Put units in dispatch order with putMessagePositionInfo's rules, one append per run of
+        consecutive units in a file. Returns how many were written.
+
+        - a unit ending at or below ``max_physic_offset``, or whose cq offset lies below the write
+          position, was written before: skipped (re-dispatch changes nothing);
+        - a queue's first file that starts past cq offset 0 gets filler units before the first one;
+        - a gap (cq offset past the write position) is logged as an error and the unit is still
+          appended at the write position, as RocketMQ does.
+        """
+        written = skipped = 0
+        index, count = 0, len(units)
+        while index < count:
+            commitlog_offset, size, _tags, cq_offset = units[index]
+            if commitlog_offset + size <= self.max_physic_offset:
+                skipped += 1
+                index += 1
+                continue
+            mapped = self._file_for(cq_offset)
+            expected = cq_offset * CQ_STORE_UNIT_SIZE
+            current = mapped.file_from_offset + mapped.wrote_position
+            if cq_offset != 0 and expected < current:
+                skipped += 1
+                index += 1
+                continue
+            if cq_offset != 0 and expected != current:
+                log.error("[BUG]logic queue order maybe wrong, expectLogicOffset: %d currentLogicOffset: %d "
+                          "Topic: %s QID: %d Diff: %d", expected, current, self.topic, self.queue_id,
+                          expected - current)
+            end = self._run_end(units, index, mapped.remaining // CQ_STORE_UNIT_SIZE) \
+                if expected == current else index + 1
+            self._append(mapped, units, index, end)
+            written += end - index
+            index = end
+        if skipped:
+            log.info("%s/%d: %d units were already built (maybe a repeated dispatch), skipped",
+                     self.topic, self.queue_id, skipped)
+        return written
+
+    @staticmethod
+    def _run_end(units: Sequence[Unit], start: int, room: int) -> int:
+        """End of the run from ``start`` that the unit-by-unit rules would append back to back:
+        consecutive cq offsets, each unit ending past the previous one, within the file's room."""
+        limit = min(len(units), start + room)
+        end = start + 1
+        previous_offset, previous_size, _, previous_cq = units[start]
+        while end < limit:
+            offset, size, _, cq_offset = units[end]
+            if cq_offset != previous_cq + 1 or offset + size <= previous_offset + previous_size:
+                break
+            previous_offset, previous_size, previous_cq = offset, size, cq_offset
+            end += 1
+        return end
+
+    def _append(self, mapped: MappedFile, units: Sequence[Unit], start: int, end: int) -> None:
+        buffer = bytearray(CQ_STORE_UNIT_SIZE * (end - start))
+        pack_into = _UNIT.pack_into
+        for position, (offset, size, tags_code, _) in zip(
+                range(0, len(buffer), CQ_STORE_UNIT_SIZE), units[start:end], strict=True):
+            pack_into(buffer, position, offset, size, tags_code)
+        mapped.append(buffer)
+        last_offset, last_size = units[end - 1][0], units[end - 1][1]
+        self.max_physic_offset = last_offset + last_size
+
+    def _file_for(self, cq_offset: int) -> MappedFile:
+        """The file to append to (getLastMappedFile(expectLogicOffset)), created on demand; the
+        queue's very first file is pre-filled with blanks up to ``cq_offset`` (fillPreBlank)."""
+        queue = self.mapped_file_queue
+        last = queue.last_file()
+        if last is not None and not last.is_full:
+            return last
+        first_in_queue = last is None
+        self.store_path.mkdir(parents=True, exist_ok=True)
+        expected = cq_offset * CQ_STORE_UNIT_SIZE
+        mapped = queue.last_file_for_append(expected)
+        if first_in_queue and cq_offset != 0 and mapped.wrote_position == 0:
+            self.min_logic_offset = expected
+            queue.flushed_where = queue.committed_where = expected
+            blanks = (expected % self.mapped_file_size) // CQ_STORE_UNIT_SIZE
+            if blanks:
+                mapped.append(BLANK_UNIT * blanks)
+            log.info("fill pre blank space %s %d %d", mapped.path, expected, mapped.wrote_position)
+        return mapped
+
+    def flush(self, least_pages: int) -> bool:
+        """Flush the file at the flushed position when ``least_pages`` dirty pages are waiting
+        (flushConsumeQueueLeastPages = 2; 0 flushes whatever is there). True if anything moved.
+
+        A queue often ends exactly at the end of a full file with no successor yet; there is
+        nothing to flush then (MappedFileQueue.flush would fall back to the first file)."""
+        queue = self.mapped_file_queue
+        last = queue.last_file()
+        if last is None or queue.flushed_where >= last.file_tail_offset:
+            return False
+        return queue.flush(least_pages)
+
+    # -- reading -------------------------------------------------------------------------------
+    def get_index_buffer(self, start_index: int) -> bytes | None:
+        """The units from ``start_index`` to the end of the readable part of its file (RocketMQ's
+        getIndexBuffer); None below the min logic offset or past the data."""
+        offset = start_index * CQ_STORE_UNIT_SIZE
+        if start_index < 0 or offset < self.min_logic_offset:
+            return None
+        mapped = self.mapped_file_queue.find_by_offset(offset)
+        if mapped is None:
+            return None
+        position = offset - mapped.file_from_offset
+        readable = mapped.read_position
+        if position >= readable:
+            return None
+        return mapped.read(position, readable - position)
+
+    def get_units(self, start_cq_offset: int, max_count: int) -> list[Unit]:
+        """Up to ``max_count`` units from ``start_cq_offset`` on, across files, as
+        (commitlog offset, size, tags code, cq offset); empty below the min offset or past the end."""
+        units: list[Unit] = []
+        cq_offset = start_cq_offset
+        while len(units) < max_count:
+            buffer = self.get_index_buffer(cq_offset)
+            if buffer is None:
+                break
+            wanted = min(max_count - len(units), len(buffer) // CQ_STORE_UNIT_SIZE)
+            view = memoryview(buffer)[:wanted * CQ_STORE_UNIT_SIZE]
+            units.extend((offset, size, tags_code, cq_offset + i)
+                         for i, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(view)))
+            cq_offset += wanted
+        return units
+
+    def get_offset_in_queue_by_time(self, timestamp: int, store_time_of: StoreTimeOf,
+                                    min_physic_offset: int = 0) -> int:
+        """RocketMQ 4.9.8's getOffsetInQueueByTime: take the first file whose mtime (ms) is at or
+        after ``timestamp`` (else the last file), then binary-search it by the records' store time
+        and return the cq offset of the nearest unit (a tie goes to the earlier one). 0 for an empty
+        queue or an unreadable record. ``min_physic_offset`` is the commitlog's min offset."""
+        mapped = self._file_by_time(timestamp)
+        if mapped is None or mapped.read_position <= 0:
+            return 0
+        buffer = mapped.buffer
+        low = max(self.min_logic_offset - mapped.file_from_offset, 0)
+        high = mapped.read_position - CQ_STORE_UNIT_SIZE
+        target = left = right = -1
+        left_time = right_time = -1
+        while high >= low:
+            middle = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+            offset, size = _OFFSET_AND_SIZE.unpack_from(buffer, middle)
+            if offset < min_physic_offset:
+                low, left = middle + CQ_STORE_UNIT_SIZE, middle
+                continue
+            store_time = store_time_of(offset, size)
+            if store_time < 0:
+                return 0
+            if store_time == timestamp:
+                target = middle
+                break
+            if store_time > timestamp:
+                high, right, right_time = middle - CQ_STORE_UNIT_SIZE, middle, store_time
+            else:
+                low, left, left_time = middle + CQ_STORE_UNIT_SIZE, middle, store_time
+        if target != -1:
+            position = target
+        elif left_time == -1:
+            position = right
+        elif right_time == -1:
+            position = left
+        else:
+            position = right if abs(timestamp - left_time) > abs(timestamp - right_time) else left
+        return _java_div(mapped.file_from_offset + position, CQ_STORE_UNIT_SIZE)
+
+    def _file_by_time(self, timestamp: int) -> MappedFile | None:
+        """MappedFileQueue.getMappedFileByTime: by file mtime, not by the data in the file."""
+        files = self.mapped_file_queue.files
+        if not files:
+            return None
+        for mapped in files:
+            if last_modified_ms(mapped.path) >= timestamp:
+                return mapped
+        return files[-1]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Delete every file of the queue and forget its offsets."""
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+        self.mapped_file_queue.destroy()
+
+    def shutdown(self) -> None:
+        self.mapped_file_queue.shutdown()
+
+
+def _queue_id_of(directory: Path) -> int | None:
+    """A queue directory's id: canonical decimal only, since ConsumeQueue rebuilds its path from it."""
+    name = directory.name
+    if name.isdigit() and str(int(name)) == name:
+        return int(name)
+    return None
+
+
+def _utf16_order(text: str) -> bytes:
+    """Java String.compareTo order (UTF-16 code units), as RocketMQ's sorted listings use."""
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+class ConsumeQueueStore:
+    """All ConsumeQueues under one ``consumequeue`` root (DefaultMessageStore's consumeQueueTable)."""
+
+    def __init__(self, root: Path, mapped_file_size: int = DEFAULT_MAPPED_FILE_SIZE) -> None:
+        self.root = root
+        self.mapped_file_size = mapped_file_size
+        self._table: dict[str, dict[int, ConsumeQueue]] = {}
+        self._lock = threading.Lock()
+        #: store timestamp of the last record put into a queue: the checkpoint's logicsMsgTimestamp
+        #: once the queues are flushed.
+        self.logics_msg_timestamp = 0
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self._table.get(topic, {}).get(queue_id)
+
+    def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, created in memory if new (its directory appears with its first unit)."""
+        queue = self.find(topic, queue_id)
+        if queue is not None:
+            return queue
+        with self._lock:
+            queues = self._table.setdefault(topic, {})
+            queue = queues.get(queue_id)
+            if queue is None:
+                queue = ConsumeQueue(self.root, topic, queue_id, self.mapped_file_size)
+                queues[queue_id] = queue
+            return queue
+
+    def queues(self) -> list[ConsumeQueue]:
+        """Every queue, topics in Java string order, queue ids ascending. A snapshot: the dispatcher
+        may add queues meanwhile."""
+        with self._lock:
+            table = [(topic, dict(queues)) for topic, queues in self._table.items()]
+        table.sort(key=lambda item: _utf16_order(item[0]))
+        return [queues[queue_id] for _, queues in table for queue_id in sorted(queues)]
+
+    # -- startup -------------------------------------------------------------------------------
+    def load_all(self) -> None:
+        """Map every queue found under the root (loadConsumeQueue). Directories whose name is not a
+        queue id are skipped with a warning."""
+        if not self.root.is_dir():
+            return
+        for topic_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for queue_dir in sorted(p for p in topic_dir.iterdir() if p.is_dir()):
+                queue_id = _queue_id_of(queue_dir)
+                if queue_id is None:
+                    log.warning("skipping %s: not a queue id", queue_dir)
+                    continue
+                self.find_or_create(topic_dir.name, queue_id).load()
+
+    def recover_all(self) -> int:
+        """Recover every queue; returns the max commitlog offset + size they cover (-1: none)."""
+        for queue in self.queues():
+            queue.recover()
+        return self.max_physic_offset()
+
+    def correct_min_offset(self, commitlog_min_offset: int) -> None:
+        for queue in self.queues():
+            queue.correct_min_offset(commitlog_min_offset)
+
+    def max_physic_offset(self) -> int:
+        """Where dispatch resumes: the largest commitlog offset + size of any queue (-1: none)."""
+        return max((queue.max_physic_offset for queue in self.queues()), default=-1)
+
+    def truncate_dirty(self, commitlog_offset: int) -> None:
+        """The commitlog now ends at ``commitlog_offset``: drop units pointing at or past it."""
+        for queue in self.queues():
+            queue.truncate_dirty_logic_files(commitlog_offset)
+
+    # -- dispatch ------------------------------------------------------------------------------
+    def dispatch_batch(self, requests: Iterable[DispatchRequest]) -> int:
+        """Put the units of a chunk of records, in commitlog order (CommitLogDispatcherBuildConsumeQueue).
+        BLANK and invalid requests, and PREPARED and ROLLBACK transaction records, are not queued.
+        Returns the number of units written."""
+        grouped: dict[tuple[str, int], list[Unit]] = {}
+        last_timestamp = 0
+        for request in requests:
+            if not request.success or request.msg_size <= 0:
+                continue
+            if transaction_type(request.sys_flag) in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+                continue
+            grouped.setdefault((request.topic, request.queue_id), []).append(
+                (request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
+            last_timestamp = request.store_timestamp
+        written = sum(self.find_or_create(topic, queue_id).put_batch(units)
+                      for (topic, queue_id), units in grouped.items())
+        if grouped:
+            self.logics_msg_timestamp = last_timestamp
+        return written
+
+    # -- flush and shutdown --------------------------------------------------------------------
+    def flush_all(self, least_pages: int) -> bool:
+        """One flush round over every queue (FlushConsumeQueueService). True if anything was flushed."""
+        flushed = False
+        for queue in self.queues():
+            flushed = queue.flush(least_pages) or flushed
+        return flushed
+
+    def shutdown(self) -> None:
+        """Flush everything, then unmap every file."""
+        for queue in self.queues():
+            self._flush_fully(queue)
+            queue.shutdown()
+
+    @staticmethod
+    def _flush_fully(queue: ConsumeQueue) -> None:
+        while queue.flush(0):
+            pass

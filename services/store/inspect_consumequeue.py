@@ -1,0 +1,173 @@
+"""``mqstore inspect consumequeue DIR [--json]``: print the units of ConsumeQueue files offline.
+
+DIR is a ``consumequeue`` directory, one topic's directory or one queue's directory; mqstore's and
+RocketMQ's files are the same format. Files are only read, never written, so it is
+safe on a directory a live store is using. A queue's data ends at its first invalid unit
+(commitlog offset < 0 or size <= 0), the rule RocketMQ's recovery uses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.store.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
+from services.store.inspect_commitlog import _silence_stdout, _stdout_bytes
+
+PROG = "mqstore inspect consumequeue"
+EXIT_USAGE = 2
+_FILE_NAME = re.compile(r"[0-9]{20}")
+_UNIT = struct.Struct(">qiq")
+
+
+class ConsumeQueueError(Exception):
+    """A directory or file that cannot be read as a ConsumeQueue; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDir:
+    topic: str
+    queue_id: int
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class CqUnit:
+    topic: str
+    queue_id: int
+    cq_offset: int
+    commitlog_offset: int
+    size: int
+    tags_code: int
+
+    def row(self) -> dict[str, Any]:
+        """The fixture dump's ``cq`` row, keys in its order."""
+        return {"type": "cq", "topic": self.topic, "queueId": self.queue_id, "cqOffset": self.cq_offset,
+                "phyOffset": self.commitlog_offset, "size": self.size, "tagsCode": self.tags_code}
+
+
+def _queue_id(path: Path) -> int | None:
+    name = path.name
+    return int(name) if name.isdigit() and str(int(name)) == name else None
+
+
+def _is_queue_dir(path: Path) -> bool:
+    return _queue_id(path) is not None and not any(child.is_dir() for child in path.iterdir())
+
+
+def _utf16_order(text: str) -> bytes:
+    """Java String.compareTo order, which the dumps' topic order follows."""
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+def _topic_queues(topic_dir: Path) -> list[QueueDir]:
+    queues = [QueueDir(topic_dir.name, queue_id, child) for child in topic_dir.iterdir()
+              if child.is_dir() and (queue_id := _queue_id(child)) is not None]
+    return sorted(queues, key=lambda q: q.queue_id)
+
+
+def find_queues(directory: Path) -> list[QueueDir]:
+    """The queues under ``directory`` (a consumequeue root, a topic or a queue), in dump order."""
+    if not directory.is_dir():
+        raise ConsumeQueueError(f"{directory}: no such directory")
+    if (directory / "consumequeue").is_dir():
+        raise ConsumeQueueError(f"{directory} looks like a store root; pass {directory / 'consumequeue'}")
+    children = list(directory.iterdir())
+    if any(_FILE_NAME.fullmatch(child.name) for child in children):
+        queue_id = _queue_id(directory)
+        if queue_id is None:
+            raise ConsumeQueueError(f"{directory} holds ConsumeQueue files but its name is not a queue id")
+        return [QueueDir(directory.parent.name, queue_id, directory)]
+    subdirs = [child for child in children if child.is_dir()]
+    if directory.name != "consumequeue" and subdirs and all(_is_queue_dir(child) for child in subdirs):
+        return _topic_queues(directory)
+    topics = sorted(subdirs, key=lambda path: _utf16_order(path.name))
+    return [queue for topic_dir in topics for queue in _topic_queues(topic_dir)]
+
+
+def _queue_files(queue: QueueDir) -> list[tuple[int, Path]]:
+    """The queue's files in offset order, checked to be one contiguous stream of equal-sized files."""
+    files: list[tuple[int, Path]] = []
+    for path in queue.path.iterdir():
+        if not (_FILE_NAME.fullmatch(path.name) and path.is_file()):
+            raise ConsumeQueueError(f"{path}: not a ConsumeQueue file (expected names of 20 digits)")
+        files.append((int(path.name), path))
+    files.sort()
+    if not files:
+        return files
+    size = files[0][1].stat().st_size
+    if size <= 0 or size % CQ_STORE_UNIT_SIZE:
+        raise ConsumeQueueError(f"{files[0][1]}: size {size} is not a multiple of {CQ_STORE_UNIT_SIZE}")
+    for index, (start, path) in enumerate(files):
+        if path.stat().st_size != size:
+            raise ConsumeQueueError(f"{path}: size {path.stat().st_size} differs from {size}")
+        if start % size or (index and start != files[index - 1][0] + size):
+            raise ConsumeQueueError(f"{path}: offset {start} does not follow the previous file (a gap)")
+    return files
+
+
+def iter_units(queue: QueueDir) -> Iterator[CqUnit]:
+    """The queue's units from its first file on, up to the first invalid unit."""
+    for start, path in _queue_files(queue):
+        first = start // CQ_STORE_UNIT_SIZE
+        for index, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(path.read_bytes())):
+            if not is_valid_unit(offset, size):
+                return
+            yield CqUnit(queue.topic, queue.queue_id, first + index, offset, size, tags_code)
+
+
+_COLUMNS = (("TOPIC", 26, False), ("QUEUE", 5, True), ("CQOFFSET", 10, True), ("PHYOFFSET", 14, True),
+            ("SIZE", 10, True), ("TAGSCODE", 0, False))
+
+
+def _table_line(values: tuple[str, ...]) -> str:
+    cells = [value.rjust(width) if right else value.ljust(width)
+             for value, (_, width, right) in zip(values, _COLUMNS, strict=True)]
+    return "  ".join(cells).rstrip()
+
+
+def _line(unit: CqUnit, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(unit.row(), ensure_ascii=False, separators=(",", ":"))
+    return _table_line((unit.topic, str(unit.queue_id), str(unit.cq_offset), str(unit.commitlog_offset),
+                        str(unit.size), str(unit.tags_code)))
+
+
+def _print(queues: list[QueueDir], as_json: bool) -> None:
+    out = _stdout_bytes()
+    if not as_json:
+        out.write((_table_line(tuple(name for name, _, _ in _COLUMNS)) + "\n").encode())
+    count = 0
+    for queue in queues:
+        for unit in iter_units(queue):
+            out.write((_line(unit, as_json) + "\n").encode())
+            count += 1
+    if not as_json:
+        out.write(f"# {count} units in {len(queues)} queues\n".encode())
+    out.flush()
+
+
+def _error(message: str) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def main(dir: str, as_json: bool) -> int:
+    """Print every unit under ``dir``. Returns 0, or 2 after a one-line message on stderr."""
+    try:
+        queues = find_queues(Path(dir))
+        _print(queues, as_json)
+    except BrokenPipeError:
+        _silence_stdout()  # the reader went away (``| head``): not an error
+        return 0
+    except ConsumeQueueError as exc:
+        return _error(str(exc))
+    except OSError as exc:
+        return _error(f"{dir}: {exc.strerror or exc}")
+    return 0
