@@ -29,11 +29,24 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     serve.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9901)")
     serve.set_defaults(handler=_serve_commitlog)
 
+    indexer = commands.add_parser("indexer", help="run the indexer alone (ConsumeQueue and IndexFile)")
+    indexer.add_argument("--store", default="./data/indexer", help="the indexer's own store root")
+    indexer.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+    indexer.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9902)")
+    indexer.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
+    indexer.set_defaults(handler=_serve_indexer)
+
 
 def _run(args: argparse.Namespace) -> int:
-    from services.commitlog.main import serve
+    from services.runner import run
 
-    return serve(store=args.store, config_file=args.config, listen=None)
+    return run(store=args.store, config_file=args.config)
+
+
+def _serve_indexer(args: argparse.Namespace) -> int:
+    from services.indexer.main import serve
+
+    return serve(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog)
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:

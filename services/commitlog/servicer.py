@@ -30,14 +30,10 @@ from services.commitlog.convert import (
 )
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.server import metrics
+from services.server.status import status_code_of
 from services.store.errors import (
-    AlreadyExistsError,
     InvalidArgumentError,
-    NotFoundError,
-    OutOfRangeError,
-    ResourceExhaustedError,
     StoreError,
-    UnavailableError,
 )
 from services.store.message import Message
 
@@ -60,23 +56,6 @@ STREAM_INTAKE_DEPTH = 1024
 STREAM_RESULT_DEPTH = 32
 # Long waits are cut into slices so a cancelled call or a stopping server is noticed promptly.
 WAIT_SLICE_S = 0.25
-
-_ERROR_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
-    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),  # PutMessageError included
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
-)
-
-def status_code_of(exc: StoreError) -> grpc.StatusCode:
-    """The one gRPC code of a domain error (INTERNAL for a StoreError subclass nobody mapped)."""
-    for kind, code in _ERROR_CODES:
-        if isinstance(exc, kind):
-            return code
-    return grpc.StatusCode.INTERNAL
-
 
 def _rejected_status(exc: StoreError) -> str:
     return exc.status.name if isinstance(exc, PutMessageError) else type(exc).__name__

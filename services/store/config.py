@@ -74,6 +74,7 @@ class MessageStoreConfig:
     auto_create_topic_enable: bool = True
     default_topic_queue_nums: int = 8
     commitlog_listen: str = "127.0.0.1:9901"
+    indexer_listen: str = "127.0.0.1:9902"
 
     @property
     def store_host(self) -> str:

@@ -1,0 +1,108 @@
+"""Process entry point of the indexer: ``mqstore indexer`` and ``python -m services.indexer``.
+
+Exit codes as the commitlog service's: 0 clean stop, 2 bad settings or address, 3 store locked.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import struct
+from pathlib import Path
+
+import grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
+
+from services.indexer.indexer_store import IndexerStore
+from services.indexer.reput import ReputService
+from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
+from services.server.grpc_server import BindError, GrpcServer, ServerSettings, ShutdownSignal, serve_until_signal
+from services.server.logs import configure_logging
+from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
+from services.store.config import ConfigError, load_config
+from services.store.record import SYSFLAG_POS, store_timestamp_pos
+from services.store.store_root import StoreLockedError
+
+log = logging.getLogger("services.indexer")
+
+EXIT_BAD_SETTINGS = 2
+EXIT_STORE_LOCKED = 3
+# Enough of a record to reach STORETIMESTAMP even behind an IPv6 born host.
+_STORE_TIME_PREFIX = 48 + 20 + 8
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+
+
+class CommitLogReader:
+    """Store times of records, read from the commitlog service (the time query's binary search)."""
+
+    def __init__(self, address: str) -> None:
+        self._channel = grpc.insecure_channel(address)
+        self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one reader per process, lives as long as it
+    def store_time_of(self, commitlog_offset: int, size: int) -> int:
+        """0 when the record cannot be read (RocketMQ's getStoreTime answers 0 then too)."""
+        try:
+            data = self._stub.Read(commitlog_pb2.ReadRequest(offset=commitlog_offset,
+                                                             size=min(size, _STORE_TIME_PREFIX)), timeout=5).data
+            sys_flag = _I32.unpack_from(data, SYSFLAG_POS)[0]
+            return int(_I64.unpack_from(data, store_timestamp_pos(sys_flag))[0])
+        except (grpc.RpcError, struct.error):
+            return 0
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def serve(store: str, config_file: str | None, listen: str | None, commitlog: str | None) -> int:
+    """Run the indexer on ``store`` following the commitlog service at ``commitlog``."""
+    configure_logging()
+    signals = ShutdownSignal()
+    signals.install()
+    try:
+        config = load_config(config_file)
+        metrics_port = metrics_port_from_env()
+    except (ConfigError, ValueError) as exc:
+        log.error("bad settings: %s", exc)
+        return EXIT_BAD_SETTINGS
+    commitlog_address = commitlog or config.commitlog_listen
+    indexer = IndexerStore(config, store)
+    try:
+        indexer.start()
+    except StoreLockedError as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_STORE_LOCKED
+    hub = ArrivalHub()
+    indexer.add_arrival_listener(hub.publish)
+    reput = ReputService(indexer, commitlog_address)
+    reader = CommitLogReader(commitlog_address)
+    servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of)
+    address = listen or config.indexer_listen
+    server = GrpcServer(ServerSettings(listen=address), [SERVICE_NAME],
+                        lambda s: indexer_pb2_grpc.add_IndexerServiceServicer_to_server(servicer, s))
+    metrics_server: MetricsServer | None = None
+    try:
+        port = server.start()
+        metrics_server = start_metrics_server(metrics_port)
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        server.stop(grace_s=0)
+        indexer.shutdown()
+        return EXIT_BAD_SETTINGS
+    reput.start()
+    bound = f"{address.rpartition(':')[0]}:{port}"
+    log.info("indexer listening on %s, store %s, following the commitlog at %s", bound, store, commitlog_address,
+             extra={"listen": bound, "store": str(Path(store).resolve()), "commitlog": commitlog_address})
+
+    def stopping() -> None:
+        servicer.stopping.set()
+        reput.stop()
+
+    def stopped() -> None:
+        indexer.shutdown()
+        reader.close()
+        if metrics_server is not None:
+            metrics_server.stop()
+
+    return serve_until_signal(server, signals, on_stopping=stopping, on_stopped=stopped)

@@ -1,0 +1,181 @@
+"""IndexerService: queue units, queue offsets, offset by time, key lookups, dispatch status, arrivals."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+import grpc
+from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
+
+from services.indexer.indexer_store import IndexerStore, QueueKey
+from services.indexer.reput import ReputService
+from services.server.status import status_code_of
+from services.store.consume_queue import ConsumeQueue
+from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME: str = indexer_pb2.DESCRIPTOR.services_by_name["IndexerService"].full_name
+DEFAULT_MAX_COUNT = 32
+MAX_COUNT = 1024
+DEFAULT_MAX_NUM = 64
+MAX_NUM = 1024
+INT64_MAX = 2**63 - 1
+# Per WatchArrivals subscriber: arrivals waiting to be sent; a slow subscriber loses the oldest.
+ARRIVAL_QUEUE_DEPTH = 4096
+HEARTBEAT_S = 1.0
+
+StoreTimeReader = Callable[[int, int], int]
+
+
+class ArrivalHub:
+    """Fans dispatch arrivals out to WatchArrivals subscribers, each with a bounded queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: list[queue.Queue[dict[QueueKey, int]]] = []
+
+    def publish(self, arrivals: dict[QueueKey, int]) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for q in subscribers:
+            try:
+                q.put_nowait(arrivals)
+            except queue.Full:  # drop the oldest: the newest max offset is what matters
+                try:
+                    q.get_nowait()
+                    q.put_nowait(arrivals)
+                except (queue.Empty, queue.Full):
+                    pass
+
+    def subscribe(self) -> queue.Queue[dict[QueueKey, int]]:
+        q: queue.Queue[dict[QueueKey, int]] = queue.Queue(ARRIVAL_QUEUE_DEPTH)
+        with self._lock:
+            self._subscribers.append(q)
+        return q
+
+    def unsubscribe(self, q: queue.Queue[dict[QueueKey, int]]) -> None:
+        with self._lock:
+            self._subscribers.remove(q)
+
+
+def _abort(context: grpc.ServicerContext, exc: StoreError) -> NoReturn:
+    context.abort(status_code_of(exc), str(exc))
+
+
+def _check_queue_args(topic: str, queue_id: int) -> None:
+    if not topic:
+        raise InvalidArgumentError("topic is empty: give the topic of the queue")
+    if queue_id < 0:
+        raise InvalidArgumentError(f"queue id {queue_id} is negative")
+
+
+class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[misc]
+    def __init__(self, store: IndexerStore, reput: ReputService, hub: ArrivalHub,
+                 store_time_of: StoreTimeReader) -> None:
+        self.store = store
+        self.reput = reput
+        self.hub = hub
+        self.store_time_of = store_time_of
+        self.stopping = threading.Event()
+
+    def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        _check_queue_args(topic, queue_id)
+        found = self.store.queue(topic, queue_id)
+        if found is None:
+            raise NotFoundError(f"queue {topic}/{queue_id} has no messages in this indexer (unknown topic or "
+                                "queue id, or nothing dispatched yet)")
+        return found
+
+    def GetQueueEntries(self, request: indexer_pb2.GetQueueEntriesRequest,
+                        context: grpc.ServicerContext) -> indexer_pb2.GetQueueEntriesResponse:
+        try:
+            if request.from_offset < 0:
+                raise InvalidArgumentError(f"from_offset {request.from_offset} is negative")
+            count = request.max_count or DEFAULT_MAX_COUNT
+            if not 1 <= count <= MAX_COUNT:
+                raise InvalidArgumentError(f"max_count {request.max_count} must be within 0..{MAX_COUNT} "
+                                           f"(0 means {DEFAULT_MAX_COUNT})")
+            cq = self._queue(request.topic, request.queue_id)
+        except StoreError as exc:
+            _abort(context, exc)
+        units = cq.get_units(request.from_offset, count)
+        return indexer_pb2.GetQueueEntriesResponse(
+            units=[indexer_pb2.QueueUnit(queue_offset=q, commitlog_offset=o, size=s, tags_code=t)
+                   for o, s, t, q in units],
+            min_offset=cq.min_offset_in_queue, max_offset=cq.max_offset_in_queue)
+
+    def GetQueueOffsets(self, request: indexer_pb2.GetQueueOffsetsRequest,
+                        context: grpc.ServicerContext) -> indexer_pb2.QueueOffsets:
+        try:
+            cq = self._queue(request.topic, request.queue_id)
+        except StoreError as exc:
+            _abort(context, exc)
+        return _queue_offsets(cq)
+
+    def GetOffsetByTime(self, request: indexer_pb2.GetOffsetByTimeRequest,
+                        context: grpc.ServicerContext) -> indexer_pb2.GetOffsetByTimeResponse:
+        try:
+            if request.timestamp < 0:
+                raise InvalidArgumentError(f"timestamp {request.timestamp} is negative")
+            cq = self._queue(request.topic, request.queue_id)
+        except StoreError as exc:
+            _abort(context, exc)
+        return indexer_pb2.GetOffsetByTimeResponse(
+            offset=cq.get_offset_in_queue_by_time(request.timestamp, self.store_time_of))
+
+    def QueryByKey(self, request: indexer_pb2.QueryByKeyRequest,
+                   context: grpc.ServicerContext) -> indexer_pb2.QueryByKeyResponse:
+        end = request.end_timestamp or INT64_MAX
+        max_num = request.max_num or DEFAULT_MAX_NUM
+        try:
+            if not request.topic or not request.key:
+                raise InvalidArgumentError("topic and key must both be given")
+            if request.begin_timestamp < 0 or request.begin_timestamp > end:
+                raise InvalidArgumentError(f"begin_timestamp {request.begin_timestamp} must be within 0..end "
+                                           f"timestamp {end}")
+            if not 1 <= max_num <= MAX_NUM:
+                raise InvalidArgumentError(f"max_num {request.max_num} must be within 0..{MAX_NUM} "
+                                           f"(0 means {DEFAULT_MAX_NUM})")
+        except StoreError as exc:
+            _abort(context, exc)
+        result = self.store.query_by_key(request.topic, request.key, max_num, request.begin_timestamp, end)
+        return indexer_pb2.QueryByKeyResponse(
+            commitlog_offsets=result.phy_offsets,
+            index_last_update_timestamp=result.index_last_update_timestamp,
+            index_last_update_phy_offset=result.index_last_update_phy_offset)
+
+    def GetDispatchStatus(self, request: indexer_pb2.GetDispatchStatusRequest,
+                          context: grpc.ServicerContext) -> indexer_pb2.DispatchStatus:
+        reput, lag = self.reput, self.reput.lag
+        return indexer_pb2.DispatchStatus(
+            reput_offset=self.store.reput_offset, commitlog_max_offset=lag.commitlog_max_offset,
+            behind_bytes=reput.behind_bytes, behind_ms=reput.behind_ms, connected=lag.connected,
+            commitlog_incarnation=lag.commitlog_incarnation, dispatched_records=self.store.dispatched_records)
+
+    def WatchArrivals(self, request: indexer_pb2.WatchArrivalsRequest,
+                      context: grpc.ServicerContext) -> Iterator[indexer_pb2.Arrival]:
+        subscription = self.hub.subscribe()
+        try:
+            while context.is_active() and not self.stopping.is_set():
+                try:
+                    arrivals = subscription.get(timeout=HEARTBEAT_S)
+                except queue.Empty:
+                    continue
+                for (topic, queue_id), max_offset in arrivals.items():
+                    yield indexer_pb2.Arrival(topic=topic, queue_id=queue_id, max_offset=max_offset)
+        finally:
+            self.hub.unsubscribe(subscription)
+
+    def ListQueues(self, request: indexer_pb2.ListQueuesRequest,
+                   context: grpc.ServicerContext) -> indexer_pb2.ListQueuesResponse:
+        return indexer_pb2.ListQueuesResponse(queues=[_queue_offsets(cq) for cq in self.store.consume_queues.queues()])
+
+
+def _queue_offsets(cq: ConsumeQueue) -> indexer_pb2.QueueOffsets:
+    return indexer_pb2.QueueOffsets(topic=cq.topic, queue_id=cq.queue_id, min_offset=cq.min_offset_in_queue,
+                                    max_offset=cq.max_offset_in_queue, max_physic_offset=cq.max_physic_offset)
