@@ -1,0 +1,294 @@
+"""IndexFile: RocketMQ's on-disk hash index from ``topic#key`` to commitlog offsets.
+
+Layout (all big-endian), byte-compatible with RocketMQ 4.9.8 (see docs/formats.md, "IndexFile")::
+
+    header   40 B   beginTimestamp 8, endTimestamp 8, beginPhyOffset 8, endPhyOffset 8,
+                    hashSlotCount 4, indexCount 4
+    slots    4 B x hashSlotNum     newest entry number whose key hash % hashSlotNum is this slot
+    entries 20 B x indexNum        keyHash 4, phyOffset 8, timeDiff 4 (s), prevIndex 4
+
+Entry 0 is never used: indexCount starts at 1, so a full file holds indexNum - 1 entries. Each slot
+heads a chain through prevIndex, newest first. Only key hashes are stored: callers check the real key
+against the message. The file is sparse, so a 420 MB index file costs disk only as it fills.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+import time
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from services.store.java_hash import index_key_hash_fast
+
+INDEX_HEADER_SIZE = 40
+HASH_SLOT_SIZE = 4
+INDEX_ENTRY_SIZE = 20
+INVALID_INDEX = 0
+DEFAULT_HASH_SLOT_NUM = 5_000_000
+DEFAULT_INDEX_NUM = 20_000_000
+INT_MAX = 0x7FFF_FFFF
+NAME_FORMAT_LENGTH = 17  # yyyyMMddHHmmssSSS
+
+_HEADER = struct.Struct(">qqqqii")
+_ENTRY = struct.Struct(">iqii")
+_I32 = struct.Struct(">i")
+
+#: (keyHash, commitlog offset, store timestamp): one key of one message, ready to put.
+IndexItem = tuple[int, int, int]
+
+
+class IndexFileError(Exception):
+    """An index file that cannot be opened as configured; the message says why."""
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_ENTRY_SIZE
+
+
+def index_file_name(epoch_ms: int) -> str:
+    """RocketMQ's UtilAll.timeMillisToHumanString: local time, ``yyyyMMddHHmmssSSS``."""
+    return time.strftime("%Y%m%d%H%M%S", time.localtime(epoch_ms // 1000)) + f"{epoch_ms % 1000:03d}"
+
+
+def next_index_file_name(name: str) -> str:
+    """The name one millisecond after ``name``, by calendar arithmetic (no time zone involved)."""
+    when = datetime.strptime(name, "%Y%m%d%H%M%S%f") + timedelta(milliseconds=1)
+    return when.strftime("%Y%m%d%H%M%S") + f"{when.microsecond // 1000:03d}"
+
+
+def is_index_file_name(name: str) -> bool:
+    return len(name) == NAME_FORMAT_LENGTH and name.isdigit()
+
+
+@dataclass(frozen=True, slots=True)
+class IndexHeader:
+    """The 40-byte header as stored (``index_count`` raw: 0 in a file never written)."""
+
+    begin_timestamp: int
+    end_timestamp: int
+    begin_phy_offset: int
+    end_phy_offset: int
+    hash_slot_count: int
+    index_count: int
+
+    @classmethod
+    def read(cls, buf: bytes | mmap.mmap) -> IndexHeader:
+        return cls(*_HEADER.unpack_from(buf, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    number: int
+    key_hash: int
+    phy_offset: int
+    time_diff: int
+    prev_index: int
+
+
+class IndexFile:
+    """One index file, mapped. Not thread-safe: IndexService serialises writers and readers."""
+
+    def __init__(self, path: Path, hash_slot_num: int = DEFAULT_HASH_SLOT_NUM,
+                 index_num: int = DEFAULT_INDEX_NUM, *, create: bool = False,
+                 prev_end_phy_offset: int = 0, prev_end_timestamp: int = 0, read_only: bool = False) -> None:
+        """Open ``path``, or with ``create`` make it (sparse, all zero). A new file starts from the end
+        of the previous one (RocketMQ's constructor): its header begin/end fields take the previous
+        file's endPhyOffset and endTimestamp, so the first entry's timeDiff counts from there."""
+        if hash_slot_num <= 0 or index_num <= 1:
+            raise IndexFileError(f"bad index geometry: hashSlotNum {hash_slot_num}, indexNum {index_num}")
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self._entries_pos = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
+        self._mm = self._map(create, read_only)
+        self._read_only = read_only
+        if create:
+            self._start_after(prev_end_phy_offset, prev_end_timestamp)
+        else:
+            self._load_header()
+
+    # -- mapping -------------------------------------------------------------------------------
+    def _map(self, create: bool, read_only: bool) -> mmap.mmap:
+        flags = os.O_RDONLY if read_only else os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise IndexFileError(f"{self.path}: cannot open ({exc.strerror or exc})") from None
+        try:
+            if create:
+                os.ftruncate(fd, self.file_size)  # sparse: blocks are allocated as entries arrive
+            actual = os.fstat(fd).st_size
+            if actual != self.file_size:
+                raise IndexFileError(
+                    f"{self.path}: {actual} bytes, but hashSlotNum {self.hash_slot_num} and indexNum "
+                    f"{self.index_num} make {self.file_size}-byte index files")
+            access = mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE
+            return mmap.mmap(fd, self.file_size, access=access)
+        finally:
+            os.close(fd)
+
+    def _start_after(self, prev_end_phy_offset: int, prev_end_timestamp: int) -> None:
+        self.begin_phy_offset = self.end_phy_offset = max(prev_end_phy_offset, 0)
+        self.begin_timestamp = self.end_timestamp = max(prev_end_timestamp, 0)
+        self.hash_slot_count = 0
+        self.index_count = 1
+        self._write_header()
+
+    def _load_header(self) -> None:
+        h = IndexHeader.read(self._mm)
+        self.begin_timestamp, self.end_timestamp = h.begin_timestamp, h.end_timestamp
+        self.begin_phy_offset, self.end_phy_offset = h.begin_phy_offset, h.end_phy_offset
+        self.hash_slot_count = h.hash_slot_count
+        # IndexHeader.load: 0 (never written) means 1; a count past the end would read past the mapping
+        self.index_count = min(h.index_count, self.index_num) if h.index_count > 0 else 1
+
+    def _write_header(self) -> None:
+        _HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                          self.end_phy_offset, self.hash_slot_count, self.index_count)
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def header(self) -> IndexHeader:
+        return IndexHeader(self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                           self.end_phy_offset, self.hash_slot_count, self.index_count)
+
+    @property
+    def is_write_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """RocketMQ's isTimeMatched: [begin, end] covers the file's time span or has an end inside it."""
+        b, e = self.begin_timestamp, self.end_timestamp
+        return (begin < b and end > e) or b <= begin <= e or b <= end <= e
+
+    # -- writing -------------------------------------------------------------------------------
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """Index ``key`` (``topic#key``) for the message at ``phy_offset``; False when the file is full."""
+        return self.put_items(((index_key_hash_fast(key), phy_offset, store_timestamp),), 0) == 1
+
+    def put_items(self, items: Sequence[IndexItem], start: int = 0) -> int:
+        """Put ``items[start:]`` until the file is full; returns the position of the first item not put.
+
+        Entry by entry this is RocketMQ's putKey: the slot's value (reset to 0 when out of range) becomes
+        the entry's prevIndex and the slot then names the new entry; timeDiff is whole seconds from
+        beginTimestamp, read *before* the first entry sets it; hashSlotCount counts slots that were empty.
+        The header is written once per call, the hot loop keeps it in locals.
+        """
+        if self._read_only:
+            raise IndexFileError(f"{self.path}: opened read-only")
+        mm, slots, limit, entries_pos = self._mm, self.hash_slot_num, self.index_num, self._entries_pos
+        get_slot, set_slot, set_entry = _I32.unpack_from, _I32.pack_into, _ENTRY.pack_into
+        count, slot_count = self.index_count, self.hash_slot_count
+        begin_ts, begin_off = self.begin_timestamp, self.begin_phy_offset
+        pos, n = start, len(items)
+        phy_offset = store_timestamp = 0
+        while pos < n and count < limit:
+            key_hash, phy_offset, store_timestamp = items[pos]
+            slot_pos = INDEX_HEADER_SIZE + (key_hash % slots) * HASH_SLOT_SIZE
+            slot_value = get_slot(mm, slot_pos)[0]
+            if slot_value <= INVALID_INDEX or slot_value > count:
+                slot_value = INVALID_INDEX
+                slot_count += 1
+            time_diff = (store_timestamp - begin_ts) // 1000 if begin_ts > 0 else 0
+            if time_diff < 0:  # Java truncates toward zero, then clamps: either way 0
+                time_diff = 0
+            elif time_diff > INT_MAX:
+                time_diff = INT_MAX
+            set_entry(mm, entries_pos + count * INDEX_ENTRY_SIZE, key_hash, phy_offset, time_diff, slot_value)
+            set_slot(mm, slot_pos, count)
+            if count <= 1:
+                begin_off, begin_ts = phy_offset, store_timestamp
+            count += 1
+            pos += 1
+        if pos > start:
+            self.index_count, self.hash_slot_count = count, slot_count
+            self.begin_timestamp, self.begin_phy_offset = begin_ts, begin_off
+            self.end_phy_offset, self.end_timestamp = phy_offset, store_timestamp
+            self._write_header()
+        return pos
+
+    # -- reading -------------------------------------------------------------------------------
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int,
+                           phy_offsets: list[int] | None = None) -> list[int]:
+        """Offsets indexed under ``key`` (``topic#key``) stored in [begin, end]; see :meth:`select_by_hash`."""
+        return self.select_by_hash(index_key_hash_fast(key), max_num, begin, end, phy_offsets)
+
+    def select_by_hash(self, key_hash: int, max_num: int, begin: int, end: int,
+                       phy_offsets: list[int] | None = None) -> list[int]:
+        """Walk the slot's chain newest first, appending to ``phy_offsets`` (until it holds ``max_num``)
+        the offsets of entries with this key hash whose store time (beginTimestamp + timeDiff s) is in
+        [begin, end]. As RocketMQ's selectPhyOffset, the walk stops at an entry older than ``begin``,
+        a negative timeDiff, or a prevIndex that is 0, out of range or a self-loop."""
+        out = [] if phy_offsets is None else phy_offsets
+        mm, count, begin_ts = self._mm, self.index_count, self.begin_timestamp
+        slot_value = _I32.unpack_from(mm, INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE)[0]
+        if slot_value <= INVALID_INDEX or slot_value > count or count <= 1:
+            return out
+        read_entry, entries_pos = _ENTRY.unpack_from, self._entries_pos
+        current = slot_value
+        while len(out) < max_num:
+            try:
+                hash_read, phy_offset, time_diff, prev = read_entry(mm, entries_pos + current * INDEX_ENTRY_SIZE)
+            except struct.error:  # a damaged chain pointing past the file ends the walk (RocketMQ logs it)
+                break
+            if time_diff < 0:
+                break
+            time_read = begin_ts + time_diff * 1000
+            if hash_read == key_hash and begin <= time_read <= end:
+                out.append(phy_offset)
+            if prev <= INVALID_INDEX or prev > count or prev == current or time_read < begin:
+                break
+            current = prev
+        return out
+
+    def stored_header(self) -> IndexHeader:
+        """The header bytes as they are in the file (indexCount 0 in a file never written)."""
+        return IndexHeader.read(self._mm)
+
+    def entries(self) -> Iterator[IndexEntry]:
+        """Entries 1 .. indexCount-1, as stored (for inspection and tests)."""
+        read_entry, pos = _ENTRY.unpack_from, self._entries_pos
+        for i in range(1, min(self.index_count, self.index_num)):
+            yield IndexEntry(i, *read_entry(self._mm, pos + i * INDEX_ENTRY_SIZE))
+
+    def slots(self) -> Iterator[tuple[int, int]]:
+        """(slot, value) of every non-empty slot, in slot order."""
+        values = array("i", self._mm[INDEX_HEADER_SIZE:self._entries_pos])
+        if sys.byteorder == "little":
+            values.byteswap()
+        return ((slot, value) for slot, value in enumerate(values) if value != 0)
+
+    def body(self) -> bytes:
+        """Slot table and entries, the bytes after the header (for byte-for-byte comparisons)."""
+        return self._mm[INDEX_HEADER_SIZE:]
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write the header and msync the mapping (RocketMQ's IndexFile.flush)."""
+        if not self._read_only:
+            self._write_header()
+            self._mm.flush()
+
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+
+    def destroy(self) -> None:
+        """Unmap and delete the file."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"IndexFile({self.name}, count={self.index_count}, end={self.end_phy_offset})"
