@@ -64,17 +64,24 @@ def commitlog_env(env_overrides: Mapping[str, str] | None = None) -> dict[str, s
     return env
 
 
+def spawn_service(args: list[str], env_overrides: Mapping[str, str] | None,
+                  log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``mqstore ARGS...`` without waiting for it; stderr (JSON log lines) goes to ``log_path``."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen([*mqstore_command(), *args], env=commitlog_env(env_overrides),
+                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+
+
 def spawn_commitlog(store_dir: Path, port: int, env_overrides: Mapping[str, str] | None,
                     log_path: Path) -> subprocess.Popen[bytes]:
-    """Start the process without waiting for it; stderr (JSON log lines) goes to ``log_path``."""
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
-            [*mqstore_command(), "commitlog", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}"],
-            env=commitlog_env(env_overrides), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    return spawn_service(["commitlog", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}"],
+                         env_overrides, log_path)
 
 
-class CommitLogProcess:
-    """One running commitlog service: ``.stub`` (CommitLogService), ``.health``, ``.pid``, ``.port``."""
+class ServiceProcess:
+    """One running mqstore service process: ``.channel``, ``.health``, ``.pid``, ``.port``."""
+
+    service_name = SERVICE_NAME
 
     def __init__(self, store_dir: Path, port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         self.store_dir = store_dir
@@ -83,7 +90,6 @@ class CommitLogProcess:
         self.proc = proc
         self.log_path = log_path
         self.channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self.stub = commitlog_pb2_grpc.CommitLogServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
     @property
@@ -95,7 +101,7 @@ class CommitLogProcess:
         return self.proc.poll() is None
 
     def wait_serving(self, timeout_s: float = 30.0) -> None:
-        """Block until the health service says SERVING for the commitlog service.
+        """Block until the health service says SERVING for this service.
 
         Connects only once the process has logged that it listens: a refused first connect would
         put the channel into reconnect backoff and cost seconds.
@@ -103,14 +109,16 @@ class CommitLogProcess:
         deadline = time.monotonic() + timeout_s
         while not any("listen" in r for r in self.log_records()):
             if not self.running:
-                raise RuntimeError(f"commitlog exited with code {self.proc.returncode}:\n{self.logs()}")
+                raise RuntimeError(f"{self.service_name} exited with code {self.proc.returncode}:\n{self.logs()}")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"commitlog on {self.address} did not listen in {timeout_s}s:\n{self.logs()}")
+                raise TimeoutError(f"{self.service_name} on {self.address} did not listen in {timeout_s}s:\n"
+                                   f"{self.logs()}")
             time.sleep(0.02)
-        request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+        request = health_pb2.HealthCheckRequest(service=self.service_name)
         response = self.health.Check(request, timeout=max(deadline - time.monotonic(), 1.0), wait_for_ready=True)
         if response.status != health_pb2.HealthCheckResponse.SERVING:
-            raise RuntimeError(f"commitlog on {self.address} is {response.status}, not SERVING:\n{self.logs()}")
+            raise RuntimeError(f"{self.service_name} on {self.address} is {response.status}, not SERVING:\n"
+                               f"{self.logs()}")
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM and wait: a clean stop. Returns the exit code (0 expected).
@@ -145,12 +153,20 @@ class CommitLogProcess:
         return records
 
 
+class CommitLogProcess(ServiceProcess):
+    """The commitlog service: ``.stub`` is a CommitLogService stub."""
+
+    def __init__(self, store_dir: Path, port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        super().__init__(store_dir, port, proc, log_path)
+        self.stub = commitlog_pb2_grpc.CommitLogServiceStub(self.channel)
+
+
 def start_commitlog(store_dir: Path, env_overrides: Mapping[str, str] | None = None,
-                    timeout_s: float = 30.0) -> CommitLogProcess:
+                    timeout_s: float = 30.0, port: int | None = None) -> CommitLogProcess:
     """Start ``mqstore commitlog`` on ``store_dir`` and a free loopback port; return once SERVING."""
     store_dir = Path(store_dir)
     store_dir.parent.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     log_path = store_dir.parent / f"{store_dir.name}-commitlog-{os.getpid()}-{next(_log_counter)}.log"
     handle = CommitLogProcess(store_dir, port, spawn_commitlog(store_dir, port, env_overrides, log_path), log_path)
     try:
@@ -177,8 +193,9 @@ class Launcher:
     def __init__(self) -> None:
         self.started: list[CommitLogProcess] = []
 
-    def __call__(self, store_dir: Path, env_overrides: Mapping[str, str] | None = None) -> CommitLogProcess:
-        handle = start_commitlog(Path(store_dir), env_overrides)
+    def __call__(self, store_dir: Path, env_overrides: Mapping[str, str] | None = None,
+                 port: int | None = None) -> CommitLogProcess:
+        handle = start_commitlog(Path(store_dir), env_overrides, port=port)
         self.started.append(handle)
         return handle
 
