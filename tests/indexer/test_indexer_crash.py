@@ -44,7 +44,8 @@ def produce(commitlog: CommitLogProcess, stop: threading.Event, sent: list[tuple
             n += 1
         response = commitlog.stub.AppendBatch(
             commitlog_pb2.AppendBatchRequest(messages=[m for m, _, _ in batch]), timeout=10)
-        sent.extend((r.commitlog_offset, topic, keys) for r, (_, topic, keys) in zip(response.results, batch, strict=True))
+        for result, (_, topic, keys) in zip(response.results, batch, strict=True):
+            sent.append((result.commitlog_offset, topic, keys))
         time.sleep(0.02)
 
 

@@ -59,7 +59,8 @@ def test_queue_rpcs_give_the_dump_rows(built: tuple[CommitLogProcess, IndexerPro
     for r in dump_rows("normal", "cqrange"):
         if r["maxOffset"] == 0:
             continue
-        offsets = indexer.stub.GetQueueOffsets(indexer_pb2.GetQueueOffsetsRequest(topic=r["topic"], queue_id=r["queueId"]))
+        request = indexer_pb2.GetQueueOffsetsRequest(topic=r["topic"], queue_id=r["queueId"])
+        offsets = indexer.stub.GetQueueOffsets(request)
         assert (offsets.min_offset, offsets.max_offset, offsets.max_physic_offset) == \
             (r["minOffset"], r["maxOffset"], r["maxPhysicOffset"])
     cq_rows = dump_rows("normal", "cq")
