@@ -13,6 +13,7 @@ from mqstore.v1 import commitlog_pb2_grpc
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
+from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     BindError,
     GrpcServer,
@@ -46,6 +47,7 @@ def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
 def serve(store: str, config_file: str | None, listen: str | None) -> int:
     """Run the commitlog service on ``store`` until SIGTERM/SIGINT; returns the exit code."""
     configure_logging()
+    tune_gc()
     signals = ShutdownSignal()
     signals.install()
     try:

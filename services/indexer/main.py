@@ -16,6 +16,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
 from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
+from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import BindError, GrpcServer, ServerSettings, ShutdownSignal, serve_until_signal
 from services.server.logs import configure_logging
 from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
@@ -58,6 +59,7 @@ class CommitLogReader:
 def serve(store: str, config_file: str | None, listen: str | None, commitlog: str | None) -> int:
     """Run the indexer on ``store`` following the commitlog service at ``commitlog``."""
     configure_logging()
+    tune_gc()
     signals = ShutdownSignal()
     signals.install()
     try:

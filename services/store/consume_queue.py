@@ -22,7 +22,7 @@ from pathlib import Path
 
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
-from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, transaction_type
+from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest
 
 log = logging.getLogger(__name__)
@@ -510,13 +510,18 @@ class ConsumeQueueStore:
         Returns the number of units written."""
         grouped: dict[tuple[str, int], list[Unit]] = {}
         last_timestamp = 0
+        tx_mask, prepared, rollback = TRANSACTION_TYPE_MASK, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
         for request in requests:
             if not request.success or request.msg_size <= 0:
                 continue
-            if transaction_type(request.sys_flag) in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
+            tx = request.sys_flag & tx_mask
+            if tx in (prepared, rollback):
                 continue
-            grouped.setdefault((request.topic, request.queue_id), []).append(
-                (request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
+            key = (request.topic, request.queue_id)
+            units = grouped.get(key)
+            if units is None:
+                units = grouped[key] = []
+            units.append((request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
             last_timestamp = request.store_timestamp
         written = sum(self.find_or_create(topic, queue_id).put_batch(units)
                       for (topic, queue_id), units in grouped.items())

@@ -310,21 +310,21 @@ def parse_dispatch_requests(data: Buffer, start_offset: int,
     """
     requests: list[DispatchRequest] = []
     append = requests.append
-    unpack_prefix, unpack_i64, unpack_after, unpack_i16 = (
-        _PREFIX.unpack_from, _I64.unpack_from, _AFTER_STORE_HOST.unpack_from, _I16.unpack_from)
+    unpack_v4 = _HEADS[IPV4_HOST_LENGTH, IPV4_HOST_LENGTH].unpack_from
+    unpack_i16 = _I16.unpack_from
+    v6_bits = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
     limit = len(data)
     pos = 0
     while pos < limit:
         try:
-            (size, magic, _, queue_id, _, queue_offset, commitlog_offset, sys_flag,
-             _) = unpack_prefix(data, pos)
-            born = IPV6_HOST_LENGTH if sys_flag & BORNHOST_V6_FLAG else IPV4_HOST_LENGTH
-            store = IPV6_HOST_LENGTH if sys_flag & STOREHOSTADDRESS_V6_FLAG else IPV4_HOST_LENGTH
-            p = pos + BORNHOST_POS + born
-            store_timestamp = unpack_i64(data, p)[0]
-            p += 8 + store
-            _, prepared, body_len = unpack_after(data, p)
-            p += 16 + body_len
+            (size, magic, _, queue_id, _, queue_offset, commitlog_offset, sys_flag, _, _, store_timestamp, _, _,
+             prepared, body_len) = unpack_v4(data, pos)
+            if sys_flag & v6_bits:  # the rare IPv6 layout: re-read with the right host lengths
+                born, store = host_lengths(sys_flag)
+                (*_, store_timestamp, _, _, prepared, body_len) = _HEADS[born, store].unpack_from(data, pos)
+                p = pos + BORNHOST_POS + born + 8 + store + 16 + body_len
+            else:
+                p = pos + 88 + body_len
             if magic == MESSAGE_MAGIC_CODE:
                 topic_len = data[p]
                 p += 1
@@ -333,11 +333,11 @@ def parse_dispatch_requests(data: Buffer, start_offset: int,
                 p += 2
             else:
                 raise RecordError(f"offset {start_offset + pos}: magic code {magic:#010x} is not a message")
-            topic = bytes(data[p:p + topic_len]).decode("utf-8")
+            topic = str(data[p:p + topic_len], "utf-8")
             p += topic_len
             props_len = unpack_i16(data, p)[0]
             p += 2
-            props = string_to_properties(bytes(data[p:p + props_len]).decode("utf-8")) if props_len > 0 else {}
+            props = string_to_properties(str(data[p:p + props_len], "utf-8")) if props_len > 0 else {}
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise RecordError(f"offset {start_offset + pos}: malformed record ({exc})") from None
         if p + max(props_len, 0) - pos != size or commitlog_offset != start_offset + pos:
