@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
 
+from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
 from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
@@ -78,6 +79,7 @@ def serve(store: str, config_file: str | None, listen: str | None, commitlog: st
     hub = ArrivalHub()
     indexer.add_arrival_listener(hub.publish)
     reput = ReputService(indexer, commitlog_address)
+    indexer_metrics.bind(indexer, reput)
     reader = CommitLogReader(commitlog_address)
     servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of)
     address = listen or config.indexer_listen

@@ -3,13 +3,15 @@ built from the lost records and indexes what is written afterwards, never pointi
 
 from __future__ import annotations
 
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 
 from services.store.record import decode_record
-from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
+from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_crash import all_units
 
@@ -75,5 +77,27 @@ def test_indexer_follows_a_truncated_commitlog(start_commitlog: StartCommitLog, 
         assert found(indexer, "key-1010") == [new[10].commitlog_offset]
         # It cut exactly at the lost records; it did not fall back to rebuilding everything.
         assert "rebuilding from" not in indexer.logs()
+    finally:
+        assert indexer.stop() == 0
+
+
+def test_dispatch_lag_is_reported_by_rpc_and_metrics(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
+    commitlog = start_commitlog(tmp_path / "broker", ENV)
+    port = free_port()
+    indexer = start_indexer(tmp_path / "indexer", commitlog.address, {**ENV, "MQSTORE_METRICS_PORT": str(port)})
+    try:
+        results = append(commitlog, 0, 40, 100)
+        status = indexer.wait_caught_up(max_offset(commitlog))
+        assert status.connected and status.behind_bytes == 0 and status.behind_ms == 0
+        assert status.dispatched_records == 40
+        assert status.reput_offset == results[-1].commitlog_offset + results[-1].wrote_bytes
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "mqstore_indexer_dispatch_behind_bytes 0.0" in text
+        assert "mqstore_indexer_dispatched_records 40.0" in text
+        commitlog.kill9()  # the indexer notices the commitlog is gone
+        deadline = time.monotonic() + 10
+        while indexer.status().connected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not indexer.status().connected
     finally:
         assert indexer.stop() == 0
