@@ -95,7 +95,8 @@ class CommitLog:
         self._abort = AbortFile(self.root)
         self.pool = TransientStorePool(config.transient_store_pool_size, config.mapped_file_size_commit_log) \
             if self.pool_enabled else None
-        self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool)
+        self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
+                                   prefault=config.prefault_mapped_file and not self.pool_enabled)
         self.topics = TopicConfigManager(self.root / "config" / "topics.json")
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
@@ -111,6 +112,7 @@ class CommitLog:
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._flush_service: ServiceThread | None = None
+        self._wake_flush_service = False
         self._state_service: StoreStateService | None = None
         self.last_exit_ok = True
         self.recovered_offset = 0
@@ -137,6 +139,7 @@ class CommitLog:
             end = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
                                      cfg.message_index_enable and cfg.message_index_safe, self._delay_levels_ms)
         self.mfq.truncate_dirty_files(end)
+        self.mfq.prefault_last_file()
         self.recovered_offset = end
         self.topics.load()
         self._restore_queue_table(end)
@@ -172,6 +175,8 @@ class CommitLog:
                                          cfg.flush_commit_log_thorough_interval, cfg.flush_commit_log_timed)
         self._services = [flush]
         self._flush_service = flush
+        # A timed flush service sleeps its interval whatever happens: waking it per put is wasted work.
+        self._wake_flush_service = self.pool_enabled or not cfg.flush_commit_log_timed
         if self.pool_enabled:
             commit = CommitRealTimeService(self.mfq, cfg.commit_interval_commit_log, cfg.commit_commit_log_least_pages,
                                            cfg.commit_commit_log_thorough_interval, flush)
@@ -336,7 +341,7 @@ class CommitLog:
                     log.warning("flush of offset %d did not finish within syncFlushTimeout", end)
                     for result in results:
                         result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
-        elif self._flush_service is not None:
+        elif self._flush_service is not None and self._wake_flush_service:
             self._flush_service.wakeup()
 
     # -- read --------------------------------------------------------------------------------

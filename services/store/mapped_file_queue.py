@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 class MappedFileQueue:
     def __init__(self, store_path: Path, mapped_file_size: int,
-                 pool: TransientStorePool | None = None, preallocate: bool = True) -> None:
+                 pool: TransientStorePool | None = None, preallocate: bool = True, prefault: bool = False) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.pool = pool
@@ -36,6 +36,9 @@ class MappedFileQueue:
         self._allocator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="allocate-mapped-file") \
             if preallocate else None
         self._next: tuple[int, Future[MappedFile]] | None = None
+        # Prefault files in the allocator thread (MappedFile.prefault), off the put path.
+        self._prefault = prefault and preallocate
+        self._closing = threading.Event()
 
     # -- loading -----------------------------------------------------------------------------
     def load(self) -> None:
@@ -111,6 +114,8 @@ class MappedFileQueue:
         mapped = self._take_or_create(offset)
         with self._files_lock:
             self._files = [*self._files, mapped]
+        if self._files[-1] is mapped and len(self._files) == 1:
+            self.prefault_last_file()  # a first file was made on the put path: warm it ahead of the writer
         self._request_next(offset + self.mapped_file_size)
         return mapped
 
@@ -130,7 +135,19 @@ class MappedFileQueue:
 
     def _request_next(self, offset: int) -> None:
         if self._allocator is not None:
-            self._next = (offset, self._allocator.submit(self._create, offset))
+            self._next = (offset, self._allocator.submit(self._create_prefaulted, offset))
+
+    def _create_prefaulted(self, offset: int) -> MappedFile:
+        mapped = self._create(offset)
+        if self._prefault:
+            mapped.prefault(0, self._closing.is_set)
+        return mapped
+
+    def prefault_last_file(self) -> None:
+        """Prefault the unwritten rest of the current file in the background (after a start)."""
+        last = self.last_file()
+        if last is not None and self._allocator is not None and self._prefault:
+            self._allocator.submit(last.prefault, last.wrote_position, self._closing.is_set)
 
     def _discard(self, mapped: MappedFile) -> None:
         if mapped.write_buffer is not None and self.pool is not None:
@@ -237,6 +254,7 @@ class MappedFileQueue:
     # -- shutdown ----------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Close every file. The preallocated next file, never written, is deleted."""
+        self._closing.set()
         pending, self._next = self._next, None
         if pending is not None:
             self._discard(pending[1].result())
