@@ -13,6 +13,7 @@ messages acknowledged per fsync. The wrap costs a clock read per fsync; nothing 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import threading
@@ -38,6 +39,7 @@ from bench.report import (
 )
 from bench.workload import BODY_SIZE, RECORD_SIZE, TOPIC, Workload, drop_caches, print_machine, scratch_dir
 from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageStatus
 from services.store.config import SYNC_FLUSH, load_config
 from services.store.message import Message
@@ -105,6 +107,35 @@ class _Producer:
         self.done, self.failed = done, failed
 
 
+def run_asyncio_producers(engine: CommitLog, messages: Sequence[Message], producers: int,
+                          duration_s: float) -> list[_Producer]:
+    """The producers as coroutines sharing a PutBatcher (the gRPC service's Append path): each awaits
+    its own acknowledgement, after the group-commit fsync, one message at a time."""
+    workers = [_Producer(messages[i::producers], engine.put_message) for i in range(producers)]
+
+    async def produce(worker: _Producer, batcher: PutBatcher, deadline: float) -> None:
+        clock, append = time.perf_counter_ns, worker.latencies.append
+        for msg in worker.messages:
+            t0 = clock()
+            result = await batcher.put(msg)
+            append(clock() - t0)
+            worker.done += 1
+            if result.status is not PUT_OK:
+                worker.failed += 1
+            if time.perf_counter() > deadline:
+                break
+
+    async def main() -> None:
+        batcher = PutBatcher(engine)
+        batcher.start()
+        deadline = time.perf_counter() + duration_s
+        await asyncio.gather(*(produce(w, batcher, deadline) for w in workers))
+        await batcher.close()
+
+    asyncio.run(main())
+    return workers
+
+
 def run_rep(case: str, rep: int, args: argparse.Namespace, gather_us: int, counter: FsyncCounter) -> RepResult:
     producers = args.producers
     workload = Workload.fresh(args.body_pool)
@@ -123,6 +154,19 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, gather_us: int, count
             probe = engine.put_message(Message(TOPIC, 0, b"x"))  # creates the topic: not timed
             assert probe.status is PUT_OK
             base = engine.max_offset
+            if args.kind == "asyncio":
+                gc.collect()
+                gc.freeze()
+                del counter.durations[:]
+                counter.counting = True
+                meter = CpuMeter()
+                started = time.perf_counter()
+                workers = run_asyncio_producers(engine, messages, producers, args.duration)
+                seconds = time.perf_counter() - started
+                counter.counting = False
+                cpu = meter.stop()
+                wrote = engine.max_offset - base
+                return _result(case, rep, workers, seconds, wrote, counter, cpu, producers, gather_us)
             workers = [_Producer(messages[i::producers], engine.put_message) for i in range(producers)]
             barrier = threading.Barrier(producers + 1)
             stop = threading.Event()
@@ -157,6 +201,11 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, gather_us: int, count
             counter.counting = False
             engine.shutdown()
             gc.unfreeze()
+    return _result(case, rep, workers, seconds, wrote, counter, cpu, producers, gather_us)
+
+
+def _result(case: str, rep: int, workers: list[_Producer], seconds: float, wrote: int, counter: FsyncCounter,
+            cpu: dict[str, Any], producers: int, gather_us: int) -> RepResult:
     msgs = sum(w.done for w in workers)
     if wrote < msgs * RECORD_SIZE:
         raise RuntimeError(f"the log grew by {wrote} bytes for {msgs} records of {RECORD_SIZE} B")
@@ -174,7 +223,10 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, gather_us: int, count
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sync_flush", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--producers", type=int, default=64, help="concurrent producer threads (default 64)")
+    parser.add_argument("--producers", type=int, default=64, help="concurrent producers (default 64)")
+    parser.add_argument("--kind", choices=("threads", "asyncio"), default="threads",
+                        help="producers as OS threads calling put_message, or as coroutines sharing a PutBatcher "
+                             "(the gRPC service's path); default threads")
     parser.add_argument("--duration", type=float, default=15.0,
                         help="seconds per rep (default 15; the RocketMQ anchor used 30)")
     parser.add_argument("--messages", type=int, default=1_000_000, help="cap of messages per rep (default 1,000,000)")
@@ -195,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[RepResult] = []
     try:
         for gather in gathers:
-            case = f"sync t{args.producers} gather{gather}"
+            case = f"sync {args.kind} x{args.producers} gather{gather}"
             for rep in range(1, args.reps + 1):
                 r = run_rep(case, rep, args, gather, counter)
                 progress(f"{case} rep {rep}: {r.msgs_per_s:,.0f} msgs/s, p50 {r.call_p50_us:.0f} µs, "

@@ -44,9 +44,14 @@ class PutBatcher:
         self._pending.clear()
 
     async def put(self, message: Message) -> PutMessageResult:
-        """Append one message; raises the StoreError that rejected it."""
-        results = await self.put_many([message])
-        return results[0]
+        """Append one message; raises the StoreError that rejected it. (One future, no gather: this
+        is the per-message path of every unary Append.)"""
+        if self._closed:
+            raise UnavailableError("the commitlog service is stopping")
+        future: asyncio.Future[PutMessageResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((message, future))
+        self._arrived.set()
+        return await future
 
     async def put_many(self, messages: Sequence[Message]) -> list[PutMessageResult]:
         if self._closed:
