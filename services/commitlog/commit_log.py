@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService, ServiceThread
+from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
 from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.commitlog.queue_offsets import (
@@ -49,6 +49,7 @@ from services.store.record import (
     QUEUE_OFFSET_POS,
     encode_blank,
 )
+from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
 from services.store.transient_store_pool import TransientStorePool
 

@@ -10,53 +10,9 @@ import threading
 import time
 
 from services.store.mapped_file_queue import MappedFileQueue
+from services.store.service_thread import LeastPages, ServiceThread
 
 log = logging.getLogger(__name__)
-
-
-class ServiceThread:
-    """A named daemon thread running ``run_once`` until stopped; ``wakeup`` cuts a wait short."""
-
-    name = "service"
-
-    def __init__(self) -> None:
-        self._stopped = threading.Event()
-        self._wakeup = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._wakeup.set()
-        self._thread.join()
-
-    def wakeup(self) -> None:
-        self._wakeup.set()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
-
-    def wait_for_running(self, interval_s: float) -> None:
-        self._wakeup.wait(interval_s)
-        self._wakeup.clear()
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self.run_once()
-            except Exception:  # a background service must survive one bad round
-                log.exception("%s failed a round", self.name)
-                time.sleep(0.1)
-        self.on_stop()
-
-    def run_once(self) -> None:
-        raise NotImplementedError
-
-    def on_stop(self) -> None:
-        """Last work after stop() (a final flush)."""
 
 
 class FlushRealTimeService(ServiceThread):
@@ -70,17 +26,11 @@ class FlushRealTimeService(ServiceThread):
         super().__init__()
         self._mfq = mfq
         self._interval_s = interval_ms / 1000
-        self._least_pages = least_pages
-        self._thorough_interval_s = thorough_interval_ms / 1000
+        self._least_pages = LeastPages(least_pages, thorough_interval_ms)
         self._timed = timed
-        self._last_thorough = time.monotonic()
 
     def run_once(self) -> None:
-        now = time.monotonic()
-        least = self._least_pages
-        if now - self._last_thorough >= self._thorough_interval_s:
-            self._last_thorough = now
-            least = 0
+        least = self._least_pages.now()
         if self._timed:
             self._stopped.wait(self._interval_s)
         else:
@@ -102,18 +52,11 @@ class CommitRealTimeService(ServiceThread):
         super().__init__()
         self._mfq = mfq
         self._interval_s = interval_ms / 1000
-        self._least_pages = least_pages
-        self._thorough_interval_s = thorough_interval_ms / 1000
+        self._least_pages = LeastPages(least_pages, thorough_interval_ms)
         self._flush_service = flush_service
-        self._last_thorough = time.monotonic()
 
     def run_once(self) -> None:
-        now = time.monotonic()
-        least = self._least_pages
-        if now - self._last_thorough >= self._thorough_interval_s:
-            self._last_thorough = now
-            least = 0
-        if self._mfq.commit(least):
+        if self._mfq.commit(self._least_pages.now()):
             self._flush_service.wakeup()
         self.wait_for_running(self._interval_s)
 

@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.commitlog.flush import ServiceThread
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import MessageStoreConfig
 from services.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from services.store.index_service import IndexService, QueryOffsetResult
 from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, transaction_type
 from services.store.record import DispatchRequest
+from services.store.service_thread import LeastPages, ServiceThread
 from services.store.store_root import AbortFile, StoreLock, write_atomically
 
 log = logging.getLogger(__name__)
@@ -216,14 +215,8 @@ class IndexerFlushService(ServiceThread):
         self._store = store
         cfg = store.config
         self._interval_s = cfg.flush_interval_consume_queue / 1000
-        self._least_pages = cfg.flush_consume_queue_least_pages
-        self._thorough_s = cfg.flush_consume_queue_thorough_interval / 1000
-        self._last_thorough = time.monotonic()
+        self._least_pages = LeastPages(cfg.flush_consume_queue_least_pages, cfg.flush_consume_queue_thorough_interval)
 
     def run_once(self) -> None:
         self._stopped.wait(self._interval_s)
-        least = self._least_pages
-        if time.monotonic() - self._last_thorough >= self._thorough_s:
-            self._last_thorough = time.monotonic()
-            least = 0
-        self._store.flush(least)
+        self._store.flush(self._least_pages.now())
