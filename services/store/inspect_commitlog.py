@@ -8,15 +8,12 @@ RocketMQ. Without it a table for people. Only reads: safe on a directory a live 
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
-import sys
 import unicodedata
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from services.store.commitlog_files import (
     BlankEntry,
@@ -26,10 +23,10 @@ from services.store.commitlog_files import (
     RecordEntry,
     iter_commitlog,
 )
+from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
 from services.store.message_id import make_message_id
 
 PROG = "mqstore inspect commitlog"
-EXIT_USAGE = 2
 
 
 def _java_int(value: int) -> int:
@@ -126,23 +123,10 @@ def _table_header() -> str:
     return _table_line(name for name, _, _ in _COLUMNS)
 
 
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
-def _stdout_bytes() -> BinaryIO:
-    """Write UTF-8 whatever the locale: topics, tags and keys are often not ASCII."""
-    sys.stdout.flush()
-    return sys.stdout.buffer
 
 
-def _silence_stdout() -> None:
-    """After EPIPE, point stdout at /dev/null so the interpreter's final flush does not fail again."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def main(dir: str, from_offset: int | None, as_json: bool) -> int:
@@ -150,28 +134,28 @@ def main(dir: str, from_offset: int | None, as_json: bool) -> int:
     Returns 0, or 2 after a one-line message on stderr for a bad directory or offset."""
     path = Path(dir)
     if path.is_dir() and (path / "commitlog").is_dir():
-        return _error(f"{dir} looks like a store root; pass {path / 'commitlog'}")
+        return usage_error(PROG, f"{dir} looks like a store root; pass {path / 'commitlog'}")
     try:
         walk = iter_commitlog(path, from_offset)
     except CommitLogError as exc:
-        return _error(str(exc))
+        return usage_error(PROG, str(exc))
     except OSError as exc:
-        return _error(f"{dir}: {exc.strerror or exc}")
+        return usage_error(PROG, f"{dir}: {exc.strerror or exc}")
     try:
         _print(walk, as_json)
     except BrokenPipeError:
         # The reader went away (``| head``): it asked for less, which is not an error.
-        _silence_stdout()
+        silence_stdout()
         return 0
     except (CommitLogError, OSError) as exc:
-        return _error(str(exc))
+        return usage_error(PROG, str(exc))
     finally:
         walk.close()
     return 0
 
 
 def _print(walk: CommitLogWalk, as_json: bool) -> None:
-    out = _stdout_bytes()
+    out = stdout_bytes()
     records = blanks = 0
     if not as_json:
         out.write((_table_header() + "\n").encode())

@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import re
 import struct
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.store.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
-from services.store.inspect_commitlog import _silence_stdout, _stdout_bytes
+from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
 
 PROG = "mqstore inspect consumequeue"
-EXIT_USAGE = 2
 _FILE_NAME = re.compile(r"[0-9]{20}")
 _UNIT = struct.Struct(">qiq")
 
@@ -140,7 +138,7 @@ def _line(unit: CqUnit, as_json: bool) -> str:
 
 
 def _print(queues: list[QueueDir], as_json: bool) -> None:
-    out = _stdout_bytes()
+    out = stdout_bytes()
     if not as_json:
         out.write((_table_line(tuple(name for name, _, _ in _COLUMNS)) + "\n").encode())
     count = 0
@@ -153,9 +151,6 @@ def _print(queues: list[QueueDir], as_json: bool) -> None:
     out.flush()
 
 
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
 def main(dir: str, as_json: bool) -> int:
@@ -164,10 +159,10 @@ def main(dir: str, as_json: bool) -> int:
         queues = find_queues(Path(dir))
         _print(queues, as_json)
     except BrokenPipeError:
-        _silence_stdout()  # the reader went away (``| head``): not an error
+        silence_stdout()  # the reader went away (``| head``): not an error
         return 0
     except ConsumeQueueError as exc:
-        return _error(str(exc))
+        return usage_error(PROG, str(exc))
     except OSError as exc:
-        return _error(f"{dir}: {exc.strerror or exc}")
+        return usage_error(PROG, f"{dir}: {exc.strerror or exc}")
     return 0

@@ -9,13 +9,10 @@ the file size with RocketMQ's ratio indexNum = 4 x hashSlotNum unless given.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from services.store.index_file import (
     HASH_SLOT_SIZE,
@@ -26,9 +23,9 @@ from services.store.index_file import (
     IndexHeader,
     index_file_size,
 )
+from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
 
 PROG = "mqstore inspect index"
-EXIT_USAGE = 2
 DEFAULT_SLOTS_PER_INDEX = 4  # RocketMQ's defaults: 5,000,000 slots, 20,000,000 entries
 
 
@@ -84,22 +81,10 @@ def _text_line(row: dict[str, Any]) -> str:
     return f"# slot {row['slot']} -> entry {row['value']}"
 
 
-def _error(message: str) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
 
 
-def _stdout_bytes() -> BinaryIO:
-    sys.stdout.flush()
-    return sys.stdout.buffer
 
 
-def _silence_stdout() -> None:
-    """After EPIPE, point stdout at /dev/null so the interpreter's final flush does not fail again."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
 
 
 def main(file: str, as_json: bool, slots: bool = False, hash_slot_num: int | None = None,
@@ -107,22 +92,22 @@ def main(file: str, as_json: bool, slots: bool = False, hash_slot_num: int | Non
     """Print index file ``file``. Returns 0, or 2 after a one-line message on stderr."""
     path = Path(file)
     if not path.is_file():
-        return _error(f"{file}: not a file (pass one file of an index directory)")
+        return usage_error(PROG, f"{file}: not a file (pass one file of an index directory)")
     try:
         geometry = infer_geometry(path.stat().st_size, hash_slot_num, index_num)
         index_file = IndexFile(path, *geometry, read_only=True)
     except IndexFileError as exc:
-        return _error(str(exc))
+        return usage_error(PROG, str(exc))
     except OSError as exc:
-        return _error(f"{file}: {exc.strerror or exc}")
+        return usage_error(PROG, f"{file}: {exc.strerror or exc}")
     try:
-        out = _stdout_bytes()
+        out = stdout_bytes()
         for row in rows(index_file, slots):
             line = json.dumps(row, separators=(",", ":")) if as_json else _text_line(row)
             out.write((line + "\n").encode())
         out.flush()
     except BrokenPipeError:
-        _silence_stdout()
+        silence_stdout()
     finally:
         index_file.close()
     return 0
