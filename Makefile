@@ -8,7 +8,7 @@ GENERATED := gen/.generated
 STORE ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: setup proto run test lint bench clean
+.PHONY: setup proto run test lint bench clean java
 
 setup: $(GENERATED)
 
@@ -32,8 +32,13 @@ proto:
 run: $(GENERATED)
 	$(VENV)/bin/mqstore run --store $(STORE)
 
-test: $(GENERATED)
+test: $(GENERATED) java
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The Spark pipeline's tests need a Java 17 runtime; a fresh machine (CI) gets Debian's.
+java:
+	@command -v java >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline tests bench

@@ -14,7 +14,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
     _add_inspect(commands)
+    _add_pipeline(commands)
     return parser
+
+
+def _add_pipeline(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    # The job arguments are parsed by pipeline.cli, so other commands never import Spark.
+    pipeline = commands.add_parser("pipeline", add_help=False,
+                                   help="Spark jobs over store files: export, reindex, verify, stats")
+    pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
+    pipeline.set_defaults(handler=_pipeline)
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    from pipeline.cli import main as pipeline_main
+
+    return pipeline_main(args.pipeline_args)
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,6 +50,21 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     indexer.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9902)")
     indexer.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
     indexer.set_defaults(handler=_serve_indexer)
+    _add_query(commands)
+
+
+def _add_query(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    query = commands.add_parser("query", help="run the query service alone (pull, lookups, consumer offsets)")
+    query.add_argument("--store", default="./data/query", help="the query service's own store root")
+    query.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+    query.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9903)")
+    query.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
+    query.add_argument("--indexer", default=None, help="the indexer (default 127.0.0.1:9902)")
+    query.add_argument("--persist-interval-ms", type=int, default=5000,
+                       help="how often changed consumer offsets are written (default 5000)")
+    query.add_argument("--max-long-poll-ms", type=int, default=15000,
+                       help="the longest a pull may wait for messages (default 15000)")
+    query.set_defaults(handler=_serve_query)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -47,6 +77,14 @@ def _serve_indexer(args: argparse.Namespace) -> int:
     from services.indexer.main import serve
 
     return serve(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog)
+
+
+def _serve_query(args: argparse.Namespace) -> int:
+    from services.query.main import QueryOptions, serve
+
+    return serve(QueryOptions(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog,
+                              indexer=args.indexer, persist_interval_ms=args.persist_interval_ms,
+                              max_long_poll_ms=args.max_long_poll_ms))
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:

@@ -125,12 +125,12 @@ class IndexService:
     def build_index_batch(self, requests: Iterable[DispatchRequest]) -> None:
         """buildIndex for each request in order, with one lock round and one header write per file."""
         with self._lock:
-            items = self._collect(requests, self._files[-1].end_phy_offset if self._files else 0)
+            items = self.collect_items(requests, self._files[-1].end_phy_offset if self._files else 0)
             if items is not None:
                 self._put(items)
 
     @staticmethod
-    def _collect(requests: Iterable[DispatchRequest], end_phy_offset: int) -> list[IndexItem] | None:
+    def collect_items(requests: Iterable[DispatchRequest], end_phy_offset: int) -> list[IndexItem] | None:
         """The entries to put, in order; None for no request at all. ``end_phy_offset`` follows what the
         last file's endPhyOffset would be after each message, so the skip test is the per-message one.
         Hot path: java_hash's ASCII fast path is inlined and lookups are hoisted (~0.4 us a key)."""

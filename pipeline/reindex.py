@@ -1,0 +1,274 @@
+"""``reindex``: rebuild ``consumequeue/`` and ``index/`` from the commitlog, in parallel.
+
+Stage 1 parses every split into dispatch requests (the library's ``parse_dispatch_requests``, bodies
+never copied) and the index items the online indexer would put for them (``IndexService``'s own
+collection code). Stage 2 builds each topic-queue with ``ConsumeQueueStore.dispatch_batch`` (one task a
+queue) and each index file with ``IndexFile.put_items`` (one task a file): a file holds exactly
+``indexNum - 1`` items and starts from the previous file's last item, so the items a file gets follow
+from the item counts per split, which the driver adds up. The output is what the online indexer
+builds: ConsumeQueue files byte-identical, index files with identical headers and entries; index files
+are named from their begin timestamp (the online indexer names them by creation time).
+
+Files are written through the local file system (local mode, or a path every executor mounts).
+Run as ``mqstore pipeline reindex STORE`` or ``spark-submit pipeline/reindex.py STORE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import struct
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.scan import commitlog_dir, plan, splits_rdd
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, scan_split
+from services.store.consume_queue import DEFAULT_MAPPED_FILE_SIZE, ConsumeQueueStore
+from services.store.index_file import (
+    DEFAULT_HASH_SLOT_NUM,
+    DEFAULT_INDEX_NUM,
+    IndexFile,
+    IndexHeader,
+    index_file_name,
+    next_index_file_name,
+)
+from services.store.index_service import IndexService
+from services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_ITEM = struct.Struct(">iqq")  # key hash, commitlog offset, store timestamp: one packed index item
+# commitlog offset, size, tags code, queue offset, sys flag, store timestamp: one queue request, packed
+# (bytes cross the shuffle far cheaper than pickled tuples)
+_REQUEST = struct.Struct(">qiqqiq")
+
+
+@dataclass
+class SplitDispatch:
+    """What one split contributes: requests per topic-queue, packed index items, gaps."""
+
+    index: int
+    queues: dict[tuple[str, int], bytes]
+    items: bytes
+    records: int
+    gaps: list[Gap]
+
+    @property
+    def item_count(self) -> int:
+        return len(self.items) // _ITEM.size
+
+
+@dataclass(frozen=True)
+class IndexPiece:
+    """Items ``[first, ...)`` (global numbering) of split ``split`` that go into one index file."""
+
+    split: int
+    first: int
+    items: bytes
+
+
+@dataclass(frozen=True)
+class ReindexResult:
+    records: int
+    queues: int
+    cq_units: int
+    index_files: list[tuple[str, IndexHeader]]
+    gaps: list[Gap]
+
+
+def _requests(view: memoryview, split: Split, start: int, end: int) -> list[DispatchRequest]:
+    """Requests of a run of whole records: one batched parse, or record by record if it fails."""
+    try:
+        return parse_dispatch_requests(view[start:end], split.file_offset + start)
+    except RecordError:
+        requests = []
+        position = start
+        while position < end:
+            request = check_record(view, position, check_crc=False)
+            if not request.success or request.msg_size <= 0:
+                break
+            requests.append(request)
+            position += request.msg_size
+        return requests
+
+
+def dispatch_split(split: Split) -> SplitDispatch:
+    queues: dict[tuple[str, int], bytearray] = {}
+    items = bytearray()
+    pack = _REQUEST.pack
+    records = 0
+    with MappedSplit(split) as view:
+        layout = scan_split(view, split)
+        for start, end in layout.runs:
+            requests = _requests(view, split, start, end)
+            records += len(requests)
+            for r in requests:
+                key = (r.topic, r.queue_id)
+                units = queues.get(key)
+                if units is None:
+                    units = queues[key] = bytearray()
+                units += pack(r.commitlog_offset, r.msg_size, r.tags_code, r.queue_offset, r.sys_flag,
+                              r.store_timestamp)
+            for item in IndexService.collect_items(requests, 0) or ():
+                items += _ITEM.pack(*item)
+    return SplitDispatch(split.index, {key: bytes(units) for key, units in queues.items()}, bytes(items), records,
+                         layout.gaps)
+
+
+def build_queue(key: tuple[str, int], pieces: Iterable[tuple[int, bytes]], root: str,
+                cq_file_size: int) -> int:
+    """Write one topic-queue with the library's dispatcher, its requests in commitlog order."""
+    topic, queue_id = key
+    store = ConsumeQueueStore(Path(root), cq_file_size)
+    try:
+        requests = (DispatchRequest(True, size, topic, queue_id, offset, queue_offset, tags, timestamp, None, None,
+                                    sys_flag, 0)
+                    for _, units in sorted(pieces, key=lambda piece: piece[0])
+                    for offset, size, tags, queue_offset, sys_flag, timestamp in _REQUEST.iter_unpack(units))
+        return store.dispatch_batch(requests)
+    finally:
+        store.shutdown()
+
+
+def index_pieces(dispatch: SplitDispatch, first_item: int, per_file: int,
+                 file_count: int) -> Iterator[tuple[int, IndexPiece]]:
+    """(file number, piece) for every index file this split's items go to. A file also gets the item
+    just before its own (the previous file's last), whose offset and time the file starts from."""
+    count = dispatch.item_count
+    if count == 0:
+        return
+    last = first_item + count
+    file_number = first_item // per_file
+    while file_number < file_count and file_number * per_file - 1 < last:
+        lo = max(file_number * per_file - 1, 0, first_item)
+        hi = min((file_number + 1) * per_file, last)
+        if lo < hi:
+            piece = dispatch.items[(lo - first_item) * _ITEM.size:(hi - first_item) * _ITEM.size]
+            yield file_number, IndexPiece(dispatch.index, lo, piece)
+        file_number += 1
+
+
+def build_index_file(file_number: int, pieces: Iterable[IndexPiece], directory: str, per_file: int,
+                     hash_slot_num: int, index_num: int) -> tuple[int, IndexHeader]:
+    """Write index file ``file_number`` (a temporary name; the driver renames it)."""
+    ordered = sorted(pieces, key=lambda piece: piece.first)
+    first = ordered[0].first if ordered else 0
+    items = [item for piece in ordered for item in _ITEM.iter_unpack(piece.items)]
+    prev_offset = prev_timestamp = 0
+    if file_number > 0 and first == file_number * per_file - 1:
+        _, prev_offset, prev_timestamp = items.pop(0)
+    index = IndexFile(Path(directory) / f".reindex-{file_number:08d}", hash_slot_num, index_num, create=True,
+                      prev_end_phy_offset=prev_offset, prev_end_timestamp=prev_timestamp)
+    try:
+        index.put_items(items)
+        index.flush()
+        return file_number, index.header
+    finally:
+        index.close()
+
+
+def _prepare(directory: Path, force: bool) -> None:
+    if directory.exists() and any(directory.iterdir()):
+        if not force:
+            raise FileExistsError(f"{directory} is not empty: pass --force to replace it")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+
+
+def reindex(spark: SparkSession, store: str | Path, output: str | Path | None = None, *,
+            split_size: int = DEFAULT_SPLIT_SIZE, cq_file_size: int = DEFAULT_MAPPED_FILE_SIZE,
+            hash_slot_num: int = DEFAULT_HASH_SLOT_NUM, index_num: int = DEFAULT_INDEX_NUM,
+            force: bool = False) -> ReindexResult:
+    """Rebuild ``OUTPUT/consumequeue`` and ``OUTPUT/index`` (OUTPUT defaults to the store root)."""
+    target = Path(output) if output is not None else Path(store)
+    if not commitlog_dir(store).is_dir():
+        raise FileNotFoundError(f"{store}: no commitlog directory")
+    cq_root, index_dir = target / "consumequeue", target / "index"
+    _prepare(cq_root, force)
+    _prepare(index_dir, force)
+    splits = plan(store, split_size)
+    dispatched = splits_rdd(spark, splits).map(dispatch_split).cache()
+    counts = dispatched.map(lambda d: (d.index, d.item_count, d.records, d.gaps)).collect()
+    records = sum(c[2] for c in counts)
+    gaps = [gap for c in counts for gap in c[3]]
+    first_items: dict[int, int] = {}
+    total = 0
+    for split_index, item_count, _, _ in sorted(counts, key=lambda c: c[0]):
+        first_items[split_index] = total
+        total += item_count
+    per_file = index_num - 1
+    files = (total + per_file - 1) // per_file
+    partitions = max(min(files, spark.sparkContext.defaultParallelism * 4), 1)
+
+    queue_count = dispatched.flatMap(lambda d: d.queues.keys()).distinct().count()
+    cq_units = dispatched.flatMap(lambda d: [(key, (d.index, units)) for key, units in d.queues.items()]) \
+        .groupByKey(max(min(queue_count, 64), 1)) \
+        .map(lambda kv: build_queue(kv[0], kv[1], str(cq_root), cq_file_size)).sum()
+    built = dispatched.flatMap(lambda d: index_pieces(d, first_items[d.index], per_file, files)) \
+        .groupByKey(partitions) \
+        .map(lambda kv: build_index_file(kv[0], kv[1], str(index_dir), per_file, hash_slot_num, index_num)) \
+        .collect()
+    dispatched.unpersist()
+    named = _name_index_files(index_dir, sorted(built))
+    return ReindexResult(records, queue_count, int(cq_units), named, gaps)
+
+
+def _name_index_files(index_dir: Path, built: list[tuple[int, IndexHeader]]) -> list[tuple[str, IndexHeader]]:
+    """Rename the temporary files in order: named by begin timestamp, strictly increasing."""
+    named: list[tuple[str, IndexHeader]] = []
+    previous = ""
+    for file_number, header in built:
+        name = index_file_name(header.begin_timestamp)
+        if previous and name <= previous:
+            name = next_index_file_name(previous)
+        (index_dir / f".reindex-{file_number:08d}").rename(index_dir / name)
+        named.append((name, header))
+        previous = name
+    return named
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", help="a store root (its commitlog/ is read)")
+    parser.add_argument("--output", default=None, help="write consumequeue/ and index/ here (default: STORE)")
+    parser.add_argument("--force", action="store_true", help="replace existing consumequeue/ and index/")
+    parser.add_argument("--cq-file-size", type=int, default=DEFAULT_MAPPED_FILE_SIZE,
+                        help="mappedFileSizeConsumeQueue (default 6000000)")
+    parser.add_argument("--hash-slot-num", type=int, default=DEFAULT_HASH_SLOT_NUM, help="maxHashSlotNum")
+    parser.add_argument("--index-num", type=int, default=DEFAULT_INDEX_NUM, help="maxIndexNum")
+    parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
+    parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.session import get_session
+
+    try:
+        result = reindex(get_session(args.master), args.store, args.output, split_size=args.split_size,
+                         cq_file_size=args.cq_file_size, hash_slot_num=args.hash_slot_num,
+                         index_num=args.index_num, force=args.force)
+    except (FileExistsError, FileNotFoundError) as exc:
+        print(f"mqstore pipeline reindex: {exc}", file=sys.stderr)
+        return 2
+    print(f"reindexed {result.records} records: {result.cq_units} units in {result.queues} consume queues, "
+          f"{len(result.index_files)} index files")
+    for gap in result.gaps:
+        if gap.kind != "zeros":
+            print(f"warning: commitlog offset {gap.offset}: {gap.reason}", file=sys.stderr)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mqstore pipeline reindex", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
+    from pipeline.reindex import main as package_main
+
+    sys.exit(package_main())

@@ -1,0 +1,159 @@
+"""The stats job's HTML report: a few PNG charts (matplotlib, no display needed) and small tables."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+MAX_TOPICS_IN_CHARTS = 8
+
+
+def _figure() -> tuple[Figure, Axes]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
+    ax.grid(True, alpha=0.3)
+    return fig, ax
+
+
+def _save(fig: Figure, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
+
+
+def _top_topics(per_minute: pd.DataFrame) -> list[str]:
+    totals = per_minute.groupby("topic")["messages"].sum().sort_values(ascending=False)
+    return [str(t) for t in totals.index[:MAX_TOPICS_IN_CHARTS]]
+
+
+def _time_axis(ax: Axes) -> None:
+    import matplotlib.dates as mdates
+
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))  # type: ignore[no-untyped-call]
+
+
+def _line_chart(per_minute: pd.DataFrame, column: str, title: str, ylabel: str, path: Path) -> str:
+    fig, ax = _figure()
+    if per_minute["minute"].nunique() == 1:  # one minute: a line has nothing to show, bars per topic do
+        totals = per_minute.groupby("topic")[column].sum().sort_values()
+        ax.barh([str(t) for t in totals.index], totals.to_numpy())
+        ax.set_title(f"{title} ({per_minute['minute'].iloc[0]:%Y-%m-%d %H:%M} UTC)")
+        ax.set_xlabel(ylabel)
+        return _save(fig, path)
+    _time_axis(ax)
+    for topic in _top_topics(per_minute):
+        rows = per_minute[per_minute["topic"] == topic].sort_values("minute")
+        ax.plot(rows["minute"], rows[column], marker="o", markersize=3, label=topic)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel("store time (UTC, per minute)")
+    ax.legend(fontsize=8, loc="best")
+    fig.autofmt_xdate()
+    return _save(fig, path)
+
+
+def _latency_chart(per_minute: pd.DataFrame, path: Path) -> str:
+    fig, ax = _figure()
+    _time_axis(ax)
+    for topic in _top_topics(per_minute):
+        rows = per_minute[per_minute["topic"] == topic].sort_values("minute")
+        line = ax.plot(rows["minute"], rows["latency_p50_ms"], marker="o", label=f"{topic} p50")[0]
+        ax.plot(rows["minute"], rows["latency_p99_ms"], linestyle="--", color=line.get_color(), label=f"{topic} p99")
+    ax.set_title("Store minus born time")
+    ax.set_ylabel("ms")
+    ax.set_yscale("symlog")
+    ax.legend(fontsize=7, loc="best", ncol=2)
+    fig.autofmt_xdate()
+    return _save(fig, path)
+
+
+def _histogram_chart(histogram: pd.DataFrame, path: Path) -> str:
+    fig, ax = _figure()
+    buckets = sorted(int(b) for b in histogram["bucket"].unique())
+    topics = sorted(str(t) for t in histogram["topic"].unique())[:MAX_TOPICS_IN_CHARTS]
+    width = 0.8 / max(len(topics), 1)
+    for i, topic in enumerate(topics):
+        rows = histogram[histogram["topic"] == topic].set_index("bucket")["count"]
+        ax.bar([b + i * width for b in buckets], [int(rows.get(b, 0)) for b in buckets], width=width, label=topic)
+    ax.set_xticks([b + 0.4 - width / 2 for b in buckets], [_size_label(2 ** b) for b in buckets])
+    ax.set_title("Stored record sizes")
+    ax.set_xlabel("size from (bytes, power-of-two buckets)")
+    ax.set_ylabel("messages")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def _top_chart(top: pd.DataFrame, title: str, path: Path) -> str:
+    fig, ax = _figure()
+    overall = top.groupby("name")["count"].sum().sort_values().tail(15)
+    ax.barh([str(n) for n in overall.index], overall.to_numpy())
+    ax.set_title(title)
+    ax.set_xlabel("messages")
+    return _save(fig, path)
+
+
+def _size_label(value: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size:
+            return f"{value // size} {unit}"
+    return f"{value} B"
+
+
+def _table(frame: pd.DataFrame, columns: list[str], limit: int = 50) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(str(row[c]))}</td>" for c in columns) + "</tr>"
+                   for _, row in frame.head(limit).iterrows())
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def write_report(directory: Path, store: str, records: int, frames: dict[str, pd.DataFrame]) -> Path:
+    """Write ``directory/index.html`` and its PNG charts; returns the HTML path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    per_minute = frames["per_minute"]
+    charts: list[tuple[str, str]] = []
+    if len(per_minute):
+        charts += [
+            ("Messages per minute", _line_chart(per_minute, "messages", "Messages per minute", "messages",
+                                                directory / "messages_per_minute.png")),
+            ("Bytes per minute", _line_chart(per_minute, "bytes", "Stored bytes per minute", "bytes",
+                                             directory / "bytes_per_minute.png")),
+            ("Latency", _latency_chart(per_minute, directory / "latency.png")),
+            ("Sizes", _histogram_chart(frames["size_histogram"], directory / "sizes.png")),
+        ]
+    if len(frames["top_keys"]):
+        charts.append(("Top keys", _top_chart(frames["top_keys"], "Top keys (all topics)", directory / "top_keys.png")))
+    if len(frames["top_producers"]):
+        charts.append(("Top producers", _top_chart(frames["top_producers"], "Top producers (born host)",
+                                                   directory / "top_producers.png")))
+    totals = per_minute.groupby("topic").agg(messages=("messages", "sum"), bytes=("bytes", "sum"),
+                                             minutes=("minute", "count")).reset_index() \
+        .sort_values("messages", ascending=False) if len(per_minute) else per_minute
+    body = [f"<h1>Store statistics</h1><p>{html.escape(store)}: {records} records.</p>"]
+    if len(per_minute):
+        body.append("<h2>Topics</h2>" + _table(totals, ["topic", "messages", "bytes", "minutes"]))
+    body += [f'<h2>{html.escape(title)}</h2><img src="{html.escape(name)}" alt="{html.escape(title)}">'
+             for title, name in charts]
+    if len(per_minute):
+        body.append("<h2>Per minute</h2>" + _table(per_minute.sort_values(["minute", "topic"]), [
+            "topic", "minute", "messages", "bytes", "size_p50", "size_p99", "latency_p50_ms", "latency_p99_ms"]))
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
+             "font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:100%}")
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>mqstore stats</title><style>{style}"
+            f"</style></head><body>{''.join(body)}</body></html>\n")
+    path = directory / "index.html"
+    path.write_text(page, encoding="utf-8")
+    return path

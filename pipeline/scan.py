@@ -1,0 +1,107 @@
+"""Spark plumbing shared by the jobs: splits as a DataFrame (one partition per split) and a summary
+accumulator through which workers report what is not a row (gaps, undecodable records, counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.accumulators import AccumulatorParam
+
+from pipeline.split_reader import Gap, Split, plan_splits
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import RDD, Accumulator
+    from pyspark.sql import DataFrame, SparkSession
+
+SPLIT_COLUMNS = "index INT, path STRING, file_offset BIGINT, file_size BIGINT, start BIGINT, end BIGINT"
+
+
+def commitlog_dir(store: str | Path) -> Path:
+    """A store root or its commitlog directory -> the commitlog directory."""
+    path = Path(store)
+    return path / "commitlog" if (path / "commitlog").is_dir() else path
+
+
+@dataclass
+class ScanSummary:
+    """Merged across tasks: records seen, their bytes, the end of the last record and the problems
+    (gaps and records that do not decode), deduplicated by offset since a task may run twice."""
+
+    records: int = 0
+    record_bytes: int = 0
+    max_end: int = -1
+    gaps: dict[int, Gap] = field(default_factory=dict)
+    bad_records: dict[int, str] = field(default_factory=dict)
+
+    def merge(self, other: ScanSummary) -> ScanSummary:
+        self.records += other.records
+        self.record_bytes += other.record_bytes
+        self.max_end = max(self.max_end, other.max_end)
+        self.gaps.update(other.gaps)
+        self.bad_records.update(other.bad_records)
+        return self
+
+    @property
+    def corrupt_gaps(self) -> list[Gap]:
+        return [gap for _, gap in sorted(self.gaps.items()) if gap.kind != "zeros"]
+
+    def holes(self) -> list[Gap]:
+        """Zero gaps with a record after them: data is missing there."""
+        return [gap for _, gap in sorted(self.gaps.items())
+                if gap.kind == "zeros" and gap.offset < self.max_end]
+
+    def problems(self) -> list[dict[str, Any]]:
+        """Every inconsistency, for reports: corrupt regions, holes and undecodable records."""
+        found: list[dict[str, Any]] = [{"offset": gap.offset, "length": gap.length, "kind": gap.kind,
+                                        "reason": gap.reason} for gap in self.corrupt_gaps + self.holes()]
+        found += [{"offset": offset, "kind": "bad-record", "reason": reason}
+                  for offset, reason in sorted(self.bad_records.items())]
+        return sorted(found, key=lambda problem: int(problem["offset"]))
+
+    def as_json(self) -> dict[str, Any]:
+        return {"records": self.records, "record_bytes": self.record_bytes, "max_end": self.max_end,
+                "gaps": [asdict(gap) for _, gap in sorted(self.gaps.items())],
+                "problems": self.problems()}
+
+
+class _SummaryParam(AccumulatorParam[ScanSummary]):
+    def zero(self, value: ScanSummary) -> ScanSummary:
+        return ScanSummary()
+
+    def addInPlace(self, value1: ScanSummary, value2: ScanSummary) -> ScanSummary:  # noqa: N802 (Spark's name)
+        return value1.merge(value2)
+
+
+def summary_accumulator(spark: SparkSession) -> Accumulator[ScanSummary]:
+    return spark.sparkContext.accumulator(ScanSummary(), _SummaryParam())
+
+
+def split_rows(splits: list[Split]) -> list[tuple[int, str, int, int, int, int]]:
+    return [(s.index, s.path, s.file_offset, s.file_size, s.start, s.end) for s in splits]
+
+
+def splits_rdd(spark: SparkSession, splits: list[Split]) -> RDD[Split]:
+    """One partition per split, so Spark schedules (and retries) each byte range on its own."""
+    return spark.sparkContext.parallelize(splits, max(len(splits), 1))
+
+
+def splits_frame(spark: SparkSession, splits: list[Split]) -> DataFrame:
+    rows = spark.sparkContext.parallelize(split_rows(splits), max(len(splits), 1))
+    return spark.createDataFrame(rows, SPLIT_COLUMNS)
+
+
+def splits_of_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[Split]:
+    """The splits carried by mapInArrow's input batches."""
+    for batch in batches:
+        columns = batch.to_pydict()
+        yield from (Split(*values) for values in zip(
+            columns["index"], columns["path"], columns["file_offset"], columns["file_size"],
+            columns["start"], columns["end"], strict=True))
+
+
+def plan(store: str | Path, split_size: int, from_offset: int = 0) -> list[Split]:
+    return plan_splits(commitlog_dir(store), split_size, from_offset)

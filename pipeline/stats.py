@@ -1,0 +1,110 @@
+"""``stats``: per topic and minute, message counts, bytes, sizes, store-minus-born latency, top keys
+and producers. Written as Parquet tables (for further queries) plus ``report/index.html`` with PNG
+charts (for people).
+
+Run as ``mqstore pipeline stats STORE OUT`` or ``spark-submit pipeline/stats.py STORE OUT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.records import records_frame
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TOP_N = 10
+PERCENTILES = (0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class StatsResult:
+    records: int
+    tables: dict[str, str]
+    report: Path
+
+
+def stats_tables(records: DataFrame) -> dict[str, DataFrame]:
+    """The statistics as DataFrames, by table name."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    facts = records.withColumn("minute", F.timestamp_millis(F.expr("store_ms - pmod(store_ms, 60000)"))) \
+        .withColumn("latency_ms", F.col("store_ms") - F.col("born_ms"))
+    size_pct = F.percentile_approx("store_size", list(PERCENTILES))
+    latency_pct = F.percentile_approx("latency_ms", list(PERCENTILES))
+    per_minute = facts.groupBy("topic", "minute").agg(
+        F.count("*").alias("messages"), F.sum("store_size").alias("bytes"), F.sum("body_size").alias("body_bytes"),
+        F.min("store_size").alias("size_min"), size_pct.alias("size_pct"), F.max("store_size").alias("size_max"),
+        latency_pct.alias("latency_pct"), F.max("latency_ms").alias("latency_max_ms"),
+    ).select("topic", "minute", "messages", "bytes", "body_bytes", "size_min",
+             F.col("size_pct")[0].alias("size_p50"), F.col("size_pct")[1].alias("size_p90"),
+             F.col("size_pct")[2].alias("size_p99"), "size_max",
+             F.col("latency_pct")[0].alias("latency_p50_ms"), F.col("latency_pct")[1].alias("latency_p90_ms"),
+             F.col("latency_pct")[2].alias("latency_p99_ms"), "latency_max_ms")
+    # Sizes in power-of-two buckets: bucket b holds sizes in [2^b, 2^(b+1)).
+    size_histogram = facts.groupBy("topic", F.floor(F.log2("store_size")).cast("int").alias("bucket")) \
+        .count().withColumn("size_from", F.pow(F.lit(2), F.col("bucket")).cast("long"))
+    by_topic = Window.partitionBy("topic").orderBy(F.desc("count"), F.asc("name"))
+    top_keys = facts.select("topic", F.explode("keys").alias("name")).groupBy("topic", "name").count() \
+        .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
+    top_producers = facts.groupBy("topic", F.col("born_host").alias("name")).count() \
+        .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
+    return {"per_minute": per_minute, "size_histogram": size_histogram, "top_keys": top_keys,
+            "top_producers": top_producers}
+
+
+def stats(spark: SparkSession, store: str | Path, output: str | Path,
+          split_size: int = DEFAULT_SPLIT_SIZE) -> StatsResult:
+    from pipeline.report import write_report
+
+    out = Path(output)
+    records, _ = records_frame(spark, store, split_size)
+    records = records.cache()
+    count = records.count()
+    tables = stats_tables(records)
+    paths: dict[str, str] = {}
+    frames = {}
+    for name, frame in tables.items():
+        paths[name] = str(out / name)
+        frame.write.mode("overwrite").parquet(paths[name])
+        frames[name] = spark.read.parquet(paths[name]).toPandas()
+    records.unpersist()
+    report = write_report(out / "report", str(store), count, frames)
+    return StatsResult(count, paths, report)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("store", help="a store root or its commitlog directory")
+    parser.add_argument("output", help="output directory: Parquet tables and report/index.html")
+    parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
+    parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.session import get_session
+
+    result = stats(get_session(args.master), args.store, args.output, args.split_size)
+    print(f"{result.records} records; tables {', '.join(sorted(result.tables))} in {args.output}; "
+          f"report {result.report}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mqstore pipeline stats", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
+    from pipeline.stats import main as package_main
+
+    sys.exit(package_main())
