@@ -1,8 +1,8 @@
 """``mqstore run``: every service of the system as child processes on 127.0.0.1, one store root.
 
 Layout under the store root: the commitlog service owns the root itself (``commitlog/``,
-``checkpoint``, ``config/``...), the indexer owns ``indexer/``. A signal stops the services in
-reverse start order (readers before the writer), each cleanly.
+``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``. A
+signal stops the services in reverse start order (readers before the writer), each cleanly.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from services.query import DEFAULT_LISTEN as QUERY_LISTEN
 from services.store.config import load_config
 
 log = logging.getLogger("services.runner")
@@ -35,6 +36,8 @@ def child_specs(store: Path, config_file: str | None) -> list[ChildSpec]:
         ChildSpec("commitlog", ["commitlog", "--store", str(store), "--listen", config.commitlog_listen, *extra]),
         ChildSpec("indexer", ["indexer", "--store", str(store / "indexer"), "--listen", config.indexer_listen,
                               "--commitlog", config.commitlog_listen, *extra]),
+        ChildSpec("query", ["query", "--store", str(store / "query"), "--listen", QUERY_LISTEN,
+                            "--commitlog", config.commitlog_listen, "--indexer", config.indexer_listen, *extra]),
     ]
 
 

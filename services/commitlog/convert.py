@@ -5,6 +5,7 @@ Only the servicer imports this module; the engine and the store never see a prot
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from urllib.parse import unquote
 
 from mqstore.v1 import commitlog_pb2, common_pb2
@@ -43,18 +44,22 @@ def peer_address(peer: str) -> str:
 
 def message_from_proto(pb: common_pb2.Message, peer: str) -> Message:
     """A producer's message; an empty born_host becomes the caller's address (``peer``)."""
-    return Message(
-        topic=pb.topic,
-        queue_id=pb.queue_id,
-        body=pb.body,
-        flag=pb.flag,
-        properties=dict(pb.properties),
-        born_timestamp=pb.born_timestamp,
-        born_host=pb.born_host or peer_address(peer),
-        sys_flag=pb.sys_flag,
-        reconsume_times=pb.reconsume_times,
-        prepared_transaction_offset=pb.prepared_transaction_offset,
-    )
+    return _message(pb, pb.born_host or peer_address(peer))
+
+
+def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str) -> list[Message]:
+    """A batch's messages: the caller's address is worked out once, not per message."""
+    host = peer_address(peer)
+    return [_message(pb, pb.born_host or host) for pb in pbs]
+
+
+def _message(pb: common_pb2.Message, born_host: str) -> Message:
+    # Runs once per appended message: positional arguments in Message's field order, and the properties
+    # copied by iterating the map's keys in C (``dict(map)`` goes through a Python-level KeysView and
+    # costs twice as much).
+    props = pb.properties
+    return Message(pb.topic, pb.queue_id, pb.body, pb.flag, {k: props[k] for k in props}, pb.born_timestamp,
+                   born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
 
 
 def append_result_to_proto(result: PutMessageResult) -> commitlog_pb2.AppendResult:
@@ -68,6 +73,17 @@ def append_result_to_proto(result: PutMessageResult) -> commitlog_pb2.AppendResu
         topic=result.topic,
         queue_id=result.queue_id,
     )
+
+
+def append_batch_response(results: Sequence[PutMessageResult]) -> commitlog_pb2.AppendBatchResponse:
+    """Results built in place in the response (``add``), not built apart and then copied in."""
+    response = commitlog_pb2.AppendBatchResponse()
+    add, status_of = response.results.add, _STATUS_TO_PROTO
+    for r in results:
+        add(status=status_of[r.status], msg_id=r.msg_id, commitlog_offset=r.commitlog_offset,
+            queue_offset=r.queue_offset, store_timestamp=r.store_timestamp, wrote_bytes=r.wrote_bytes,
+            topic=r.topic, queue_id=r.queue_id)
+    return response
 
 
 def topic_config_from_proto(pb: common_pb2.TopicConfig) -> TopicConfig:

@@ -1,11 +1,16 @@
 """Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m services.commitlog``.
 
+The service runs on one asyncio event loop (a ``grpc.aio`` server). Blocking work, the engine's
+start and shutdown included, runs in the loop's bounded executor, so the loop always answers health
+checks and a second SIGTERM/SIGINT.
+
 Exit codes: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad settings or an address it cannot
 listen on, 3 when another process holds the store's lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -15,11 +20,12 @@ from services.commitlog.commit_log import CommitLog
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
+    AioGrpcServer,
     BindError,
-    GrpcServer,
     ServerSettings,
     ShutdownSignal,
-    serve_until_signal,
+    serve_aio_until_signal,
+    use_blocking_executor,
 )
 from services.server.logs import configure_logging
 from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
@@ -32,8 +38,6 @@ EXIT_OK = 0
 EXIT_BAD_SETTINGS = 2
 EXIT_STORE_LOCKED = 3
 MIB = 1024 * 1024
-# Stream calls get all workers but these, so unary calls (appends, reads, health) always find one.
-WORKERS_KEPT_FOR_UNARY = 16
 
 
 def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
@@ -48,41 +52,48 @@ def serve(store: str, config_file: str | None, listen: str | None) -> int:
     """Run the commitlog service on ``store`` until SIGTERM/SIGINT; returns the exit code."""
     configure_logging()
     tune_gc()
+    return asyncio.run(_serve(store, config_file, listen))
+
+
+async def _serve(store: str, config_file: str | None, listen: str | None) -> int:
     signals = ShutdownSignal()
-    signals.install()
+    signals.install_on_loop()
     try:
         config = load_config(config_file)
         metrics_port = metrics_port_from_env()
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
+    address = listen or config.commitlog_listen
+    settings = server_settings(config, address)
+    use_blocking_executor(settings.max_workers)
     engine = CommitLog(config, store)
     try:
-        engine.start()
+        await asyncio.to_thread(engine.start)
     except StoreLockedError as exc:
         log.error("cannot start: %s", exc, extra={"store": store})
         return EXIT_STORE_LOCKED
-    address = listen or config.commitlog_listen
-    servicer = CommitLogServicer(engine, max_streams=server_settings(config, address).max_workers
-                                 - WORKERS_KEPT_FOR_UNARY)
-    server = GrpcServer(server_settings(config, address), [SERVICE_NAME],
-                        lambda s: commitlog_pb2_grpc.add_CommitLogServiceServicer_to_server(servicer, s))
+    servicer = CommitLogServicer(engine)
+    await servicer.start()
+    server = AioGrpcServer(settings, [SERVICE_NAME],
+                           lambda s: commitlog_pb2_grpc.add_CommitLogServiceServicer_to_server(servicer, s))
     metrics_server: MetricsServer | None = None
+
+    async def stopped() -> None:
+        await servicer.close()
+        await asyncio.to_thread(engine.shutdown)
+        if metrics_server is not None:
+            metrics_server.stop()
+
     try:
-        port = server.start()
+        port = await server.start()
         metrics_server = start_metrics_server(metrics_port)
     except (BindError, OSError) as exc:
         log.error("%s", exc)
-        server.stop(grace_s=0)
-        engine.shutdown()
+        await server.stop(grace_s=0)
+        await stopped()
         return EXIT_BAD_SETTINGS
     bound = f"{address.rpartition(':')[0]}:{port}"
     log.info("commitlog service listening on %s, store %s", bound, store,
              extra={"listen": bound, "store": str(Path(store).resolve()), "incarnation": engine.incarnation})
-
-    def stopped() -> None:
-        engine.shutdown()
-        if metrics_server is not None:
-            metrics_server.stop()
-
-    return serve_until_signal(server, signals, on_stopping=servicer.begin_shutdown, on_stopped=stopped)
+    return await serve_aio_until_signal(server, signals, on_stopping=servicer.begin_shutdown, on_stopped=stopped)

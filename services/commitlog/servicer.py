@@ -1,40 +1,46 @@
-"""CommitLogService: the gRPC face of the in-process CommitLog engine.
+"""CommitLogService: the gRPC face of the in-process CommitLog engine, on a ``grpc.aio`` server.
 
 The servicer validates what only the edge knows about (request shapes and bounds), converts
-protobuf to domain types, and maps each domain error to exactly one status code. Everything it
-holds is bounded: batch sizes, read sizes, tail chunks and waits, concurrent streams, and the
-queues of a pipelined AppendStream.
+protobuf to domain types, and maps each domain error to exactly one status code. Handlers are
+coroutines on one event loop and never block it: concurrent unary Appends meet in a PutBatcher, which
+appends whatever has arrived with one engine call (under SYNC_FLUSH, one group-commit fsync for all
+of them), and engine calls that can block (appends, large reads, topic changes) run in the loop's
+bounded executor. Coroutines rather than threads per call because waking an OS thread per
+acknowledgement costs more than the append itself in CPython.
+
+Everything it holds is bounded: batch sizes, read sizes, tail chunks and waits, concurrent streams,
+and the messages in flight on one AppendStream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import NoReturn, cast
 
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.convert import (
+    append_batch_response,
     append_result_to_proto,
     message_from_proto,
+    messages_from_proto,
     store_info_to_proto,
     topic_config_from_proto,
     topic_config_to_proto,
 )
+from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.server import metrics
 from services.server.status import status_code_of
-from services.store.errors import (
-    InvalidArgumentError,
-    StoreError,
-)
+from services.store.errors import InvalidArgumentError, StoreError
 from services.store.message import Message
 
 log = logging.getLogger(__name__)
@@ -50,20 +56,30 @@ DEFAULT_TAIL_CHUNK_BYTES = 1 * MIB
 MAX_TAIL_CHUNK_BYTES = 64 * MIB
 DEFAULT_POLL_WAIT_MS = 1000
 MAX_POLL_WAIT_MS = 60_000
-# AppendStream: messages per engine call, requests read ahead, result batches queued for sending.
-STREAM_APPEND_BATCH = 64
-STREAM_INTAKE_DEPTH = 1024
-STREAM_RESULT_DEPTH = 32
-# Long waits are cut into slices so a cancelled call or a stopping server is noticed promptly.
+# Tail + AppendStream calls open at once. A waiting stream costs a coroutine, not a thread; the bound
+# keeps memory and the work of waking tails in check (the proto's RESOURCE_EXHAUSTED names it).
+MAX_STREAMS = 256
+# Messages one AppendStream has read but not yet acknowledged; its reader waits beyond this. Also the
+# most one engine call of a stream appends (the AppendBatch limit).
+STREAM_MAX_UNACKED = MAX_BATCH_MESSAGES
+# Work on up to this many bytes (a read, a tail chunk, an ASYNC_FLUSH append) is done on the loop: it
+# holds the GIL anyway, and a thread hop costs two wake-ups. Bigger work goes to a thread so one 64 MiB
+# copy does not stall every other call for its whole duration.
+LOOP_WORK_MAX_BYTES = 1 * MIB
+# The growth watch waits on the engine in slices, so its thread notices a stop promptly.
 WAIT_SLICE_S = 0.25
+
+
+Context = grpc.aio.ServicerContext[object, object]
+
 
 def _rejected_status(exc: StoreError) -> str:
     return exc.status.name if isinstance(exc, PutMessageError) else type(exc).__name__
 
 
-def _abort(context: grpc.ServicerContext, method: str, code: grpc.StatusCode, detail: str) -> NoReturn:
+async def _abort(context: Context, method: str, code: grpc.StatusCode, detail: str) -> NoReturn:
     metrics.RPC_ERRORS.labels(method=method, code=code.name).inc()
-    context.abort(code, detail)
+    await context.abort(code, detail)
 
 
 def _check_range(name: str, value: int, low: int, high: int, default: int, hint: str) -> int:
@@ -74,186 +90,308 @@ def _check_range(name: str, value: int, low: int, high: int, default: int, hint:
     return value
 
 
-@dataclass(slots=True, frozen=True)
-class _Failure:
-    """Ends an AppendStream: the status to abort with, after the acks queued before it."""
+class _MeteredEngine:
+    """The engine's append calls with their metrics: one observation per engine call, never per
+    message. Called on the loop or in worker threads (prometheus metrics are thread-safe)."""
 
-    code: grpc.StatusCode
-    detail: str
+    def __init__(self, engine: CommitLog) -> None:
+        self._engine = engine
 
-
-class _Marker:
-    """A queue item that is not a request or a result."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-_END = _Marker("END")  # the request stream ended (half-close), or the call is over
-_STOPPING = _Marker("STOPPING")  # the server is stopping
-
-
-class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: CommitLog, max_streams: int = 48) -> None:
-        """``max_streams`` bounds Tail and AppendStream calls together: each holds a server worker for
-        its whole life, and unary calls must always find one free."""
-        self.engine = engine
-        self.stopping = threading.Event()
-        self._stream_slots = threading.BoundedSemaphore(max_streams)
-        self._max_streams = max_streams
-
-    def begin_shutdown(self) -> None:
-        """Make tails and append streams end now (UNAVAILABLE, with where to resume)."""
-        self.stopping.set()
-
-    # -- append ------------------------------------------------------------------------------
-    def put(self, messages: Sequence[Message]) -> list[PutMessageResult]:
-        """One engine append call, with its metrics. Raises the engine's StoreError."""
+    def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
+        """All or nothing (AppendBatch, a stream's batch); raises the engine's StoreError."""
         started = time.perf_counter()
         try:
-            results = self.engine.put_messages(messages)
+            results = self._engine.put_messages(messages)
         except StoreError as exc:
             metrics.observe_rejected(_rejected_status(exc), len(messages))
             raise
         metrics.observe_append(results, time.perf_counter() - started)
         return results
 
-    def _put_or_abort(self, context: grpc.ServicerContext, method: str,
-                      messages: Sequence[Message]) -> list[PutMessageResult]:
+    def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult | StoreError]:
+        """Independent producers' messages (the PutBatcher's call): each bad one fails alone."""
+        started = time.perf_counter()
         try:
-            return self.put(messages)
+            outcomes = self._engine.put_each(messages)
         except StoreError as exc:
-            _abort(context, method, status_code_of(exc), str(exc))
+            metrics.observe_rejected(_rejected_status(exc), len(messages))
+            raise
+        results = [o for o in outcomes if isinstance(o, PutMessageResult)]
+        metrics.observe_append(results, time.perf_counter() - started)
+        if len(results) < len(outcomes):
+            for outcome in outcomes:
+                if isinstance(outcome, StoreError):
+                    metrics.observe_rejected(_rejected_status(outcome))
+        return outcomes
 
-    def Append(self, request: commitlog_pb2.AppendRequest,
-               context: grpc.ServicerContext) -> commitlog_pb2.AppendResult:
+
+class _GrowthWatch:
+    """Wakes waiting Tail calls on the event loop when the log grows, from one thread for all of them.
+
+    The engine's long poll (``wait_for_data``) blocks a thread on a condition; a thread per waiting
+    tail would tie up the executor the appends need. This thread waits only while some tail does,
+    and each growth wakes every waiter once (each then reads its own next chunk).
+    """
+
+    def __init__(self, engine: CommitLog) -> None:
+        self._engine = engine
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._grown = asyncio.Event()
+        self._waiters = 0
+        self._wanted = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tail-growth-watch", daemon=True)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Blocks until the thread has ended (at most one wait slice)."""
+        self._stop.set()
+        self._wanted.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def wake_all(self) -> None:
+        """Wake every waiter now (the log grew, or the server is stopping). Loop thread only."""
+        grown, self._grown = self._grown, asyncio.Event()
+        grown.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return at the next growth (or :meth:`wake_all`), or after ``timeout_s``. Callers check
+        the max offset themselves, before and after: a wake may be for somebody else's offset."""
+        grown = self._grown
+        self._waiters += 1
+        if self._waiters == 1:
+            self._wanted.set()
+        try:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await grown.wait()
+        finally:
+            self._waiters -= 1
+            if not self._waiters:
+                self._wanted.clear()
+
+    def _run(self) -> None:
+        engine, loop = self._engine, self._loop
+        assert loop is not None
+        seen = engine.max_offset
+        while not self._stop.is_set():
+            if not self._wanted.wait(WAIT_SLICE_S) or self._stop.is_set():
+                continue
+            started = time.monotonic()
+            if engine.wait_for_data(seen, WAIT_SLICE_S):
+                seen = engine.max_offset
+                with suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting
+                    loop.call_soon_threadsafe(self.wake_all)
+                continue
+            # Never spin: the engine answers at once once it has stopped.
+            rest = WAIT_SLICE_S - (time.monotonic() - started)
+            if rest > 0:
+                self._stop.wait(rest)
+
+
+@dataclass(slots=True, frozen=True)
+class _Failure:
+    """Ends an AppendStream: the status to abort with, after the acks of the messages before it."""
+
+    code: grpc.StatusCode
+    detail: str
+
+
+class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: ignore[misc]
+    def __init__(self, engine: CommitLog, max_streams: int = MAX_STREAMS) -> None:
+        """Create on the loop that will serve; :meth:`start` before serving, :meth:`close` after."""
+        self.engine = engine
+        self.stopping = False
+        self._puts = _MeteredEngine(engine)
+        self._puts_wait_for_flush = engine.sync_flush
+        # The batcher only calls put_each: the metered wrapper stands in for the engine.
+        self._batcher = PutBatcher(cast(CommitLog, self._puts))
+        self._growth = _GrowthWatch(engine)
+        self._max_streams = max_streams
+        self._open_streams = 0
+        self._stream_wakeups: set[asyncio.Event] = set()
+
+    async def start(self) -> None:
+        self._batcher.start()
+        self._growth.start()
+
+    def begin_shutdown(self) -> None:
+        """Make tails and append streams end now (UNAVAILABLE, with where to resume). Unary calls
+        in flight still finish: the batcher keeps appending until :meth:`close`."""
+        self.stopping = True
+        self._growth.wake_all()
+        for wakeup in self._stream_wakeups:
+            wakeup.set()
+
+    async def close(self) -> None:
+        """After the server stopped: fail whatever still waits in the batcher, stop the growth watch."""
+        await self._batcher.close()
+        await asyncio.to_thread(self._growth.stop)
+
+    # -- append ------------------------------------------------------------------------------
+    async def put_messages(self, messages: Sequence[Message], size_bytes: int) -> list[PutMessageResult]:
+        """An all-or-nothing append of about ``size_bytes``; raises the engine's StoreError.
+
+        Under SYNC_FLUSH an engine call waits for its group commit, so it runs in a worker thread, and
+        a single message joins the PutBatcher (for one message all-or-nothing is what the batcher does
+        anyway), sharing one engine call and fsync with every other producer. A big batch also goes to
+        a thread. A small ASYNC_FLUSH append is a few µs of GIL-bound work per message: done here.
+        """
+        if self._puts_wait_for_flush:
+            if len(messages) == 1:
+                return [await self._batcher.put(messages[0])]
+            return await asyncio.to_thread(self._puts.put_messages, messages)
+        if size_bytes > LOOP_WORK_MAX_BYTES:
+            return await asyncio.to_thread(self._puts.put_messages, messages)
+        return self._puts.put_messages(messages)
+
+    async def Append(self, request: commitlog_pb2.AppendRequest, context: Context) -> commitlog_pb2.AppendResult:
         if not request.HasField("message"):
-            _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
-                   "AppendRequest.message is missing: set the message to append")
-        message = message_from_proto(request.message, context.peer())
-        result = self._put_or_abort(context, "Append", [message])[0]
+            await _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
+                         "AppendRequest.message is missing: set the message to append")
+        try:
+            result = await self._batcher.put(message_from_proto(request.message, context.peer()))
+        except StoreError as exc:
+            await _abort(context, "Append", status_code_of(exc), str(exc))
         if result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
-            _abort(context, "Append", grpc.StatusCode.DEADLINE_EXCEEDED,
-                   "FLUSH_DISK_TIMEOUT: the message was written at commitlog offset "
-                   f"{result.commitlog_offset} (msg id {result.msg_id}) but its flush to disk did not finish "
-                   f"within syncFlushTimeout ({self.engine.config.sync_flush_timeout} ms), so a power loss "
-                   "may lose it: check the disk's latency or raise syncFlushTimeout")
+            await _abort(context, "Append", grpc.StatusCode.DEADLINE_EXCEEDED,
+                         "FLUSH_DISK_TIMEOUT: the message was written at commitlog offset "
+                         f"{result.commitlog_offset} (msg id {result.msg_id}) but its flush to disk did not "
+                         f"finish within syncFlushTimeout ({self.engine.config.sync_flush_timeout} ms), so a "
+                         "power loss may lose it: check the disk's latency or raise syncFlushTimeout")
         return append_result_to_proto(result)
 
-    def AppendBatch(self, request: commitlog_pb2.AppendBatchRequest,
-                    context: grpc.ServicerContext) -> commitlog_pb2.AppendBatchResponse:
+    async def AppendBatch(self, request: commitlog_pb2.AppendBatchRequest,
+                          context: Context) -> commitlog_pb2.AppendBatchResponse:
         count = len(request.messages)
         if count == 0:
-            _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   "AppendBatchRequest has no messages: send at least one")
+            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         "AppendBatchRequest has no messages: send at least one")
         if count > MAX_BATCH_MESSAGES:
-            _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   f"the batch has {count} messages, more than the limit of {MAX_BATCH_MESSAGES}: split it")
+            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         f"the batch has {count} messages, more than the limit of {MAX_BATCH_MESSAGES}: split it")
         size = request.ByteSize()
         if size > MAX_BATCH_BYTES:
-            _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: split it")
-        peer = context.peer()
-        results = self._put_or_abort(context, "AppendBatch",
-                                     [message_from_proto(m, peer) for m in request.messages])
-        return commitlog_pb2.AppendBatchResponse(results=[append_result_to_proto(r) for r in results])
+            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: split it")
+        try:
+            results = await self.put_messages(messages_from_proto(request.messages, context.peer()), size)
+        except StoreError as exc:
+            await _abort(context, "AppendBatch", status_code_of(exc), str(exc))
+        return append_batch_response(results)
 
-    def AppendStream(self, request_iterator: Iterator[commitlog_pb2.AppendRequest],
-                     context: grpc.ServicerContext) -> Iterator[commitlog_pb2.AppendResult]:
-        with self._stream_slot(context, "AppendStream"):
-            yield from _AppendPipeline(self, request_iterator, context).responses()
+    async def AppendStream(self, request_iterator: AsyncIterable[commitlog_pb2.AppendRequest],
+                           context: Context) -> None:
+        async with self._stream_slot(context, "AppendStream"):
+            await _AppendStream(self, request_iterator, context).run()
 
     # -- read --------------------------------------------------------------------------------
-    def Read(self, request: commitlog_pb2.ReadRequest,
-             context: grpc.ServicerContext) -> commitlog_pb2.ReadResponse:
+    async def Read(self, request: commitlog_pb2.ReadRequest, context: Context) -> commitlog_pb2.ReadResponse:
         try:
-            data = self.engine.read(request.offset, request.size)
+            if request.size > LOOP_WORK_MAX_BYTES:
+                data = await asyncio.to_thread(self.engine.read, request.offset, request.size)
+            else:
+                data = self.engine.read(request.offset, request.size)
         except StoreError as exc:
-            _abort(context, "Read", status_code_of(exc), str(exc))
+            await _abort(context, "Read", status_code_of(exc), str(exc))
         return commitlog_pb2.ReadResponse(data=data, incarnation=self.engine.incarnation)
 
-    def ReadBatch(self, request: commitlog_pb2.ReadBatchRequest,
-                  context: grpc.ServicerContext) -> commitlog_pb2.ReadBatchResponse:
+    async def ReadBatch(self, request: commitlog_pb2.ReadBatchRequest,
+                        context: Context) -> commitlog_pb2.ReadBatchResponse:
         ranges = request.ranges
         if not ranges:
-            _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   "ReadBatchRequest has no ranges: send at least one")
+            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         "ReadBatchRequest has no ranges: send at least one")
         if len(ranges) > MAX_READ_RANGES:
-            _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   f"{len(ranges)} ranges are more than the limit of {MAX_READ_RANGES}: split the request")
+            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         f"{len(ranges)} ranges are more than the limit of {MAX_READ_RANGES}: split the request")
         total = sum(max(r.size, 0) for r in ranges)
         if total > MAX_READ_BATCH_BYTES:
-            _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                   f"the ranges add up to {total} bytes, more than the limit of {MAX_READ_BATCH_BYTES}: "
-                   "split the request")
-        data: list[bytes] = []
-        for i, r in enumerate(ranges):
-            try:
-                data.append(self.engine.read(r.offset, r.size))
-            except StoreError as exc:
-                _abort(context, "ReadBatch", status_code_of(exc), f"range #{i}: {exc}")
+            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         f"the ranges add up to {total} bytes, more than the limit of {MAX_READ_BATCH_BYTES}: "
+                         "split the request")
+        pairs = [(r.offset, r.size) for r in ranges]
+        if total > LOOP_WORK_MAX_BYTES:
+            data, failure = await asyncio.to_thread(self._read_ranges, pairs)
+        else:
+            data, failure = self._read_ranges(pairs)
+        if failure is not None:
+            await _abort(context, "ReadBatch", failure.code, failure.detail)
         return commitlog_pb2.ReadBatchResponse(data=data, incarnation=self.engine.incarnation)
 
-    def Tail(self, request: commitlog_pb2.TailRequest,
-             context: grpc.ServicerContext) -> Iterator[commitlog_pb2.TailChunk]:
+    def _read_ranges(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[bytes], _Failure | None]:
+        read = self.engine.read
+        data: list[bytes] = []
+        for i, (offset, size) in enumerate(pairs):
+            try:
+                data.append(read(offset, size))
+            except StoreError as exc:
+                return data, _Failure(status_code_of(exc), f"range #{i}: {exc}")
+        return data, None
+
+    async def Tail(self, request: commitlog_pb2.TailRequest, context: Context) -> None:
+        """Writes chunks with ``context.write`` from a coroutine rather than yielding them from an async
+        generator: a cancelled call then unwinds this frame (and frees its stream slot) at once."""
         try:
             max_bytes = _check_range("max_chunk_bytes", request.max_chunk_bytes, 1, MAX_TAIL_CHUNK_BYTES,
                                      DEFAULT_TAIL_CHUNK_BYTES, "0 means 1 MiB")
             poll_wait_ms = _check_range("poll_wait_ms", request.poll_wait_ms, 1, MAX_POLL_WAIT_MS,
                                         DEFAULT_POLL_WAIT_MS, "0 means 1000 ms")
         except InvalidArgumentError as exc:
-            _abort(context, "Tail", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        with self._stream_slot(context, "Tail"):
-            yield from self._tail(request.from_offset, max_bytes, poll_wait_ms / 1000, context)
+            await _abort(context, "Tail", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        async with self._stream_slot(context, "Tail"):
+            await self._tail(request.from_offset, max_bytes, poll_wait_ms / 1000, context)
 
-    def _tail(self, offset: int, max_bytes: int, poll_wait_s: float,
-              context: grpc.ServicerContext) -> Iterator[commitlog_pb2.TailChunk]:
+    async def _tail(self, offset: int, max_bytes: int, poll_wait_s: float, context: Context) -> None:
         engine = self.engine
-        while context.is_active():
-            if self.stopping.is_set():
-                _abort(context, "Tail", grpc.StatusCode.UNAVAILABLE,
-                       "the commitlog service is stopping: resume the tail from offset "
-                       f"{offset} once it is back")
+        in_thread = max_bytes > LOOP_WORK_MAX_BYTES
+        while True:
+            if self.stopping:
+                await _abort(context, "Tail", grpc.StatusCode.UNAVAILABLE,
+                             "the commitlog service is stopping: resume the tail from offset "
+                             f"{offset} once it is back")
             try:
-                chunk = engine.tail_chunk(offset, max_bytes)
+                if in_thread:
+                    chunk = await asyncio.to_thread(engine.tail_chunk, offset, max_bytes)
+                else:
+                    chunk = engine.tail_chunk(offset, max_bytes)
             except StoreError as exc:
-                _abort(context, "Tail", status_code_of(exc), str(exc))
+                await _abort(context, "Tail", status_code_of(exc), str(exc))
             if chunk.record_count:
                 metrics.TAIL_DATA_CHUNKS.inc()
-                yield commitlog_pb2.TailChunk(
+                await context.write(commitlog_pb2.TailChunk(
                     start_offset=chunk.start_offset, data=chunk.data, next_offset=chunk.next_offset,
                     max_offset=engine.max_offset, record_count=chunk.record_count,
-                    incarnation=engine.incarnation)
+                    incarnation=engine.incarnation))
                 offset = chunk.next_offset
             elif chunk.next_offset != offset:  # a BLANK end of file: continue in the next file
                 offset = chunk.next_offset
-            elif not self._wait_for_data(offset, poll_wait_s, context) and context.is_active() \
-                    and not self.stopping.is_set():
+            elif not await self._wait_for_data(offset, poll_wait_s) and not self.stopping:
                 metrics.TAIL_HEARTBEATS.inc()
-                yield commitlog_pb2.TailChunk(start_offset=offset, next_offset=offset,
-                                              max_offset=engine.max_offset, incarnation=engine.incarnation)
+                await context.write(commitlog_pb2.TailChunk(
+                    start_offset=offset, next_offset=offset, max_offset=engine.max_offset,
+                    incarnation=engine.incarnation))
 
-    def _wait_for_data(self, offset: int, timeout_s: float, context: grpc.ServicerContext) -> bool:
-        """Long poll in slices; False on timeout, cancellation or shutdown. Never spins: the engine
-        returns at once while it is not writable (disk full), so a short return sleeps out its slice."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            now = time.monotonic()
-            if now >= deadline or self.stopping.is_set() or not context.is_active():
-                return False
-            slice_end = min(deadline, now + WAIT_SLICE_S)
-            if self.engine.wait_for_data(offset, slice_end - now):
+    async def _wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Long poll without a thread of its own; False on timeout or shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.stopping:
+            if self.engine.max_offset > offset:
                 return True
-            rest = slice_end - time.monotonic()
-            if rest > 0:
-                self.stopping.wait(rest)
+            rest = deadline - loop.time()
+            if rest <= 0:
+                return False
+            await self._growth.wait(rest)
+        return False
 
     # -- info and admin ----------------------------------------------------------------------
-    def GetStoreInfo(self, request: commitlog_pb2.GetStoreInfoRequest,
-                     context: grpc.ServicerContext) -> commitlog_pb2.StoreInfo:
+    async def GetStoreInfo(self, request: commitlog_pb2.GetStoreInfoRequest,
+                           context: Context) -> commitlog_pb2.StoreInfo:
         engine, config = self.engine, self.engine.config
         return store_info_to_proto(
             engine.stats(), flush_disk_type=config.flush_disk_type,
@@ -261,174 +399,145 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
             incarnation=engine.incarnation, store_host=config.store_host)
 
-    def CreateTopic(self, request: commitlog_pb2.TopicRequest,
-                    context: grpc.ServicerContext) -> common_pb2.TopicConfig:
-        return self._change_topic(request, context, "CreateTopic")
+    async def CreateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
+        return await self._change_topic(request, context, "CreateTopic")
 
-    def UpdateTopic(self, request: commitlog_pb2.TopicRequest,
-                    context: grpc.ServicerContext) -> common_pb2.TopicConfig:
-        return self._change_topic(request, context, "UpdateTopic")
+    async def UpdateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
+        return await self._change_topic(request, context, "UpdateTopic")
 
-    def _change_topic(self, request: commitlog_pb2.TopicRequest, context: grpc.ServicerContext,
-                      method: str) -> common_pb2.TopicConfig:
+    async def _change_topic(self, request: commitlog_pb2.TopicRequest, context: Context,
+                            method: str) -> common_pb2.TopicConfig:
         if not request.HasField("topic"):
-            _abort(context, method, grpc.StatusCode.INVALID_ARGUMENT,
-                   "TopicRequest.topic is missing: set the topic config")
+            await _abort(context, method, grpc.StatusCode.INVALID_ARGUMENT,
+                         "TopicRequest.topic is missing: set the topic config")
         config = topic_config_from_proto(request.topic)
         change = self.engine.create_topic if method == "CreateTopic" else self.engine.update_topic
         try:
-            return topic_config_to_proto(change(config))
+            return topic_config_to_proto(await asyncio.to_thread(change, config))  # writes the topics file
         except StoreError as exc:
-            _abort(context, method, status_code_of(exc), str(exc))
+            await _abort(context, method, status_code_of(exc), str(exc))
 
-    def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
-                   context: grpc.ServicerContext) -> commitlog_pb2.ListTopicsResponse:
+    async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
+                         context: Context) -> commitlog_pb2.ListTopicsResponse:
         return commitlog_pb2.ListTopicsResponse(
             topics=[topic_config_to_proto(c) for c in self.engine.topics.list()])
 
     # -- streams -----------------------------------------------------------------------------
-    @contextmanager
-    def _stream_slot(self, context: grpc.ServicerContext, method: str) -> Iterator[None]:
-        if not self._stream_slots.acquire(blocking=False):
-            _abort(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                   f"{self._max_streams} Tail/AppendStream calls are already open on this server: "
-                   "close idle ones or retry later")
+    @asynccontextmanager
+    async def _stream_slot(self, context: Context, method: str) -> AsyncIterator[None]:
+        if self._open_streams >= self._max_streams:
+            await _abort(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"{self._max_streams} Tail/AppendStream calls are already open on this server: "
+                         "close idle ones or retry later")
+        self._open_streams += 1
         try:
             yield
         finally:
-            self._stream_slots.release()
+            self._open_streams -= 1
 
 
-class _AppendPipeline:
+class _AppendStream:
     """One AppendStream call, pipelined so a slow flush never stalls the reading of requests.
 
-    An intake thread reads requests into a bounded queue; an appender thread takes whatever has
-    arrived (up to STREAM_APPEND_BATCH) into one engine call, so under SYNC_FLUSH one group-commit
-    fsync covers many messages; the RPC's own generator sends the results in order. A bad message
-    ends the stream with its sequence number (0-based) after the acks of every message before it.
+    A reader task takes requests off the wire while the call's own coroutine appends whatever has
+    arrived with one all-or-nothing engine call (in a thread; one call at a time, so the log keeps
+    the stream's order) and sends the acks in order. At most STREAM_MAX_UNACKED messages are read
+    and not yet acknowledged; beyond that the reader stops reading (and HTTP/2 flow control slows the
+    producer). A bad message ends the stream with its 0-based sequence number after the acks of every
+    message before it; nothing after it is written.
     """
 
-    def __init__(self, servicer: CommitLogServicer, requests: Iterator[commitlog_pb2.AppendRequest],
-                 context: grpc.ServicerContext) -> None:
+    def __init__(self, servicer: CommitLogServicer, requests: AsyncIterable[commitlog_pb2.AppendRequest],
+                 context: Context) -> None:
         self._servicer = servicer
         self._requests = requests
         self._context = context
         self._peer = context.peer()
-        self._intake: queue.Queue[Any] = queue.Queue(STREAM_INTAKE_DEPTH)
-        self._results: queue.Queue[Any] = queue.Queue(STREAM_RESULT_DEPTH)
-        self._done = threading.Event()
+        self._arrived: list[commitlog_pb2.AppendRequest] = []
+        self._unacked = 0
+        self._ended = False
+        self._wakeup = asyncio.Event()  # requests arrived, the request stream ended, or the server is stopping
+        self._room = asyncio.Event()  # acknowledgements made room below STREAM_MAX_UNACKED
 
-    def responses(self) -> Iterator[commitlog_pb2.AppendResult]:
-        self._context.add_callback(self._done.set)
-        threading.Thread(target=self._read, name="append-stream-intake", daemon=True).start()
-        threading.Thread(target=self._append_loop, name="append-stream-append", daemon=True).start()
+    async def run(self) -> None:
+        servicer = self._servicer
+        servicer._stream_wakeups.add(self._wakeup)
+        reader = asyncio.create_task(self._read(), name="append-stream-reader")
+        seq = 0
         try:
             while True:
-                item = self._take(self._results)
-                if isinstance(item, list):
-                    yield from item
-                elif isinstance(item, _Failure):
-                    _abort(self._context, "AppendStream", item.code, item.detail)
+                if servicer.stopping:
+                    await _abort(self._context, "AppendStream", grpc.StatusCode.UNAVAILABLE,
+                                 f"the commitlog service is stopping: message #{seq} of the stream and later were "
+                                 "not appended; resend them once it is back")
+                if self._arrived:
+                    requests, self._arrived = self._arrived, []
+                    seq = await self._append(seq, requests)
+                elif self._ended:
+                    return
                 else:
-                    return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
         finally:
-            self._done.set()
+            reader.cancel()
+            servicer._stream_wakeups.discard(self._wakeup)
 
-    def _offer(self, target: queue.Queue[Any], item: object) -> bool:
-        """Put with backpressure; False if the call ended meanwhile (nobody will take it)."""
-        while not self._done.is_set():
-            try:
-                target.put(item, timeout=WAIT_SLICE_S)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _take(self, source: queue.Queue[Any], watch_stopping: bool = False) -> Any:
-        """Block for the next item; _END once the call is over, _STOPPING (if watched) once the
-        server is stopping and nothing is queued."""
-        while True:
-            try:
-                return source.get(timeout=WAIT_SLICE_S)
-            except queue.Empty:
-                pass
-            if self._done.is_set():
-                return _END
-            if watch_stopping and self._servicer.stopping.is_set():
-                return _STOPPING
-
-    def _read(self) -> None:
+    async def _read(self) -> None:
         try:
-            for request in self._requests:
-                if not self._offer(self._intake, request):
-                    return
+            async for request in self._requests:
+                self._arrived.append(request)
+                self._unacked += 1
+                self._wakeup.set()
+                while self._unacked >= STREAM_MAX_UNACKED:
+                    self._room.clear()
+                    await self._room.wait()
         except Exception as exc:  # noqa: BLE001 - the call was cancelled or broke: nothing more to read
             log.debug("append stream from %s ended while reading: %s", self._peer, exc)
-        self._offer(self._intake, _END)
+        finally:
+            self._ended = True
+            self._wakeup.set()
 
-    def _append_loop(self) -> None:
-        seq = 0
-        while True:
-            if self._servicer.stopping.is_set():
-                self._offer(self._results, _Failure(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"the commitlog service is stopping: message #{seq} of the stream and later were not "
-                    "appended; resend them once it is back"))
-                return
-            requests, end = self._next_requests()
-            failure = self._append(seq, requests) if requests else None
-            seq += len(requests)
-            if failure is not None:
-                self._offer(self._results, failure)
-                return
-            if end is _END:
-                self._offer(self._results, _END)
-                return
-
-    def _next_requests(self) -> tuple[list[commitlog_pb2.AppendRequest], object]:
-        """Block for one request, then take what else has already arrived, up to a batch.
-        Also returns _END if the request stream ended, _STOPPING if the server is stopping, else None."""
-        first = self._take(self._intake, watch_stopping=True)
-        if first is _END or first is _STOPPING:
-            return [], first
-        batch = [first]
-        while len(batch) < STREAM_APPEND_BATCH:
+    async def _append(self, seq: int, requests: Sequence[commitlog_pb2.AppendRequest]) -> int:
+        """Append, ack in order, abort on a failure; returns the sequence number of the next request."""
+        messages, failure = self._messages(seq, requests)
+        results: list[PutMessageResult] = []
+        if messages:
             try:
-                item = self._intake.get_nowait()
-            except queue.Empty:
-                break
-            if item is _END:
-                return batch, _END
-            batch.append(item)
-        return batch, None
+                results = await self._servicer.put_messages(messages, sum([len(m.body) for m in messages]))
+            except StoreError as exc:
+                # Nothing was written; find the culprit one message at a time, acking those before it.
+                if len(messages) == 1:
+                    failure = _Failure(status_code_of(exc), f"message #{seq} of the stream: {exc}")
+                else:
+                    results, culprit = await asyncio.to_thread(self._append_one_by_one, seq, messages)
+                    failure = culprit or failure
+        write = self._context.write
+        for result in results:
+            await write(append_result_to_proto(result))
+        self._unacked -= len(requests)
+        self._room.set()
+        if failure is not None:
+            await _abort(self._context, "AppendStream", failure.code, failure.detail)
+        return seq + len(requests)
 
-    def _append(self, seq: int, requests: Sequence[commitlog_pb2.AppendRequest]) -> _Failure | None:
-        messages: list[Message] = []
-        failure: _Failure | None = None
-        for i, request in enumerate(requests):
-            if not request.HasField("message"):
-                failure = _Failure(grpc.StatusCode.INVALID_ARGUMENT,
-                                   f"message #{seq + i} of the stream: AppendRequest.message is missing")
-                break
-            messages.append(message_from_proto(request.message, self._peer))
-        if not messages:
-            return failure
-        try:
-            results = self._servicer.put(messages)
-        except StoreError:
-            # The engine wrote nothing; find the culprit one message at a time, acking those before it.
-            results, first_failure = self._append_one_by_one(seq, messages)
-            failure = first_failure or failure
-        if results:
-            self._offer(self._results, [append_result_to_proto(r) for r in results])
-        return failure
+    def _messages(self, seq: int,
+                  requests: Sequence[commitlog_pb2.AppendRequest]) -> tuple[list[Message], _Failure | None]:
+        """The messages up to the first request without one (and the failure it causes)."""
+        pbs = [r.message for r in requests if r.HasField("message")]
+        if len(pbs) == len(requests):
+            return messages_from_proto(pbs, self._peer), None
+        missing = next(i for i, r in enumerate(requests) if not r.HasField("message"))
+        return messages_from_proto(pbs[:missing], self._peer), _Failure(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"message #{seq + missing} of the stream: AppendRequest.message is missing")
 
     def _append_one_by_one(self, seq: int,
-                           messages: Iterable[Message]) -> tuple[list[PutMessageResult], _Failure | None]:
+                           messages: Sequence[Message]) -> tuple[list[PutMessageResult], _Failure | None]:
         results: list[PutMessageResult] = []
+        put = self._servicer._puts.put_messages
         for i, message in enumerate(messages):
             try:
-                results.extend(self._servicer.put([message]))
+                results.extend(put([message]))
             except StoreError as exc:
                 return results, _Failure(status_code_of(exc), f"message #{seq + i} of the stream: {exc}")
         return results, None

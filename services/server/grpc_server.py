@@ -1,25 +1,30 @@
-"""gRPC server plumbing shared by every mqstore service: thread pool, health, reflection, shutdown.
+"""gRPC server plumbing shared by every mqstore service: health, reflection, limits, shutdown.
 
-A service registers its servicers on a :class:`GrpcServer`, starts it, and hands control to
-:func:`serve_until_signal`, which blocks until SIGTERM or SIGINT and then stops in the order that
-loses nothing: health NOT_SERVING (load balancers stop sending), the service's own stopping hook
-(wake long polls), ``server.stop(grace)`` (drain RPCs in flight), and finally the engine shutdown.
+Two flavours with the same shape. :class:`GrpcServer` is grpc's thread-pool server (the indexer's
+sync servicer); :class:`AioGrpcServer` is a ``grpc.aio`` server on the running event loop (the
+commitlog service, whose appends are grouped by coroutines). A service registers its servicers,
+starts the server, and hands control to :func:`serve_until_signal` (or its ``_aio`` twin), which
+waits for SIGTERM or SIGINT and then stops in the order that loses nothing: health NOT_SERVING (load
+balancers stop sending), the service's own stopping hook (wake long polls), ``server.stop(grace)``
+(drain RPCs in flight), and finally the engine shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # missing from the stubs
 from grpc_reflection.v1alpha import reflection
 
 log = logging.getLogger(__name__)
@@ -30,8 +35,10 @@ MIB = 1024 * 1024
 
 @dataclass(slots=True, frozen=True)
 class ServerSettings:
-    """Bounds of one gRPC server. Every streaming RPC holds a worker thread for its whole life, so the
-    pool is sized for long polls and streams rather than for CPU."""
+    """Bounds of one gRPC server. ``max_workers``: for :class:`GrpcServer` the RPC worker pool (every
+    streaming RPC holds a worker for its whole life, so it is sized for long polls rather than CPU);
+    for :class:`AioGrpcServer` the event loop's default executor, i.e. how many blocking engine calls
+    (``asyncio.to_thread``, each perhaps waiting for its fsync) run at once."""
 
     listen: str = DEFAULT_LISTEN
     max_workers: int = 64
@@ -59,6 +66,28 @@ def is_loopback(listen: str) -> bool:
         return False
 
 
+def _channel_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    return [
+        ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
+        ("grpc.max_send_message_length", settings.max_send_message_bytes),
+        # Without this a second server on the same port binds silently and steals connections.
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
+    ]
+
+
+def _add_port(server: grpc.Server | grpc.aio.Server, listen: str) -> int:
+    if not is_loopback(listen):
+        log.warning("listening on %s, which is not a loopback address: these services have no "
+                    "authentication, keep them behind the gateway", listen)
+    try:
+        return server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise BindError(f"cannot listen on {listen}: {exc} "
+                        "(is the port in use, or the address not local?)") from None
+
+
 class GrpcServer:
     """A ``grpc.server`` with the health and reflection services, bound to exactly one address."""
 
@@ -69,18 +98,8 @@ class GrpcServer:
         self.port = 0
         self._executor = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                                     thread_name_prefix="grpc-worker")
-        self._server = grpc.server(
-            self._executor,
-            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
-            options=[
-                ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
-                ("grpc.max_send_message_length", settings.max_send_message_bytes),
-                # Without this a second server on the same port binds silently and steals connections.
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
-                ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
-            ],
-        )
+        self._server = grpc.server(self._executor, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+                                   options=_channel_options(settings))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
@@ -89,15 +108,7 @@ class GrpcServer:
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
-        listen = self.settings.listen
-        if not is_loopback(listen):
-            log.warning("listening on %s, which is not a loopback address: these services have no "
-                        "authentication, keep them behind the gateway", listen)
-        try:
-            self.port = self._server.add_insecure_port(listen)
-        except RuntimeError as exc:
-            raise BindError(f"cannot listen on {listen}: {exc} "
-                            "(is the port in use, or the address not local?)") from None
+        self.port = _add_port(self._server, self.settings.listen)
         self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ("", *self.service_names):
@@ -114,18 +125,72 @@ class GrpcServer:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
+class AioGrpcServer:
+    """A ``grpc.aio`` server with the health and reflection services, bound to exactly one address.
+
+    Create it inside the event loop that will run it: handlers are coroutines on that loop, so a
+    handler must never block; blocking engine calls go to the loop's default executor.
+    """
+
+    def __init__(self, settings: ServerSettings, service_names: Sequence[str],
+                 register: Callable[[grpc.aio.Server], None]) -> None:
+        self.settings = settings
+        self.service_names = tuple(service_names)
+        self.port = 0
+        self._server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+                                       options=_channel_options(settings))
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        register(self._server)
+        reflection.enable_server_reflection(
+            (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server)
+
+    async def start(self) -> int:
+        """Bind and start serving; returns the bound port (useful with port 0)."""
+        self.port = _add_port(self._server, self.settings.listen)
+        await self._server.start()
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for name in ("", *self.service_names):
+            await self.health.set(name, serving)
+        return self.port
+
+    async def stop(self, on_stopping: Callable[[], None] | None = None, grace_s: float | None = None) -> None:
+        """NOT_SERVING, ``on_stopping`` (end long polls), then drain RPCs for up to the grace period."""
+        await self.health.enter_graceful_shutdown()
+        if on_stopping is not None:
+            on_stopping()
+        await self._server.stop(self.settings.shutdown_grace_s if grace_s is None else grace_s)
+
+
+def use_blocking_executor(max_workers: int) -> None:
+    """Bound the running loop's default executor (``asyncio.to_thread``): blocking engine calls beyond
+    ``max_workers`` queue instead of starting threads without limit."""
+    executor = futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="blocking")
+    asyncio.get_running_loop().set_default_executor(executor)
+
+
 class ShutdownSignal:
-    """Turns the first SIGTERM or SIGINT into an event the main thread waits on. A second signal
-    exits at once without a clean stop (the abort file stays, so the next start recovers)."""
+    """Turns the first SIGTERM or SIGINT into an event the main thread (or the event loop) waits on.
+    A second signal exits at once without a clean stop (the abort file stays, so the next start
+    recovers)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._loop_event: asyncio.Event | None = None
         self.received: str | None = None
 
     def install(self) -> None:
         """Must be called from the main thread (a Python rule for signal handlers)."""
         signal.signal(signal.SIGTERM, self._handle)
         signal.signal(signal.SIGINT, self._handle)
+
+    def install_on_loop(self) -> None:
+        """The asyncio form: the handler runs on the running loop (main thread), so it can wake
+        :meth:`wait_async`. Keep the loop responsive (blocking work in threads) for a second signal."""
+        loop = asyncio.get_running_loop()
+        self._loop_event = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self._handle, signum, None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -134,6 +199,8 @@ class ShutdownSignal:
             os._exit(128 + signum)
         self.received = name
         self._event.set()
+        if self._loop_event is not None:
+            self._loop_event.set()
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -144,6 +211,13 @@ class ShutdownSignal:
             pass
         return self.received or "signal"
 
+    async def wait_async(self) -> str:
+        """Wait on the loop until a signal arrives (after :meth:`install_on_loop`); returns its name."""
+        if self._loop_event is None:
+            raise RuntimeError("install_on_loop() first")
+        await self._loop_event.wait()
+        return self.received or "signal"
+
 
 def serve_until_signal(server: GrpcServer, signals: ShutdownSignal, on_stopping: Callable[[], None],
                        on_stopped: Callable[[], None]) -> int:
@@ -152,5 +226,16 @@ def serve_until_signal(server: GrpcServer, signals: ShutdownSignal, on_stopping:
     log.info("%s received: stopping (grace %.0fs)", name, server.settings.shutdown_grace_s)
     server.stop(on_stopping)
     on_stopped()
+    log.info("stopped cleanly")
+    return 0
+
+
+async def serve_aio_until_signal(server: AioGrpcServer, signals: ShutdownSignal, on_stopping: Callable[[], None],
+                                 on_stopped: Callable[[], Awaitable[None]]) -> int:
+    """The asyncio form of :func:`serve_until_signal`: wait for SIGTERM/SIGINT, then stop gracefully."""
+    name = await signals.wait_async()
+    log.info("%s received: stopping (grace %.0fs)", name, server.settings.shutdown_grace_s)
+    await server.stop(on_stopping)
+    await on_stopped()
     log.info("stopped cleanly")
     return 0

@@ -3,6 +3,7 @@ peer address forms gRPC reports, the error-code table, and the JSON log format."
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -36,33 +37,42 @@ class FakeContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:5555"
 
-    def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
         raise Aborted(code, details)
-
-    def is_active(self) -> bool:
-        return True
 
 
 class SlowFlushEngine:
     """Writes but never sees its group commit finish: every result is FLUSH_DISK_TIMEOUT."""
 
     config = SimpleNamespace(sync_flush_timeout=5000)
+    sync_flush = True
+    max_offset = 0
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
         host = encode_address("127.0.0.1:10911")
         return [PutMessageResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, 100 * i, 100, i, 1, host, m.topic, m.queue_id)
                 for i, m in enumerate(messages)]
 
+    def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult]:
+        return self.put_messages(messages)
+
 
 def test_flush_timeout_is_deadline_exceeded_for_append_and_a_status_in_a_batch() -> None:
-    servicer = CommitLogServicer(SlowFlushEngine())  # type: ignore[arg-type]
-    message = common_pb2.Message(topic="T", body=b"x")
-    with pytest.raises(Aborted) as aborted:
-        servicer.Append(pb.AppendRequest(message=message), FakeContext())
-    assert aborted.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert "syncFlushTimeout" in aborted.value.details and "offset 0" in aborted.value.details
-    response = servicer.AppendBatch(pb.AppendBatchRequest(messages=[message, message]), FakeContext())
-    assert [r.status for r in response.results] == [pb.PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT] * 2
+    async def run() -> None:
+        servicer = CommitLogServicer(SlowFlushEngine())  # type: ignore[arg-type]
+        await servicer.start()
+        message = common_pb2.Message(topic="T", body=b"x")
+        try:
+            with pytest.raises(Aborted) as aborted:
+                await servicer.Append(pb.AppendRequest(message=message), FakeContext())
+            assert aborted.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "syncFlushTimeout" in aborted.value.details and "offset 0" in aborted.value.details
+            response = await servicer.AppendBatch(pb.AppendBatchRequest(messages=[message, message]), FakeContext())
+            assert [r.status for r in response.results] == [pb.PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT] * 2
+        finally:
+            await servicer.close()
+
+    asyncio.run(run())
 
 
 @pytest.mark.parametrize(("peer", "address"), [

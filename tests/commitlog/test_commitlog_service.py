@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
 
+from services.commitlog.servicer import MAX_STREAMS
 from services.store.message_id import decode_message_id
 from services.store.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
 from tests.commitlog.commitlog_process import (
@@ -325,7 +326,7 @@ def test_metrics_endpoint_counts_puts(start_commitlog: StartCommitLog, tmp_path:
 
 def test_stream_limit_and_sigterm_end_open_streams_promptly(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
     server = start_commitlog(tmp_path / "store")
-    max_streams = 64 - 16  # workers less those kept for unary calls (services.commitlog.main)
+    max_streams = MAX_STREAMS
     release = threading.Event()
 
     def producer() -> Iterator[pb.AppendRequest]:

@@ -1,0 +1,70 @@
+"""Protobuf <-> domain types for the query service: the only module (with the servicer and the
+backends) that sees generated code."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mqstore.v1 import query_pb2
+
+from services.query.lookup import KeyQueryResult, MessageIdKind
+from services.query.pull import PullQuery, PullResult
+from services.query.stored_message import StoredMessage
+from services.query.subscription import parse_subscription
+from services.store.errors import InvalidArgumentError
+from services.store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+
+_Proto = query_pb2.StoredMessage
+
+
+def stored_message_to_proto(m: StoredMessage) -> query_pb2.StoredMessage:
+    props = m.properties
+    message = _Proto(
+        topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset, commitlog_offset=m.commitlog_offset,
+        msg_id=m.msg_id, tags=props.get(PROPERTY_TAGS, ""), keys=props.get(PROPERTY_KEYS, ""),
+        uniq_key=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""), born_timestamp=m.born_timestamp,
+        born_host=m.born_host, store_timestamp=m.store_timestamp, store_host=m.store_host,
+        reconsume_times=m.reconsume_times, sys_flag=m.sys_flag, flag=m.flag, body=m.body, body_crc=m.body_crc,
+        store_size=m.store_size, prepared_transaction_offset=m.prepared_transaction_offset,
+        body_compressed=m.body_compressed)
+    # Item by item: a dict passed to the constructor goes through the slower Mapping.update.
+    properties = message.properties
+    for name, value in props.items():
+        properties[name] = value
+    return message
+
+
+def messages_to_proto(messages: Sequence[StoredMessage]) -> list[query_pb2.StoredMessage]:
+    return [stored_message_to_proto(m) for m in messages]
+
+
+def pull_query_from_proto(request: query_pb2.PullMessageRequest, max_long_poll_ms: int) -> PullQuery:
+    """Raises InvalidArgumentError for any field out of its bounds."""
+    return PullQuery.checked(request.topic, request.queue_id, request.queue_offset, request.max_messages,
+                             request.max_bytes, parse_subscription(request.subscription), request.long_poll_ms,
+                             max_long_poll_ms)
+
+
+def pull_result_to_proto(result: PullResult) -> query_pb2.PullMessageResponse:
+    response = query_pb2.PullMessageResponse(status=result.status.value, next_begin_offset=result.next_begin_offset,
+                                             min_offset=result.min_offset, max_offset=result.max_offset)
+    response.messages.extend(messages_to_proto(result.messages))
+    return response
+
+
+def message_id_kind_from_proto(kind: int) -> MessageIdKind:
+    try:
+        return MessageIdKind(kind)
+    except ValueError:
+        raise InvalidArgumentError(f"message id kind {kind} is not one of "
+                                   f"{', '.join(k.name for k in MessageIdKind)}") from None
+
+
+def view_response(message: StoredMessage, found_by: MessageIdKind) -> query_pb2.ViewMessageResponse:
+    return query_pb2.ViewMessageResponse(message=stored_message_to_proto(message), found_by=found_by.value)
+
+
+def query_response(result: KeyQueryResult) -> query_pb2.QueryMessageResponse:
+    return query_pb2.QueryMessageResponse(
+        messages=messages_to_proto(result.messages), index_last_update_timestamp=result.index_last_update_timestamp,
+        index_last_update_phy_offset=result.index_last_update_phy_offset, index_hits=result.index_hits)

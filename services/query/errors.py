@@ -1,0 +1,25 @@
+"""Errors only the query service raises, beyond the shared ones in :mod:`services.store.errors`."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.server.status import status_code_of
+from services.store.errors import StoreError
+
+
+class DataLossError(StoreError):
+    """Bytes read back are not the record their ConsumeQueue unit or message id promised."""
+
+
+class FailedPreconditionError(StoreError):
+    """The request is valid but cannot be served in the store's current shape."""
+
+
+def query_status_code(exc: StoreError) -> grpc.StatusCode:
+    """The shared table plus this service's own errors."""
+    if isinstance(exc, DataLossError):
+        return grpc.StatusCode.DATA_LOSS
+    if isinstance(exc, FailedPreconditionError):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return status_code_of(exc)

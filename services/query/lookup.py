@@ -1,0 +1,242 @@
+"""A message by id, and messages by key: RocketMQ's viewMessage and queryMessage.
+
+An index hit is only a hash match on ``topic#key``, so every hit is read back and kept only if the
+record really carries the key (RocketMQ 4.9.8 returns hash collisions: issue #3613, key ``Aa`` for
+``BB``). Index hits carry no size: records are read with a guessed size clipped to their file and to
+the log's end, all in one ReadBatch; the rare record longer than the guess costs a second one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from services.query.backends import CommitLogClient, IndexerClient, StoreInfo
+from services.query.errors import DataLossError, FailedPreconditionError
+from services.query.names import check_key, check_offset, check_topic_name
+from services.query.store_view import StoreView
+from services.query.stored_message import StoredMessage, record_size_at, stored_message
+from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
+from services.store.message import KEY_SEPARATOR
+from services.store.message_id import MessageIdError, decode_message_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NUM = 32
+# maxMsgsNumBatch: the index answers at most this many hits per query.
+MAX_NUM = 64
+INDEX_MAX_HITS = 64
+# The index stores store times in whole seconds from its file's start: widen its range by a second each
+# way, then compare the records' exact store times.
+INDEX_TIME_SLACK_MS = 1000
+# Bytes read per index hit before its size is known (a 1 KiB message is about 1.2 KB stored).
+GUESSED_RECORD_BYTES = 4096
+MAX_TOPICS_SEARCHED = 1024
+TOPIC_SEARCH_CONCURRENCY = 16
+MAX_READ_RANGES = 1024
+INT64_MAX = 2**63 - 1
+OFFSET_ID_LENGTHS = (32, 56)
+UNIQ_KEY_LENGTHS = (32, 52)
+
+
+class MessageIdKind(enum.Enum):
+    UNSPECIFIED = 0
+    OFFSET = 1
+    UNIQ_KEY = 2
+
+
+@dataclass(slots=True, frozen=True)
+class KeyQueryResult:
+    messages: list[StoredMessage]
+    index_last_update_timestamp: int
+    index_last_update_phy_offset: int
+    index_hits: int
+
+
+def check_message_id(msg_id: str, kind: MessageIdKind) -> None:
+    """Hex digits of a length an id of that kind can have."""
+    lengths = {MessageIdKind.OFFSET: OFFSET_ID_LENGTHS, MessageIdKind.UNIQ_KEY: UNIQ_KEY_LENGTHS}.get(
+        kind, tuple(sorted({*OFFSET_ID_LENGTHS, *UNIQ_KEY_LENGTHS})))
+    if len(msg_id) not in lengths or not _is_hex(msg_id):
+        raise InvalidArgumentError(f"message id {msg_id[:80]!r} must be {' or '.join(map(str, lengths))} hex digits "
+                                   f"for kind {kind.name}")
+
+
+def _is_hex(text: str) -> bool:
+    return text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def has_key(message: StoredMessage, key: str) -> bool:
+    """The record's KEYS (space separated) or UNIQ_KEY really is ``key``."""
+    keys = message.keys
+    return message.uniq_key == key or (keys is not None and key in keys.split(KEY_SEPARATOR))
+
+
+class MessageLookup:
+    def __init__(self, indexer: IndexerClient, commitlog: CommitLogClient, store: StoreView) -> None:
+        self._indexer = indexer
+        self._commitlog = commitlog
+        self._store = store
+
+    # -- ViewMessage ---------------------------------------------------------------------------
+    async def view(self, msg_id: str, topic: str, kind: MessageIdKind) -> tuple[StoredMessage, MessageIdKind]:
+        check_message_id(msg_id, kind)
+        if topic:
+            check_topic_name(topic)
+        offset_id = None
+        if kind is not MessageIdKind.UNIQ_KEY and len(msg_id) in OFFSET_ID_LENGTHS:
+            try:
+                offset_id = decode_message_id(msg_id.upper())
+            except MessageIdError as exc:
+                raise InvalidArgumentError(str(exc)) from None
+            found = await self._by_offset_id(*offset_id, topic)
+            if found is not None:
+                return found, MessageIdKind.OFFSET
+        if kind is not MessageIdKind.OFFSET and len(msg_id) in UNIQ_KEY_LENGTHS:
+            by_key = await self._by_uniq_key(msg_id, topic)
+            if by_key is not None:
+                return by_key, MessageIdKind.UNIQ_KEY
+        raise NotFoundError(self._absent(msg_id, topic, kind, offset_id))
+
+    def _absent(self, msg_id: str, topic: str, kind: MessageIdKind, offset_id: tuple[str, int] | None) -> str:
+        where = f"in topic {topic!r}" if topic else "in any topic"
+        ours = self._store.store_host
+        parts = []
+        if offset_id is not None:
+            host, offset = offset_id
+            if host != ours:
+                parts.append(f"it is an offset message id of store host {host} (commitlog offset {offset}), not of "
+                             f"this store ({ours}): ask the shard at {host}")
+            else:
+                parts.append(f"no message starts at commitlog offset {offset} of this store ({ours})"
+                             + (f" {where}" if topic else ""))
+        if kind is not MessageIdKind.OFFSET and len(msg_id) in UNIQ_KEY_LENGTHS:
+            parts.append(f"no message has UNIQ_KEY {msg_id} {where}")
+        return f"message {msg_id}: " + "; ".join(parts)
+
+    async def _by_offset_id(self, host: str, offset: int, topic: str) -> StoredMessage | None:
+        if not self._store.store_host:
+            await self._store.info()
+        if host != self._store.store_host:
+            return None
+        data = await self._read_record(offset)
+        if data is None:
+            return None
+        try:
+            message = stored_message(data, offset)
+        except DataLossError:
+            return None  # not a record start: the id was made up, or names a record since truncated
+        if topic and message.topic != topic:
+            return None
+        return message
+
+    async def _read_record(self, offset: int) -> bytes | None:
+        """The whole record at ``offset`` in one Read (two if it is longer than the guess)."""
+        info = await self._store.covering(offset)
+        if not info.min_offset <= offset < info.max_offset:
+            return None
+        limit = _read_limit(offset, info)
+        try:
+            data = await self._commitlog.read(offset, min(GUESSED_RECORD_BYTES, limit))
+            size = record_size_at(data)
+            if size is None or size > limit:
+                return None
+            if size > len(data):
+                data = await self._commitlog.read(offset, size)
+        except OutOfRangeError:
+            return None
+        return data[:size]
+
+    async def _by_uniq_key(self, uniq_key: str, topic: str) -> StoredMessage | None:
+        topics = [topic] if topic else await self._indexer.topics()
+        if len(topics) > MAX_TOPICS_SEARCHED:
+            raise FailedPreconditionError(f"the store has {len(topics)} topics, more than the {MAX_TOPICS_SEARCHED} "
+                                          "a UNIQ_KEY lookup searches: give the topic")
+        gate = asyncio.Semaphore(TOPIC_SEARCH_CONCURRENCY)
+
+        async def hits_in(name: str) -> list[int]:
+            async with gate:
+                return (await self._indexer.query_by_key(name, uniq_key, INDEX_MAX_HITS, 0, 0)).commitlog_offsets
+
+        per_topic = await asyncio.gather(*(hits_in(name) for name in topics))
+        offsets = sorted({o for hits in per_topic for o in hits})[:MAX_READ_RANGES]
+        messages = await self._read_hits(offsets)
+        # The first stored copy (a producer retry stores the same UNIQ_KEY again).
+        for message in sorted(messages, key=lambda m: m.commitlog_offset):
+            if message.uniq_key == uniq_key and (not topic or message.topic == topic):
+                return message
+        return None
+
+    # -- QueryMessage --------------------------------------------------------------------------
+    async def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> KeyQueryResult:
+        """Messages of ``topic`` carrying ``key``, stored in [begin_ms, end_ms] (end 0 = no bound): the
+        newest ``max_num`` among the newest 64 index hits, in store order."""
+        check_topic_name(topic)
+        check_key(key)
+        check_offset("begin timestamp", begin_ms)
+        check_offset("end timestamp", end_ms)
+        end = end_ms or INT64_MAX
+        if begin_ms > end:
+            raise InvalidArgumentError(f"begin timestamp {begin_ms} is after end timestamp {end_ms}")
+        max_num = max_num or DEFAULT_MAX_NUM
+        if not 1 <= max_num <= MAX_NUM:
+            raise InvalidArgumentError(f"max num {max_num} must be within 0..{MAX_NUM} (0 means {DEFAULT_MAX_NUM})")
+        index_end = 0 if end >= INT64_MAX - INDEX_TIME_SLACK_MS else end + INDEX_TIME_SLACK_MS
+        hits = await self._indexer.query_by_key(topic, key, INDEX_MAX_HITS,
+                                                max(begin_ms - INDEX_TIME_SLACK_MS, 0), index_end)
+        by_offset = {m.commitlog_offset: m for m in await self._read_hits(hits.commitlog_offsets)}
+        matching = [m for o in hits.commitlog_offsets if (m := by_offset.get(o)) is not None
+                    and m.topic == topic and has_key(m, key)
+                    and begin_ms <= m.store_timestamp <= end]
+        newest = matching[:max_num]  # hits come newest first
+        newest.sort(key=lambda m: m.commitlog_offset)
+        return KeyQueryResult(newest, hits.index_last_update_timestamp, hits.index_last_update_phy_offset,
+                              len(hits.commitlog_offsets))
+
+    # -- shared ----------------------------------------------------------------------------------
+    async def _read_hits(self, offsets: Sequence[int]) -> list[StoredMessage]:
+        """The records at index hits. Hits the log no longer (or not yet) holds are dropped: the index
+        outlives expired commitlog files."""
+        if not offsets:
+            return []
+        info = await self._store.covering(max(offsets))
+        wanted = [o for o in offsets if info.min_offset <= o < info.max_offset]
+        try:
+            data = await self._read_guessed(wanted, info)
+        except OutOfRangeError:
+            info = await self._store.refresh()
+            wanted = [o for o in wanted if info.min_offset <= o < info.max_offset]
+            data = await self._read_guessed(wanted, info)
+        longer = [(i, size) for i, raw in enumerate(data)
+                  if (size := record_size_at(raw)) is not None and len(raw) < size <= _read_limit(wanted[i], info)]
+        if longer:
+            rest = await self._commitlog.read_batch([(wanted[i], size) for i, size in longer])
+            for (i, _), raw in zip(longer, rest, strict=True):
+                data[i] = raw
+        messages = []
+        for offset, raw in zip(wanted, data, strict=True):
+            size = record_size_at(raw)
+            if size is None or size > len(raw):
+                continue
+            try:
+                messages.append(stored_message(raw[:size], offset))
+            except DataLossError as exc:  # the index outlived the record it names (or the record is damaged)
+                log.warning("index hit skipped: %s", exc)
+        return messages
+
+    async def _read_guessed(self, offsets: Sequence[int], info: StoreInfo) -> list[bytes]:
+        if not offsets:
+            return []
+        return await self._commitlog.read_batch([(o, min(GUESSED_RECORD_BYTES, _read_limit(o, info)))
+                                                 for o in offsets])
+
+
+def _read_limit(offset: int, info: StoreInfo) -> int:
+    """Bytes readable from ``offset`` without crossing its file's end or the log's end."""
+    file_size = info.mapped_file_size
+    file_end = (offset // file_size + 1) * file_size if file_size > 0 else info.max_offset
+    return max(min(file_end, info.max_offset) - offset, 0)
+

@@ -1,0 +1,162 @@
+"""Process entry point of the query service: ``mqstore query`` and ``python -m services.query``.
+
+The service runs on one asyncio event loop (a ``grpc.aio`` server and aio clients of the indexer and
+the commitlog service). Its store root holds only ``lock`` and ``config/consumerOffset.json``.
+
+Exit codes: 0 after a clean stop, 2 for bad settings or an address it cannot listen on, 3 when
+another process holds the store's lock, 4 when the consumer offsets file and its backup are unreadable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from mqstore.v1 import query_pb2_grpc
+
+from services.query import DEFAULT_LISTEN
+from services.query.arrivals import ArrivalWatcher
+from services.query.backends import CommitLogClient, IndexerClient
+from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
+from services.query.lookup import MessageLookup
+from services.query.pull import DEFAULT_MAX_LONG_POLL_MS, Puller
+from services.query.queue_offsets import QueueOffsets
+from services.query.servicer import SERVICE_NAME, QueryServicer
+from services.query.store_view import StoreView
+from services.server.gc_tuning import tune_gc
+from services.server.grpc_server import (
+    AioGrpcServer,
+    BindError,
+    ServerSettings,
+    ShutdownSignal,
+    serve_aio_until_signal,
+    use_blocking_executor,
+)
+from services.server.logs import configure_logging
+from services.store.config import ConfigError, load_config
+from services.store.store_root import StoreLock, StoreLockedError
+
+log = logging.getLogger("services.query")
+
+EXIT_BAD_SETTINGS = 2
+EXIT_STORE_LOCKED = 3
+EXIT_BAD_OFFSETS_FILE = 4
+MIB = 1024 * 1024
+DEFAULT_PERSIST_INTERVAL_MS = 5000
+# Long polls are coroutines: allow many more calls in flight than a thread-pool server would.
+MAX_CONCURRENT_RPCS = 4096
+# Only consumer offset writes go to threads.
+BLOCKING_WORKERS = 4
+
+
+@dataclass(slots=True, frozen=True)
+class QueryOptions:
+    store: str
+    config_file: str | None = None
+    listen: str | None = None
+    commitlog: str | None = None
+    indexer: str | None = None
+    persist_interval_ms: int = DEFAULT_PERSIST_INTERVAL_MS
+    max_long_poll_ms: int = DEFAULT_MAX_LONG_POLL_MS
+
+
+def serve(options: QueryOptions) -> int:
+    """Run the query service until SIGTERM/SIGINT; returns the exit code."""
+    configure_logging()
+    tune_gc()
+    return asyncio.run(_serve(options))
+
+
+async def _serve(options: QueryOptions) -> int:
+    signals = ShutdownSignal()
+    signals.install_on_loop()
+    try:
+        config = load_config(options.config_file)
+        if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
+            raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")
+    except ConfigError as exc:
+        log.error("bad settings: %s", exc)
+        return EXIT_BAD_SETTINGS
+    root = Path(options.store)
+    lock = StoreLock(root)
+    try:
+        lock.acquire()
+    except StoreLockedError as exc:
+        log.error("cannot start: %s", exc, extra={"store": options.store})
+        return EXIT_STORE_LOCKED
+    offsets = ConsumerOffsetTable(root / "config")
+    try:
+        offsets.load()
+    except OffsetFileError as exc:
+        log.error("cannot start: %s", exc)
+        lock.release()
+        return EXIT_BAD_OFFSETS_FILE
+    try:
+        return await _run(options, config.commitlog_listen, config.indexer_listen,
+                          config.mapped_file_size_consume_queue, offsets, signals)
+    finally:
+        lock.release()
+
+
+async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str, cq_file_size: int,
+               offsets: ConsumerOffsetTable, signals: ShutdownSignal) -> int:
+    use_blocking_executor(BLOCKING_WORKERS)
+    indexer = IndexerClient(options.indexer or indexer_listen)
+    commitlog = CommitLogClient(options.commitlog or commitlog_listen)
+    store = StoreView(commitlog)
+    watcher = ArrivalWatcher(indexer)
+    servicer = QueryServicer(Puller(indexer, commitlog, store, watcher, cq_file_size),
+                             MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
+                             options.max_long_poll_ms)
+    address = options.listen or DEFAULT_LISTEN
+    settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS, max_receive_message_bytes=MIB)
+    server = AioGrpcServer(settings, [SERVICE_NAME],
+                           lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(servicer, s))
+    watcher.start()
+    persister = asyncio.create_task(_persist_periodically(offsets, options.persist_interval_ms / 1000),
+                                    name="persist-consumer-offsets")
+
+    def stopping() -> None:
+        servicer.begin_shutdown()
+        watcher.begin_stop()
+
+    async def stopped() -> None:
+        persister.cancel()
+        with suppress(asyncio.CancelledError):
+            await persister
+        await watcher.stop()
+        try:
+            await asyncio.to_thread(offsets.persist)
+        except OSError:
+            log.exception("cannot write %s at stop: commits since the last write are lost", offsets.path)
+        await indexer.close()
+        await commitlog.close()
+
+    try:
+        port = await server.start()
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        await server.stop(grace_s=0)
+        await stopped()
+        return EXIT_BAD_SETTINGS
+    bound = f"{address.rpartition(':')[0]}:{port}"
+    log.info("query service listening on %s, store %s, indexer %s, commitlog %s", bound, options.store,
+             indexer.address, commitlog.address,
+             extra={"listen": bound, "store": str(Path(options.store).resolve())})
+    return await serve_aio_until_signal(server, signals, on_stopping=stopping, on_stopped=stopped)
+
+
+async def _persist_periodically(offsets: ConsumerOffsetTable, interval_s: float) -> None:
+    """RocketMQ's flushConsumerOffsetInterval: write the table when it changed. A failed write is
+    logged and tried again next interval (the stop path writes once more)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if not offsets.dirty:
+            continue
+        try:
+            await asyncio.to_thread(offsets.write, offsets.snapshot())
+        except OSError:
+            log.exception("cannot write %s; retrying in %.1fs", offsets.path, interval_s)

@@ -1,0 +1,253 @@
+"""Pull by queue offset: RocketMQ's DefaultMessageStore.getMessage, then the broker's long polling.
+
+One pull is one GetQueueEntries (the indexer) and at most one ReadBatch (the commitlog): the units
+are filtered by tags code and cut to the batch limits before any record is read, so only records
+that will be returned (or that collide on the tags code) are fetched. Statuses and next begin
+offsets are those of a 4.9.8 master (``nextOffsetCorrection`` always takes the corrected offset).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from services.query.arrivals import ArrivalWatcher, QueueKey
+from services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
+from services.query.errors import DataLossError
+from services.query.names import check_offset, check_queue
+from services.query.store_view import StoreView
+from services.query.stored_message import StoredMessage, stored_message
+from services.query.subscription import Subscription
+from services.store.errors import InvalidArgumentError, OutOfRangeError, UnavailableError
+
+KIB = 1024
+MIB = 1024 * KIB
+DEFAULT_MAX_MESSAGES = 32
+MAX_MESSAGES = 1024
+# maxTransferBytesOnMessageInMemory.
+DEFAULT_MAX_BYTES = 256 * KIB
+MAX_BYTES = 32 * MIB
+# getMessage scans at least 16000 bytes of ConsumeQueue (800 units) for a filtered pull; GetQueueEntries
+# answers at most 1024.
+FILTER_SCAN_UNITS = 800
+MAX_SCAN_UNITS = 1024
+DEFAULT_MAX_LONG_POLL_MS = 15_000
+CQ_STORE_UNIT_SIZE = 20
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = 1
+    NO_MATCHED_MESSAGE = 2
+    MESSAGE_WAS_REMOVING = 3
+    OFFSET_FOUND_NULL = 4
+    OFFSET_OVERFLOW_BADLY = 5
+    OFFSET_OVERFLOW_ONE = 6
+    OFFSET_TOO_SMALL = 7
+    NO_MESSAGE_IN_QUEUE = 8
+
+
+@dataclass(slots=True, frozen=True)
+class PullQuery:
+    """A validated pull request; build it with :meth:`checked`."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    max_messages: int
+    max_bytes: int
+    subscription: Subscription
+    long_poll_ms: int
+
+    @classmethod
+    def checked(cls, topic: str, queue_id: int, queue_offset: int, max_messages: int, max_bytes: int,
+                subscription: Subscription, long_poll_ms: int, max_long_poll_ms: int) -> PullQuery:
+        """0 means the default for ``max_messages`` and ``max_bytes``; raises InvalidArgumentError."""
+        check_queue(topic, queue_id)
+        check_offset("queue offset", queue_offset)
+        max_messages = max_messages or DEFAULT_MAX_MESSAGES
+        if not 1 <= max_messages <= MAX_MESSAGES:
+            raise InvalidArgumentError(f"max messages {max_messages} must be within 0..{MAX_MESSAGES} "
+                                       f"(0 means {DEFAULT_MAX_MESSAGES})")
+        max_bytes = max_bytes or DEFAULT_MAX_BYTES
+        if not 1 <= max_bytes <= MAX_BYTES:
+            raise InvalidArgumentError(f"max bytes {max_bytes} must be within 0..{MAX_BYTES} "
+                                       f"(0 means {DEFAULT_MAX_BYTES})")
+        if not 0 <= long_poll_ms <= max_long_poll_ms:
+            raise InvalidArgumentError(f"long poll {long_poll_ms} ms must be within 0..{max_long_poll_ms}")
+        return cls(topic, queue_id, queue_offset, max_messages, max_bytes, subscription, long_poll_ms)
+
+    @property
+    def scan_units(self) -> int:
+        """Units to fetch: with a filter, enough to find matches among many that do not match."""
+        if self.subscription.takes_all:
+            return self.max_messages
+        return min(MAX_SCAN_UNITS, max(FILTER_SCAN_UNITS, self.max_messages))
+
+
+@dataclass(slots=True)
+class PullResult:
+    status: GetMessageStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[StoredMessage] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Selection:
+    """The units a pull will read, and how many units of the window it went through (filtered ones
+    count: the next pull starts after them)."""
+
+    units: list[QueueUnit]
+    walked: int
+    removed: int
+
+
+def offset_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetMessageStatus, int] | None:
+    """The status and next begin offset of an offset outside [min, max), or None inside it."""
+    if max_offset == 0:
+        return GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0
+    if offset < min_offset:
+        return GetMessageStatus.OFFSET_TOO_SMALL, min_offset
+    if offset == max_offset:
+        return GetMessageStatus.OFFSET_OVERFLOW_ONE, offset
+    if offset > max_offset:
+        # 4.9.8 sends a consumer that overshot an untrimmed queue back to 0, otherwise to the end.
+        return GetMessageStatus.OFFSET_OVERFLOW_BADLY, 0 if min_offset == 0 else max_offset
+    return None
+
+
+def roll_next_file(offset: int, mapped_file_size_consume_queue: int) -> int:
+    """ConsumeQueue.rollNextFile: the first queue offset of the file after the one holding ``offset``."""
+    units_per_file = mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE
+    return offset + units_per_file - offset % units_per_file
+
+
+def select_units(units: Sequence[QueueUnit], subscription: Subscription, max_messages: int, max_bytes: int,
+                 commitlog_min_offset: int) -> Selection:
+    """getMessage's loop over the ConsumeQueue buffer: skip units whose records were deleted, stop when
+    the batch is full (the first unit always fits), drop units whose tags code does not match."""
+    chosen: list[QueueUnit] = []
+    total_bytes = walked = removed = 0
+    for unit in units:
+        if unit.commitlog_offset < commitlog_min_offset:
+            walked += 1
+            removed += 1
+            continue
+        if chosen and (len(chosen) >= max_messages or total_bytes + unit.size > max_bytes):
+            break
+        walked += 1
+        if subscription.matches_code(unit.tags_code):
+            chosen.append(unit)
+            total_bytes += unit.size
+    return Selection(chosen, walked, removed)
+
+
+def waits_for_arrival(result: PullResult, offset: int) -> bool:
+    """Nothing to return and nothing more to scan: the broker would suspend this pull (PULL_NOT_FOUND)."""
+    if result.messages:
+        return False
+    status = result.status
+    return (status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+            or (status is GetMessageStatus.NO_MESSAGE_IN_QUEUE and offset == 0)
+            or (status is GetMessageStatus.NO_MATCHED_MESSAGE and result.next_begin_offset == result.max_offset))
+
+
+class Puller:
+    def __init__(self, indexer: IndexerClient, commitlog: CommitLogClient, store: StoreView,
+                 arrivals: ArrivalWatcher, mapped_file_size_consume_queue: int) -> None:
+        self._indexer = indexer
+        self._commitlog = commitlog
+        self._store = store
+        self._arrivals = arrivals
+        self._cq_file_size = mapped_file_size_consume_queue
+
+    async def pull(self, query: PullQuery, deadline_s: float | None = None) -> PullResult:
+        """Pull once; when there is nothing to return, wait (at most ``long_poll_ms`` and until
+        ``deadline_s``, a monotonic time) for an arrival in the queue and pull again."""
+        key: QueueKey = (query.topic, query.queue_id)
+        wait_until = time.monotonic() + query.long_poll_ms / 1000
+        if deadline_s is not None:
+            wait_until = min(wait_until, deadline_s)
+        offset = query.queue_offset
+        while True:
+            token = self._arrivals.token(key)
+            result = await self.pull_once(query, offset)
+            remaining = wait_until - time.monotonic()
+            if remaining <= 0 or not waits_for_arrival(result, offset) or self._arrivals.stopping:
+                break
+            offset = result.next_begin_offset
+            await self._arrivals.wait(key, offset, token, remaining)
+        if result.status is GetMessageStatus.OFFSET_OVERFLOW_ONE and offset != query.queue_offset:
+            # An earlier round filtered units out: report the progress it made, not the last round alone.
+            result.status = GetMessageStatus.NO_MATCHED_MESSAGE
+        return result
+
+    async def pull_once(self, query: PullQuery, offset: int) -> PullResult:
+        entries = await self._indexer.queue_entries(query.topic, query.queue_id, offset, query.scan_units)
+        outside = offset_status(offset, entries.min_offset, entries.max_offset)
+        if outside is not None:
+            status, next_offset = outside
+            return PullResult(status, next_offset, entries.min_offset, entries.max_offset)
+        if not entries.units:
+            return PullResult(GetMessageStatus.OFFSET_FOUND_NULL, roll_next_file(offset, self._cq_file_size),
+                              entries.min_offset, entries.max_offset)
+        return await self._read_selection(query, offset, entries)
+
+    async def _read_selection(self, query: PullQuery, offset: int, entries: QueueEntries) -> PullResult:
+        info = self._store.cached or await self._store.info()
+        selection = select_units(entries.units, query.subscription, query.max_messages, query.max_bytes,
+                                 info.min_offset)
+        try:
+            data = await self._read(selection.units)
+        except OutOfRangeError:
+            # The view is stale: files were deleted below it, or the indexer is ahead of a truncated log.
+            info = await self._store.refresh()
+            selection = select_units(entries.units, query.subscription, query.max_messages, query.max_bytes,
+                                     info.min_offset)
+            if any(u.commitlog_offset + u.size > info.max_offset for u in selection.units):
+                raise UnavailableError(f"the indexer's units of {query.topic}/{query.queue_id} point past the "
+                                       f"commitlog's end {info.max_offset} (it is catching up with a truncation); "
+                                       "retry") from None
+            data = await self._read(selection.units)
+        messages, next_offset = _collect(query, selection, data, offset)
+        if messages:
+            status = GetMessageStatus.FOUND
+        elif selection.removed and selection.removed == selection.walked:
+            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        else:
+            status = GetMessageStatus.NO_MATCHED_MESSAGE
+        return PullResult(status, next_offset, entries.min_offset, entries.max_offset, messages)
+
+    async def _read(self, units: Sequence[QueueUnit]) -> list[bytes]:
+        if not units:
+            return []
+        return await self._commitlog.read_batch([(u.commitlog_offset, u.size) for u in units])
+
+
+def _collect(query: PullQuery, selection: Selection, data: Sequence[bytes],
+             offset: int) -> tuple[list[StoredMessage], int]:
+    """Check each record against its unit and keep those whose real TAGS match. A bad record ends the
+    batch before it (its queue offset is the next begin offset); as the first one it is an error."""
+    messages: list[StoredMessage] = []
+    matches_tags = query.subscription.matches_tags
+    for unit, raw in zip(selection.units, data, strict=True):
+        try:
+            message = stored_message(raw, unit.commitlog_offset)
+            _check_unit(query, unit, message)
+        except DataLossError as exc:
+            if messages:
+                return messages, unit.queue_offset
+            raise DataLossError(f"{query.topic}/{query.queue_id} queue offset {unit.queue_offset}: {exc}") from None
+        if matches_tags(message.tags):
+            messages.append(message)
+    return messages, offset + selection.walked
+
+
+def _check_unit(query: PullQuery, unit: QueueUnit, message: StoredMessage) -> None:
+    if (message.topic, message.queue_id, message.queue_offset, message.store_size) != \
+            (query.topic, query.queue_id, unit.queue_offset, unit.size):
+        raise DataLossError(f"the record is {message.topic}/{message.queue_id} queue offset {message.queue_offset}, "
+                            f"{message.store_size} bytes; the unit says {unit.size} bytes")

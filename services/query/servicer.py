@@ -1,0 +1,146 @@
+"""QueryService: the gRPC edge of the query service, on a ``grpc.aio`` server.
+
+Each handler validates and converts its request, calls one domain object, and maps a domain error to
+exactly one status code. Handlers are coroutines: a long poll is a suspended coroutine, not a held
+thread, so thousands can wait at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NoReturn, TypeVar
+
+import grpc
+from mqstore.v1 import query_pb2, query_pb2_grpc
+
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.convert import (
+    message_id_kind_from_proto,
+    pull_query_from_proto,
+    pull_result_to_proto,
+    query_response,
+    view_response,
+)
+from services.query.errors import query_status_code
+from services.query.lookup import MessageLookup
+from services.query.names import check_group, check_offset, check_queue
+from services.query.pull import Puller
+from services.query.queue_offsets import QueueOffsets
+from services.store.errors import NotFoundError, StoreError, UnavailableError
+
+SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
+# A long poll answers this much before the call's deadline, so the answer arrives in time.
+DEADLINE_MARGIN_S = 0.1
+
+Context = grpc.aio.ServicerContext[object, object]
+T = TypeVar("T")
+
+
+async def _abort(context: Context, exc: StoreError) -> NoReturn:
+    await context.abort(query_status_code(exc), str(exc))
+    raise AssertionError("unreachable: abort raises")
+
+
+class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
+    def __init__(self, puller: Puller, lookup: MessageLookup, offsets: QueueOffsets,
+                 consumer_offsets: ConsumerOffsetTable, max_long_poll_ms: int) -> None:
+        self._puller = puller
+        self._lookup = lookup
+        self._offsets = offsets
+        self._consumer_offsets = consumer_offsets
+        self._max_long_poll_ms = max_long_poll_ms
+        self._stopping = False
+
+    def begin_shutdown(self) -> None:
+        """New calls fail UNAVAILABLE; waiting long polls are released by the arrival watcher's stop."""
+        self._stopping = True
+
+    def _check_running(self) -> None:
+        if self._stopping:
+            raise UnavailableError("the query service is stopping: retry on another instance or later")
+
+    async def PullMessage(self, request: query_pb2.PullMessageRequest,
+                          context: Context) -> query_pb2.PullMessageResponse:
+        try:
+            self._check_running()
+            query = pull_query_from_proto(request, self._max_long_poll_ms)
+            remaining = context.time_remaining()
+            deadline = None if remaining is None else time.monotonic() + remaining - DEADLINE_MARGIN_S
+            result = await self._puller.pull(query, deadline)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return pull_result_to_proto(result)
+
+    async def ViewMessage(self, request: query_pb2.ViewMessageRequest,
+                          context: Context) -> query_pb2.ViewMessageResponse:
+        try:
+            self._check_running()
+            message, found_by = await self._lookup.view(request.msg_id, request.topic,
+                                                        message_id_kind_from_proto(request.kind))
+        except StoreError as exc:
+            await _abort(context, exc)
+        return view_response(message, found_by)
+
+    async def QueryMessage(self, request: query_pb2.QueryMessageRequest,
+                           context: Context) -> query_pb2.QueryMessageResponse:
+        try:
+            self._check_running()
+            result = await self._lookup.query(request.topic, request.key, request.begin_timestamp,
+                                              request.end_timestamp, request.max_num)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_response(result)
+
+    async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
+                           context: Context) -> query_pb2.SearchOffsetResponse:
+        try:
+            self._check_running()
+            offset = await self._offsets.offset_by_time(request.topic, request.queue_id, request.timestamp)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_pb2.SearchOffsetResponse(offset=offset)
+
+    async def GetQueueOffsetRange(self, request: query_pb2.GetQueueOffsetRangeRequest,
+                                  context: Context) -> query_pb2.QueueOffsetRange:
+        try:
+            self._check_running()
+            min_offset, max_offset = await self._offsets.offset_range(request.topic, request.queue_id)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_pb2.QueueOffsetRange(topic=request.topic, queue_id=request.queue_id, min_offset=min_offset,
+                                          max_offset=max_offset)
+
+    async def GetEarliestMsgStoreTime(self, request: query_pb2.GetEarliestMsgStoreTimeRequest,
+                                      context: Context) -> query_pb2.GetEarliestMsgStoreTimeResponse:
+        try:
+            self._check_running()
+            stamp = await self._offsets.earliest_store_time(request.topic, request.queue_id)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_pb2.GetEarliestMsgStoreTimeResponse(store_timestamp=stamp)
+
+    async def UpdateConsumerOffset(self, request: query_pb2.UpdateConsumerOffsetRequest,
+                                   context: Context) -> query_pb2.UpdateConsumerOffsetResponse:
+        try:
+            self._check_running()
+            check_group(request.consumer_group)
+            check_queue(request.topic, request.queue_id)
+            check_offset("offset", request.offset)
+            self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_pb2.UpdateConsumerOffsetResponse()
+
+    async def QueryConsumerOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
+                                  context: Context) -> query_pb2.QueryConsumerOffsetResponse:
+        try:
+            self._check_running()
+            check_group(request.consumer_group)
+            check_queue(request.topic, request.queue_id)
+            offset = self._consumer_offsets.query(request.consumer_group, request.topic, request.queue_id)
+            if offset is None:
+                raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "
+                                    f"{request.topic}/{request.queue_id}")
+        except StoreError as exc:
+            await _abort(context, exc)
+        return query_pb2.QueryConsumerOffsetResponse(offset=offset)

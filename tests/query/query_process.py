@@ -1,0 +1,142 @@
+"""A real ``mqstore query`` process for tests, and a whole system (commitlog + indexer + query)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2_grpc
+
+from tests.commitlog.commitlog_process import (
+    CommitLogProcess,
+    ServiceProcess,
+    free_port,
+    spawn_service,
+    start_commitlog,
+)
+from tests.indexer.indexer_process import IndexerProcess, start_indexer
+
+_indexer_log_counter = itertools.count()
+
+_log_counter = itertools.count()
+#: A short persist interval so offset tests do not wait 5 s.
+PERSIST_INTERVAL_MS = 200
+
+
+class QueryProcess(ServiceProcess):
+    """The query service: ``.stub`` is a QueryService stub."""
+
+    service_name = "mqstore.v1.QueryService"
+
+    def __init__(self, store_dir: Path, port: int, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        super().__init__(store_dir, port, proc, log_path)
+        self.stub = query_pb2_grpc.QueryServiceStub(self.channel)
+
+
+def start_query(store_dir: Path, commitlog_address: str, indexer_address: str,
+                env_overrides: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
+                port: int | None = None, timeout_s: float = 30.0) -> QueryProcess:
+    store_dir = Path(store_dir)
+    store_dir.parent.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    log_path = store_dir.parent / f"{store_dir.name}-query-{os.getpid()}-{next(_log_counter)}.log"
+    args = ["query", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", "--commitlog", commitlog_address,
+            "--indexer", indexer_address, "--persist-interval-ms", str(PERSIST_INTERVAL_MS), *extra_args]
+    handle = QueryProcess(store_dir, port, spawn_service(args, env_overrides, log_path), log_path)
+    try:
+        handle.wait_serving(timeout_s)
+    except BaseException:
+        handle.kill9()
+        raise
+    return handle
+
+
+@dataclass
+class System:
+    """The three services on one temporary root, started in dependency order."""
+
+    commitlog: CommitLogProcess
+    indexer: IndexerProcess
+    query: QueryProcess
+    root: Path
+    env: Mapping[str, str] | None = None
+
+    @classmethod
+    def start(cls, root: Path, env: Mapping[str, str] | None = None) -> System:
+        commitlog = start_commitlog(root / "broker", env)
+        try:
+            indexer = start_indexer(root / "indexer", commitlog.address, env)
+            try:
+                query = start_query(root / "query", commitlog.address, indexer.address, env)
+            except BaseException:
+                indexer.kill9()
+                raise
+        except BaseException:
+            commitlog.kill9()
+            raise
+        return cls(commitlog, indexer, query, root, env)
+
+    def append(self, messages: Sequence[common_pb2.Message]) -> list[commitlog_pb2.AppendResult]:
+        """Append and wait until the indexer has dispatched them."""
+        results = list(self.commitlog.stub.AppendBatch(commitlog_pb2.AppendBatchRequest(messages=messages),
+                                                       timeout=10).results)
+        self.wait_dispatched()
+        return results
+
+    def wait_dispatched(self) -> None:
+        info = self.commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
+        self.indexer.wait_caught_up(info.max_offset)
+
+    def stop(self) -> None:
+        """Readers first, each must stop cleanly (exit 0)."""
+        codes = {}
+        for name, handle in (("query", self.query), ("indexer", self.indexer), ("commitlog", self.commitlog)):
+            if handle.running:
+                codes[name] = handle.stop()
+        bad = {name: code for name, code in codes.items() if code != 0}
+        assert not bad, f"unclean stops {bad}"
+
+    def restart_query(self, kill: bool = False, extra_args: Sequence[str] = ()) -> QueryProcess:
+        """Stop the query service (SIGTERM, or SIGKILL with ``kill``) and start it again on its store and port."""
+        old = self.query
+        if kill:
+            old.kill9()
+        else:
+            assert old.stop() == 0, old.logs()
+        self.query = start_query(old.store_dir, self.commitlog.address, self.indexer.address, self.env,
+                                 extra_args=extra_args, port=old.port)
+        return self.query
+
+    def restart_indexer(self) -> IndexerProcess:
+        """Stop the indexer cleanly and start it again on its store and port (the query service keeps its address)."""
+        old = self.indexer
+        assert old.stop() == 0, old.logs()
+        log_path = old.store_dir.parent / f"{old.store_dir.name}-indexer-restart-{next(_indexer_log_counter)}.log"
+        args = ["indexer", "--store", str(old.store_dir), "--listen", old.address,
+                "--commitlog", self.commitlog.address]
+        self.indexer = IndexerProcess(old.store_dir, old.port, spawn_service(args, self.env, log_path), log_path)
+        self.indexer.wait_serving()
+        return self.indexer
+
+    def kill_all(self) -> None:
+        for handle in (self.query, self.indexer, self.commitlog):
+            if handle.running:
+                handle.kill9()
+
+
+def message(topic: str, queue_id: int, body: bytes = b"x", **properties: str) -> common_pb2.Message:
+    return common_pb2.Message(topic=topic, queue_id=queue_id, body=body, properties=properties,
+                              born_host="127.0.0.1:50000")
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval_s)

@@ -1,0 +1,151 @@
+"""ViewMessage (offset msg id and UNIQ_KEY) and QueryMessage (keys, with a key-hash collision)
+against real services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pytest
+from mqstore.v1 import query_pb2
+
+from services.store.java_hash import index_key_hash
+from services.store.message_id import make_message_id
+from tests.query.query_process import System, message
+
+Kind = query_pb2.MessageIdKind
+
+
+def view(system: System, msg_id: str, **fields: Any) -> query_pb2.ViewMessageResponse:
+    response: query_pb2.ViewMessageResponse = system.query.stub.ViewMessage(
+        query_pb2.ViewMessageRequest(msg_id=msg_id, **fields), timeout=10)
+    return response
+
+
+def query(system: System, topic: str, key: str, **fields: Any) -> query_pb2.QueryMessageResponse:
+    response: query_pb2.QueryMessageResponse = system.query.stub.QueryMessage(
+        query_pb2.QueryMessageRequest(topic=topic, key=key, **fields), timeout=10)
+    return response
+
+
+def rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(*args, **kwargs)
+    return info.value
+
+
+UNIQ = "0A00000100002A9F1B6D358600000001"
+UNIQ_RETRY = "0A00000100002A9F1B6D358600000002"
+
+
+@pytest.fixture(scope="module")
+def appended(system: System) -> list[Any]:
+    return system.append([
+        message("ViewA", 0, b"first", UNIQ_KEY=UNIQ, KEYS="order-1"),
+        message("ViewA", 1, b"second", UNIQ_KEY=UNIQ_RETRY),
+        message("ViewB", 0, b"retry", UNIQ_KEY=UNIQ_RETRY),  # the same UNIQ_KEY stored again, later
+        message("ViewA", 0, bytes(9000), KEYS="big"),  # longer than the service's first read of an id
+    ])
+
+
+def test_get_by_offset_message_id(system: System, appended: list[Any]) -> None:
+    for result, body in zip(appended, [b"first", b"second", b"retry", bytes(9000)], strict=True):
+        response = view(system, result.msg_id)
+        assert response.found_by == Kind.MESSAGE_ID_KIND_OFFSET
+        assert (response.message.msg_id, response.message.commitlog_offset, response.message.body) == \
+            (result.msg_id, result.commitlog_offset, body)
+    lower = view(system, appended[0].msg_id.lower(), kind=Kind.MESSAGE_ID_KIND_OFFSET)
+    assert lower.message.body == b"first"
+
+
+def test_get_by_uniq_key_with_and_without_topic(system: System, appended: list[Any]) -> None:
+    for fields in ({}, {"topic": "ViewA"}, {"kind": Kind.MESSAGE_ID_KIND_UNIQ_KEY}):
+        response = view(system, UNIQ, **fields)
+        assert response.found_by == Kind.MESSAGE_ID_KIND_UNIQ_KEY, fields
+        assert (response.message.uniq_key, response.message.body) == (UNIQ, b"first")
+    # Stored twice: the first stored copy, or the one of the topic asked for.
+    assert view(system, UNIQ_RETRY).message.body == b"second"
+    assert view(system, UNIQ_RETRY, topic="ViewB").message.body == b"retry"
+    error = rpc_error(view, system, UNIQ, topic="ViewB")
+    assert error.code() == grpc.StatusCode.NOT_FOUND and UNIQ in str(error.details())
+
+
+def test_offset_id_of_another_store_host_names_that_host(system: System, appended: list[Any]) -> None:
+    foreign = make_message_id("10.9.8.7:10911", appended[0].commitlog_offset)
+    for kind in (Kind.MESSAGE_ID_KIND_UNSPECIFIED, Kind.MESSAGE_ID_KIND_OFFSET):
+        error = rpc_error(view, system, foreign, kind=kind)
+        assert error.code() == grpc.StatusCode.NOT_FOUND
+        assert "10.9.8.7:10911" in str(error.details()) and "127.0.0.1:10911" in str(error.details())
+    v6 = make_message_id("[2001:db8::1]:10911", 0)
+    error = rpc_error(view, system, v6)
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "[2001:db8::1]:10911" in str(error.details())
+
+
+def test_well_formed_but_absent_ids_are_not_found(system: System, appended: list[Any]) -> None:
+    ours = "127.0.0.1:10911"
+    for msg_id in (make_message_id(ours, 10**12),  # past the end of the log
+                   make_message_id(ours, appended[0].commitlog_offset + 4),  # inside a record
+                   "0A00000100002A9F1B6D35860000FFFF"):  # an unknown UNIQ_KEY
+        error = rpc_error(view, system, msg_id)
+        assert error.code() == grpc.StatusCode.NOT_FOUND, msg_id
+        assert msg_id.upper() in str(error.details()) or msg_id in str(error.details())
+
+
+@pytest.mark.parametrize(("msg_id", "kind"), [
+    ("", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
+    ("xyz", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
+    ("7F00000100002A9F000000000000000", Kind.MESSAGE_ID_KIND_UNSPECIFIED),  # 31 digits
+    ("7F00000100002A9F00000000000000000", Kind.MESSAGE_ID_KIND_UNSPECIFIED),  # 33 digits
+    ("7F00000100002A9F000000000000000G", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
+    ("７F00000100002A9F000000000000000", Kind.MESSAGE_ID_KIND_UNSPECIFIED),  # a full-width digit
+    ("0A00000100002A9F1B6D3586000000010A00000100002A9F1B6D", Kind.MESSAGE_ID_KIND_OFFSET),  # 52: no offset id
+    ("7F00000100002A9F0000000000000000" + "0" * 24, Kind.MESSAGE_ID_KIND_UNIQ_KEY),  # 56: no UNIQ_KEY
+    (UNIQ, 7),
+])
+def test_malformed_ids_are_invalid(system: System, msg_id: str, kind: int) -> None:
+    error = rpc_error(view, system, msg_id, kind=kind)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details()
+
+
+def test_key_hash_collision_is_filtered_out(system: System) -> None:
+    topic = "KeyCollide"
+    assert index_key_hash(f"{topic}#Aa") == index_key_hash(f"{topic}#BB")
+    results = system.append([message(topic, 0, b"a1", KEYS="Aa"), message(topic, 0, b"b1", KEYS="BB"),
+                             message(topic, 0, b"a2", KEYS="x Aa"), message(topic, 0, b"c", KEYS="AaBB")])
+    for key, bodies in [("Aa", [b"a1", b"a2"]), ("BB", [b"b1"]), ("AaBB", [b"c"]), ("x", [b"a2"])]:
+        response = query(system, topic, key)
+        assert [m.body for m in response.messages] == bodies, key
+        assert [m.commitlog_offset for m in response.messages] == sorted(m.commitlog_offset
+                                                                         for m in response.messages)
+    # The index answered three hits for Aa (the collision included); one was dropped.
+    assert query(system, topic, "Aa").index_hits == 3
+    assert query(system, topic, "Aa").index_last_update_phy_offset >= results[-1].commitlog_offset
+    assert query(system, "KeyElsewhere", "Aa").messages == []
+
+
+def test_time_range_and_max_num(system: System) -> None:
+    topic = "KeyRange"
+    results = system.append([message(topic, 0, f"k{i}".encode(), KEYS="same") for i in range(5)])
+    stamps = [r.store_timestamp for r in results]
+    assert [m.body for m in query(system, topic, "same").messages] == [b"k0", b"k1", b"k2", b"k3", b"k4"]
+    newest_two = query(system, topic, "same", max_num=2).messages
+    assert [m.body for m in newest_two] == [b"k3", b"k4"]
+    assert query(system, topic, "same", begin_timestamp=stamps[-1] + 1).messages == []
+    assert query(system, topic, "same", end_timestamp=stamps[0] - 1).messages == []
+    inside = query(system, topic, "same", begin_timestamp=stamps[0], end_timestamp=stamps[-1]).messages
+    assert len(inside) == 5
+    by_uniq = query(system, "ViewA", UNIQ)
+    assert [m.body for m in by_uniq.messages] == [b"first"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"topic": "", "key": "k"}, {"topic": "T", "key": ""}, {"topic": "bad topic", "key": "k"},
+    {"topic": "T", "key": "k", "max_num": 65}, {"topic": "T", "key": "k", "max_num": -1},
+    {"topic": "T", "key": "k", "begin_timestamp": 10, "end_timestamp": 5},
+    {"topic": "T", "key": "k", "begin_timestamp": -1}, {"topic": "T", "key": "k\x01v"},
+])
+def test_bad_key_queries_are_invalid(system: System, fields: dict[str, Any]) -> None:
+    error = rpc_error(system.query.stub.QueryMessage, query_pb2.QueryMessageRequest(**fields), timeout=5)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.details()
