@@ -48,6 +48,8 @@ bench: $(GENERATED)
 	$(PY) -m bench.append_engine
 	$(PY) -m bench.append_grpc
 	$(PY) -m bench.sync_flush
+	$(PY) -m bench.dispatch
+	$(PY) -m bench.query
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info

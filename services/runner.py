@@ -55,7 +55,9 @@ def run(store: str, config_file: str | None) -> int:
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     for spec in child_specs(root, config_file):
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args])
+        # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
+        # once, in order (a second signal would make a child skip its clean shutdown).
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args], start_new_session=True)
         children.append((spec, proc))
         log.info("started %s (pid %d)", spec.name, proc.pid)
     exit_code = 0
