@@ -28,15 +28,13 @@ from services.server.grpc_server import (
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
-from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
-from services.store.config import ConfigError, MessageStoreConfig, load_config
+from services.server.metrics import MetricsServer, start_metrics_server
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from services.store.config import MessageStoreConfig
 from services.store.store_root import StoreLockedError
 
 log = logging.getLogger("services.commitlog")
 
-EXIT_OK = 0
-EXIT_BAD_SETTINGS = 2
-EXIT_STORE_LOCKED = 3
 MIB = 1024 * 1024
 
 
@@ -59,10 +57,8 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     signals = ShutdownSignal()
     signals.install_on_loop()
     try:
-        config = load_config(config_file)
-        metrics_port = metrics_port_from_env()
-    except (ConfigError, ValueError) as exc:
-        log.error("bad settings: %s", exc)
+        config, metrics_port = load_service_settings(config_file)
+    except BadSettings:
         return EXIT_BAD_SETTINGS
     address = listen or config.commitlog_listen
     settings = server_settings(config, address)

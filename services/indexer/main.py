@@ -20,15 +20,13 @@ from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import BindError, GrpcServer, ServerSettings, ShutdownSignal, serve_until_signal
 from services.server.logs import configure_logging
-from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
-from services.store.config import ConfigError, load_config
+from services.server.metrics import MetricsServer, start_metrics_server
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
 from services.store.record import SYSFLAG_POS, store_timestamp_pos
 from services.store.store_root import StoreLockedError
 
 log = logging.getLogger("services.indexer")
 
-EXIT_BAD_SETTINGS = 2
-EXIT_STORE_LOCKED = 3
 # Enough of a record to reach STORETIMESTAMP even behind an IPv6 born host.
 _STORE_TIME_PREFIX = 48 + 20 + 8
 _I32 = struct.Struct(">i")
@@ -64,10 +62,8 @@ def serve(store: str, config_file: str | None, listen: str | None, commitlog: st
     signals = ShutdownSignal()
     signals.install()
     try:
-        config = load_config(config_file)
-        metrics_port = metrics_port_from_env()
-    except (ConfigError, ValueError) as exc:
-        log.error("bad settings: %s", exc)
+        config, metrics_port = load_service_settings(config_file)
+    except BadSettings:
         return EXIT_BAD_SETTINGS
     commitlog_address = commitlog or config.commitlog_listen
     indexer = IndexerStore(config, store)

@@ -36,13 +36,12 @@ from services.server.grpc_server import (
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.store.config import ConfigError, load_config
 from services.store.store_root import StoreLock, StoreLockedError
 
 log = logging.getLogger("services.query")
 
-EXIT_BAD_SETTINGS = 2
-EXIT_STORE_LOCKED = 3
 EXIT_BAD_OFFSETS_FILE = 4
 MIB = 1024 * 1024
 DEFAULT_PERSIST_INTERVAL_MS = 5000
