@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.put_result import PutMessageResult
 from services.store.errors import StoreError, UnavailableError
 from services.store.message import Message
@@ -20,8 +20,14 @@ from services.store.message import Message
 _Waiter = tuple[Message, "asyncio.Future[PutMessageResult]"]
 
 
+class PutEach(Protocol):
+    """What the batcher needs of the engine (the CommitLog, or a wrapper that meters it)."""
+
+    def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult | StoreError]: ...
+
+
 class PutBatcher:
-    def __init__(self, commit_log: CommitLog, max_batch: int = 256, max_in_flight: int = 2) -> None:
+    def __init__(self, commit_log: PutEach, max_batch: int = 256, max_in_flight: int = 2) -> None:
         self._log = commit_log
         self._max_batch = max_batch
         self._slots = asyncio.Semaphore(max_in_flight)

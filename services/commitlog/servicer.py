@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import NoReturn, cast
+from typing import NoReturn
 
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -209,7 +209,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         self._puts = _MeteredEngine(engine)
         self._puts_wait_for_flush = engine.sync_flush
         # The batcher only calls put_each: the metered wrapper stands in for the engine.
-        self._batcher = PutBatcher(cast(CommitLog, self._puts))
+        self._batcher = PutBatcher(self._puts)
         self._growth = _GrowthWatch(engine)
         self._max_streams = max_streams
         self._open_streams = 0
