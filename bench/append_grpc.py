@@ -30,9 +30,6 @@ import contextlib
 import multiprocessing
 import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from array import array
@@ -43,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 from bench.report import (
@@ -58,13 +54,13 @@ from bench.report import (
     progress,
     wait_quiet,
 )
+from bench.services import Service, free_port, mqstore_command
 from bench.workload import (
     BODY_SIZE,
     BORN_HOST,
     CLUSTER,
     QUEUES,
     RECORD_SIZE,
-    REPO,
     TOPIC,
     Workload,
     drop_caches,
@@ -88,72 +84,25 @@ CHANNEL_OPTIONS = [
 
 
 # -- the server process ----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def mqstore_command() -> str:
-    beside = Path(sys.executable).parent / "mqstore"
-    return str(beside if beside.exists() else REPO / ".venv" / "bin" / "mqstore")
-
-
-class Server:
-    """``mqstore commitlog`` as a child process, stopped by SIGTERM to its PID."""
+class Server(Service):
+    """``mqstore commitlog`` as a child process, stopped by SIGTERM to its PID (and the stop timed)."""
 
     def __init__(self, store: Path, settings: dict[str, str]) -> None:
         self.store = store / "store"
-        self.log_path = store / "server.log"
-        self.target = f"127.0.0.1:{free_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
         env.update(settings)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([mqstore_command(), "commitlog", "--store", str(self.store),
-                                      "--listen", self.target], env=env, cwd=REPO,
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        super().__init__("commitlog", ["--store", str(self.store), "--listen", f"127.0.0.1:{free_port()}"],
+                         store / "server.log", env, SERVICE)
         self.exit_code: int | None = None
         self.stop_seconds = 0.0
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_serving(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the commitlog server exited with {self.proc.returncode}:\n{self.log_tail()}")
-                try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the commitlog server was not SERVING after {timeout_s:.0f}s:\n"
-                                       f"{self.log_tail()}")
-                time.sleep(0.1)
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        if self.proc.poll() is None:
-            started = time.monotonic()
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.exit_code = self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                progress(f"the server (pid {self.proc.pid}) did not stop within {timeout_s:.0f}s: SIGKILL")
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.exit_code = self.proc.wait()
-            self.stop_seconds = time.monotonic() - started
-        else:
-            self.exit_code = self.proc.returncode
-        self._log.close()
+    def stop(self) -> int:
+        started = time.monotonic()
+        self.exit_code = super().stop()
+        self.stop_seconds = time.monotonic() - started
+        return self.exit_code
 
     def log_tail(self, lines: int = 20) -> str:
-        self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 

@@ -17,8 +17,9 @@ import time
 import grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2, indexer_pb2_grpc
 
-from bench.append_grpc import Server, create_topic, free_port, mqstore_command
+from bench.append_grpc import Server, create_topic, store_info
 from bench.report import percentile
+from bench.services import free_port, mqstore_command
 from bench.workload import QUEUES, TOPIC, print_machine, scratch_dir
 
 BATCH = 64
@@ -91,7 +92,8 @@ def main() -> None:
             written_s = time.perf_counter() - started
             sent = sum(c[0] for c in counters)
             caught = time.perf_counter()
-            while stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5).behind_bytes > 0:
+            end = store_info(server.target).max_offset  # the indexer's own view of the end may be stale
+            while stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5).reput_offset < end:
                 time.sleep(0.02)
             catch_up_s = time.perf_counter() - caught
             status = stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5)

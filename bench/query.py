@@ -29,8 +29,6 @@ import asyncio
 import multiprocessing
 import os
 import random
-import signal
-import subprocess
 import sys
 import time
 from array import array
@@ -40,10 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc, query_pb2
 
-from bench.append_grpc import free_port, mqstore_command
 from bench.report import (
     CpuMeter,
     RepResult,
@@ -56,7 +52,8 @@ from bench.report import (
     progress,
     wait_quiet,
 )
-from bench.workload import BODY_SIZE, CLUSTER, QUEUES, REPO, TOPIC, Workload, print_machine, scratch_dir
+from bench.services import Service, free_port
+from bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload, print_machine, scratch_dir
 
 SERVICE = "mqstore.v1.QueryService"
 PULL_BATCH = 32
@@ -73,52 +70,6 @@ FOUND_PREFIX = b"\x08\x01"
 MESSAGES_PREFIX = b"\x0a"
 TARGETS = {"pull": "≥ 250,000 msgs/s", "key": "≥ 10,000 queries/s, p99 ≤ 2 ms", "key-1": "p99 ≤ 2 ms",
            "id": "-", "id-1": "p99 ≤ 1 ms", "time": "≥ 10,000 /s", "pull-1": "-", "time-1": "-"}
-
-
-# -- the services ----------------------------------------------------------------------------------
-class Service:
-    """One ``mqstore`` service as a child process, stopped by SIGTERM to its PID."""
-
-    def __init__(self, name: str, args: list[str], log_path: Path, env: dict[str, str], health_name: str) -> None:
-        self.name = name
-        self.target = args[args.index("--listen") + 1]
-        self.health_name = health_name
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.log_path = log_path
-        self.proc = subprocess.Popen([mqstore_command(), name, *args], env=env, cwd=REPO, stdout=self._log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_serving(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-                try:
-                    reply = health.Check(health_pb2.HealthCheckRequest(service=self.health_name), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} was not SERVING after {timeout_s:.0f}s; see {self.log_path}")
-                time.sleep(0.1)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return int(self.proc.returncode)
 
 
 def start_services(root: Path, settings: dict[str, str]) -> list[Service]:
