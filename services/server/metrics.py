@@ -22,6 +22,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 log = logging.getLogger(__name__)
 
 METRICS_PORT_ENV = "MQSTORE_METRICS_PORT"
+METRICS_HOST_ENV = "MQSTORE_METRICS_HOST"
 
 PUTS = Counter("mqstore_commitlog_puts", "Messages put into the commitlog, by PutMessageStatus or rejection",
                ["status"])
@@ -92,10 +93,12 @@ def metrics_port_from_env() -> int | None:
     return port
 
 
-def start_metrics_server(port: int | None, host: str = "127.0.0.1") -> MetricsServer | None:
-    """Serve ``/metrics`` on ``host:port`` in a daemon thread; None (and nothing started) without a port."""
+def start_metrics_server(port: int | None, host: str | None = None) -> MetricsServer | None:
+    """Serve ``/metrics`` on ``host:port`` in a daemon thread; None (and nothing started) without a port.
+    The host defaults to ``MQSTORE_METRICS_HOST``, else loopback (a pod sets its own IP or 0.0.0.0)."""
     if port is None:
         return None
+    host = host or os.environ.get(METRICS_HOST_ENV, "").strip() or "127.0.0.1"
     server, thread = start_http_server(port, addr=host)
     bound = server.server_address[1]
     address = f"{host}:{bound}"
