@@ -21,11 +21,20 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pipeline.scan import ScanSummary, commitlog_dir, plan, splits_frame, splits_of_batches, summary_accumulator
-from pipeline.split_reader import DEFAULT_SPLIT_SIZE, MappedSplit, Split, iter_record_positions, scan_split
+from pipeline.scan import (
+    ScanSummary,
+    commitlog_dir,
+    decoded_records,
+    no_conversion,
+    plan,
+    splits_frame,
+    splits_of_batches,
+    summary_accumulator,
+)
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
 from services.store.message import COMPRESSED_FLAG, KEY_SEPARATOR
 from services.store.message_id import make_message_id
-from services.store.record import RecordError, body_crc, decode_record
+from services.store.record import body_crc
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -106,47 +115,35 @@ def decode_split(split: Split, decompress: bool, summary: ScanSummary,
     """Arrow batches of every record the split owns; gaps and undecodable records go to ``summary``."""
     columns = _Columns()
     v = columns.values
-    with MappedSplit(split) as view:
-        layout = scan_split(view, split)
-        summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
-        for position in iter_record_positions(view, layout.runs):
-            offset = split.file_offset + position
-            try:
-                record = decode_record(view, position)
-            except RecordError as exc:
-                summary.bad_records[offset] = str(exc).partition(": ")[2]
-                continue
-            summary.records += 1
-            summary.record_bytes += record.store_size
-            summary.max_end = max(summary.max_end, offset + record.store_size)
-            props = record.properties
-            keys = props.get("KEYS")
-            body, inflated = decompress_body(record.body, record.sys_flag) if decompress else (record.body, False)
-            v["topic"].append(record.topic)
-            v["queue_id"].append(record.queue_id)
-            v["queue_offset"].append(record.queue_offset)
-            v["commitlog_offset"].append(record.commitlog_offset)
-            v["store_size"].append(record.store_size)
-            v["msg_id"].append(make_message_id(record.store_host, record.commitlog_offset))
-            v["uniq_key"].append(props.get("UNIQ_KEY"))
-            v["keys"].append([k for k in keys.split(KEY_SEPARATOR) if k] if keys else [])
-            v["tags"].append(props.get("TAGS"))
-            v["properties"].append(list(props.items()))
-            v["body"].append(body)
-            v["body_decompressed"].append(inflated)
-            v["body_crc"].append(record.body_crc)
-            v["body_crc_ok"].append(body_crc(record.body) == record.body_crc)
-            v["flag"].append(record.flag)
-            v["sys_flag"].append(record.sys_flag)
-            v["born_timestamp"].append(record.born_timestamp * 1000)
-            v["store_timestamp"].append(record.store_timestamp * 1000)
-            v["born_host"].append(record.born_host)
-            v["store_host"].append(record.store_host)
-            v["reconsume_times"].append(record.reconsume_times)
-            v["prepared_transaction_offset"].append(record.prepared_transaction_offset)
-            v["store_date"].append(record.store_timestamp // MS_PER_DAY)
-            if len(columns) >= batch_rows:
-                yield columns.batch()
+    for _, record, _ in decoded_records(split, summary, no_conversion):
+        props = record.properties
+        keys = props.get("KEYS")
+        body, inflated = decompress_body(record.body, record.sys_flag) if decompress else (record.body, False)
+        v["topic"].append(record.topic)
+        v["queue_id"].append(record.queue_id)
+        v["queue_offset"].append(record.queue_offset)
+        v["commitlog_offset"].append(record.commitlog_offset)
+        v["store_size"].append(record.store_size)
+        v["msg_id"].append(make_message_id(record.store_host, record.commitlog_offset))
+        v["uniq_key"].append(props.get("UNIQ_KEY"))
+        v["keys"].append([k for k in keys.split(KEY_SEPARATOR) if k] if keys else [])
+        v["tags"].append(props.get("TAGS"))
+        v["properties"].append(list(props.items()))
+        v["body"].append(body)
+        v["body_decompressed"].append(inflated)
+        v["body_crc"].append(record.body_crc)
+        v["body_crc_ok"].append(body_crc(record.body) == record.body_crc)
+        v["flag"].append(record.flag)
+        v["sys_flag"].append(record.sys_flag)
+        v["born_timestamp"].append(record.born_timestamp * 1000)
+        v["store_timestamp"].append(record.store_timestamp * 1000)
+        v["born_host"].append(record.born_host)
+        v["store_host"].append(record.store_host)
+        v["reconsume_times"].append(record.reconsume_times)
+        v["prepared_transaction_offset"].append(record.prepared_transaction_offset)
+        v["store_date"].append(record.store_timestamp // MS_PER_DAY)
+        if len(columns) >= batch_rows:
+            yield columns.batch()
     if len(columns):
         yield columns.batch()
 

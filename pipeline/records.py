@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pipeline.scan import ScanSummary, plan, splits_frame, splits_of_batches, summary_accumulator
-from pipeline.split_reader import MappedSplit, Split, iter_record_positions, scan_split
+from pipeline.scan import ScanSummary, decoded_records, plan, splits_frame, splits_of_batches, summary_accumulator
+from pipeline.split_reader import Split
 from services.store.index_service import IndexService
 from services.store.message import KEY_SEPARATOR
-from services.store.record import RecordError, body_crc, decode_record, dispatch_request_of
+from services.store.record import body_crc, dispatch_request_of
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -51,38 +51,25 @@ def record_facts(split: Split, summary: ScanSummary) -> pa.RecordBatch:
     """The facts of every record a split owns (a split is at most tens of MB of records, and these rows
     are small, so one batch a split)."""
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-    with MappedSplit(split) as view:
-        layout = scan_split(view, split)
-        summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
-        for position in iter_record_positions(view, layout.runs):
-            offset = split.file_offset + position
-            try:
-                record = decode_record(view, position)
-                request = dispatch_request_of(record)
-            except (RecordError, ValueError) as exc:
-                summary.bad_records[offset] = str(exc).partition(": ")[2] or str(exc)
-                continue
-            summary.records += 1
-            summary.record_bytes += record.store_size
-            summary.max_end = max(summary.max_end, offset + record.store_size)
-            words = ([request.uniq_key] if request.uniq_key is not None else []) + \
-                [w for w in (request.keys or "").split(KEY_SEPARATOR) if w]
-            items = IndexService.collect_items((request,), 0) or []
-            columns["commitlog_offset"].append(offset)
-            columns["store_size"].append(record.store_size)
-            columns["topic"].append(record.topic)
-            columns["queue_id"].append(record.queue_id)
-            columns["queue_offset"].append(record.queue_offset)
-            columns["sys_flag"].append(record.sys_flag)
-            columns["tags_code"].append(request.tags_code)
-            columns["crc_ok"].append(body_crc(record.body) == record.body_crc)
-            columns["body_size"].append(len(record.body))
-            columns["born_ms"].append(record.born_timestamp)
-            columns["store_ms"].append(record.store_timestamp)
-            columns["born_host"].append(record.born_host)
-            columns["keys"].append([w for w in (request.keys or "").split(KEY_SEPARATOR) if w])
-            columns["index_keys"].append(words if items else [])
-            columns["index_hashes"].append([item[0] for item in items])
+    for offset, record, request in decoded_records(split, summary, dispatch_request_of):
+        words = ([request.uniq_key] if request.uniq_key is not None else []) + \
+            [w for w in (request.keys or "").split(KEY_SEPARATOR) if w]
+        items = IndexService.collect_items((request,), 0) or []
+        columns["commitlog_offset"].append(offset)
+        columns["store_size"].append(record.store_size)
+        columns["topic"].append(record.topic)
+        columns["queue_id"].append(record.queue_id)
+        columns["queue_offset"].append(record.queue_offset)
+        columns["sys_flag"].append(record.sys_flag)
+        columns["tags_code"].append(request.tags_code)
+        columns["crc_ok"].append(body_crc(record.body) == record.body_crc)
+        columns["body_size"].append(len(record.body))
+        columns["born_ms"].append(record.born_timestamp)
+        columns["store_ms"].append(record.store_timestamp)
+        columns["born_host"].append(record.born_host)
+        columns["keys"].append([w for w in (request.keys or "").split(KEY_SEPARATOR) if w])
+        columns["index_keys"].append(words if items else [])
+        columns["index_hashes"].append([item[0] for item in items])
     return pa.RecordBatch.from_pydict(columns, schema=SCHEMA)
 
 

@@ -3,19 +3,23 @@ accumulator through which workers report what is not a row (gaps, undecodable re
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 
-from pipeline.split_reader import Gap, Split, plan_splits
+from pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
+from services.store.message import MessageRecord
+from services.store.record import RecordError, decode_record
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import RDD, Accumulator
     from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
 
 SPLIT_COLUMNS = "index INT, path STRING, file_offset BIGINT, file_size BIGINT, start BIGINT, end BIGINT"
 
@@ -105,3 +109,29 @@ def splits_of_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[Split]:
 
 def plan(store: str | Path, split_size: int, from_offset: int = 0) -> list[Split]:
     return plan_splits(commitlog_dir(store), split_size, from_offset)
+
+
+def decoded_records(split: Split, summary: ScanSummary,
+                    convert: Callable[[MessageRecord], T]) -> Iterator[tuple[int, MessageRecord, T]]:
+    """(commitlog offset, record, ``convert(record)``) of every record the split owns. Gaps, and
+    records that do not decode (or that ``convert`` refuses with ValueError), go to ``summary`` with
+    their offsets; the rest are counted there. The jobs' one way of walking a split."""
+    with MappedSplit(split) as view:
+        layout = scan_split(view, split)
+        summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
+        for position in iter_record_positions(view, layout.runs):
+            offset = split.file_offset + position
+            try:
+                record = decode_record(view, position)
+                converted = convert(record)
+            except (RecordError, ValueError) as exc:
+                summary.bad_records[offset] = str(exc).partition(": ")[2] or str(exc)
+                continue
+            summary.records += 1
+            summary.record_bytes += record.store_size
+            summary.max_end = max(summary.max_end, offset + record.store_size)
+            yield offset, record, converted
+
+
+def no_conversion(record: MessageRecord) -> None:
+    """For :func:`decoded_records` callers that need only the record."""
