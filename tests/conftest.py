@@ -30,6 +30,9 @@ PUTLOGS = ("normal", "crash")
 Row = dict[str, Any]
 StoreFactory = Callable[[str], Path]
 RowsLoader = Callable[[str], list[Row]]
+#: ``dump_rows(run, *types)``
+DumpRows = Callable[..., list[Row]]
+LinesLoader = Callable[[str], tuple[str, ...]]
 
 
 def _store_tarball(name: str) -> Path:

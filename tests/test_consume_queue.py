@@ -37,10 +37,7 @@ from services.store.message import (
     TRANSACTION_ROLLBACK_TYPE,
 )
 from services.store.record import DispatchRequest, RecordError, decode_record
-
-StoreFactory = Callable[[str], Path]
-RowsLoader = Callable[..., list[dict[str, Any]]]
-LinesLoader = Callable[[str], tuple[str, ...]]
+from tests.conftest import DumpRows, LinesLoader, StoreFactory
 
 CQ_FILE_SIZE = 6000  # mappedFileSizeConsumeQueue of the fixtures: 300 units
 DISPATCH_CHUNK = 256
@@ -112,7 +109,7 @@ class CommitLogReader:
             return -1
 
 
-def _meta(dump_rows: RowsLoader, run: str) -> dict[str, Any]:
+def _meta(dump_rows: DumpRows, run: str) -> dict[str, Any]:
     (meta,) = dump_rows(run, "meta")
     return meta
 
@@ -144,7 +141,7 @@ def test_redispatch_changes_nothing(pristine_store: StoreFactory, tmp_path: Path
 
 
 def test_reopened_queues_skip_what_they_hold(pristine_store: StoreFactory, fixture_store: StoreFactory,
-                                             dump_rows: RowsLoader) -> None:
+                                             dump_rows: DumpRows) -> None:
     """After a restart the queues know their max commitlog offset: re-dispatch writes nothing."""
     store_dir = fixture_store("normal-raw")
     before = _cq_files(store_dir / "consumequeue")
@@ -210,7 +207,7 @@ def test_transaction_types_and_blanks_in_dispatch(tmp_path: Path) -> None:
 
 # -- the dumps ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("run", list(DUMP_STORES))
-def test_cqrange_and_cq_rows(fixture_store: StoreFactory, dump_rows: RowsLoader, run: str) -> None:
+def test_cqrange_and_cq_rows(fixture_store: StoreFactory, dump_rows: DumpRows, run: str) -> None:
     store_dir = fixture_store(DUMP_STORES[run])
     with recovered_store(store_dir, _meta(dump_rows, run)) as store:
         ranges = dump_rows(run, "cqrange")
@@ -233,7 +230,7 @@ def test_cqrange_and_cq_rows(fixture_store: StoreFactory, dump_rows: RowsLoader,
         assert store.max_physic_offset() == _meta(dump_rows, run)["maxPhyOffset"]
 
 
-def test_unknown_queue_is_empty(fixture_store: StoreFactory, dump_rows: RowsLoader) -> None:
+def test_unknown_queue_is_empty(fixture_store: StoreFactory, dump_rows: DumpRows) -> None:
     store_dir = fixture_store("normal-raw")
     with recovered_store(store_dir, _meta(dump_rows, "normal")) as store:
         queue = store.find_or_create("SCHEDULE_TOPIC_XXXX", 0)
@@ -245,7 +242,7 @@ def test_unknown_queue_is_empty(fixture_store: StoreFactory, dump_rows: RowsLoad
 
 
 @pytest.mark.parametrize("run", list(DUMP_STORES))
-def test_timequery_rows(fixture_store: StoreFactory, dump_rows: RowsLoader, run: str) -> None:
+def test_timequery_rows(fixture_store: StoreFactory, dump_rows: DumpRows, run: str) -> None:
     """File mtimes come from the tarball (kept to the nanosecond by the extraction and the copy)."""
     store_dir = fixture_store(DUMP_STORES[run])
     reader = CommitLogReader(store_dir / "commitlog")
@@ -259,7 +256,7 @@ def test_timequery_rows(fixture_store: StoreFactory, dump_rows: RowsLoader, run:
     assert got == [row["offset"] for row in rows]
 
 
-def test_timequery_picks_the_file_by_mtime(fixture_store: StoreFactory, dump_rows: RowsLoader) -> None:
+def test_timequery_picks_the_file_by_mtime(fixture_store: StoreFactory, dump_rows: DumpRows) -> None:
     """TopicA/0's unit 225 is in the first file, but that file was last written before its store
     time, so the search runs in the second file and answers its first unit, 300."""
     store_dir = fixture_store("normal-raw")
@@ -312,7 +309,7 @@ def test_timequery_unreadable_record_and_min_physic_offset(tmp_path: Path) -> No
     ("Topic-Long-Name_with.chars", 0, "00000000000000000000", 299),  # the last unit of a full file
 ])
 def test_recover_truncates_a_torn_last_unit(pristine_store: StoreFactory, fixture_store: StoreFactory,
-                                            dump_rows: RowsLoader, topic: str, queue_id: int,
+                                            dump_rows: DumpRows, topic: str, queue_id: int,
                                             file_name: str, last_unit: int) -> None:
     store_dir = fixture_store("normal-raw")
     path = store_dir / "consumequeue" / topic / str(queue_id) / file_name
@@ -331,7 +328,7 @@ def test_recover_truncates_a_torn_last_unit(pristine_store: StoreFactory, fixtur
     assert _cq_files(store_dir / "consumequeue") == _cq_files(pristine_store("normal-raw") / "consumequeue")
 
 
-def test_clean_recovery_writes_nothing(fixture_store: StoreFactory, dump_rows: RowsLoader) -> None:
+def test_clean_recovery_writes_nothing(fixture_store: StoreFactory, dump_rows: DumpRows) -> None:
     store_dir = fixture_store("crash-recovered")
     root = store_dir / "consumequeue"
     before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
@@ -507,7 +504,7 @@ def test_cli_json_is_the_dump(pristine_store: StoreFactory, dump_lines: LinesLoa
     assert result.stdout.decode("utf-8").splitlines() == expected  # byte for byte
 
 
-def test_cli_topic_and_queue_dirs_and_table(pristine_store: StoreFactory, dump_rows: RowsLoader) -> None:
+def test_cli_topic_and_queue_dirs_and_table(pristine_store: StoreFactory, dump_rows: DumpRows) -> None:
     root = pristine_store("normal-raw") / "consumequeue"
     topic = run_cli(root / "TopicB", "--json")
     assert topic.returncode == 0

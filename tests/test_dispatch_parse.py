@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ from services.store.commitlog_files import iter_commitlog
 from services.store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
 from services.store.record import RecordError, check_record, encode_record, parse_dispatch_requests
 from services.store.socket_address import encode_address
-
-StoreFactory = Callable[[str], Path]
+from tests.conftest import StoreFactory
 
 
 def chunks_of(commitlog: Path) -> list[tuple[int, bytes]]:

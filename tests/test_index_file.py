@@ -42,9 +42,7 @@ from services.store.message import (
     TRANSACTION_ROLLBACK_TYPE,
 )
 from services.store.record import DispatchRequest
-
-StoreFactory = Callable[[str], Path]
-RowsLoader = Callable[..., list[dict[str, Any]]]
+from tests.conftest import DumpRows, StoreFactory
 
 SLOTS, ENTRIES = 100, 400  # the fixtures' maxHashSlotNum / maxIndexNum
 LONG_MAX = 2**63 - 1
@@ -123,7 +121,7 @@ def close_after() -> Iterator[Callable[[IndexService], IndexService]]:
 
 
 # -- golden: the normal run ------------------------------------------------------------------------
-def test_rebuilt_index_equals_rocketmq_files(pristine_store: StoreFactory, dump_rows: RowsLoader,
+def test_rebuilt_index_equals_rocketmq_files(pristine_store: StoreFactory, dump_rows: DumpRows,
                                              tmp_path: Path, close_after: Callable[..., IndexService]) -> None:
     """All 3000 messages into a fresh service: 16 files whose headers and bytes after the header are
     RocketMQ's (timeDiff too: it derives from the records' store timestamps)."""
@@ -139,7 +137,7 @@ def test_rebuilt_index_equals_rocketmq_files(pristine_store: StoreFactory, dump_
 
 
 @pytest.mark.parametrize("source", ["fixture-files", "rebuilt"])
-def test_normal_dump_queries(source: str, pristine_store: StoreFactory, dump_rows: RowsLoader,
+def test_normal_dump_queries(source: str, pristine_store: StoreFactory, dump_rows: DumpRows,
                              tmp_path: Path, close_after: Callable[..., IndexService]) -> None:
     store = pristine_store("normal-raw")
     service = loaded_copy(store, tmp_path) if source == "fixture-files" \
@@ -153,7 +151,7 @@ def test_normal_dump_queries(source: str, pristine_store: StoreFactory, dump_row
 
 
 @pytest.mark.parametrize("run", ["crash", "torn"])
-def test_recovered_dump_queries_on_recovered_files(run: str, pristine_store: StoreFactory, dump_rows: RowsLoader,
+def test_recovered_dump_queries_on_recovered_files(run: str, pristine_store: StoreFactory, dump_rows: DumpRows,
                                                    tmp_path: Path, close_after: Callable[..., IndexService]) -> None:
     service = close_after(loaded_copy(pristine_store(f"{run}-recovered"), tmp_path))
     rows = dump_rows(run, "query")
@@ -166,7 +164,7 @@ def test_recovered_dump_queries_on_recovered_files(run: str, pristine_store: Sto
 @pytest.mark.parametrize(("run", "from_start"), [("crash", False), ("crash", True), ("torn", False)])
 def test_abnormal_load_drops_newer_files_and_redispatch_rebuilds_them(
         run: str, from_start: bool, fixture_store: StoreFactory, pristine_store: StoreFactory,
-        dump_rows: RowsLoader, close_after: Callable[..., IndexService]) -> None:
+        dump_rows: DumpRows, close_after: Callable[..., IndexService]) -> None:
     """kill -9 left 11 files; indexMsgTimestamp (the end of the last *full* file, flushed on roll) keeps
     10. Re-dispatch from the 10th file's endPhyOffset (or from the log start: the ``<`` skip rule makes
     it the same) rebuilds the 11th byte for byte as RocketMQ's recovery did, the message at
@@ -210,7 +208,7 @@ def test_abnormal_load_without_checkpoint_drops_everything(tmp_path: Path) -> No
 
 # -- truncate and expiry ---------------------------------------------------------------------------
 def test_truncate_drops_files_past_the_new_end_and_redispatch_restores_queries(
-        pristine_store: StoreFactory, dump_rows: RowsLoader, tmp_path: Path,
+        pristine_store: StoreFactory, dump_rows: DumpRows, tmp_path: Path,
         close_after: Callable[..., IndexService]) -> None:
     store = pristine_store("normal-raw")
     service = close_after(rebuilt(store / "commitlog", tmp_path / "index"))
@@ -514,7 +512,7 @@ def run_inspect(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
                           timeout=60, env=env, check=False)
 
 
-def test_inspect_index_json(pristine_store: StoreFactory, dump_rows: RowsLoader) -> None:
+def test_inspect_index_json(pristine_store: StoreFactory, dump_rows: DumpRows) -> None:
     index_dir = pristine_store("crash-recovered") / "index"
     path = sorted(index_dir.iterdir())[-1]
     result = run_inspect(path, "--json", "--slots")

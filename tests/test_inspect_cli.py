@@ -7,9 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -20,10 +18,7 @@ from services.store.commitlog_files import (
     list_commitlog_files,
 )
 from services.store.inspect_commitlog import main
-
-StoreFactory = Callable[[str], Path]
-RowsLoader = Callable[..., list[dict[str, Any]]]
-LinesLoader = Callable[[str], tuple[str, ...]]
+from tests.conftest import DumpRows, LinesLoader, StoreFactory
 
 MIB = 1024 * 1024
 
@@ -48,7 +43,7 @@ def _dump_entry_lines(dump_lines: LinesLoader, run: str) -> list[str]:
 
 
 def test_json_output_is_the_dump(pristine_store: StoreFactory, dump_lines: LinesLoader,
-                                 dump_rows: RowsLoader) -> None:
+                                 dump_rows: DumpRows) -> None:
     result = run_cli(pristine_store("normal-raw") / "commitlog", "--json")
     assert result.returncode == 0, result.stderr.decode()
     assert result.stderr == b""

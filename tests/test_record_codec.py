@@ -41,8 +41,7 @@ from services.store.record import (
     store_timestamp_pos,
 )
 from services.store.socket_address import decode_address, encode_address
-
-RowsLoader = Callable[..., list[dict[str, Any]]]
+from tests.conftest import DumpRows
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -207,7 +206,7 @@ def test_blank_is_a_file_end_not_a_record() -> None:
         decode_record(blank)
 
 
-def test_body_crc_matches_rocketmq_for_every_fixture_body(dump_rows: RowsLoader) -> None:
+def test_body_crc_matches_rocketmq_for_every_fixture_body(dump_rows: DumpRows) -> None:
     rows = dump_rows("normal", "msg")
     for row in rows:
         body = base64.b64decode(row["body"]) if row["body"] is not None else b""

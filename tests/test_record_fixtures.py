@@ -10,7 +10,6 @@ import mmap
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -31,9 +30,7 @@ from services.store.record import (
     record_length,
 )
 from services.store.socket_address import encode_address
-
-StoreFactory = Callable[[str], Path]
-RowsLoader = Callable[..., list[dict[str, Any]]]
+from tests.conftest import DumpRows, StoreFactory
 
 MIB = 1024 * 1024
 TORN_OFFSET = 2033918  # the hand-torn record: first 64 bytes kept, the rest zeroed
@@ -53,7 +50,7 @@ def _entries(store: Path) -> list[RecordEntry | BlankEntry]:
 
 
 @pytest.mark.parametrize(("store", "run", "end"), WALKS)
-def test_walk_gives_exactly_the_dump_rows(pristine_store: StoreFactory, dump_rows: RowsLoader,
+def test_walk_gives_exactly_the_dump_rows(pristine_store: StoreFactory, dump_rows: DumpRows,
                                           store: str, run: str, end: int) -> None:
     walk = iter_commitlog(pristine_store(store) / "commitlog")
     rows = [entry_row(e) for e in walk]
@@ -109,7 +106,7 @@ def test_reencoding_every_record_gives_the_stored_bytes(pristine_store: StoreFac
 
 
 @pytest.mark.parametrize(("store", "run"), [("normal-raw", "normal"), ("crash-raw", "crash")])
-def test_every_logged_put_is_at_its_offset(pristine_store: StoreFactory, putlog_rows: RowsLoader,
+def test_every_logged_put_is_at_its_offset(pristine_store: StoreFactory, putlog_rows: DumpRows,
                                            store: str, run: str) -> None:
     by_offset = {e.offset: e for e in _entries(pristine_store(store)) if isinstance(e, RecordEntry)}
     puts = putlog_rows(run)

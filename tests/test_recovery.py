@@ -18,8 +18,8 @@ from services.store.errors import OutOfRangeError
 from services.store.message import Message
 from services.store.record import decode_record
 from services.store.store_root import StoreLockedError
+from tests.conftest import StoreFactory
 
-StoreFactory = Callable[[str], Path]
 FIXTURE_FILE_SIZE = 1024 * 1024
 
 

@@ -13,6 +13,7 @@ from mqstore.v1 import commitlog_pb2, indexer_pb2
 
 from services.store.index_file import IndexFile
 from tests.commitlog.commitlog_process import CommitLogProcess, start_commitlog
+from tests.conftest import StoreFactory
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
 FIXTURE_ENV = {
@@ -21,7 +22,6 @@ FIXTURE_ENV = {
     "MQSTORE_MAX_HASH_SLOT_NUM": "100",
     "MQSTORE_MAX_INDEX_NUM": "400",
 }
-StoreFactory = Callable[[str], Path]
 Rows = Callable[..., list[dict[str, Any]]]
 
 
