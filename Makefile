@@ -30,7 +30,7 @@ proto:
 	$(MAKE) $(GENERATED)
 
 run: $(GENERATED)
-	$(VENV)/bin/mqstore run --store $(STORE)
+	$(VENV)/bin/mqstore up --store $(STORE)
 
 test: $(GENERATED) java
 	$(PY) -m pytest $(PYTEST_ARGS)

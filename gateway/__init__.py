@@ -1,1 +1,1 @@
-"""The public gRPC endpoint (issue 5): routes clients to the commitlog, indexer and query services."""
+"""The public gRPC endpoint: auth, routing over shards, queue selection, retries (MessagingService)."""

@@ -33,10 +33,31 @@ def _pipeline(args: argparse.Namespace) -> int:
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = commands.add_parser("run", help="run the whole system on an embedded default (127.0.0.1)")
-    run.add_argument("--store", default="./data", help="store root directory (default ./data)")
-    run.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
-    run.set_defaults(handler=_run)
+    for name in ("up", "run"):
+        up = commands.add_parser(name, help="run the whole system on an embedded default (127.0.0.1)"
+                                 + (" (same as up)" if name == "run" else ""))
+        up.add_argument("--store", default="./data", help="store root directory (default ./data)")
+        up.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+        up.add_argument("--base-port", type=int, default=None,
+                        help="gateway on this port, commitlog/indexer/query on the next three "
+                             "(default: gateway 9876, commitlog 9901, indexer 9902, query 9903)")
+        up.add_argument("--auth-file", default=None, help="bearer tokens for the gateway (see README)")
+        up.add_argument("--metrics-base-port", type=int, default=9910,
+                        help="Prometheus /metrics of commitlog, indexer, query, gateway on the next four ports "
+                             "(default 9910: 9911..9914)")
+        up.add_argument("--no-metrics", action="store_true", help="no /metrics endpoints")
+        up.set_defaults(handler=_run)
+
+    gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
+    gateway.add_argument("--config",
+                         help="gateway settings YAML (shards, queue selection, auth; see gateway/settings.py)")
+    gateway.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9876)")
+    gateway.add_argument("--commitlog", default=None, help="one shard's commitlog service (with --query)")
+    gateway.add_argument("--query", default=None, help="one shard's query service (with --commitlog)")
+    gateway.add_argument("--auth-file", default=None, help="bearer tokens YAML; without it auth is off")
+    gateway.add_argument("--queue-selection", choices=("round_robin", "latency"), default=None,
+                         help="how sends without a sharding key pick a queue (default round_robin)")
+    gateway.set_defaults(handler=_serve_gateway)
 
     serve = commands.add_parser("commitlog", help="run the commitlog service alone")
     serve.add_argument("--store", default="./data", help="store root directory")
@@ -70,7 +91,18 @@ def _add_query(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _run(args: argparse.Namespace) -> int:
     from services.runner import run
 
-    return run(store=args.store, config_file=args.config)
+    return run(store=args.store, config_file=args.config, base_port=args.base_port, auth_file=args.auth_file,
+               metrics_base_port=None if args.no_metrics else args.metrics_base_port)
+
+
+def _serve_gateway(args: argparse.Namespace) -> int:
+    from gateway.main import serve
+
+    if (args.commitlog is None) != (args.query is None):
+        print("mqstore gateway: give both --commitlog and --query (one shard), or neither", file=sys.stderr)
+        return 2
+    return serve(args.config, listen=args.listen, auth_file=args.auth_file, queue_selection=args.queue_selection,
+                 shard=None if args.commitlog is None else (args.commitlog, args.query))
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:

@@ -1,13 +1,17 @@
-"""``mqstore run``: every service of the system as child processes on 127.0.0.1, one store root.
+"""``mqstore up`` (and ``mqstore run``): every service of the system as child processes on 127.0.0.1.
 
 Layout under the store root: the commitlog service owns the root itself (``commitlog/``,
-``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``. A
-signal stops the services in reverse start order (readers before the writer), each cleanly.
+``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``; the
+gateway keeps nothing on disk. Each child is started once the one before reports SERVING on the
+standard health service (the indexer tails the commitlog, the query service reads both, the gateway
+fronts them all). A signal stops the services in reverse start order (readers before the writer),
+each cleanly, so no abort file is left and the next ``up`` reuses the data.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -16,35 +20,85 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
 from services.query import DEFAULT_LISTEN as QUERY_LISTEN
 from services.store.config import load_config
 
 log = logging.getLogger("services.runner")
 STOP_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 120.0
+DEFAULT_METRICS_BASE_PORT = 9910
 
 
 @dataclass(frozen=True)
 class ChildSpec:
     name: str
     args: list[str]
+    listen: str
+    metrics_port: int | None = None
 
 
-def child_specs(store: Path, config_file: str | None) -> list[ChildSpec]:
-    config = load_config(config_file)
+@dataclass(frozen=True)
+class Addresses:
+    gateway: str
+    commitlog: str
+    indexer: str
+    query: str
+
+    @classmethod
+    def of(cls, config_file: str | None, base_port: int | None) -> Addresses:
+        if base_port is not None:
+            return cls(*(f"127.0.0.1:{base_port + i}" for i in range(4)))
+        config = load_config(config_file)
+        return cls(GATEWAY_LISTEN, config.commitlog_listen, config.indexer_listen, QUERY_LISTEN)
+
+
+def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth_file: str | None = None,
+                metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT) -> list[ChildSpec]:
     extra = ["--config", config_file] if config_file else []
-    return [
-        ChildSpec("commitlog", ["commitlog", "--store", str(store), "--listen", config.commitlog_listen, *extra]),
-        ChildSpec("indexer", ["indexer", "--store", str(store / "indexer"), "--listen", config.indexer_listen,
-                              "--commitlog", config.commitlog_listen, *extra]),
-        ChildSpec("query", ["query", "--store", str(store / "query"), "--listen", QUERY_LISTEN,
-                            "--commitlog", config.commitlog_listen, "--indexer", config.indexer_listen, *extra]),
+    auth = ["--auth-file", auth_file] if auth_file else []
+    a = addresses
+    specs = [
+        ("commitlog", ["commitlog", "--store", str(store), "--listen", a.commitlog, *extra], a.commitlog),
+        ("indexer", ["indexer", "--store", str(store / "indexer"), "--listen", a.indexer, "--commitlog", a.commitlog,
+                     *extra], a.indexer),
+        ("query", ["query", "--store", str(store / "query"), "--listen", a.query, "--commitlog", a.commitlog,
+                   "--indexer", a.indexer, *extra], a.query),
+        ("gateway", ["gateway", "--listen", a.gateway, "--commitlog", a.commitlog, "--query", a.query, *auth],
+         a.gateway),
     ]
+    return [ChildSpec(name, args, listen, None if metrics_base_port is None else metrics_base_port + i + 1)
+            for i, (name, args, listen) in enumerate(specs)]
 
 
-def run(store: str, config_file: str | None) -> int:
+def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Poll the standard health service until SERVING; False when the child exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    # Short reconnect backoff: the default (1 s, growing) would add seconds to every start.
+    options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+               ("grpc.max_reconnect_backoff_ms", 200)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
+                if status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    return False
+
+
+def run(store: str, config_file: str | None, base_port: int | None = None, auth_file: str | None = None,
+        metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = Path(store)
     root.mkdir(parents=True, exist_ok=True)
+    addresses = Addresses.of(config_file, base_port)
     children: list[tuple[ChildSpec, subprocess.Popen[bytes]]] = []
     stop_requested = False
 
@@ -54,13 +108,26 @@ def run(store: str, config_file: str | None) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    for spec in child_specs(root, config_file):
+    exit_code = 0
+    for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port):
+        env = dict(os.environ)
+        if spec.metrics_port is not None:
+            env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
         # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
         # once, in order (a second signal would make a child skip its clean shutdown).
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args], start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args], start_new_session=True, env=env)
         children.append((spec, proc))
-        log.info("started %s (pid %d)", spec.name, proc.pid)
-    exit_code = 0
+        log.info("started %s (pid %d) on %s", spec.name, proc.pid, spec.listen)
+        if not wait_serving(spec.listen, proc, START_TIMEOUT_S) or stop_requested:
+            if not stop_requested:
+                log.error("%s did not report SERVING on %s (exit code %s): stopping the system", spec.name,
+                          spec.listen, proc.poll())
+                exit_code = 1
+            stop_requested = True
+            break
+        log.info("%s is SERVING on %s", spec.name, spec.listen)
+    if not stop_requested:
+        _print_welcome(addresses.gateway, root, metrics_base_port)
     while not stop_requested:
         for spec, proc in children:
             if proc.poll() is not None:
@@ -80,3 +147,16 @@ def run(store: str, config_file: str | None) -> int:
             log.info("%s stopped (exit code %d)", spec.name, code)
             exit_code = exit_code or code
     return exit_code
+
+
+def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None) -> None:
+    target = "" if gateway == GATEWAY_LISTEN else f" --gateway {gateway}"
+    metrics = ("" if metrics_base_port is None else
+               f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 4}/metrics")
+    print(f"""
+mqstore is up. Gateway: {gateway} (store {root.resolve()}){metrics}
+  try:      mqstore send{target} --topic demo "hello, mqstore"
+            mqstore pull{target} --topic demo
+            grpcurl -plaintext {gateway} list
+  Ctrl-C stops every service cleanly.
+""", flush=True)

@@ -1,0 +1,159 @@
+"""Bearer tokens: who may produce to, consume from and administer which topics.
+
+The token file (YAML) lists one entry per client; topic patterns are shell globs (``orders-*``)::
+
+    tokens:
+      - name: orders-service
+        token: "s3cr3t-orders"
+        produce: ["orders", "orders-*"]
+        consume: ["orders"]
+      - name: ops
+        token: "s3cr3t-ops"
+        admin: true            # every topic, plus CreateTopic/UpdateTopic
+
+Tokens are kept as SHA-256 digests and looked up by digest, so a lookup takes the same time whatever
+the token. A call carries ``authorization: Bearer <token>`` metadata.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.store.config import ConfigError
+
+AUTHORIZATION = "authorization"
+_BEARER = "bearer "
+
+
+class Action(enum.Enum):
+    PRODUCE = "produce"
+    CONSUME = "consume"
+    ADMIN = "admin"
+
+
+class AuthError(Exception):
+    """Base of the two refusals; the message says what to fix."""
+
+
+class UnauthenticatedError(AuthError):
+    pass
+
+
+class PermissionDeniedError(AuthError):
+    pass
+
+
+@dataclass(slots=True, frozen=True)
+class Principal:
+    name: str
+    produce: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    admin: bool = False
+    # (action, topic) -> allowed; topic patterns are matched once per topic, not per call.
+    _decisions: dict[tuple[Action, str], bool] = field(default_factory=dict, compare=False, repr=False)
+
+    def may(self, action: Action, topic: str) -> bool:
+        if self.admin:
+            return True
+        decision = self._decisions.get((action, topic))
+        if decision is None:
+            patterns = {Action.PRODUCE: self.produce, Action.CONSUME: self.consume}.get(action, ())
+            decision = any(fnmatch.fnmatchcase(topic, p) for p in patterns)
+            if len(self._decisions) < 100_000:
+                self._decisions[(action, topic)] = decision
+        return decision
+
+
+ANONYMOUS = Principal("anonymous", admin=True)
+
+
+class TokenTable:
+    """Empty table = auth off: every call acts as an admin."""
+
+    def __init__(self, principals_by_digest: dict[bytes, Principal] | None = None) -> None:
+        self._by_digest = principals_by_digest or {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_digest)
+
+    def __len__(self) -> int:
+        return len(self._by_digest)
+
+    def authenticate(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
+        if not self._by_digest:
+            return ANONYMOUS
+        header = None
+        for key, value in metadata or ():
+            if key == AUTHORIZATION:
+                header = value.decode() if isinstance(value, bytes) else value
+                break
+        if header is None:
+            raise UnauthenticatedError("this gateway requires a token: send metadata "
+                                       "'authorization: Bearer <token>'")
+        if not header[:len(_BEARER)].lower() == _BEARER:
+            raise UnauthenticatedError("the authorization metadata must be 'Bearer <token>'")
+        principal = self._by_digest.get(_digest(header[len(_BEARER):].strip()))
+        if principal is None:
+            raise UnauthenticatedError("unknown token: check the token you were given")
+        return principal
+
+    @staticmethod
+    def authorize(principal: Principal, action: Action, topic: str) -> None:
+        if not principal.may(action, topic):
+            verb = {Action.PRODUCE: "produce to", Action.CONSUME: "consume from",
+                    Action.ADMIN: "administer"}[action]
+            raise PermissionDeniedError(f"token {principal.name!r} may not {verb} topic {topic!r}"
+                                        + ("" if action is Action.ADMIN else f" (its {action.value} list)"))
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def load_token_table(path: str | Path | None) -> TokenTable:
+    if path is None:
+        return TokenTable()
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc}") from None
+    entries = loaded.get("tokens") if isinstance(loaded, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{path}: expected 'tokens:' with at least one entry")
+    table: dict[bytes, Principal] = {}
+    for i, entry in enumerate(entries):
+        principal, token = _entry(path, i, entry)
+        digest = _digest(token)
+        if digest in table:
+            raise ConfigError(f"{path}: tokens[{i}] ({principal.name}) repeats the token of {table[digest].name}")
+        table[digest] = principal
+    return TokenTable(table)
+
+
+def _entry(path: str | Path, index: int, entry: Any) -> tuple[Principal, str]:
+    where = f"{path}: tokens[{index}]"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping")
+    unknown = set(entry) - {"name", "token", "produce", "consume", "admin"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    token = entry.get("token")
+    if not isinstance(token, str) or len(token) < 8:
+        raise ConfigError(f"{where}: 'token' must be a string of at least 8 characters")
+    lists = {}
+    for key in ("produce", "consume"):
+        value = entry.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+            raise ConfigError(f"{where}: '{key}' must be a list of topic names or globs")
+        lists[key] = tuple(value)
+    return Principal(str(entry.get("name", f"token-{index}")), lists["produce"], lists["consume"],
+                     bool(entry.get("admin", False))), token

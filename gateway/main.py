@@ -1,0 +1,115 @@
+"""Process entry point of the gateway: ``mqstore gateway`` and ``python -m gateway``.
+
+The gateway keeps no state on disk: the route table is read from the shards, tokens from the token
+file. It starts even when a shard is down (calls routed there fail UNAVAILABLE until it is back).
+
+Exit codes: 0 after a clean stop, 2 for bad settings (including tokens missing on a non-loopback
+address) or an address it cannot listen on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.auth import load_token_table
+from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.route import RouteTable
+from gateway.servicer import SERVICE_NAME, MessagingServicer, add_to_server
+from gateway.settings import LATENCY, GatewaySettings, load_gateway_settings
+from gateway.shard import ShardClient
+from gateway.uniq_key import UniqKeyGenerator
+from services.server.gc_tuning import tune_gc
+from services.server.grpc_server import (
+    AioGrpcServer,
+    BindError,
+    ServerSettings,
+    ShutdownSignal,
+    is_loopback,
+    serve_aio_until_signal,
+)
+from services.server.logs import configure_logging
+from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
+from services.server.process import EXIT_BAD_SETTINGS
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.config import ConfigError
+
+log = logging.getLogger("gateway")
+MIB = 1024 * 1024
+
+
+def serve(config_file: str | None, listen: str | None = None, auth_file: str | None = None,
+          queue_selection: str | None = None, shard: tuple[str, str] | None = None) -> int:
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code. ``shard``: (commitlog, query)
+    addresses of a single shard, instead of the settings file's shards."""
+    configure_logging()
+    tune_gc()
+    init_tracing("gateway")
+    overrides: dict[str, Any] = {"listen": listen, "auth_file": auth_file, "queue_selection": queue_selection}
+    if shard is not None:
+        overrides["shards"] = [{"name": "shard-0", "commitlog": shard[0], "query": shard[1]}]
+    try:
+        return asyncio.run(_serve(config_file, overrides))
+    finally:
+        shutdown_tracing()
+
+
+async def _serve(config_file: str | None, overrides: dict[str, Any]) -> int:
+    signals = ShutdownSignal()
+    signals.install_on_loop()
+    try:
+        settings = load_gateway_settings(config_file, **overrides)
+        tokens = load_token_table(settings.auth_file)
+        metrics_port = metrics_port_from_env()
+        if not tokens.enabled and not is_loopback(settings.listen) and not settings.allow_insecure:
+            raise ConfigError(f"the gateway would listen on {settings.listen} without tokens: give auth_file "
+                              "(see README, 'Authentication'), listen on loopback, or set allow_insecure: true")
+    except (ConfigError, ValueError) as exc:
+        log.error("bad settings: %s", exc)
+        return EXIT_BAD_SETTINGS
+    shards = [ShardClient(i, s) for i, s in enumerate(settings.shards)]
+    routes = RouteTable(shards, settings.route_refresh_ms / 1000, settings.backend_timeout_ms / 1000)
+    faults = FaultTable(settings.fault_initial_backoff_ms / 1000, settings.fault_max_backoff_ms / 1000)
+    selector = QueueSelector(settings.queue_selection == LATENCY, faults)
+    servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
+    server = AioGrpcServer(_server_settings(settings), [SERVICE_NAME], lambda s: add_to_server(servicer, s))
+    metrics_server: MetricsServer | None = None
+
+    async def stopped() -> None:
+        for shard in shards:
+            await shard.close()
+        if metrics_server is not None:
+            metrics_server.stop()
+
+    try:
+        port = await server.start()
+        metrics_server = start_metrics_server(metrics_port)
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        await server.stop(grace_s=0)
+        await stopped()
+        return EXIT_BAD_SETTINGS
+    bound = f"{settings.listen.rpartition(':')[0]}:{port}"
+    await _warm_up(routes, shards)
+    log.info("gateway listening on %s; shards %s; queue selection %s; auth %s", bound,
+             ", ".join(f"{s.name} (commitlog {s.settings.commitlog}, query {s.settings.query})" for s in shards),
+             settings.queue_selection, f"{len(tokens)} tokens" if tokens.enabled else "off",
+             extra={"listen": bound})
+    return await serve_aio_until_signal(server, signals, on_stopping=lambda: None, on_stopped=stopped)
+
+
+async def _warm_up(routes: RouteTable, shards: list[ShardClient]) -> None:
+    """Read routes and store hosts once, so the first calls do not pay for it. Failures are logged:
+    a shard that is still starting is asked again on demand."""
+    try:
+        await routes.refresh()
+        for shard in shards:
+            await shard.learn_store_host(2.0)
+    except Exception as exc:  # noqa: BLE001 - any backend trouble only delays the warm-up
+        log.warning("warm-up: %s (shards are asked again on demand)", exc)
+
+
+def _server_settings(settings: GatewaySettings) -> ServerSettings:
+    return ServerSettings(listen=settings.listen, max_concurrent_rpcs=settings.max_concurrent_rpcs,
+                          max_receive_message_bytes=65 * MIB, max_send_message_bytes=128 * MIB)

@@ -1,0 +1,116 @@
+"""Which queue a send goes to.
+
+* An explicit queue id, or a sharding key (ordered delivery: the key's Java hashCode modulo the
+  writable queues, RocketMQ's SelectMessageQueueByHash), always give the same queue.
+* Otherwise round robin over the topic's writable queues (RocketMQ's default), or, with
+  ``queue_selection: latency``, the latency-aware choice of RocketMQ's MQFaultStrategy: each send's
+  latency puts its shard into a latency class; a slow class makes the shard unavailable for a while
+  (the same table as RocketMQ: 550 ms -> 30 s, ... 15 s -> 10 min) and a failure does too, with a
+  backoff that doubles per consecutive failure. The choice is round robin over the queues of the
+  available shards in the fastest class seen; when every shard is unavailable, over all queues.
+Faults are kept per shard, as RocketMQ keeps them per broker: every queue of a shard shares its
+commitlog, so a slow queue means a slow shard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from gateway.route import QueueRoute, TopicRoute
+from services.store.java_hash import java_string_hash
+
+# RocketMQ MQFaultStrategy: latencyMax (ms) and notAvailableDuration (ms).
+LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
+NOT_AVAILABLE_MS = (0, 0, 30000, 60000, 120000, 180000, 600000)
+
+
+class NoWritableQueueError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ShardFault:
+    latency_class: int = 0
+    available_at: float = 0.0
+    consecutive_failures: int = 0
+
+
+class FaultTable:
+    def __init__(self, initial_backoff_s: float, max_backoff_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._faults: dict[str, ShardFault] = {}
+        self._initial_backoff_s = initial_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._clock = clock
+
+    def record(self, shard: str, latency_s: float, failed: bool) -> None:
+        fault = self._faults.setdefault(shard, ShardFault())
+        now = self._clock()
+        if failed:
+            fault.consecutive_failures += 1
+            backoff = min(self._max_backoff_s, self._initial_backoff_s * 2 ** (fault.consecutive_failures - 1))
+            fault.available_at = now + backoff
+            fault.latency_class = len(LATENCY_MAX_MS) - 1
+            return
+        fault.consecutive_failures = 0
+        latency_class = min(bisect_left(LATENCY_MAX_MS, latency_s * 1000), len(LATENCY_MAX_MS) - 1)
+        fault.latency_class = latency_class
+        fault.available_at = now + NOT_AVAILABLE_MS[latency_class] / 1000
+
+    def available(self, shard: str, now: float) -> bool:
+        fault = self._faults.get(shard)
+        return fault is None or fault.available_at <= now
+
+    def latency_class(self, shard: str) -> int:
+        fault = self._faults.get(shard)
+        return 0 if fault is None else fault.latency_class
+
+    def snapshot(self) -> dict[str, ShardFault]:
+        return dict(self._faults)
+
+
+class QueueSelector:
+    def __init__(self, latency_aware: bool, faults: FaultTable) -> None:
+        self.latency_aware = latency_aware
+        self.faults = faults
+        self._counters: dict[str, Iterator[int]] = {}
+
+    def _next(self, topic: str) -> int:
+        counter = self._counters.get(topic)
+        if counter is None:
+            counter = self._counters[topic] = itertools.count()
+        return next(counter)
+
+    def select(self, route: TopicRoute, sharding_key: str = "", queue_id: int | None = None,
+               avoid_shard: str | None = None) -> QueueRoute:
+        """``queue_id`` must already be checked against the route. ``avoid_shard``: the shard the
+        previous attempt of this send failed on (a retry goes elsewhere when it can)."""
+        if queue_id is not None:
+            return route.queues[queue_id]
+        writable = route.writable
+        if not writable:
+            raise NoWritableQueueError(f"topic {route.topic!r} has no writable queue "
+                                       "(check its perm and write queue nums)")
+        if sharding_key:
+            return writable[abs(_java_rem(java_string_hash(sharding_key), len(writable)))]
+        if not self.latency_aware and avoid_shard is None:
+            return writable[self._next(route.topic) % len(writable)]
+        now = time.monotonic()
+        candidates = [q for q in writable if q.shard.name != avoid_shard
+                      and (not self.latency_aware or self.faults.available(q.shard.name, now))]
+        if candidates and self.latency_aware:
+            best = min(self.faults.latency_class(q.shard.name) for q in candidates)
+            candidates = [q for q in candidates if self.faults.latency_class(q.shard.name) == best]
+        if not candidates:
+            candidates = list(writable)
+        return candidates[self._next(route.topic) % len(candidates)]
+
+
+def _java_rem(value: int, modulus: int) -> int:
+    """Java's ``%``: the remainder takes the dividend's sign."""
+    rem = abs(value) % modulus
+    return -rem if value < 0 else rem

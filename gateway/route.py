@@ -1,0 +1,112 @@
+"""The route table: topic -> shards -> queues, read from each shard's topic configs.
+
+A topic's route queues are numbered across shards in shard order: shard 0's queues first, then
+shard 1's, and so on. A shard contributes max(read, write) queues; each is writable/readable as its
+topic config says (RocketMQ's TopicConfig perm and queue counts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mqstore.v1 import common_pb2
+
+from gateway.resilience import BackendError
+from gateway.shard import ShardClient
+
+log = logging.getLogger(__name__)
+PERM_WRITE = 2
+PERM_READ = 4
+
+
+@dataclass(slots=True, frozen=True)
+class QueueRoute:
+    queue_id: int
+    shard: ShardClient
+    shard_queue_id: int
+    writable: bool
+    readable: bool
+
+    @property
+    def base(self) -> int:
+        """Route queue id minus shard queue id: what turns a shard's queue ids into route ids."""
+        return self.queue_id - self.shard_queue_id
+
+
+@dataclass(slots=True, frozen=True)
+class TopicRoute:
+    topic: str
+    queues: tuple[QueueRoute, ...]
+    writable: tuple[QueueRoute, ...]
+
+    @classmethod
+    def build(cls, topic: str, per_shard: Sequence[tuple[ShardClient, common_pb2.TopicConfig]]) -> TopicRoute:
+        queues: list[QueueRoute] = []
+        for shard, config in per_shard:
+            for shard_queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
+                queues.append(QueueRoute(
+                    len(queues), shard, shard_queue_id,
+                    writable=bool(config.perm & PERM_WRITE) and shard_queue_id < config.write_queue_nums,
+                    readable=bool(config.perm & PERM_READ) and shard_queue_id < config.read_queue_nums))
+        return cls(topic, tuple(queues), tuple(q for q in queues if q.writable))
+
+
+class RouteTable:
+    """Cached routes, refreshed from the shards every ``refresh_s`` and when a topic is missing
+    (at most once per ``miss_refresh_s``, so a client asking for unknown topics cannot flood the shards)."""
+
+    def __init__(self, shards: Sequence[ShardClient], refresh_s: float, timeout_s: float,
+                 miss_refresh_s: float = 0.5) -> None:
+        self.shards = tuple(shards)
+        self._refresh_s = refresh_s
+        self._miss_refresh_s = miss_refresh_s
+        self._timeout_s = timeout_s
+        self._routes: dict[str, TopicRoute] = {}
+        self._configs: dict[str, list[tuple[ShardClient, common_pb2.TopicConfig]]] = {}
+        self._loaded_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def cached(self, topic: str) -> TopicRoute | None:
+        return self._routes.get(topic)
+
+    async def route(self, topic: str) -> TopicRoute | None:
+        route = self._routes.get(topic)
+        now = time.monotonic()
+        if route is not None and now - self._loaded_at < self._refresh_s:
+            return route
+        if route is None and now - self._loaded_at < self._miss_refresh_s:
+            return None
+        await self.refresh()
+        return self._routes.get(topic)
+
+    def configs(self) -> dict[str, list[tuple[ShardClient, common_pb2.TopicConfig]]]:
+        return self._configs
+
+    async def refresh(self) -> None:
+        """Read every shard's topics. A shard that cannot be reached keeps its last known topics."""
+        async with self._lock:
+            started = time.monotonic()
+            if started - self._loaded_at < 0.05:  # another caller just refreshed
+                return
+            answers = await asyncio.gather(*(s.topics(self._timeout_s) for s in self.shards), return_exceptions=True)
+            per_topic: dict[str, list[tuple[ShardClient, common_pb2.TopicConfig]]] = {}
+            for shard, answer in zip(self.shards, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, BackendError):
+                        raise answer
+                    log.warning("route refresh: %s; keeping its last known topics", answer.details)
+                    configs = [c for t, pairs in self._configs.items() for s, c in pairs if s is shard]
+                else:
+                    configs = answer
+                for config in configs:
+                    per_topic.setdefault(config.topic, []).append((shard, config))
+            self._configs = per_topic
+            self._routes = {topic: TopicRoute.build(topic, pairs) for topic, pairs in per_topic.items()}
+            self._loaded_at = time.monotonic()
+
+    def invalidate(self) -> None:
+        self._loaded_at = 0.0

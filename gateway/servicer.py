@@ -1,0 +1,654 @@
+"""The public MessagingService: auth, routing and queue selection in front of the shards.
+
+Requests are validated at the edge (names, ids, queue ids against the route) so that a bad call
+never reaches a backend; the backends validate message contents themselves and their INVALID_ARGUMENT
+details come back unchanged. Pull answers are relayed as bytes (see :mod:`gateway.shard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
+
+from gateway import metrics
+from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
+from gateway.queue_selector import NoWritableQueueError, QueueSelector
+from gateway.resilience import BackendError, RetryPolicy
+from gateway.route import QueueRoute, RouteTable, TopicRoute
+from gateway.settings import GatewaySettings
+from gateway.shard import ShardClient
+from gateway.uniq_key import UniqKeyGenerator
+from services.commitlog.convert import peer_address
+from services.commitlog.topic_config import check_topic_name
+from services.query.names import check_group, check_key, check_offset
+from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
+from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
+from services.store.message_id import MessageIdError, decode_message_id
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "mqstore.v1.MessagingService"
+MAX_BATCH = 1024
+STREAM_WINDOW = 4096
+OFFSET_ID_LENGTHS = (32, 56)
+_MESSAGE_INDEX = re.compile(r"message #(\d+)")
+_DOMAIN_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
+    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
+)
+T = TypeVar("T")
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[Any, Any, Context], Awaitable[Any]]
+
+
+def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
+    if isinstance(exc, BackendError):
+        return exc.code, exc.details
+    if isinstance(exc, AuthError):
+        code = grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, PermissionDeniedError) else \
+            grpc.StatusCode.UNAUTHENTICATED
+        return code, str(exc)
+    if isinstance(exc, NoWritableQueueError):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    for kind, code in _DOMAIN_CODES:
+        if isinstance(exc, kind):
+            return code, str(exc)
+    return None
+
+
+def unary(method: Handler) -> Handler:
+    """Turns the domain errors of a unary handler into its status; counts calls by outcome."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> Any:
+        started = time.perf_counter()
+        try:
+            response = await method(self, request, context)
+        except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
+            status = _status_of(exc)
+            if status is None:
+                raise
+            metrics.observe_call(name, status[0].name, time.perf_counter() - started)
+            await context.abort(*status)
+        metrics.observe_call(name, "OK", time.perf_counter() - started)
+        return response
+
+    return wrapper
+
+
+class MessagingServicer:
+    def __init__(self, settings: GatewaySettings, shards: Sequence[ShardClient], routes: RouteTable,
+                 selector: QueueSelector, tokens: TokenTable, uniq_keys: UniqKeyGenerator) -> None:
+        self.settings = settings
+        self.shards = tuple(shards)
+        self.routes = routes
+        self.selector = selector
+        self.tokens = tokens
+        self.uniq_keys = uniq_keys
+        self.retry = RetryPolicy(settings.retry_attempts, settings.retry_initial_backoff_ms / 1000,
+                                 settings.retry_max_backoff_ms / 1000)
+        self._backend_timeout_s = settings.backend_timeout_ms / 1000
+
+    # -- the edge: who is calling, how long they wait, which route ------------------------------------
+
+    def _principal(self, context: Context) -> Principal:
+        metadata = context.invocation_metadata() if self.tokens.enabled else None
+        return self.tokens.authenticate(metadata)  # type: ignore[arg-type]  # grpc-stubs: Metadata
+
+    def _timeout(self, context: Context, extra_s: float = 0.0) -> float:
+        """The backend deadline: ours, plus any wait the request asks for, within the caller's own."""
+        timeout = self._backend_timeout_s + extra_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, max(remaining - 0.005, 0.001))
+        return timeout
+
+    async def _route(self, topic: str) -> TopicRoute:
+        route = await self.routes.route(topic)
+        if route is None:
+            raise NotFoundError(f"topic {topic!r} does not exist on any shard: create it (mqstore topics create) "
+                                "or send to it first")
+        return route
+
+    async def _route_for_send(self, topic: str, context: Context) -> TopicRoute:
+        route = self.routes.cached(topic) or await self.routes.route(topic)
+        if route is not None:
+            return route
+        if not self.settings.auto_create_topic:
+            raise NotFoundError(f"topic {topic!r} does not exist and auto-create is off: create it first "
+                                "(mqstore topics create)")
+        nums = self.settings.default_topic_queue_nums
+        config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
+        await self._create_on_shards(config, context, tolerate_existing=True)
+        return await self._route(topic)
+
+    @staticmethod
+    def _queue(route: TopicRoute, queue_id: int) -> QueueRoute:
+        if not 0 <= queue_id < len(route.queues):
+            raise OutOfRangeError(f"queue id {queue_id} is out of range for topic {route.topic!r}: its route has "
+                                  f"{len(route.queues)} queues (0..{len(route.queues) - 1}); see GetRoute")
+        return route.queues[queue_id]
+
+    # -- sends ----------------------------------------------------------------------------------------
+
+    def _prepare(self, message: common_pb2.Message, born_host: str) -> str:
+        """The message's UNIQ_KEY, added when the producer gave none; the born host is the producer's
+        address, not the gateway's."""
+        if not message.born_host:
+            message.born_host = born_host
+        properties = message.properties
+        uniq_key: str = properties.get(UNIQ_KEY, "")
+        if not uniq_key:
+            uniq_key = properties[UNIQ_KEY] = self.uniq_keys.next()
+        return uniq_key
+
+    async def _append(self, route: TopicRoute, sharding_key: str, explicit: int | None,
+                      send: Callable[[QueueRoute], Awaitable[T]]) -> tuple[QueueRoute, T]:
+        """One send with the selector's choice, retried (elsewhere when possible) only if nothing was written."""
+        failed_shard: str | None = None
+        faults = self.selector.faults if self.selector.latency_aware else None
+
+        async def attempt() -> tuple[QueueRoute, T]:
+            nonlocal failed_shard
+            queue = self.selector.select(route, sharding_key, explicit, failed_shard)
+            started = time.monotonic()
+            try:
+                result = await send(queue)
+            except BackendError as exc:
+                if exc.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.RESOURCE_EXHAUSTED):
+                    failed_shard = queue.shard.name
+                    if faults is not None:
+                        faults.record(queue.shard.name, time.monotonic() - started, failed=True)
+                raise
+            if faults is not None:
+                faults.record(queue.shard.name, time.monotonic() - started, failed=False)
+            return queue, result
+
+        return await self.retry.send(attempt)
+
+    def _explicit_queue(self, route: TopicRoute, has_queue: bool, queue_id: int) -> int | None:
+        if not has_queue:
+            return None
+        queue = self._queue(route, queue_id)
+        if not queue.writable:
+            raise InvalidArgumentError(f"queue {queue_id} of topic {route.topic!r} is not writable")
+        return queue_id
+
+    @staticmethod
+    def _result(result: commitlog_pb2.AppendResult, queue: QueueRoute, topic: str,
+                uniq_key: str) -> gateway_pb2.SendResult:
+        # A DELAY message is stored under SCHEDULE_TOPIC_XXXX: its queue id is the store's, not a route's.
+        queue_id = result.queue_id + queue.base if result.topic == topic else result.queue_id
+        return gateway_pb2.SendResult(status=result.status, msg_id=uniq_key, offset_msg_id=result.msg_id,
+                                      topic=result.topic, queue_id=queue_id, queue_offset=result.queue_offset,
+                                      store_timestamp=result.store_timestamp, shard=queue.shard.name)
+
+    @unary
+    async def Send(self, request: gateway_pb2.SendRequest, context: Context) -> gateway_pb2.SendResult:
+        principal = self._principal(context)
+        message = request.message
+        topic = message.topic
+        check_topic_name(topic)
+        self.tokens.authorize(principal, Action.PRODUCE, topic)
+        route = await self._route_for_send(topic, context)
+        explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+        sharding_key = request.sharding_key
+        uniq_key = self._prepare(message, _peer_host(context))
+        request.ClearField("sharding_key")
+        request.ClearField("queue_id")
+        timeout = self._timeout(context)
+
+        async def send(queue: QueueRoute) -> commitlog_pb2.AppendResult:
+            message.queue_id = queue.shard_queue_id
+            # SendRequest minus its routing fields is an AppendRequest on the wire.
+            return await queue.shard.on_commitlog(queue.shard.append_bytes, request.SerializeToString(), timeout)
+
+        queue, result = await self._append(route, sharding_key, explicit, send)
+        metrics.SENT_MESSAGES.inc()
+        return self._result(result, queue, topic, uniq_key)
+
+    @unary
+    async def SendBatch(self, request: gateway_pb2.SendBatchRequest,
+                        context: Context) -> gateway_pb2.SendBatchResponse:
+        principal = self._principal(context)
+        messages = request.messages
+        if not messages:
+            raise InvalidArgumentError("the batch is empty: give at least one message")
+        if len(messages) > MAX_BATCH:
+            raise InvalidArgumentError(f"the batch has {len(messages)} messages; at most {MAX_BATCH}")
+        topic = messages[0].topic
+        check_topic_name(topic)
+        for i, message in enumerate(messages):
+            if message.topic != topic:
+                raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
+                                           f"{topic!r}: a batch goes to one topic")
+        self.tokens.authorize(principal, Action.PRODUCE, topic)
+        route = await self._route_for_send(topic, context)
+        explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+        sharding_key = request.sharding_key
+        born_host = _peer_host(context)
+        uniq_keys = [self._prepare(m, born_host) for m in messages]
+        request.ClearField("sharding_key")
+        request.ClearField("queue_id")
+        timeout = self._timeout(context)
+
+        async def send(queue: QueueRoute) -> commitlog_pb2.AppendBatchResponse:
+            shard_queue_id = queue.shard_queue_id
+            for message in messages:
+                message.queue_id = shard_queue_id
+            return await queue.shard.on_commitlog(queue.shard.append_batch_bytes, request.SerializeToString(),
+                                                  timeout)
+
+        queue, response = await self._append(route, sharding_key, explicit, send)
+        metrics.SENT_MESSAGES.inc(len(uniq_keys))
+        result = self._result
+        return gateway_pb2.SendBatchResponse(
+            results=[result(r, queue, topic, u) for r, u in zip(response.results, uniq_keys, strict=True)])
+
+    async def SendStream(self, request_iterator: AsyncIterator[gateway_pb2.SendRequest],
+                         context: Context) -> AsyncIterator[gateway_pb2.SendResult]:
+        """Whatever has arrived is appended as one batch per shard, so a pipelining client gets group
+        appends without asking for them. A bad message ends the stream naming its sequence number;
+        every message before it was acknowledged."""
+        started = time.perf_counter()
+        try:
+            principal = self._principal(context)
+        except AuthError as exc:
+            await context.abort(*(_status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
+            return
+        pending: asyncio.Queue[gateway_pb2.SendRequest | None] = asyncio.Queue(STREAM_WINDOW)
+        reader = asyncio.create_task(self._read_stream(request_iterator, pending))
+        sequence = 0
+        try:
+            done = False
+            while not done:
+                first = await pending.get()
+                if first is None:
+                    break
+                group = [first]
+                while len(group) < MAX_BATCH and not pending.empty():
+                    item = pending.get_nowait()
+                    if item is None:
+                        done = True
+                        break
+                    group.append(item)
+                try:
+                    results = await self._send_group(principal, group, context)
+                except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
+                    code, details = _status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
+                    details = _renumber(details, sequence)
+                    metrics.observe_call("SendStream", code.name, time.perf_counter() - started)
+                    await context.abort(code, f"{details} (messages before #{sequence} of the stream were stored)"
+                                        if "of the stream" not in details else details)
+                    return
+                sequence += len(group)
+                metrics.SENT_MESSAGES.inc(len(group))
+                for result in results:
+                    yield result
+            if reader.done() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+            metrics.observe_call("SendStream", "OK", time.perf_counter() - started)
+        finally:
+            reader.cancel()
+
+    @staticmethod
+    async def _read_stream(request_iterator: AsyncIterator[gateway_pb2.SendRequest],
+                           pending: asyncio.Queue[gateway_pb2.SendRequest | None]) -> None:
+        try:
+            async for request in request_iterator:
+                await pending.put(request)
+        finally:
+            await pending.put(None)
+
+    async def _send_group(self, principal: Principal, group: list[gateway_pb2.SendRequest],
+                          context: Context) -> list[gateway_pb2.SendResult]:
+        """One AppendBatch per run of requests that go to the same shard, in stream order."""
+        picks: list[tuple[QueueRoute, str, str]] = []
+        born_host = _peer_host(context)
+        for i, request in enumerate(group):
+            message = request.message
+            topic = message.topic
+            try:
+                check_topic_name(topic)
+                self.tokens.authorize(principal, Action.PRODUCE, topic)
+            except (InvalidArgumentError, AuthError) as exc:
+                raise type(exc)(f"message #{i}: {exc}") from None
+            route = await self._route_for_send(topic, context)
+            explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+            queue = self.selector.select(route, request.sharding_key, explicit)
+            message.queue_id = queue.shard_queue_id
+            picks.append((queue, topic, self._prepare(message, born_host)))
+            request.ClearField("sharding_key")
+            request.ClearField("queue_id")
+        timeout = self._timeout(context)
+        results: list[gateway_pb2.SendResult] = []
+        start = 0
+        while start < len(group):
+            shard = picks[start][0].shard
+            end = start
+            while end < len(group) and picks[end][0].shard is shard:
+                end += 1
+            # Each SendRequest minus its routing fields is one field-1 entry of an AppendBatchRequest.
+            data = b"".join([r.SerializeToString() for r in group[start:end]])
+            try:
+                response = await self.retry.send(
+                    functools.partial(shard.on_commitlog, shard.append_batch_bytes, data, timeout))
+            except BackendError as exc:
+                raise BackendError(exc.code, _renumber(exc.details, start), exc.not_applied) from None
+            for (queue, topic, uniq_key), r in zip(picks[start:end], response.results, strict=True):
+                results.append(self._result(r, queue, topic, uniq_key))
+            start = end
+        return results
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    async def _readable_queue(self, context: Context, topic: str, queue_id: int) -> QueueRoute:
+        principal = self._principal(context)
+        check_topic_name(topic)
+        self.tokens.authorize(principal, Action.CONSUME, topic)
+        return self._queue(await self._route(topic), queue_id)
+
+    @unary
+    async def Pull(self, request: query_pb2.PullMessageRequest, context: Context) -> Any:
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        check_offset("queue offset", request.queue_offset)
+        request.queue_id = queue.shard_queue_id
+        timeout = self._timeout(context, max(request.long_poll_ms, 0) / 1000)
+        shard = queue.shard
+        data: bytes = await self.retry.read(lambda: shard.on_query(shard.pull_bytes, request, timeout))
+        metrics.PULLED_BYTES.inc(len(data))
+        if not queue.base:
+            return data
+        response = query_pb2.PullMessageResponse.FromString(data)
+        for message in response.messages:
+            message.queue_id += queue.base
+        return response
+
+    @unary
+    async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
+                           context: Context) -> query_pb2.SearchOffsetResponse:
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        request.queue_id = queue.shard_queue_id
+        shard, timeout = queue.shard, self._timeout(context)
+        return await self.retry.read(lambda: shard.on_query(shard.query.SearchOffset, request, timeout))
+
+    @unary
+    async def GetQueueOffsets(self, request: query_pb2.GetQueueOffsetRangeRequest,
+                              context: Context) -> query_pb2.QueueOffsetRange:
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        request.queue_id = queue.shard_queue_id
+        shard, timeout = queue.shard, self._timeout(context)
+        response = await self.retry.read(lambda: shard.on_query(shard.query.GetQueueOffsetRange, request, timeout))
+        response.queue_id = queue.queue_id
+        return response
+
+    @unary
+    async def CommitOffset(self, request: query_pb2.UpdateConsumerOffsetRequest,
+                           context: Context) -> query_pb2.UpdateConsumerOffsetResponse:
+        check_group(request.consumer_group)
+        check_offset("offset", request.offset)
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        request.queue_id = queue.shard_queue_id
+        shard, timeout = queue.shard, self._timeout(context)
+        # Setting an offset is idempotent: retried like a read.
+        return await self.retry.read(lambda: shard.on_query(shard.query.UpdateConsumerOffset, request, timeout))
+
+    @unary
+    async def QueryOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
+                          context: Context) -> query_pb2.QueryConsumerOffsetResponse:
+        check_group(request.consumer_group)
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        request.queue_id = queue.shard_queue_id
+        shard, timeout = queue.shard, self._timeout(context)
+        return await self.retry.read(lambda: shard.on_query(shard.query.QueryConsumerOffset, request, timeout))
+
+    @unary
+    async def QueryByKey(self, request: query_pb2.QueryMessageRequest,
+                         context: Context) -> query_pb2.QueryMessageResponse:
+        principal = self._principal(context)
+        check_topic_name(request.topic)
+        check_key(request.key)
+        self.tokens.authorize(principal, Action.CONSUME, request.topic)
+        route = await self._route(request.topic)
+        bases = _shard_bases(route)
+        timeout = self._timeout(context)
+
+        async def ask(shard: ShardClient) -> query_pb2.QueryMessageResponse:
+            return await self.retry.read(lambda: shard.on_query(shard.query.QueryMessage, request, timeout))
+
+        answers = await asyncio.gather(*(ask(shard) for shard in bases))
+        if len(answers) == 1 and not next(iter(bases.values())):
+            return answers[0]
+        merged = query_pb2.QueryMessageResponse()
+        found: list[query_pb2.StoredMessage] = []
+        for base, answer in zip(bases.values(), answers, strict=True):
+            for message in answer.messages:
+                if message.topic == request.topic:
+                    message.queue_id += base
+                found.append(message)
+            merged.index_hits += answer.index_hits
+            merged.index_last_update_timestamp = max(merged.index_last_update_timestamp,
+                                                     answer.index_last_update_timestamp)
+        max_num = request.max_num or 32
+        found.sort(key=lambda m: (m.store_timestamp, m.commitlog_offset))
+        merged.messages.extend(found[-max_num:])
+        return merged
+
+    @unary
+    async def GetMessage(self, request: query_pb2.ViewMessageRequest,
+                         context: Context) -> query_pb2.ViewMessageResponse:
+        principal = self._principal(context)
+        msg_id = request.msg_id.strip()
+        if not msg_id:
+            raise InvalidArgumentError("msg_id is empty: give an offset msg id or a UNIQ_KEY")
+        if request.topic:
+            check_topic_name(request.topic)
+            self.tokens.authorize(principal, Action.CONSUME, request.topic)
+        response = await self._find_message(request, msg_id, context)
+        self.tokens.authorize(principal, Action.CONSUME, response.message.topic)
+        route = self.routes.cached(response.message.topic)
+        if route is not None:
+            shard = self._shard_of_message(response.message)
+            if shard is not None:
+                response.message.queue_id += _shard_bases(route).get(shard, 0)
+        return response
+
+    def _shard_of_message(self, message: query_pb2.StoredMessage) -> ShardClient | None:
+        for shard in self.shards:
+            if shard.store_host == message.store_host:
+                return shard
+        return None
+
+    async def _find_message(self, request: query_pb2.ViewMessageRequest, msg_id: str,
+                            context: Context) -> query_pb2.ViewMessageResponse:
+        timeout = self._timeout(context)
+        kind = request.kind
+        asked: set[str] = set()
+        not_found: list[str] = []
+        if kind != query_pb2.MESSAGE_ID_KIND_UNIQ_KEY and len(msg_id) in OFFSET_ID_LENGTHS:
+            try:
+                store_host, _ = decode_message_id(msg_id)
+            except MessageIdError as exc:
+                if kind == query_pb2.MESSAGE_ID_KIND_OFFSET:
+                    raise InvalidArgumentError(str(exc)) from None
+                store_host = None
+            if store_host is not None:
+                shard = await self._shard_by_store_host(store_host, timeout)
+                if shard is not None:
+                    asked.add(shard.name)
+                    try:
+                        return await self._view(shard, request, timeout)
+                    except BackendError as exc:
+                        if exc.code != grpc.StatusCode.NOT_FOUND:
+                            raise
+                        not_found.append(exc.details)
+                elif kind == query_pb2.MESSAGE_ID_KIND_OFFSET:
+                    hosts = ", ".join(f"{s.name}={s.store_host}" for s in self.shards)
+                    raise NotFoundError(f"offset msg id {msg_id} names store host {store_host}, which no shard of "
+                                        f"this gateway has ({hosts})")
+        if kind != query_pb2.MESSAGE_ID_KIND_OFFSET:
+            by_key = query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic,
+                                                  kind=query_pb2.MESSAGE_ID_KIND_UNIQ_KEY)
+            for shard in self.shards:
+                if shard.name in asked:
+                    continue
+                try:
+                    return await self._view(shard, by_key, timeout)
+                except BackendError as exc:
+                    if exc.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                        raise
+                    if exc.code == grpc.StatusCode.INVALID_ARGUMENT and kind == query_pb2.MESSAGE_ID_KIND_UNIQ_KEY:
+                        raise
+                    not_found.append(exc.details)
+        if not not_found:
+            raise InvalidArgumentError(f"msg_id {msg_id!r} is neither an offset msg id (32 or 56 hex digits) nor "
+                                       "a UNIQ_KEY (32 hex digits)")
+        raise NotFoundError("; ".join(not_found))
+
+    async def _view(self, shard: ShardClient, request: query_pb2.ViewMessageRequest,
+                    timeout: float) -> query_pb2.ViewMessageResponse:
+        return await self.retry.read(lambda: shard.on_query(shard.query.ViewMessage, request, timeout))
+
+    async def _shard_by_store_host(self, store_host: str, timeout: float) -> ShardClient | None:
+        for shard in self.shards:
+            if shard.store_host is None:
+                try:
+                    await shard.learn_store_host(timeout)
+                except BackendError as exc:
+                    log.warning("cannot learn the store host of %s: %s", shard.name, exc.details)
+            if shard.store_host == store_host:
+                return shard
+        return None
+
+    # -- topics ---------------------------------------------------------------------------------------
+
+    async def _create_on_shards(self, config: common_pb2.TopicConfig, context: Context,
+                                tolerate_existing: bool) -> int:
+        """Creates the topic on every shard that lacks it; returns how many already had it."""
+        timeout = self._timeout(context)
+        request = commitlog_pb2.TopicRequest(topic=config)
+        existing = 0
+        for shard in self.shards:
+            try:
+                await self.retry.read(functools.partial(shard.on_commitlog, shard.commitlog.CreateTopic, request,
+                                                        timeout))
+            except BackendError as exc:
+                if exc.code != grpc.StatusCode.ALREADY_EXISTS:
+                    raise
+                existing += 1
+        self.routes.invalidate()
+        if existing == len(self.shards) and not tolerate_existing:
+            raise BackendError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"topic {config.topic!r} already exists: use UpdateTopic to change it")
+        return existing
+
+    def _admin(self, context: Context, topic: str) -> None:
+        principal = self._principal(context)
+        check_topic_name(topic)
+        self.tokens.authorize(principal, Action.ADMIN, topic)
+
+    @unary
+    async def CreateTopic(self, request: commitlog_pb2.TopicRequest,
+                          context: Context) -> common_pb2.TopicConfig:
+        self._admin(context, request.topic.topic)
+        await self._create_on_shards(request.topic, context, tolerate_existing=False)
+        return request.topic
+
+    @unary
+    async def UpdateTopic(self, request: commitlog_pb2.TopicRequest,
+                          context: Context) -> common_pb2.TopicConfig:
+        self._admin(context, request.topic.topic)
+        route = await self._route(request.topic.topic)
+        timeout = self._timeout(context)
+        updated = request.topic
+        for shard in dict.fromkeys(q.shard for q in route.queues):
+            updated = await self.retry.read(
+                functools.partial(shard.on_commitlog, shard.commitlog.UpdateTopic, request, timeout))
+        self.routes.invalidate()
+        return updated
+
+    @unary
+    async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
+                         context: Context) -> commitlog_pb2.ListTopicsResponse:
+        principal = self._principal(context)
+        await self.routes.refresh()
+        response = commitlog_pb2.ListTopicsResponse()
+        for topic, pairs in sorted(self.routes.configs().items()):
+            if not (principal.may(Action.CONSUME, topic) or principal.may(Action.PRODUCE, topic)):
+                continue
+            response.topics.add(topic=topic, read_queue_nums=sum(c.read_queue_nums for _, c in pairs),
+                                write_queue_nums=sum(c.write_queue_nums for _, c in pairs), perm=pairs[0][1].perm)
+        return response
+
+    @unary
+    async def GetRoute(self, request: gateway_pb2.GetRouteRequest,
+                       context: Context) -> gateway_pb2.TopicRoute:
+        principal = self._principal(context)
+        check_topic_name(request.topic)
+        if not (principal.may(Action.CONSUME, request.topic) or principal.may(Action.PRODUCE, request.topic)):
+            raise PermissionDeniedError(f"token {principal.name!r} may neither produce to nor consume from topic "
+                                        f"{request.topic!r}")
+        route = await self._route(request.topic)
+        return gateway_pb2.TopicRoute(topic=route.topic, queues=[
+            gateway_pb2.QueueRoute(queue_id=q.queue_id, shard=q.shard.name, shard_queue_id=q.shard_queue_id,
+                                   writable=q.writable, readable=q.readable) for q in route.queues])
+
+
+def _peer_host(context: Context) -> str:
+    return peer_address(context.peer() or "")
+
+
+def _shard_bases(route: TopicRoute) -> dict[ShardClient, int]:
+    """Each shard of the route and the route id of its queue 0."""
+    bases: dict[ShardClient, int] = {}
+    for queue in route.queues:
+        bases.setdefault(queue.shard, queue.base)
+    return bases
+
+
+def _renumber(details: str, offset: int) -> str:
+    """A batch error's "message #i" as the stream's sequence number."""
+    return _MESSAGE_INDEX.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream", details, count=1)
+
+
+def _serialize(response: Any) -> bytes:
+    return response if type(response) is bytes else response.SerializeToString()
+
+
+def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
+    """Like the generated ``add_MessagingServiceServicer_to_server``, but every answer may also be
+    bytes already serialised by a backend (relayed pulls)."""
+    from mqstore.v1 import gateway_pb2 as g
+
+    unary_methods: dict[str, tuple[Any, Any]] = {
+        "Send": (servicer.Send, g.SendRequest), "SendBatch": (servicer.SendBatch, g.SendBatchRequest),
+        "Pull": (servicer.Pull, query_pb2.PullMessageRequest),
+        "GetMessage": (servicer.GetMessage, query_pb2.ViewMessageRequest),
+        "QueryByKey": (servicer.QueryByKey, query_pb2.QueryMessageRequest),
+        "SearchOffset": (servicer.SearchOffset, query_pb2.SearchOffsetRequest),
+        "GetQueueOffsets": (servicer.GetQueueOffsets, query_pb2.GetQueueOffsetRangeRequest),
+        "CommitOffset": (servicer.CommitOffset, query_pb2.UpdateConsumerOffsetRequest),
+        "QueryOffset": (servicer.QueryOffset, query_pb2.QueryConsumerOffsetRequest),
+        "CreateTopic": (servicer.CreateTopic, commitlog_pb2.TopicRequest),
+        "UpdateTopic": (servicer.UpdateTopic, commitlog_pb2.TopicRequest),
+        "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
+        "GetRoute": (servicer.GetRoute, g.GetRouteRequest),
+    }
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=request_type.FromString,
+                                                  response_serializer=_serialize)
+        for name, (handler, request_type) in unary_methods.items()
+    }
+    handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
+        servicer.SendStream, request_deserializer=g.SendRequest.FromString, response_serializer=_serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -1,0 +1,113 @@
+"""Gateway settings: where the shards are, how queues are picked, deadlines, auth.
+
+A YAML file (``mqstore gateway --config gateway.yaml``) may set any field; without one the gateway
+runs the embedded default: one shard made of the services ``mqstore up`` starts on 127.0.0.1.
+
+    listen: 127.0.0.1:9876
+    shards:
+      - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}
+    queue_selection: round_robin        # or latency (avoid queues whose sends were slow or failing)
+    auth_file: tokens.yaml              # bearer tokens; without it every call is allowed
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.store.config import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:9876"
+ROUND_ROBIN = "round_robin"
+LATENCY = "latency"
+
+
+@dataclass(slots=True, frozen=True)
+class ShardSettings:
+    """One shard: a commitlog service and the query service reading it (its indexer stays behind it)."""
+
+    name: str
+    commitlog: str
+    query: str
+
+
+@dataclass(slots=True, frozen=True)
+class GatewaySettings:
+    listen: str = DEFAULT_LISTEN
+    shards: tuple[ShardSettings, ...] = (ShardSettings("shard-0", "127.0.0.1:9901", "127.0.0.1:9903"),)
+    queue_selection: str = ROUND_ROBIN
+    # Bearer tokens (see gateway/auth.py); None = no auth, allowed only on a loopback listen address
+    # unless allow_insecure is set.
+    auth_file: str | None = None
+    allow_insecure: bool = False
+    # Create a topic on every shard at its first send (RocketMQ's autoCreateTopicEnable).
+    auto_create_topic: bool = True
+    default_topic_queue_nums: int = 8
+    # Deadline of one backend call when the client gave none (or a longer one).
+    backend_timeout_ms: int = 5_000
+    # Attempts of a retryable backend call (reads; sends only when nothing can have been written).
+    retry_attempts: int = 3
+    retry_initial_backoff_ms: int = 50
+    retry_max_backoff_ms: int = 1_000
+    # How long the route table trusts what it read from the shards.
+    route_refresh_ms: int = 30_000
+    # Latency-aware selection: a failing queue is avoided for this long, doubled per further failure.
+    fault_initial_backoff_ms: int = 1_000
+    fault_max_backoff_ms: int = 60_000
+    max_concurrent_rpcs: int = 4096
+
+    def validate(self) -> None:
+        if not self.shards:
+            raise ConfigError("shards: give at least one shard (name, commitlog, query)")
+        names = [s.name for s in self.shards]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"shards: names must be unique, got {names}")
+        if self.queue_selection not in (ROUND_ROBIN, LATENCY):
+            raise ConfigError(f"queue_selection must be {ROUND_ROBIN!r} or {LATENCY!r}, got {self.queue_selection!r}")
+        for name in ("backend_timeout_ms", "retry_attempts", "route_refresh_ms", "default_topic_queue_nums",
+                     "fault_initial_backoff_ms", "fault_max_backoff_ms", "max_concurrent_rpcs"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+def load_gateway_settings(path: str | Path | None, **overrides: Any) -> GatewaySettings:
+    """Defaults < YAML file < explicit overrides (command-line flags; None means not given)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read gateway settings {path}: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        values.update(loaded)
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(GatewaySettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown gateway settings {unknown}; known: {sorted(known)}")
+    if "shards" in values:
+        values["shards"] = tuple(_shard(i, raw) for i, raw in enumerate(values["shards"] or ()))
+    try:
+        settings = GatewaySettings(**values)
+    except TypeError as exc:
+        raise ConfigError(f"bad gateway settings: {exc}") from None
+    settings.validate()
+    return settings
+
+
+def _shard(index: int, raw: Any) -> ShardSettings:
+    if isinstance(raw, ShardSettings):
+        return raw
+    if not isinstance(raw, dict) or not {"commitlog", "query"} <= set(raw):
+        raise ConfigError(f"shards[{index}]: expected a mapping with commitlog and query addresses, got {raw!r}")
+    extra = set(raw) - {"name", "commitlog", "query"}
+    if extra:
+        raise ConfigError(f"shards[{index}]: unknown keys {sorted(extra)}")
+    return ShardSettings(str(raw.get("name", f"shard-{index}")), str(raw["commitlog"]), str(raw["query"]))
+
+

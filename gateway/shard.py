@@ -1,0 +1,88 @@
+"""One shard as the gateway sees it: a commitlog service (writes, topics) and a query service (reads).
+
+Protobuf stays close to the wire here: sends are forwarded as bytes. ``SendRequest`` and
+``AppendRequest`` (and ``SendBatchRequest`` / ``AppendBatchRequest``) carry their messages in field 1
+with the same type, so once the gateway has cleared its own routing fields the client's request *is*
+the commitlog's request, and serialising it once is all the forwarding costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc
+
+from gateway.resilience import BackendError, backend_error
+from gateway.settings import ShardSettings
+from services.server.channels import aio_channel
+
+MIB = 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 80 * MIB),
+    ("grpc.max_send_message_length", 80 * MIB),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 30_000),
+]
+T = TypeVar("T")
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class ShardClient:
+    def __init__(self, index: int, settings: ShardSettings) -> None:
+        self.index = index
+        self.name = settings.name
+        self.settings = settings
+        self._commitlog_channel = aio_channel(settings.commitlog, CHANNEL_OPTIONS)
+        self._query_channel = aio_channel(settings.query, CHANNEL_OPTIONS)
+        self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._commitlog_channel)
+        self.query = query_pb2_grpc.QueryServiceStub(self._query_channel)
+        # Requests already serialised by the gateway (see the module docstring).
+        self.append_bytes = self._commitlog_channel.unary_unary(
+            "/mqstore.v1.CommitLogService/Append", request_serializer=_identity,
+            response_deserializer=commitlog_pb2.AppendResult.FromString)
+        self.append_batch_bytes = self._commitlog_channel.unary_unary(
+            "/mqstore.v1.CommitLogService/AppendBatch", request_serializer=_identity,
+            response_deserializer=commitlog_pb2.AppendBatchResponse.FromString)
+        # Pull answers go back to the client as the query service wrote them.
+        self.pull_bytes = self._query_channel.unary_unary(
+            "/mqstore.v1.QueryService/PullMessage", request_serializer=query_pb2.PullMessageRequest.SerializeToString,
+            response_deserializer=_identity)
+        self.store_host: str | None = None
+        self._commitlog_what = f"the commitlog of {self.name} ({settings.commitlog})"
+        self._query_what = f"the query service of {self.name} ({settings.query})"
+
+    async def close(self) -> None:
+        await self._commitlog_channel.close(None)
+        await self._query_channel.close(None)
+
+    async def on_commitlog(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
+        try:
+            return await call(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise backend_error(self._commitlog_what, exc) from None
+
+    async def on_query(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
+        try:
+            return await call(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise backend_error(self._query_what, exc) from None
+
+    async def topics(self, timeout: float) -> list[common_pb2.TopicConfig]:
+        response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(), timeout)
+        return list(response.topics)
+
+    async def learn_store_host(self, timeout: float) -> str:
+        info = await self.on_commitlog(self.commitlog.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest(), timeout)
+        store_host: str = info.store_host
+        self.store_host = store_host
+        return store_host
+
+
+__all__ = ["BackendError", "ShardClient"]
