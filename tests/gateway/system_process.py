@@ -1,0 +1,120 @@
+"""The whole system as a newcomer runs it: one ``mqstore up`` process (commitlog, indexer, query and
+gateway as its children), on free loopback ports, stopped with SIGTERM like a Ctrl-C.
+
+Kept apart from conftest.py so test modules can import the handle type:
+``from tests.gateway.system_process import UpProcess, start_up``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from mqstore.v1 import gateway_pb2_grpc
+
+from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
+
+GATEWAY_SERVICE = "mqstore.v1.MessagingService"
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports nobody listens on (outside the ephemeral range)."""
+    for _ in range(200):
+        base = random.randrange(20_000, 32_000)
+        if all(_free(base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no block of {count} free ports found")
+
+
+class UpProcess:
+    """``mqstore up``: ``.gateway`` (address), ``.channel``, ``.stub`` (MessagingService), ``.addresses``."""
+
+    def __init__(self, store: Path, base_port: int, metrics_base_port: int, proc: subprocess.Popen[bytes],
+                 log_path: Path) -> None:
+        self.store = store
+        self.base_port = base_port
+        self.metrics_base_port = metrics_base_port
+        self.gateway = f"127.0.0.1:{base_port}"
+        self.commitlog = f"127.0.0.1:{base_port + 1}"
+        self.indexer = f"127.0.0.1:{base_port + 2}"
+        self.query = f"127.0.0.1:{base_port + 3}"
+        self.proc = proc
+        self.log_path = log_path
+        self.channel = grpc.insecure_channel(self.gateway, options=CHANNEL_OPTIONS)
+        self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
+
+    def metrics_url(self, service: str) -> str:
+        offset = {"commitlog": 1, "indexer": 2, "query": 3, "gateway": 4}[service]
+        return f"http://127.0.0.1:{self.metrics_base_port + offset}/metrics"
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_up(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while "mqstore is up" not in self.logs():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mqstore up exited with {self.proc.returncode}:\n{self.logs()[-5000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"mqstore up did not come up in {timeout_s}s:\n{self.logs()[-5000:]}")
+            time.sleep(0.1)
+        health = health_pb2_grpc.HealthStub(self.channel)
+        status = health.Check(health_pb2.HealthCheckRequest(service=GATEWAY_SERVICE), timeout=10,
+                              wait_for_ready=True).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+
+    def stop(self, timeout_s: float = 90.0) -> int:
+        """SIGTERM to the runner (what Ctrl-C does); it stops its children in order."""
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout_s)
+
+    def kill_all(self) -> None:
+        """Last resort at teardown: the runner's children run in their own sessions."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        for line in self.logs().splitlines():
+            if line.startswith("started ") and "(pid " in line:
+                pid = int(line.split("(pid ")[1].split(")")[0])
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_args: list[str] | None = None,
+             timeout_s: float = 120.0) -> UpProcess:
+    store.parent.mkdir(parents=True, exist_ok=True)
+    base_port = free_port_block(4)
+    metrics_base_port = free_port_block(5)
+    log_path = store.parent / f"{store.name}-up.log"
+    with open(log_path, "ab") as log_file:
+        proc = subprocess.Popen(
+            [*mqstore_command(), "up", "--store", str(store), "--base-port", str(base_port),
+             "--metrics-base-port", str(metrics_base_port), *(extra_args or [])],
+            env=commitlog_env(env_overrides), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
+    handle = UpProcess(store, base_port, metrics_base_port, proc, log_path)
+    try:
+        handle.wait_up(timeout_s)
+    except BaseException:
+        handle.kill_all()
+        raise
+    return handle
