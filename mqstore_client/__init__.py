@@ -1,0 +1,1 @@
+"""The Python client of mqstore: Producer and PullConsumer over the gateway's MessagingService."""
