@@ -1,5 +1,10 @@
 """Client channels between mqstore processes. Every internal hop is made here, so cross-cutting
-concerns of the client side (trace context propagation) are added in one place."""
+concerns of the client side (trace context propagation) are added in one place.
+
+With tracing on (see :mod:`services.server.tracing`) each channel carries OpenTelemetry's client
+interceptors: a CLIENT span per call and the W3C ``traceparent`` header, so the server's span joins
+the caller's trace. With tracing off the channels are plain grpc channels, without any interceptor.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,19 @@ from collections.abc import Sequence
 
 import grpc
 
+from services.server import tracing
+
 ChannelOptions = Sequence[tuple[str, int | str]]
 
 
 def aio_channel(address: str, options: ChannelOptions = ()) -> grpc.aio.Channel:
     """A ``grpc.aio`` channel to another mqstore service."""
-    return grpc.aio.insecure_channel(address, options=list(options))
+    return grpc.aio.insecure_channel(address, options=list(options),
+                                     interceptors=tracing.aio_client_interceptors() or None)
 
 
 def sync_channel(address: str, options: ChannelOptions = ()) -> grpc.Channel:
-    """A blocking channel to another mqstore service."""
-    return grpc.insecure_channel(address, options=list(options))
+    """A blocking channel to another mqstore service. With tracing on, a server-streaming call that
+    is traced returns a plain iterator (no ``cancel()``); the untraced long-lived streams (Tail,
+    WatchArrivals) keep their call object."""
+    return tracing.intercept_sync_channel(grpc.insecure_channel(address, options=list(options)))

@@ -2,7 +2,9 @@
 
 Two flavours with the same shape. :class:`GrpcServer` is grpc's thread-pool server (the indexer's
 sync servicer); :class:`AioGrpcServer` is a ``grpc.aio`` server on the running event loop (the
-commitlog service, whose appends are grouped by coroutines). A service registers its servicers,
+commitlog service, whose appends are grouped by coroutines). With tracing on
+(:mod:`services.server.tracing`, initialised before the server is built) both carry OpenTelemetry's
+server interceptor; with it off, none. A service registers its servicers,
 starts the server, and hands control to :func:`serve_until_signal` (or its ``_aio`` twin), which
 waits for SIGTERM or SIGINT and then stops in the order that loses nothing: health NOT_SERVING (load
 balancers stop sending), the service's own stopping hook (wake long polls), ``server.stop(grace)``
@@ -26,6 +28,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # missing from the stubs
 from grpc_reflection.v1alpha import reflection
+
+from services.server import tracing
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +102,10 @@ class GrpcServer:
         self.port = 0
         self._executor = futures.ThreadPoolExecutor(max_workers=settings.max_workers,
                                                     thread_name_prefix="grpc-worker")
+        # No interceptor at all with tracing off: grpc then skips the interceptor pipeline.
         self._server = grpc.server(self._executor, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
-                                   options=_channel_options(settings))
+                                   options=_channel_options(settings),
+                                   interceptors=tracing.server_interceptors() or None)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
@@ -138,7 +144,8 @@ class AioGrpcServer:
         self.service_names = tuple(service_names)
         self.port = 0
         self._server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
-                                       options=_channel_options(settings))
+                                       options=_channel_options(settings),
+                                       interceptors=tracing.aio_server_interceptors() or None)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
