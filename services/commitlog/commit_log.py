@@ -28,6 +28,7 @@ from services.commitlog.queue_offsets import (
 )
 from services.commitlog.recovery import recover_abnormally, recover_normally
 from services.commitlog.topic_config import PERM_WRITE, TopicConfig, TopicConfigManager, check_topic_name
+from services.server import tracing
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
 from services.store.errors import (
@@ -338,12 +339,24 @@ class CommitLog:
             if any(e.wait_store_msg_ok for e in encoded):
                 last = results[-1]
                 end = last.commitlog_offset + last.wrote_bytes
-                if not self._group_commit.wait_for_flush(end, self.config.sync_flush_timeout / 1000):
+                if tracing.ENABLED:
+                    flushed = self._traced_wait_for_flush(self._group_commit, end, len(results))
+                else:
+                    flushed = self._group_commit.wait_for_flush(end, self.config.sync_flush_timeout / 1000)
+                if not flushed:
                     log.warning("flush of offset %d did not finish within syncFlushTimeout", end)
                     for result in results:
                         result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
         elif self._flush_service is not None and self._wake_flush_service:
             self._flush_service.wakeup()
+
+    def _traced_wait_for_flush(self, group_commit: GroupCommitService, end: int, messages: int) -> bool:
+        """The flush wait as a span of the request that appended (AppendBatch, AppendStream: their
+        context follows them into this thread). The PutBatcher's calls serve many requests and have
+        none; each of those requests times its own wait instead."""
+        with tracing.child_span("commitlog.flush_wait", flush_disk_type=SYNC_FLUSH, group_commit=False,
+                                messages=messages):
+            return group_commit.wait_for_flush(end, self.config.sync_flush_timeout / 1000)
 
     # -- read --------------------------------------------------------------------------------
     @property

@@ -18,6 +18,7 @@ from mqstore.v1 import commitlog_pb2_grpc
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
+from services.server import metrics
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
@@ -30,6 +31,7 @@ from services.server.grpc_server import (
 from services.server.logs import configure_logging
 from services.server.metrics import MetricsServer, start_metrics_server
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import MessageStoreConfig
 from services.store.store_root import StoreLockedError
 
@@ -50,7 +52,11 @@ def serve(store: str, config_file: str | None, listen: str | None) -> int:
     """Run the commitlog service on ``store`` until SIGTERM/SIGINT; returns the exit code."""
     configure_logging()
     tune_gc()
-    return asyncio.run(_serve(store, config_file, listen))
+    init_tracing("commitlog")
+    try:
+        return asyncio.run(_serve(store, config_file, listen))
+    finally:
+        shutdown_tracing()
 
 
 async def _serve(store: str, config_file: str | None, listen: str | None) -> int:
@@ -69,6 +75,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     except StoreLockedError as exc:
         log.error("cannot start: %s", exc, extra={"store": store})
         return EXIT_STORE_LOCKED
+    metrics.bind_commitlog(engine.stats, config.mapped_file_size_commit_log, lambda: engine.disk_full)
     servicer = CommitLogServicer(engine)
     await servicer.start()
     server = AioGrpcServer(settings, [SERVICE_NAME],

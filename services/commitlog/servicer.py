@@ -38,8 +38,9 @@ from services.commitlog.convert import (
 )
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from services.server import metrics
+from services.server import metrics, tracing
 from services.server.status import status_code_of
+from services.store.config import SYNC_FLUSH
 from services.store.errors import InvalidArgumentError, StoreError
 from services.store.message import Message
 
@@ -243,18 +244,32 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         """
         if self._puts_wait_for_flush:
             if len(messages) == 1:
+                if tracing.ENABLED:
+                    return [await self._put_one_traced(messages[0])]
                 return [await self._batcher.put(messages[0])]
+            # The engine's flush wait is a span of its own (the thread inherits this call's context).
             return await asyncio.to_thread(self._puts.put_messages, messages)
         if size_bytes > LOOP_WORK_MAX_BYTES:
             return await asyncio.to_thread(self._puts.put_messages, messages)
         return self._puts.put_messages(messages)
+
+    async def _put_one_traced(self, message: Message) -> PutMessageResult:
+        """The batcher's engine call serves many producers, so no single request's span can parent
+        it: each waiting Append gets its own flush-wait span, the wall time it waited for the group
+        commit (the shared append and the fdatasync that made its message durable)."""
+        with tracing.span("commitlog.flush_wait", flush_disk_type=SYNC_FLUSH, group_commit=True, messages=1):
+            return await self._batcher.put(message)
 
     async def Append(self, request: commitlog_pb2.AppendRequest, context: Context) -> commitlog_pb2.AppendResult:
         if not request.HasField("message"):
             await _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
                          "AppendRequest.message is missing: set the message to append")
         try:
-            result = await self._batcher.put(message_from_proto(request.message, context.peer()))
+            message = message_from_proto(request.message, context.peer())
+            if tracing.ENABLED and self._puts_wait_for_flush:
+                result = await self._put_one_traced(message)
+            else:
+                result = await self._batcher.put(message)
         except StoreError as exc:
             await _abort(context, "Append", status_code_of(exc), str(exc))
         if result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
@@ -298,6 +313,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
                 data = self.engine.read(request.offset, request.size)
         except StoreError as exc:
             await _abort(context, "Read", status_code_of(exc), str(exc))
+        metrics.observe_read(metrics.READ_CALLS, metrics.READ_BYTES_READ, len(data))
         return commitlog_pb2.ReadResponse(data=data, incarnation=self.engine.incarnation)
 
     async def ReadBatch(self, request: commitlog_pb2.ReadBatchRequest,
@@ -321,6 +337,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             data, failure = self._read_ranges(pairs)
         if failure is not None:
             await _abort(context, "ReadBatch", failure.code, failure.detail)
+        metrics.observe_read(metrics.READ_BATCH_CALLS, metrics.READ_BYTES_READ_BATCH, sum([len(d) for d in data]))
         return commitlog_pb2.ReadBatchResponse(data=data, incarnation=self.engine.incarnation)
 
     def _read_ranges(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[bytes], _Failure | None]:
@@ -363,6 +380,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
                 await _abort(context, "Tail", status_code_of(exc), str(exc))
             if chunk.record_count:
                 metrics.TAIL_DATA_CHUNKS.inc()
+                metrics.READ_BYTES_TAIL.inc(len(chunk.data))
                 await context.write(commitlog_pb2.TailChunk(
                     start_offset=chunk.start_offset, data=chunk.data, next_offset=chunk.next_offset,
                     max_offset=engine.max_offset, record_count=chunk.record_count,

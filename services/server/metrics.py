@@ -1,9 +1,11 @@
-"""Prometheus metrics and their HTTP endpoint (off unless a port is configured).
+"""Prometheus metrics of the commitlog service, and the HTTP endpoint every service uses (off unless a
+port is configured).
 
 The counters are process-wide and always updated: an update is a lock and an add, and the put path
-records once per append call (a batch or a stream batch), never per byte. The HTTP server that
-exposes them only runs when ``MQSTORE_METRICS_PORT`` (or an explicit port) is given, and only on
-loopback by default.
+records once per append call (a batch or a stream batch), never per byte; reads once per call, flushes
+once per fdatasync round. Gauges of the store's state (offsets, files, disk) are read from the engine
+only when scraped. The HTTP server that exposes them only runs when ``MQSTORE_METRICS_PORT`` (or an
+explicit port) is given, and only on loopback by default.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import enum
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, Metric, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +38,23 @@ PUT_LATENCY = Histogram(
 APPENDED_BYTES = Counter("mqstore_commitlog_appended_bytes", "Record bytes appended to the commitlog")
 TAIL_CHUNKS = Counter("mqstore_commitlog_tail_chunks", "Tail chunks sent, data or empty heartbeat", ["kind"])
 RPC_ERRORS = Counter("mqstore_commitlog_rpc_errors", "RPCs ended with an error status", ["method", "code"])
+FLUSH_LATENCY = Histogram(
+    "mqstore_commitlog_flush_latency_seconds",
+    "Duration of one flush round that made data durable (fdatasync; group commit or flush service)",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+READS = Counter("mqstore_commitlog_reads", "Read and ReadBatch calls answered", ["method"])
+READ_BYTES = Counter("mqstore_commitlog_read_bytes", "Record bytes sent by Read, ReadBatch and Tail", ["method"])
 
 # Bound children: a labels() lookup per call is the expensive part of a prometheus update.
 _PUT_OK = PUTS.labels(status="PUT_OK")
 TAIL_DATA_CHUNKS = TAIL_CHUNKS.labels(kind="data")
 TAIL_HEARTBEATS = TAIL_CHUNKS.labels(kind="heartbeat")
+READ_CALLS = READS.labels(method="Read")
+READ_BATCH_CALLS = READS.labels(method="ReadBatch")
+READ_BYTES_READ = READ_BYTES.labels(method="Read")
+READ_BYTES_READ_BATCH = READ_BYTES.labels(method="ReadBatch")
+READ_BYTES_TAIL = READ_BYTES.labels(method="Tail")
 
 
 class _Put(Protocol):
@@ -61,6 +77,74 @@ def observe_append(results: Sequence[_Put], elapsed_s: float) -> None:
             PUTS.labels(status=result.status.name).inc()
     _PUT_OK.inc(ok)
     APPENDED_BYTES.inc(written)
+
+
+def observe_read(calls: Counter, read_bytes: Counter, size: int) -> None:
+    """Record one answered read call of ``size`` bytes (bound children of READS and READ_BYTES)."""
+    calls.inc()
+    read_bytes.inc(size)
+
+
+class _Stats(Protocol):
+    """What the store gauges read of the engine's StoreStats."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    @property
+    def flushed_offset(self) -> int: ...
+
+    @property
+    def mapped_file_count(self) -> int: ...
+
+    @property
+    def disk_total_bytes(self) -> int: ...
+
+    @property
+    def disk_used_bytes(self) -> int: ...
+
+
+class StoreCollector(Collector):
+    """The commitlog's state, read from the engine when scraped (one ``stats()`` call, one statvfs):
+    nothing on the put path."""
+
+    def __init__(self, stats: Callable[[], _Stats], file_size: int, disk_full: Callable[[], bool]) -> None:
+        self._stats = stats
+        self._file_size = file_size
+        self._disk_full = disk_full
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._stats()
+        ratio = st.disk_used_bytes / st.disk_total_bytes if st.disk_total_bytes else 0.0
+        for name, doc, value in (
+            ("min_offset", "First commitlog offset still on disk", st.min_offset),
+            ("max_offset", "Commitlog offset the next record is written at", st.max_offset),
+            ("flushed_offset", "Commitlog offset made durable so far", st.flushed_offset),
+            ("files", "Commitlog files on disk", st.mapped_file_count),
+            ("files_bytes", "Disk space the commitlog files take (files x file size)",
+             st.mapped_file_count * self._file_size),
+            ("disk_used_ratio", "Used fraction of the store's filesystem (writes stop above "
+             "diskSpaceWarningLevelRatio)", ratio),
+            ("disk_used_bytes", "Used bytes of the store's filesystem", st.disk_used_bytes),
+            ("disk_total_bytes", "Size of the store's filesystem", st.disk_total_bytes),
+            ("disk_full", "1 while writes are refused because the disk is too full", int(self._disk_full())),
+        ):
+            yield GaugeMetricFamily(f"mqstore_commitlog_{name}", doc, value=value)
+
+
+_store_collector: StoreCollector | None = None
+
+
+def bind_commitlog(stats: Callable[[], _Stats], file_size: int, disk_full: Callable[[], bool]) -> None:
+    """Expose the store gauges of one engine (replacing those of an earlier one in this process)."""
+    global _store_collector
+    if _store_collector is not None:
+        REGISTRY.unregister(_store_collector)
+    _store_collector = StoreCollector(stats, file_size, disk_full)
+    REGISTRY.register(_store_collector)
 
 
 def observe_rejected(status: str, count: int = 1) -> None:
