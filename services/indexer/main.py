@@ -17,11 +17,13 @@ from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
 from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
+from services.server.channels import sync_channel
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import BindError, GrpcServer, ServerSettings, ShutdownSignal, serve_until_signal
 from services.server.logs import configure_logging
 from services.server.metrics import MetricsServer, start_metrics_server
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.record import SYSFLAG_POS, store_timestamp_pos
 from services.store.store_root import StoreLockedError
 
@@ -37,7 +39,7 @@ class CommitLogReader:
     """Store times of records, read from the commitlog service (the time query's binary search)."""
 
     def __init__(self, address: str) -> None:
-        self._channel = grpc.insecure_channel(address)
+        self._channel = sync_channel(address)
         self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one reader per process, lives as long as it
@@ -59,6 +61,14 @@ def serve(store: str, config_file: str | None, listen: str | None, commitlog: st
     """Run the indexer on ``store`` following the commitlog service at ``commitlog``."""
     configure_logging()
     tune_gc()
+    init_tracing("indexer")
+    try:
+        return _serve(store, config_file, listen, commitlog)
+    finally:
+        shutdown_tracing()
+
+
+def _serve(store: str, config_file: str | None, listen: str | None, commitlog: str | None) -> int:
     signals = ShutdownSignal()
     signals.install()
     try:

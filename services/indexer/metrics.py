@@ -1,8 +1,9 @@
-"""The indexer's Prometheus metrics: dispatch lag, read live from the reput service when scraped."""
+"""The indexer's Prometheus metrics: dispatch lag and what the dispatch built, read live from the
+reput service and the store when scraped; reads of queue units counted once per call."""
 
 from __future__ import annotations
 
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
@@ -13,6 +14,22 @@ BEHIND_SECONDS = Gauge("mqstore_indexer_dispatch_behind_seconds",
 REPUT_OFFSET = Gauge("mqstore_indexer_reput_offset", "Next commitlog offset to dispatch")
 DISPATCHED = Gauge("mqstore_indexer_dispatched_records", "Records dispatched since start")
 CONNECTED = Gauge("mqstore_indexer_commitlog_connected", "1 while the Tail stream is up")
+CONSUME_QUEUES = Gauge("mqstore_indexer_consume_queues", "ConsumeQueues (topic, queue id) in this indexer")
+INDEX_FILES = Gauge("mqstore_indexer_index_files", "IndexFiles on disk")
+INDEX_ENTRIES = Gauge("mqstore_indexer_index_entries", "Key entries in the IndexFiles (UNIQ_KEY and KEYS)")
+QUEUE_READS = Counter("mqstore_indexer_queue_entry_reads", "GetQueueEntries calls answered (one per pull)")
+QUEUE_UNITS_SERVED = Counter("mqstore_indexer_queue_units_served", "ConsumeQueue units returned by GetQueueEntries")
+
+
+def observe_queue_read(units: int) -> None:
+    """Record one answered GetQueueEntries call that returned ``units`` units."""
+    QUEUE_READS.inc()
+    QUEUE_UNITS_SERVED.inc(units)
+
+
+def _index_entries(store: IndexerStore) -> int:
+    # Slot 0 of an IndexFile is never used: a file with n entries has index_count n + 1.
+    return sum(f.index_count - 1 for f in store.index.files) if store.index is not None else 0
 
 
 def bind(store: IndexerStore, reput: ReputService) -> None:
@@ -21,3 +38,6 @@ def bind(store: IndexerStore, reput: ReputService) -> None:
     REPUT_OFFSET.set_function(lambda: store.reput_offset)
     DISPATCHED.set_function(lambda: store.dispatched_records)
     CONNECTED.set_function(lambda: 1 if reput.lag.connected else 0)
+    CONSUME_QUEUES.set_function(lambda: len(store.consume_queues.queues()))
+    INDEX_FILES.set_function(lambda: len(store.index.files) if store.index is not None else 0)
+    INDEX_ENTRIES.set_function(lambda: _index_entries(store))

@@ -18,6 +18,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from services.indexer.indexer_store import IndexerStore, ReputState
+from services.server.channels import sync_channel
 from services.store.record import RecordError, parse_dispatch_requests
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class ReputService:
 
     def _follow_once(self) -> None:
         """Connect, reconcile with this commitlog incarnation, then dispatch until the stream ends."""
-        with grpc.insecure_channel(self._address, options=[("grpc.max_receive_message_length", 256 * MIB)]) as ch:
+        with sync_channel(self._address, options=[("grpc.max_receive_message_length", 256 * MIB)]) as ch:
             stub = commitlog_pb2_grpc.CommitLogServiceStub(ch)
             info = stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
             self._reconcile(info)

@@ -11,6 +11,7 @@ from typing import NoReturn
 import grpc
 from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
 
+from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import IndexerStore, QueueKey
 from services.indexer.reput import ReputService
 from services.server.status import status_code_of
@@ -104,6 +105,7 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
         except StoreError as exc:
             _abort(context, exc)
         units = cq.get_units(request.from_offset, count)
+        indexer_metrics.observe_queue_read(len(units))
         return indexer_pb2.GetQueueEntriesResponse(
             units=[indexer_pb2.QueueUnit(queue_offset=q, commitlog_offset=o, size=s, tags_code=t)
                    for o, s, t, q in units],
