@@ -51,6 +51,11 @@ class ArrivalWatcher:
         self._task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
 
+    @property
+    def waiting(self) -> int:
+        """Pulls suspended in :meth:`wait` right now."""
+        return self._waiting
+
     # -- the pull side -------------------------------------------------------------------------
     def token(self, key: QueueKey) -> tuple[int, int]:
         return self._epoch, self._counts.get(key, 0)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2, indexer_pb2_grpc
 
+from services.server.channels import aio_channel
 from services.store.errors import OutOfRangeError, StoreError, UnavailableError
 
 MIB = 1024 * 1024
@@ -92,7 +93,7 @@ def _translate(service: str, address: str, exc: grpc.aio.AioRpcError) -> StoreEr
 class IndexerClient:
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = aio_channel(address, CHANNEL_OPTIONS)
         self._stub = indexer_pb2_grpc.IndexerServiceStub(self._channel)
 
     async def close(self) -> None:
@@ -168,7 +169,7 @@ class IndexerClient:
 class CommitLogClient:
     def __init__(self, address: str) -> None:
         self.address = address
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = aio_channel(address, CHANNEL_OPTIONS)
         self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
 
     async def close(self) -> None:

@@ -2,6 +2,7 @@
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server and aio clients of the indexer and
 the commitlog service). Its store root holds only ``lock`` and ``config/consumerOffset.json``.
+Metrics on ``MQSTORE_METRICS_PORT`` like the other services (services/query/metrics.py).
 
 Exit codes: 0 after a clean stop, 2 for bad settings or an address it cannot listen on, 3 when
 another process holds the store's lock, 4 when the consumer offsets file and its backup are unreadable.
@@ -18,6 +19,7 @@ from pathlib import Path
 from mqstore.v1 import query_pb2_grpc
 
 from services.query import DEFAULT_LISTEN
+from services.query import metrics as query_metrics
 from services.query.arrivals import ArrivalWatcher
 from services.query.backends import CommitLogClient, IndexerClient
 from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
@@ -36,7 +38,9 @@ from services.server.grpc_server import (
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
+from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
+from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError, load_config
 from services.store.store_root import StoreLock, StoreLockedError
 
@@ -66,7 +70,11 @@ def serve(options: QueryOptions) -> int:
     """Run the query service until SIGTERM/SIGINT; returns the exit code."""
     configure_logging()
     tune_gc()
-    return asyncio.run(_serve(options))
+    init_tracing("query")
+    try:
+        return asyncio.run(_serve(options))
+    finally:
+        shutdown_tracing()
 
 
 async def _serve(options: QueryOptions) -> int:
@@ -74,9 +82,10 @@ async def _serve(options: QueryOptions) -> int:
     signals.install_on_loop()
     try:
         config = load_config(options.config_file)
+        metrics_port = metrics_port_from_env()
         if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
             raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
     root = Path(options.store)
@@ -95,18 +104,19 @@ async def _serve(options: QueryOptions) -> int:
         return EXIT_BAD_OFFSETS_FILE
     try:
         return await _run(options, config.commitlog_listen, config.indexer_listen,
-                          config.mapped_file_size_consume_queue, offsets, signals)
+                          config.mapped_file_size_consume_queue, offsets, signals, metrics_port)
     finally:
         lock.release()
 
 
 async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str, cq_file_size: int,
-               offsets: ConsumerOffsetTable, signals: ShutdownSignal) -> int:
+               offsets: ConsumerOffsetTable, signals: ShutdownSignal, metrics_port: int | None) -> int:
     use_blocking_executor(BLOCKING_WORKERS)
     indexer = IndexerClient(options.indexer or indexer_listen)
     commitlog = CommitLogClient(options.commitlog or commitlog_listen)
     store = StoreView(commitlog)
     watcher = ArrivalWatcher(indexer)
+    query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
     servicer = QueryServicer(Puller(indexer, commitlog, store, watcher, cq_file_size),
                              MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
                              options.max_long_poll_ms)
@@ -117,6 +127,7 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
     watcher.start()
     persister = asyncio.create_task(_persist_periodically(offsets, options.persist_interval_ms / 1000),
                                     name="persist-consumer-offsets")
+    metrics_server: MetricsServer | None = None
 
     def stopping() -> None:
         servicer.begin_shutdown()
@@ -133,9 +144,12 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
             log.exception("cannot write %s at stop: commits since the last write are lost", offsets.path)
         await indexer.close()
         await commitlog.close()
+        if metrics_server is not None:
+            metrics_server.stop()
 
     try:
         port = await server.start()
+        metrics_server = start_metrics_server(metrics_port)
     except (BindError, OSError) as exc:
         log.error("%s", exc)
         await server.stop(grace_s=0)

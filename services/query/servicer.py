@@ -13,6 +13,7 @@ from typing import NoReturn, TypeVar
 import grpc
 from mqstore.v1 import query_pb2, query_pb2_grpc
 
+from services.query import metrics
 from services.query.consumer_offsets import ConsumerOffsetTable
 from services.query.convert import (
     message_id_kind_from_proto,
@@ -36,8 +37,10 @@ Context = grpc.aio.ServicerContext[object, object]
 T = TypeVar("T")
 
 
-async def _abort(context: Context, exc: StoreError) -> NoReturn:
-    await context.abort(query_status_code(exc), str(exc))
+async def _abort(context: Context, method: str, exc: StoreError) -> NoReturn:
+    code = query_status_code(exc)
+    metrics.observe_error(method, code.name)
+    await context.abort(code, str(exc))
     raise AssertionError("unreachable: abort raises")
 
 
@@ -61,14 +64,17 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
 
     async def PullMessage(self, request: query_pb2.PullMessageRequest,
                           context: Context) -> query_pb2.PullMessageResponse:
+        started = time.monotonic()
         try:
             self._check_running()
             query = pull_query_from_proto(request, self._max_long_poll_ms)
             remaining = context.time_remaining()
-            deadline = None if remaining is None else time.monotonic() + remaining - DEADLINE_MARGIN_S
+            deadline = None if remaining is None else started + remaining - DEADLINE_MARGIN_S
             result = await self._puller.pull(query, deadline)
         except StoreError as exc:
-            await _abort(context, exc)
+            metrics.PULL_LATENCY.observe(time.monotonic() - started)
+            await _abort(context, "PullMessage", exc)
+        metrics.observe_pull(result, time.monotonic() - started)
         return pull_result_to_proto(result)
 
     async def ViewMessage(self, request: query_pb2.ViewMessageRequest,
@@ -78,7 +84,9 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             message, found_by = await self._lookup.view(request.msg_id, request.topic,
                                                         message_id_kind_from_proto(request.kind))
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "ViewMessage", exc)
+        metrics.VIEW_LOOKUPS.inc()
+        metrics.LOOKUP_MESSAGES.inc()
         return view_response(message, found_by)
 
     async def QueryMessage(self, request: query_pb2.QueryMessageRequest,
@@ -88,7 +96,9 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             result = await self._lookup.query(request.topic, request.key, request.begin_timestamp,
                                               request.end_timestamp, request.max_num)
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "QueryMessage", exc)
+        metrics.KEY_LOOKUPS.inc()
+        metrics.LOOKUP_MESSAGES.inc(len(result.messages))
         return query_response(result)
 
     async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
@@ -97,7 +107,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             offset = await self._offsets.offset_by_time(request.topic, request.queue_id, request.timestamp)
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "SearchOffset", exc)
         return query_pb2.SearchOffsetResponse(offset=offset)
 
     async def GetQueueOffsetRange(self, request: query_pb2.GetQueueOffsetRangeRequest,
@@ -106,7 +116,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             min_offset, max_offset = await self._offsets.offset_range(request.topic, request.queue_id)
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "GetQueueOffsetRange", exc)
         return query_pb2.QueueOffsetRange(topic=request.topic, queue_id=request.queue_id, min_offset=min_offset,
                                           max_offset=max_offset)
 
@@ -116,7 +126,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             stamp = await self._offsets.earliest_store_time(request.topic, request.queue_id)
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "GetEarliestMsgStoreTime", exc)
         return query_pb2.GetEarliestMsgStoreTimeResponse(store_timestamp=stamp)
 
     async def UpdateConsumerOffset(self, request: query_pb2.UpdateConsumerOffsetRequest,
@@ -128,7 +138,8 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             check_offset("offset", request.offset)
             self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "UpdateConsumerOffset", exc)
+        metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
 
     async def QueryConsumerOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
@@ -142,5 +153,5 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
                 raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "
                                     f"{request.topic}/{request.queue_id}")
         except StoreError as exc:
-            await _abort(context, exc)
+            await _abort(context, "QueryConsumerOffset", exc)
         return query_pb2.QueryConsumerOffsetResponse(offset=offset)
