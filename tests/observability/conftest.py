@@ -1,0 +1,57 @@
+"""Fixtures of the observability tests: an in-process OTLP receiver, and the three services as real
+processes with tracing on (the standard OTEL_* variables) and their metrics endpoints on free ports.
+
+The commitlog runs SYNC_FLUSH, so an append waits for its flush and the flush-wait span and the
+flush latency histogram have something to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.commitlog.commitlog_process import ServiceProcess, free_port, start_commitlog
+from tests.indexer.indexer_process import start_indexer
+from tests.observability.otlp_receiver import OtlpReceiver, tracing_env
+from tests.query.query_process import System, start_query
+
+
+@dataclass
+class Observed:
+    """A running system whose spans go to ``receiver``; ``metrics_ports`` by service name."""
+
+    system: System
+    receiver: OtlpReceiver
+    metrics_ports: dict[str, int]
+
+
+@pytest.fixture(scope="package")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
+    receiver = OtlpReceiver().start()
+    root: Path = tmp_path_factory.mktemp("observed")
+    env = tracing_env(receiver)
+    ports = {name: free_port() for name in ("commitlog", "indexer", "query")}
+    started: list[ServiceProcess] = []
+    try:
+        commitlog = start_commitlog(root / "broker", {**env, "MQSTORE_FLUSH_DISK_TYPE": "SYNC_FLUSH",
+                                                      "MQSTORE_METRICS_PORT": str(ports["commitlog"])})
+        started.append(commitlog)
+        indexer = start_indexer(root / "indexer", commitlog.address,
+                                {**env, "MQSTORE_METRICS_PORT": str(ports["indexer"])})
+        started.append(indexer)
+        query = start_query(root / "query", commitlog.address, indexer.address,
+                            {**env, "MQSTORE_METRICS_PORT": str(ports["query"])})
+        started.append(query)
+        system = System(commitlog, indexer, query, root, env)
+        try:
+            yield Observed(system, receiver, ports)
+        finally:
+            system.stop()
+    finally:
+        for handle in started:
+            if handle.running:
+                handle.kill9()
+        receiver.stop()
