@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from services.commitlog.commit_log import CommitLog
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
 from services.commitlog.topic_config import TopicConfig
 from services.store.config import load_config
-from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from services.store.message import SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, Message
 from services.store.message_id import decode_message_id
 from services.store.record import BLANK_MAGIC_CODE, decode_record, read_size_and_magic
@@ -185,3 +186,36 @@ def test_a_rejected_batch_creates_no_topic(log: CommitLog) -> None:
     assert log.topics.get("BrandNew") is None
     log.put_message(Message("BrandNew", 0, b"ok"))
     assert log.topics.get("BrandNew") == TopicConfig("BrandNew", 8, 8)
+
+
+def test_a_put_stuck_in_the_lock_makes_others_fail_fast_as_broker_busy(tmp_path: Path) -> None:
+    """RocketMQ's isOSPageCacheBusy: a put behind one that has held the lock past the timeout is
+    refused at once (RESOURCE_EXHAUSTED at the service), and writes nothing."""
+    log = make_log(tmp_path, os_page_cache_busy_time_out_mills=200)
+    try:
+        log.put_messages([Message("busy", 0, b"first")])
+        before = log.max_offset
+        release = threading.Event()
+        held = threading.Event()
+
+        def stuck_put() -> None:
+            with log._put_lock:  # a put whose append stalls on the page cache
+                log._begin_time_in_lock = time.monotonic()
+                held.set()
+                release.wait(10)
+                log._begin_time_in_lock = 0.0
+
+        holder = threading.Thread(target=stuck_put)
+        holder.start()
+        held.wait(5)
+        time.sleep(0.3)
+        started = time.monotonic()
+        with pytest.raises(ResourceExhaustedError, match="broker busy"):
+            log.put_messages([Message("busy", 0, b"second")])
+        assert time.monotonic() - started < 0.1, "a busy store must refuse at once, not wait for the lock"
+        release.set()
+        holder.join()
+        assert log.max_offset == before
+        assert [r.queue_offset for r in log.put_messages([Message("busy", 0, b"third")])] == [1]
+    finally:
+        log.shutdown()

@@ -35,6 +35,7 @@ from services.store.errors import (
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
+    ResourceExhaustedError,
     StoreError,
     UnavailableError,
 )
@@ -105,6 +106,9 @@ class CommitLog:
                                       config.mapped_file_size_commit_log, len(self._delay_levels_ms))
         self.queue_table: dict[QueueKey, int] = {}
         self._put_lock = threading.Lock()
+        # RocketMQ's beginTimeInLock: when the put holding the lock started (0 = none), for isOSPageCacheBusy.
+        self._begin_time_in_lock = 0.0
+        self._busy_timeout_s = config.os_page_cache_busy_time_out_mills / 1000
         self._new_data = threading.Condition()
         self._tail_waiters = 0
         self._running = False
@@ -254,15 +258,33 @@ class CommitLog:
         for topic in {e.topic for e in encoded}:
             if topics.get(topic) is None:
                 topics.get_or_create(topic, self.config.default_topic_queue_nums)
+        self._check_busy()
         with self._put_lock:
             if not self.writable:
                 raise UnavailableError("the commitlog is not writable (stopping, or the disk is full)")
-            results = self._append_locked(encoded)
+            self._begin_time_in_lock = time.monotonic()
+            try:
+                results = self._append_locked(encoded)
+            finally:
+                self._begin_time_in_lock = 0.0
         if self._tail_waiters:
             with self._new_data:
                 self._new_data.notify_all()
         self._handle_flush(encoded, results)
         return results
+
+    def _check_busy(self) -> None:
+        """RocketMQ's isOSPageCacheBusy: when the put in the lock has taken longer than
+        osPageCacheBusyTimeOutMills (the page cache is stalling writes), refuse at once ("broker busy")
+        instead of queueing behind it; nothing is written, so the producer may retry."""
+        begin = self._begin_time_in_lock
+        if begin:
+            held = time.monotonic() - begin
+            if held > self._busy_timeout_s:
+                raise ResourceExhaustedError(
+                    f"broker busy: the put in progress has held the commitlog lock for {held * 1000:.0f} ms "
+                    f"(> osPageCacheBusyTimeOutMills {self._busy_timeout_s * 1000:.0f}); nothing was written, "
+                    "retry later")
 
     def _encode(self, msg: Message, now: int, index: int | None) -> EncodedMessage:
         encoded = self.encoder.encode(msg, now, index)

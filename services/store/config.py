@@ -46,6 +46,8 @@ class MessageStoreConfig:
     commit_commit_log_least_pages: int = 4
     commit_commit_log_thorough_interval: int = 200
     sync_flush_timeout: int = 5_000
+    # A put waiting behind one that has held the put lock this long fails fast as "broker busy".
+    os_page_cache_busy_time_out_mills: int = 1_000
     # Not in RocketMQ: how long a group-commit leader lets runnable producers append before it flushes.
     group_commit_gather_us: int = 0
     transient_store_pool_enable: bool = False
