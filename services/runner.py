@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -75,21 +76,28 @@ def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth
 
 
 def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Poll the standard health service until SERVING; False when the child exits or time runs out."""
+    """Poll the standard health service until SERVING; False when the child exits or time runs out.
+
+    A gRPC channel that was refused once backs off for seconds before its next connect, so the port is
+    probed with a plain TCP connect first and a fresh channel asks for health once it accepts.
+    """
+    host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_s
-    # Short reconnect backoff: the default (1 s, growing) would add seconds to every start.
-    options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-               ("grpc.max_reconnect_backoff_ms", 200)]
-    with grpc.insecure_channel(address, options=options) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=0.5).close()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        with grpc.insecure_channel(address) as channel:
             try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return True
+                status = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=2.0, wait_for_ready=True).status
             except grpc.RpcError:
-                pass
-            time.sleep(0.1)
+                status = None
+        if status == health_pb2.HealthCheckResponse.SERVING:
+            return True
+        time.sleep(0.05)
     return False
 
 
