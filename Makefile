@@ -32,13 +32,23 @@ proto:
 run: $(GENERATED)
 	$(VENV)/bin/mqstore up --store $(STORE)
 
-test: $(GENERATED) java
+test: $(GENERATED) java node-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The Spark pipeline's tests need a Java 17 runtime; a fresh machine (CI) gets Debian's.
 java:
 	@command -v java >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+
+# The Node.js client's dependencies (clients/node), exactly as package-lock.json pins them.
+NODE_DEPS := clients/node/node_modules/.package-lock.json
+
+.PHONY: node-deps
+node-deps: $(NODE_DEPS)
+
+$(NODE_DEPS): clients/node/package-lock.json clients/node/package.json
+	npm ci --prefix clients/node --no-audit --no-fund
+	touch $@
 
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline tests bench

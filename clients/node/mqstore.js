@@ -1,0 +1,127 @@
+'use strict';
+/**
+ * A Node.js client of the mqstore gateway (mqstore.v1.MessagingService), built from proto/ alone:
+ * the .proto files are loaded at run time by @grpc/proto-loader, nothing is generated.
+ *
+ *   const { connect } = require('./mqstore');
+ *   const mq = connect('127.0.0.1:9876', process.env.MQSTORE_TOKEN);
+ *   const sent = await mq.send({ message: { topic: 'demo', body: Buffer.from('hi'), properties: { KEYS: 'k1' } } });
+ *   const pulled = await mq.pull({ topic: 'demo', queue_id: sent.queue_id, queue_offset: sent.queue_offset });
+ *   mq.close();
+ *
+ * Field names are the .proto's (snake_case, keepCase). int64 fields come back as decimal strings
+ * (longs: String) and may be given as strings or numbers; enums come back as their names; bytes are
+ * Buffers; every field is present in answers (defaults: true). Errors are grpc-js errors with `code`
+ * (a grpc.status number, e.g. 3 = INVALID_ARGUMENT) and `details` (the gateway's message).
+ */
+const path = require('node:path');
+const grpc = require('@grpc/grpc-js');
+const protoLoader = require('@grpc/proto-loader');
+
+const PROTO_DIR = path.resolve(__dirname, '..', '..', 'proto');
+const GATEWAY_PROTO = path.join(PROTO_DIR, 'mqstore', 'v1', 'gateway.proto');
+const LOADER_OPTIONS = Object.freeze({
+  keepCase: true,
+  longs: String,
+  enums: String,
+  defaults: true,
+  oneofs: true,
+  includeDirs: [PROTO_DIR],
+});
+const DEFAULT_ADDRESS = '127.0.0.1:9876';
+const DEFAULT_DEADLINE_MS = 10000;
+// Pulled messages may be large (the gateway allows pulls of up to 32 MiB).
+const CHANNEL_OPTIONS = Object.freeze({ 'grpc.max_receive_message_length': 64 * 1024 * 1024 + 4096 });
+
+// The unary RPCs of MessagingService, by the name this client gives them.
+const UNARY_METHODS = Object.freeze({
+  send: 'Send',
+  sendBatch: 'SendBatch',
+  pull: 'Pull',
+  getMessage: 'GetMessage',
+  queryByKey: 'QueryByKey',
+  searchOffset: 'SearchOffset',
+  getQueueOffsets: 'GetQueueOffsets',
+  commitOffset: 'CommitOffset',
+  queryOffset: 'QueryOffset',
+  createTopic: 'CreateTopic',
+  updateTopic: 'UpdateTopic',
+  listTopics: 'ListTopics',
+  getRoute: 'GetRoute',
+});
+
+let cachedPackage = null;
+
+/** The loaded mqstore.v1 package (grpc-js service constructors and message types). */
+function loadPackage() {
+  if (cachedPackage === null) {
+    const definition = protoLoader.loadSync(GATEWAY_PROTO, LOADER_OPTIONS);
+    cachedPackage = grpc.loadPackageDefinition(definition).mqstore.v1;
+  }
+  return cachedPackage;
+}
+
+/** Metadata carrying "authorization: Bearer <token>", or empty metadata without a token. */
+function authMetadata(token) {
+  const metadata = new grpc.Metadata();
+  if (token) {
+    metadata.set('authorization', `Bearer ${token}`);
+  }
+  return metadata;
+}
+
+/**
+ * A client of the gateway at `address` ("host:port"). With a `token`, every call carries it as
+ * "authorization: Bearer <token>" metadata. `options.deadlineMs` is the default deadline of a call
+ * (a call may pass its own as `{ deadlineMs }`); `options.credentials` replaces the plaintext channel.
+ * Each method returns a Promise of the answer; `close()` closes the channel.
+ */
+function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
+  const { MessagingService } = loadPackage();
+  const credentials = options.credentials || grpc.credentials.createInsecure();
+  const raw = new MessagingService(address, credentials, { ...CHANNEL_OPTIONS, ...(options.channelOptions || {}) });
+  const defaultDeadlineMs = options.deadlineMs || DEFAULT_DEADLINE_MS;
+
+  const call = (method, request, callOptions = {}) => new Promise((resolve, reject) => {
+    const deadlineMs = callOptions.deadlineMs || defaultDeadlineMs;
+    raw[method](request, authMetadata(token), { deadline: Date.now() + deadlineMs }, (err, response) => {
+      if (err) {
+        reject(err);
+      } else {
+        resolve(response);
+      }
+    });
+  });
+
+  const client = {
+    raw,
+    address,
+    close: () => raw.close(),
+    /** SendStream: a duplex call; write SendRequests, read SendResults in order. */
+    sendStream: (callOptions = {}) => raw.SendStream(authMetadata(token), {
+      deadline: Date.now() + (callOptions.deadlineMs || defaultDeadlineMs),
+    }),
+  };
+  for (const [name, method] of Object.entries(UNARY_METHODS)) {
+    client[name] = (request = {}, callOptions = {}) => call(method, request, callOptions);
+  }
+  return client;
+}
+
+/** The name of a grpc status code, e.g. 3 -> "INVALID_ARGUMENT". */
+function statusName(code) {
+  return Object.keys(grpc.status).find((name) => grpc.status[name] === code) || String(code);
+}
+
+module.exports = {
+  connect,
+  loadPackage,
+  authMetadata,
+  statusName,
+  grpc,
+  UNARY_METHODS,
+  PROTO_DIR,
+  GATEWAY_PROTO,
+  LOADER_OPTIONS,
+  DEFAULT_ADDRESS,
+};
