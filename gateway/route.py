@@ -70,9 +70,6 @@ class RouteTable:
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
 
-    def cached(self, topic: str) -> TopicRoute | None:
-        return self._routes.get(topic)
-
     async def route(self, topic: str) -> TopicRoute | None:
         route = self._routes.get(topic)
         now = time.monotonic()
@@ -109,4 +106,6 @@ class RouteTable:
             self._loaded_at = time.monotonic()
 
     def invalidate(self) -> None:
+        """After a topic change: the next call reads the shards again."""
+        self._routes = {}
         self._loaded_at = 0.0

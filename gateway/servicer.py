@@ -38,6 +38,7 @@ SERVICE_NAME = "mqstore.v1.MessagingService"
 MAX_BATCH = 1024
 STREAM_WINDOW = 4096
 OFFSET_ID_LENGTHS = (32, 56)
+UNIQ_KEY_LENGTHS = (32, 52)
 _MESSAGE_INDEX = re.compile(r"message #(\d+)")
 _DOMAIN_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -120,7 +121,7 @@ class MessagingServicer:
         return route
 
     async def _route_for_send(self, topic: str, context: Context) -> TopicRoute:
-        route = self.routes.cached(topic) or await self.routes.route(topic)
+        route = await self.routes.route(topic)
         if route is not None:
             return route
         if not self.settings.auto_create_topic:
@@ -199,6 +200,7 @@ class MessagingServicer:
         message = request.message
         topic = message.topic
         check_topic_name(topic)
+        _check_body(message, None)
         self.tokens.authorize(principal, Action.PRODUCE, topic)
         route = await self._route_for_send(topic, context)
         explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
@@ -229,6 +231,7 @@ class MessagingServicer:
         topic = messages[0].topic
         check_topic_name(topic)
         for i, message in enumerate(messages):
+            _check_body(message, i)
             if message.topic != topic:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
@@ -320,6 +323,7 @@ class MessagingServicer:
             topic = message.topic
             try:
                 check_topic_name(topic)
+                _check_body(message, None)
                 self.tokens.authorize(principal, Action.PRODUCE, topic)
             except (InvalidArgumentError, AuthError) as exc:
                 raise type(exc)(f"message #{i}: {exc}") from None
@@ -451,12 +455,15 @@ class MessagingServicer:
         msg_id = request.msg_id.strip()
         if not msg_id:
             raise InvalidArgumentError("msg_id is empty: give an offset msg id or a UNIQ_KEY")
+        if len(msg_id) not in (*OFFSET_ID_LENGTHS, *UNIQ_KEY_LENGTHS) or not _is_hex(msg_id):
+            raise InvalidArgumentError(f"msg_id {msg_id[:64]!r} is neither an offset msg id (32 or 56 hex digits) "
+                                       "nor a UNIQ_KEY (32 or 52 hex digits)")
         if request.topic:
             check_topic_name(request.topic)
             self.tokens.authorize(principal, Action.CONSUME, request.topic)
         response = await self._find_message(request, msg_id, context)
         self.tokens.authorize(principal, Action.CONSUME, response.message.topic)
-        route = self.routes.cached(response.message.topic)
+        route = await self.routes.route(response.message.topic)
         if route is not None:
             shard = self._shard_of_message(response.message)
             if shard is not None:
@@ -602,6 +609,21 @@ class MessagingServicer:
         return gateway_pb2.TopicRoute(topic=route.topic, queues=[
             gateway_pb2.QueueRoute(queue_id=q.queue_id, shard=q.shard.name, shard_queue_id=q.shard_queue_id,
                                    writable=q.writable, readable=q.readable) for q in route.queues])
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        bytes.fromhex(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_body(message: common_pb2.Message, index: int | None) -> None:
+    """The RocketMQ client's Validators.checkMessage: an empty body is a mistake, not a message."""
+    if not message.body:
+        where = "" if index is None else f"message #{index}: "
+        raise InvalidArgumentError(f"{where}the message body is empty: give a body of at least one byte")
 
 
 def _peer_host(context: Context) -> str:

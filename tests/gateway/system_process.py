@@ -7,6 +7,7 @@ Kept apart from conftest.py so test modules can import the handle type:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -94,10 +95,10 @@ class UpProcess:
         for line in self.logs().splitlines():
             if line.startswith("started ") and "(pid " in line:
                 pid = int(line.split("(pid ")[1].split(")")[0])
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                # Only our own child: after a clean stop its pid may belong to someone else by now.
+                with contextlib.suppress(OSError):
+                    if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGKILL)
 
 
 def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_args: list[str] | None = None,
