@@ -7,7 +7,8 @@
   latency puts its shard into a latency class; a slow class makes the shard unavailable for a while
   (the same table as RocketMQ: 550 ms -> 30 s, ... 15 s -> 10 min) and a failure does too, with a
   backoff that doubles per consecutive failure. The choice is round robin over the queues of the
-  available shards in the fastest class seen; when every shard is unavailable, over all queues.
+  available shards (fast shards share the load evenly; preferring the single fastest would starve the
+  others of the sends that measure them); when every shard is unavailable, over all queues.
 Faults are kept per shard, as RocketMQ keeps them per broker: every queue of a shard shares its
 commitlog, so a slow queue means a slow shard.
 """
@@ -15,14 +16,16 @@ commitlog, so a slow queue means a slow shard.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from bisect import bisect_left
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.route import QueueRoute, TopicRoute
 from services.store.java_hash import java_string_hash
 
+log = logging.getLogger(__name__)
 # RocketMQ MQFaultStrategy: latencyMax (ms) and notAvailableDuration (ms).
 LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
 NOT_AVAILABLE_MS = (0, 0, 30000, 60000, 120000, 180000, 600000)
@@ -55,11 +58,18 @@ class FaultTable:
             backoff = min(self._max_backoff_s, self._initial_backoff_s * 2 ** (fault.consecutive_failures - 1))
             fault.available_at = now + backoff
             fault.latency_class = len(LATENCY_MAX_MS) - 1
+            log.warning("a send to %s failed: sends avoid it for %.1fs", shard, backoff)
             return
         fault.consecutive_failures = 0
-        latency_class = min(bisect_left(LATENCY_MAX_MS, latency_s * 1000), len(LATENCY_MAX_MS) - 1)
+        # RocketMQ computeNotAvailableDuration: the largest latencyMax the latency reaches.
+        latency_class = max(bisect_right(LATENCY_MAX_MS, latency_s * 1000) - 1, 0)
         fault.latency_class = latency_class
-        fault.available_at = now + NOT_AVAILABLE_MS[latency_class] / 1000
+        if NOT_AVAILABLE_MS[latency_class]:
+            fault.available_at = now + NOT_AVAILABLE_MS[latency_class] / 1000
+            log.warning("a send to %s took %.0f ms: sends avoid it for %.0fs", shard, latency_s * 1000,
+                        NOT_AVAILABLE_MS[latency_class] / 1000)
+        else:
+            fault.available_at = now
 
     def available(self, shard: str, now: float) -> bool:
         fault = self._faults.get(shard)
@@ -102,9 +112,6 @@ class QueueSelector:
         now = time.monotonic()
         candidates = [q for q in writable if q.shard.name != avoid_shard
                       and (not self.latency_aware or self.faults.available(q.shard.name, now))]
-        if candidates and self.latency_aware:
-            best = min(self.faults.latency_class(q.shard.name) for q in candidates)
-            candidates = [q for q in candidates if self.faults.latency_class(q.shard.name) == best]
         if not candidates:
             candidates = list(writable)
         return candidates[self._next(route.topic) % len(candidates)]
