@@ -71,6 +71,9 @@ class FaultTable:
         else:
             fault.available_at = now
 
+    def now(self) -> float:
+        return self._clock()
+
     def available(self, shard: str, now: float) -> bool:
         fault = self._faults.get(shard)
         return fault is None or fault.available_at <= now
@@ -109,7 +112,7 @@ class QueueSelector:
             return writable[abs(_java_rem(java_string_hash(sharding_key), len(writable)))]
         if not self.latency_aware and avoid_shard is None:
             return writable[self._next(route.topic) % len(writable)]
-        now = time.monotonic()
+        now = self.faults.now()
         candidates = [q for q in writable if q.shard.name != avoid_shard
                       and (not self.latency_aware or self.faults.available(q.shard.name, now))]
         if not candidates:

@@ -87,7 +87,8 @@ class RetryPolicy:
                 raise
         await asyncio.sleep(self.initial_backoff_s * random.uniform(0.5, 1.5))
         retrying = AsyncRetrying(stop=stop_after_attempt(self.attempts - 1),
-                                 wait=wait_exponential_jitter(initial=self.initial_backoff_s, max=self.max_backoff_s),
+                                 wait=wait_exponential_jitter(multiplier=self.initial_backoff_s, max=self.max_backoff_s,
+                                                             jitter=self.initial_backoff_s),
                                  retry=retry_if_exception(retryable), reraise=True)
         async for attempt in retrying:
             with attempt:
