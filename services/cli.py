@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_inspect(commands)
     _add_pipeline(commands)
+    from mqstore_client.cli import add_client_commands
+
+    add_client_commands(commands)
     return parser
 
 

@@ -1,0 +1,324 @@
+"""asyncio versions of Producer and PullConsumer, on grpc.aio.
+
+Same behaviour and bookkeeping as the sync classes (they share the request builders and
+:class:`OffsetTracker`); only the waiting differs: a long poll is one task per queue, and the first
+that brings messages cancels the others.
+
+    async with AsyncProducer() as producer:
+        receipt = await producer.send("orders", b"hello")
+    async with AsyncPullConsumer("billing", "orders") as consumer:
+        async for message in consumer:
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+from mqstore.v1 import gateway_pb2, gateway_pb2_grpc, query_pb2
+
+from mqstore_client.connection import CHANNEL_OPTIONS, DEFAULT_TIMEOUT_S, auth_metadata, resolve_address, resolve_token
+from mqstore_client.consumer import (
+    DEFAULT_BATCH,
+    DEFAULT_COMMIT_INTERVAL_S,
+    DEFAULT_LONG_POLL_MS,
+    MAX_BATCH,
+    PULL_MARGIN_S,
+    OffsetTracker,
+    max_long_poll_of,
+    pull_request,
+)
+from mqstore_client.errors import MqstoreError, NotFoundError, from_rpc_error
+from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
+from mqstore_client.producer import Item, batch_chunks, batch_request, stream_request
+
+
+class AsyncConnection:
+    """A grpc.aio channel to the gateway with the token and default deadline of every call."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, *,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.address = resolve_address(address)
+        self.token = resolve_token(token)
+        self.timeout = timeout
+        self.metadata = auth_metadata(self.token)
+        self.channel = grpc.aio.insecure_channel(self.address, options=list(CHANNEL_OPTIONS))
+        self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
+
+    async def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        deadline = self.timeout if timeout is None else timeout
+        try:
+            return await getattr(self.stub, method)(request, timeout=deadline, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address, deadline) from None
+
+    async def call_many(self, method: str, requests: Sequence[Any],
+                        timeout: float | None = None) -> list[Any | MqstoreError]:
+        """Concurrent calls; each answer is the response or that request's error."""
+        answers = await asyncio.gather(*(self.call(method, r, timeout) for r in requests), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, MqstoreError):
+                raise answer
+        return list(answers)
+
+    async def close(self) -> None:
+        await self.channel.close(None)
+
+
+class _AsyncEndpoint:
+    def __init__(self, address: str | None, token: str | None, connection: AsyncConnection | None,
+                 timeout: float) -> None:
+        self._owns_connection = connection is None
+        self.connection = connection if connection is not None else AsyncConnection(address, token, timeout=timeout)
+
+    async def close(self) -> None:
+        if self._owns_connection:
+            await self.connection.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+
+class AsyncProducer(_AsyncEndpoint):
+    """Producer on asyncio: the same calls, awaited."""
+
+    def __init__(self, address: str | None = None, token: str | None = None, *,
+                 connection: AsyncConnection | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__(address, token, connection, timeout)
+
+    async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys: Keys | None = None,
+                   properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+                   queue_id: int | None = None, delay_level: int | None = None,
+                   timeout: float | None = None) -> SendReceipt:
+        message = OutgoingMessage(body=body, topic=topic, tags=tags, keys=keys, properties=properties,
+                                  sharding_key=sharding_key, queue_id=queue_id, delay_level=delay_level)
+        return await self.send_message(message, timeout=timeout)
+
+    async def send_message(self, message: OutgoingMessage, *, timeout: float | None = None) -> SendReceipt:
+        return SendReceipt.from_proto(await self.connection.call("Send", message.to_request(), timeout))
+
+    async def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
+                         keys: Keys | None = None, properties: Mapping[str, str] | None = None,
+                         sharding_key: str | None = None, queue_id: int | None = None,
+                         timeout: float | None = None) -> list[SendReceipt]:
+        """As Producer.send_batch: SendBatch calls of up to 1024 messages, receipts in order."""
+        receipts: list[SendReceipt] = []
+        for chunk in batch_chunks(topic, messages, tags, keys, properties):
+            try:
+                response = await self.connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id),
+                                                      timeout)
+            except MqstoreError as exc:
+                exc.receipts = receipts
+                raise
+            receipts.extend(SendReceipt.from_proto(r) for r in response.results)
+        return receipts
+
+    async def send_stream(self, messages: Iterable[Item] | AsyncIterable[Item], topic: str | None = None, *,
+                          tags: str | None = None, keys: Keys | None = None,
+                          properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+                          queue_id: int | None = None, timeout: float | None = None) -> AsyncIterator[SendReceipt]:
+        """As Producer.send_stream: pipelined on one SendStream, receipts in order."""
+        failure: list[BaseException] = []
+
+        async def requests() -> AsyncIterator[Any]:
+            try:
+                if isinstance(messages, AsyncIterable):
+                    async for item in messages:
+                        yield stream_request(item, topic, tags, keys, properties, sharding_key, queue_id)
+                else:
+                    for item in messages:
+                        yield stream_request(item, topic, tags, keys, properties, sharding_key, queue_id)
+            except Exception as exc:
+                failure.append(exc)
+
+        call = self.connection.stub.SendStream(requests(), timeout=timeout, metadata=self.connection.metadata)
+        try:
+            async for result in call:
+                yield SendReceipt.from_proto(result)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.connection.address, timeout) from None
+        finally:
+            call.cancel()
+        if failure:
+            raise failure[0]
+
+
+class AsyncPullConsumer(_AsyncEndpoint):
+    """PullConsumer on asyncio (same options and semantics; see :class:`mqstore_client.PullConsumer`)."""
+
+    def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
+                 connection: AsyncConnection | None = None, queue_ids: Sequence[int] | None = None,
+                 subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
+                 max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
+                 from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
+                 timeout: float | None = None) -> None:
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
+        if long_poll_ms < 0:
+            raise ValueError("long_poll_ms must not be negative")
+        super().__init__(address, token, connection, DEFAULT_TIMEOUT_S)
+        self.group = group
+        self.topic = topic
+        self.subscription = subscription or "*"
+        self.long_poll_ms = long_poll_ms
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.auto_commit = auto_commit and group is not None
+        self.commit_interval_s = commit_interval_s
+        self.from_latest = from_latest
+        self.timeout = timeout
+        self._queue_ids = list(queue_ids) if queue_ids is not None else None
+        self._explicit = dict(start_offsets or {})
+        self._tracker: OffsetTracker | None = None
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    async def start(self) -> OffsetTracker:
+        """Reads the route and the starting offsets (poll() does it on first use)."""
+        if self._tracker is not None:
+            return self._tracker
+        call = self.connection.call
+        if self._queue_ids is None:
+            route = await call("GetRoute", gateway_pb2.GetRouteRequest(topic=self.topic), self.timeout)
+            self._queue_ids = TopicRoute.from_proto(route).readable_queue_ids
+        ids = self._queue_ids
+        committed: dict[int, int | None] = {q: None for q in ids}
+        if self.group:
+            answers = await self.connection.call_many("QueryOffset", [
+                query_pb2.QueryConsumerOffsetRequest(consumer_group=self.group, topic=self.topic, queue_id=q)
+                for q in ids], self.timeout)
+            for q, answer in zip(ids, answers, strict=True):
+                if isinstance(answer, MqstoreError) and not isinstance(answer, NotFoundError):
+                    raise answer
+                committed[q] = None if isinstance(answer, MqstoreError) else answer.offset
+        missing = [q for q in ids if q not in self._explicit and committed[q] is None]
+        ranges = await self.connection.call_many("GetQueueOffsets", [
+            query_pb2.GetQueueOffsetRangeRequest(topic=self.topic, queue_id=q) for q in missing], self.timeout)
+        edges: dict[int, int] = {}
+        for q, answer in zip(missing, ranges, strict=True):
+            if isinstance(answer, MqstoreError):
+                raise answer
+            edges[q] = answer.max_offset if self.from_latest else answer.min_offset
+        starts: dict[int, tuple[int, int | None]] = {}
+        for q in ids:
+            known = committed[q]
+            start = self._explicit[q] if q in self._explicit else known if known is not None else edges[q]
+            starts[q] = (start, known)
+        self._tracker = OffsetTracker(starts)
+        return self._tracker
+
+    async def positions(self) -> dict[int, int]:
+        return (await self.start()).positions()
+
+    async def poll(self, max_messages: int = DEFAULT_BATCH, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages`` messages, waiting up to ``timeout`` s (default: the long poll)."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        tracker = await self.start()
+        if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
+            await self.commit()
+        if not tracker.buffered:
+            await self._fetch(tracker, self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0))
+        return tracker.take(max(max_messages, 1))
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        while not self._closed:
+            for message in await self.poll(self.batch_size):
+                yield message
+
+    def _request(self, tracker: OffsetTracker, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
+        offset = tracker.queues[queue_id].fetch_offset
+        return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
+                                    self.max_bytes)
+
+    async def _fetch(self, tracker: OffsetTracker, wait_s: float) -> int:
+        pulls = [(q, *self._request(tracker, q, 0)) for q in tracker.fetchable()]
+        answers = await asyncio.gather(*(self.connection.call("Pull", r, PULL_MARGIN_S) for _, _, r in pulls))
+        got = sum(tracker.absorb(q, offset, answer) for (q, offset, _), answer in zip(pulls, answers, strict=True))
+        if got or wait_s <= 0:
+            return got
+        return await self._long_poll(tracker, time.monotonic() + wait_s)
+
+    async def _long_poll(self, tracker: OffsetTracker, deadline: float) -> int:
+        tasks: dict[asyncio.Task[Any], tuple[int, int]] = {}
+
+        def launch(q: int) -> None:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return
+            wait_ms = min(self.long_poll_ms, remaining_ms)
+            offset, request = self._request(tracker, q, wait_ms)
+            task = asyncio.ensure_future(self.connection.call("Pull", request, wait_ms / 1000 + PULL_MARGIN_S))
+            tasks[task] = (q, offset)
+
+        got = 0
+        try:
+            for q in tracker.fetchable():
+                launch(q)
+            if not tasks:
+                await asyncio.sleep(max(deadline - time.monotonic(), 0.0))
+            while tasks and not got:
+                done, _ = await asyncio.wait(tasks, timeout=max(deadline - time.monotonic(), 0.0) + 0.05,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for task in done:
+                    q, offset = tasks.pop(task)
+                    try:
+                        got += tracker.absorb(q, offset, task.result())
+                    except MqstoreError as exc:
+                        limit = max_long_poll_of(exc)
+                        if limit is None or limit >= self.long_poll_ms:
+                            raise
+                        self.long_poll_ms = limit
+                    if not got:
+                        launch(q)
+        finally:
+            for task, (q, offset) in tasks.items():
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    got += tracker.absorb(q, offset, task.result())
+                else:
+                    task.cancel()
+        return got
+
+    async def commit(self) -> dict[int, int]:
+        """Stores the consumed offsets of queues that moved since the last commit; returns them."""
+        if self.group is None:
+            raise ValueError("this consumer has no group: there is nothing to commit to")
+        if self._tracker is None:
+            return {}
+        pending = self._tracker.to_commit()
+        answers = await self.connection.call_many("CommitOffset", [
+            query_pb2.UpdateConsumerOffsetRequest(consumer_group=self.group, topic=self.topic, queue_id=q,
+                                                  offset=offset) for q, offset in pending], self.timeout)
+        self._last_commit = time.monotonic()
+        committed: dict[int, int] = {}
+        failure: MqstoreError | None = None
+        for (q, offset), answer in zip(pending, answers, strict=True):
+            if isinstance(answer, MqstoreError):
+                failure = failure or answer
+            else:
+                self._tracker.committed(q, offset)
+                committed[q] = offset
+        if failure is not None:
+            raise failure
+        return committed
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.auto_commit and self._tracker is not None:
+                await self.commit()
+        finally:
+            await super().close()

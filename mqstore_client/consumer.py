@@ -1,0 +1,361 @@
+"""Consuming with pulls: where each queue is, what was handed out, what to commit, and long polling.
+
+:class:`OffsetTracker` is the bookkeeping, free of I/O so the sync and asyncio consumers share it.
+Two positions per queue: the next offset to *fetch* and the offset after the last message *delivered*
+to the caller. Only the second is committed, so a crash re-delivers at most what was fetched but not
+yet processed (at-least-once, as in RocketMQ).
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import re
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from mqstore.v1 import gateway_pb2, query_pb2
+
+from mqstore_client.connection import Connection, Endpoint
+from mqstore_client.errors import InvalidArgumentError, MqstoreError
+from mqstore_client.models import Message, TopicRoute
+
+#: How long one pull waits for messages by default; the query service allows up to 15 s.
+DEFAULT_LONG_POLL_MS = 10_000
+DEFAULT_BATCH = 32
+MAX_BATCH = 1024
+DEFAULT_COMMIT_INTERVAL_S = 5.0
+#: Deadline of a pull beyond its long poll (the gateway's own backend timeout is 5 s).
+PULL_MARGIN_S = 10.0
+_MAX_LONG_POLL = re.compile(r"long poll \d+ ms must be within 0\.\.(\d+)")
+
+#: GetMessageStatus FOUND: the only status whose answer carries messages.
+FOUND = 1
+
+
+@dataclass(slots=True)
+class QueueState:
+    queue_id: int
+    #: Where the next pull of this queue starts.
+    fetch_offset: int
+    #: The offset after the last message handed to the caller: what a commit stores.
+    consumed_offset: int
+    #: The offset last committed (or read from the group) for this queue; None = never.
+    committed_offset: int | None
+    buffered: deque[Message] = field(default_factory=deque)
+    #: The queue's max offset as of the last pull (for lag).
+    max_offset: int = 0
+
+
+class OffsetTracker:
+    """Per-queue fetch / consume / commit positions and the messages fetched but not yet delivered."""
+
+    def __init__(self, starts: Mapping[int, tuple[int, int | None]]) -> None:
+        """``starts``: queue id -> (start offset, committed offset or None)."""
+        self.queues: dict[int, QueueState] = {
+            q: QueueState(q, start, start, committed) for q, (start, committed) in starts.items()}
+        #: Delivery order, rotated after every take so that no queue is always served first.
+        self._order = list(self.queues)
+
+    @property
+    def buffered(self) -> int:
+        return sum(len(s.buffered) for s in self.queues.values())
+
+    def fetchable(self) -> list[int]:
+        """Queues with nothing buffered: only those are pulled, so a queue's messages stay in order."""
+        return [q for q in self._order if not self.queues[q].buffered]
+
+    def absorb(self, queue_id: int, fetch_offset: int, response: Any) -> int:
+        """Takes a pull answer for ``fetch_offset``; returns how many messages it buffered. Every status
+        moves the fetch offset to next_begin_offset (past filtered messages, or back into range after
+        OFFSET_TOO_SMALL / OVERFLOW). An answer for an offset the queue is no longer at (a seek
+        happened) is dropped."""
+        state = self.queues[queue_id]
+        if state.fetch_offset != fetch_offset or state.buffered:
+            return 0
+        state.max_offset = response.max_offset
+        messages = [Message.from_proto(m) for m in response.messages] if response.status == FOUND else []
+        state.fetch_offset = response.next_begin_offset
+        if messages:
+            state.buffered.extend(messages)
+        else:
+            state.consumed_offset = state.fetch_offset
+        return len(messages)
+
+    def take(self, max_messages: int) -> list[Message]:
+        """Up to ``max_messages`` buffered messages, queue after queue; marks them consumed."""
+        taken: list[Message] = []
+        for q in self._order:
+            state = self.queues[q]
+            while state.buffered and len(taken) < max_messages:
+                message = state.buffered.popleft()
+                taken.append(message)
+                state.consumed_offset = message.queue_offset + 1
+            if not state.buffered:
+                # Filtered messages after the last delivered one are consumed too.
+                state.consumed_offset = state.fetch_offset
+            if len(taken) >= max_messages:
+                break
+        if taken:
+            # The next take starts after the queue served last.
+            last = taken[-1].queue_id
+            if last in self.queues:
+                i = self._order.index(last)
+                self._order = self._order[i + 1:] + self._order[:i + 1]
+        return taken
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        state = self.queues[queue_id]
+        state.buffered.clear()
+        state.fetch_offset = state.consumed_offset = offset
+
+    def to_commit(self) -> list[tuple[int, int]]:
+        return [(q, s.consumed_offset) for q, s in self.queues.items() if s.consumed_offset != s.committed_offset]
+
+    def committed(self, queue_id: int, offset: int) -> None:
+        self.queues[queue_id].committed_offset = offset
+
+    def positions(self) -> dict[int, int]:
+        return {q: s.consumed_offset for q, s in self.queues.items()}
+
+    def lag(self) -> dict[int, int]:
+        """Messages behind each queue's max offset as of its last pull (filtered ones included)."""
+        return {q: max(s.max_offset - s.consumed_offset, 0) for q, s in self.queues.items()}
+
+
+def pull_request(topic: str, queue_id: int, offset: int, batch: int, subscription: str, long_poll_ms: int,
+                 max_bytes: int) -> Any:
+    return query_pb2.PullMessageRequest(topic=topic, queue_id=queue_id, queue_offset=offset, max_messages=batch,
+                                        max_bytes=max_bytes, subscription=subscription, long_poll_ms=long_poll_ms)
+
+
+def max_long_poll_of(error: MqstoreError) -> int | None:
+    """The server's long-poll limit, when a pull was refused for asking longer."""
+    match = _MAX_LONG_POLL.search(error.message) if isinstance(error, InvalidArgumentError) else None
+    return int(match.group(1)) if match else None
+
+
+def start_offsets(connection: Connection, group: str | None, topic: str, queue_ids: Sequence[int],
+                  explicit: Mapping[int, int], from_latest: bool,
+                  timeout: float | None) -> dict[int, tuple[int, int | None]]:
+    """Where each queue starts: an explicit offset, else the group's committed offset, else the queue's
+    min offset (max with ``from_latest``)."""
+    from mqstore_client.client import Client
+
+    client = Client(connection=connection)
+    committed = client.committed_offsets(group, topic, list(queue_ids), timeout=timeout) if group else {}
+    missing = [q for q in queue_ids if q not in explicit and committed.get(q) is None]
+    ranges = {r.queue_id: r for r in client.all_queue_offsets(topic, missing, timeout=timeout)} if missing else {}
+    starts: dict[int, tuple[int, int | None]] = {}
+    for q in queue_ids:
+        known = committed.get(q)
+        if q in explicit:
+            start = explicit[q]
+        elif known is not None:
+            start = known
+        else:
+            start = ranges[q].max_offset if from_latest else ranges[q].min_offset
+        starts[q] = (start, known)
+    return starts
+
+
+class PullConsumer(Endpoint):
+    """Pulls a topic's queues for a consumer group, tracking and committing offsets.
+
+    ``poll()`` returns what is buffered, else pulls every queue at once, else long polls them all
+    until one has messages or ``timeout`` passes. A queue without a committed offset starts at its
+    min offset (``from_latest``: its max). With ``auto_commit`` the consumed offsets are committed
+    every ``commit_interval_s`` (checked in poll) and at close: a message counts as consumed once
+    the next poll is made. ``group=None`` reads without committing. Not thread-safe: one consumer
+    per thread; several consumers of one group should split the queues with ``queue_ids``.
+    """
+
+    def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
+                 connection: Connection | None = None, queue_ids: Sequence[int] | None = None,
+                 subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
+                 max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
+                 from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
+                 timeout: float | None = None) -> None:
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
+        if long_poll_ms < 0:
+            raise ValueError("long_poll_ms must not be negative")
+        super().__init__(address, token, connection=connection)
+        self.group = group
+        self.topic = topic
+        self.subscription = subscription or "*"
+        self.long_poll_ms = long_poll_ms
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.auto_commit = auto_commit and group is not None
+        self.commit_interval_s = commit_interval_s
+        self.from_latest = from_latest
+        self.timeout = timeout
+        self._queue_ids = list(queue_ids) if queue_ids is not None else None
+        self._explicit = dict(start_offsets or {})
+        self._tracker: OffsetTracker | None = None
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reads the route and the starting offsets; poll() calls it on first use."""
+        if self._tracker is not None:
+            return
+        if self._queue_ids is None:
+            request = gateway_pb2.GetRouteRequest(topic=self.topic)
+            response = self.connection.call("GetRoute", request, self.timeout)
+            self._queue_ids = TopicRoute.from_proto(response).readable_queue_ids
+        starts = start_offsets(self.connection, self.group, self.topic, self._queue_ids, self._explicit,
+                               self.from_latest, self.timeout)
+        self._tracker = OffsetTracker(starts)
+
+    @property
+    def tracker(self) -> OffsetTracker:
+        self.start()
+        assert self._tracker is not None
+        return self._tracker
+
+    @property
+    def queue_ids(self) -> list[int]:
+        return list(self.tracker.queues)
+
+    def positions(self) -> dict[int, int]:
+        """Queue id -> the next offset to consume (what commit() stores)."""
+        return self.tracker.positions()
+
+    def lag(self) -> dict[int, int]:
+        return self.tracker.lag()
+
+    def seek(self, queue_id: int, offset: int) -> None:
+        """Consume ``queue_id`` from ``offset`` on (dropping what was fetched of it)."""
+        self.tracker.seek(queue_id, offset)
+
+    # -- consuming ---------------------------------------------------------------------------------
+
+    def poll(self, max_messages: int = DEFAULT_BATCH, timeout: float | None = None) -> list[Message]:
+        """Up to ``max_messages`` messages; waits up to ``timeout`` seconds (default: the long poll)
+        when none is available, and returns [] if none came."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        tracker = self.tracker
+        if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
+            self.commit()
+        if not tracker.buffered:
+            wait_s = self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0)
+            self._fetch(wait_s)
+        return tracker.take(max(max_messages, 1))
+
+    def __iter__(self) -> Iterator[Message]:
+        """Every message, waiting for new ones forever (stop with break or close())."""
+        while not self._closed:
+            yield from self.poll(self.batch_size)
+
+    def _request(self, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
+        offset = self.tracker.queues[queue_id].fetch_offset
+        return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
+                                    self.max_bytes)
+
+    def _fetch(self, wait_s: float) -> int:
+        """Pulls every queue with nothing buffered at once; if none has messages, long polls them
+        all (one call per queue) until one answers with messages or ``wait_s`` passes."""
+        tracker = self.tracker
+        connection = self.connection
+        pulls = [(q, *self._request(q, 0)) for q in tracker.fetchable()]
+        futures = [connection.future("Pull", request, PULL_MARGIN_S) for _, _, request in pulls]
+        got = 0
+        for (q, offset, _), future in zip(pulls, futures, strict=True):
+            got += tracker.absorb(q, offset, connection.result(future, PULL_MARGIN_S))
+        if got or wait_s <= 0:
+            return got
+        return self._long_poll(time.monotonic() + wait_s)
+
+    def _long_poll(self, deadline: float) -> int:
+        tracker = self.tracker
+        connection = self.connection
+        done: queue.SimpleQueue[int] = queue.SimpleQueue()
+        in_flight: dict[int, tuple[int, grpc.Future]] = {}  # type: ignore[type-arg]
+
+        def launch(q: int) -> None:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0:
+                return
+            wait_ms = min(self.long_poll_ms, remaining_ms)
+            offset, request = self._request(q, wait_ms)
+            future = connection.future("Pull", request, wait_ms / 1000 + PULL_MARGIN_S)
+            in_flight[q] = (offset, future)
+            future.add_done_callback(functools.partial(_signal, done, q))
+
+        got = 0
+        try:
+            for q in tracker.fetchable():
+                launch(q)
+            if not in_flight:
+                # No readable queue: wait as asked instead of making iteration spin.
+                time.sleep(max(deadline - time.monotonic(), 0.0))
+            while in_flight and not got:
+                try:
+                    q = done.get(timeout=max(deadline - time.monotonic(), 0.0) + 0.05)
+                except queue.Empty:
+                    break
+                offset, future = in_flight.pop(q)
+                try:
+                    got += tracker.absorb(q, offset, connection.result(future))
+                except MqstoreError as exc:
+                    limit = max_long_poll_of(exc)
+                    if limit is None or limit >= self.long_poll_ms:
+                        raise
+                    self.long_poll_ms = limit
+                if not got:
+                    launch(q)
+        finally:
+            for q, (offset, future) in in_flight.items():
+                if not future.cancel() and future.exception() is None:
+                    got += tracker.absorb(q, offset, future.result())
+        return got
+
+    # -- committing --------------------------------------------------------------------------------
+
+    def commit(self) -> dict[int, int]:
+        """Stores the consumed offsets of queues that moved since the last commit; returns them."""
+        if self.group is None:
+            raise ValueError("this consumer has no group: there is nothing to commit to")
+        if self._tracker is None:
+            return {}
+        pending = self._tracker.to_commit()
+        requests = [query_pb2.UpdateConsumerOffsetRequest(consumer_group=self.group, topic=self.topic,
+                                                          queue_id=q, offset=offset) for q, offset in pending]
+        answers = self.connection.call_many("CommitOffset", requests, self.timeout) if requests else []
+        self._last_commit = time.monotonic()
+        committed: dict[int, int] = {}
+        failure: MqstoreError | None = None
+        for (q, offset), answer in zip(pending, answers, strict=True):
+            if isinstance(answer, MqstoreError):
+                failure = failure or answer
+            else:
+                self._tracker.committed(q, offset)
+                committed[q] = offset
+        if failure is not None:
+            raise failure
+        return committed
+
+    def close(self) -> None:
+        """Commits (with auto_commit) and closes the channel the consumer opened."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.auto_commit and self._tracker is not None:
+                self.commit()
+        finally:
+            super().close()
+
+
+
+def _signal(done: queue.SimpleQueue[int], queue_id: int, _future: object) -> None:
+    done.put(queue_id)

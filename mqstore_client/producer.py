@@ -1,0 +1,140 @@
+"""Sending messages: one at a time, in batches (one queue, one lock hold), or pipelined on a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import grpc
+from mqstore.v1 import gateway_pb2
+
+from mqstore_client.connection import MIB, Endpoint
+from mqstore_client.errors import MqstoreError, from_rpc_error
+from mqstore_client.models import Keys, OutgoingMessage, SendReceipt
+
+#: The gateway's limit of messages per SendBatch.
+MAX_BATCH = 1024
+#: Batches are also cut by size, far below the gateway's 65 MiB receive limit.
+MAX_BATCH_BYTES = 16 * MIB
+
+Item = bytes | str | OutgoingMessage
+
+
+def as_message(item: Item, tags: str | None = None, keys: Keys | None = None,
+               properties: Mapping[str, str] | None = None) -> OutgoingMessage:
+    """A body gets the call's tags, keys and properties; an OutgoingMessage keeps its own."""
+    if isinstance(item, OutgoingMessage):
+        return item
+    if not isinstance(item, bytes | bytearray | memoryview | str):
+        raise TypeError(f"a message is bytes, str or OutgoingMessage, not {type(item).__name__}")
+    return OutgoingMessage(body=bytes(item) if not isinstance(item, str) else item, tags=tags, keys=keys,
+                           properties=properties)
+
+
+def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, keys: Keys | None = None,
+                 properties: Mapping[str, str] | None = None) -> Iterator[list[Any]]:
+    """Wire messages in chunks the gateway accepts (<= 1024 messages, <= 16 MiB)."""
+    chunk: list[Any] = []
+    size = 0
+    for item in messages:
+        message = as_message(item, tags, keys, properties)
+        if message.sharding_key is not None or message.queue_id is not None:
+            raise ValueError("a batch goes to one queue: give sharding_key or queue_id to send_batch, "
+                             "not to its messages")
+        if message.topic and message.topic != topic:
+            raise ValueError(f"message topic {message.topic!r} differs from the batch's topic {topic!r}")
+        wire = message.to_proto(topic)
+        wire_size = wire.ByteSize()
+        if chunk and (len(chunk) >= MAX_BATCH or size + wire_size > MAX_BATCH_BYTES):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(wire)
+        size += wire_size
+    if chunk:
+        yield chunk
+
+
+def batch_request(chunk: list[Any], sharding_key: str | None, queue_id: int | None) -> Any:
+    request = gateway_pb2.SendBatchRequest(messages=chunk, sharding_key=sharding_key or "")
+    if queue_id is not None:
+        request.queue_id = queue_id
+    return request
+
+
+def stream_request(item: Item, topic: str | None, tags: str | None, keys: Keys | None,
+                   properties: Mapping[str, str] | None, sharding_key: str | None, queue_id: int | None) -> Any:
+    """One SendRequest of a stream: a message's own routing wins over the stream's."""
+    message = as_message(item, tags, keys, properties)
+    request = message.to_request(topic)
+    if message.sharding_key is None and sharding_key:
+        request.sharding_key = sharding_key
+    if message.queue_id is None and queue_id is not None:
+        request.queue_id = queue_id
+    return request
+
+
+class Producer(Endpoint):
+    """Sends to the gateway. Thread-safe; ``with Producer() as p:`` closes the channel it opened.
+
+    Without ``sharding_key`` or ``queue_id`` the gateway picks the queue (round robin over the
+    topic's writable queues); topics are created on first send when the gateway auto-creates them.
+    """
+
+    def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys: Keys | None = None,
+             properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
+             queue_id: int | None = None, delay_level: int | None = None,
+             timeout: float | None = None) -> SendReceipt:
+        """One message; ``keys`` is a list of keys or one space-separated string (RocketMQ's KEYS)."""
+        message = OutgoingMessage(body=body, topic=topic, tags=tags, keys=keys, properties=properties,
+                                  sharding_key=sharding_key, queue_id=queue_id, delay_level=delay_level)
+        return self.send_message(message, timeout=timeout)
+
+    def send_message(self, message: OutgoingMessage, *, timeout: float | None = None) -> SendReceipt:
+        return SendReceipt.from_proto(self.connection.call("Send", message.to_request(), timeout))
+
+    def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
+                   keys: Keys | None = None, properties: Mapping[str, str] | None = None,
+                   sharding_key: str | None = None, queue_id: int | None = None,
+                   timeout: float | None = None) -> list[SendReceipt]:
+        """Many messages to one topic, as SendBatch calls of up to 1024: each call goes to one queue
+        under one hold of the store's lock. Receipts come in message order. On a failure the error's
+        ``receipts`` lists the messages stored before it."""
+        receipts: list[SendReceipt] = []
+        for chunk in batch_chunks(topic, messages, tags, keys, properties):
+            try:
+                response = self.connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id), timeout)
+            except MqstoreError as exc:
+                exc.receipts = receipts
+                raise
+            receipts.extend(SendReceipt.from_proto(r) for r in response.results)
+        return receipts
+
+    def send_stream(self, messages: Iterable[Item], topic: str | None = None, *, tags: str | None = None,
+                    keys: Keys | None = None, properties: Mapping[str, str] | None = None,
+                    sharding_key: str | None = None, queue_id: int | None = None,
+                    timeout: float | None = None) -> Iterator[SendReceipt]:
+        """Pipelined sends on one SendStream: requests keep flowing while receipts come back, in
+        order; the gateway appends whatever has arrived as one batch. Lazy: iterate to send. Messages
+        without a topic get ``topic``. A failure ends the stream; every receipt yielded before it was
+        stored. Leaving the loop early cancels the stream: messages sent but not yet acknowledged
+        may or may not be stored."""
+        failure: list[BaseException] = []
+
+        def requests() -> Iterator[Any]:
+            # gRPC reads this on its own thread and would only log an exception: keep it for the caller.
+            try:
+                for item in messages:
+                    yield stream_request(item, topic, tags, keys, properties, sharding_key, queue_id)
+            except Exception as exc:
+                failure.append(exc)
+
+        call = self.connection.stream("SendStream", requests(), timeout)
+        try:
+            for result in call:
+                yield SendReceipt.from_proto(result)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.connection.address, timeout) from None
+        finally:
+            call.cancel()
+        if failure:
+            raise failure[0]
