@@ -26,9 +26,12 @@ from gateway.route import QueueRoute, RouteTable, TopicRoute
 from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
-from services.commitlog.convert import peer_address
-from services.commitlog.topic_config import check_topic_name
-from services.query.names import check_group, check_key, check_offset
+from services.commitlog.convert import peer_address, topic_config_from_proto
+from services.commitlog.topic_config import check_topic_config, check_topic_name
+from services.query.convert import message_id_kind_from_proto, pull_query_from_proto
+from services.query.lookup import OFFSET_ID_LENGTHS, check_key_query, check_message_id
+from services.query.names import check_group, check_offset, check_queue
+from services.query.pull import DEFAULT_MAX_LONG_POLL_MS
 from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from services.store.message_id import MessageIdError, decode_message_id
@@ -37,8 +40,6 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "mqstore.v1.MessagingService"
 MAX_BATCH = 1024
 STREAM_WINDOW = 4096
-OFFSET_ID_LENGTHS = (32, 56)
-UNIQ_KEY_LENGTHS = (32, 52)
 _MESSAGE_INDEX = re.compile(r"message #(\d+)")
 _DOMAIN_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -73,6 +74,8 @@ def unary(method: Handler) -> Handler:
     async def wrapper(self: Any, request: Any, context: Context) -> Any:
         started = time.perf_counter()
         try:
+            if type(request) is Undecodable:
+                raise InvalidArgumentError(request.reason)
             response = await method(self, request, context)
         except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
             status = _status_of(exc)
@@ -98,6 +101,7 @@ class MessagingServicer:
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_initial_backoff_ms / 1000,
                                  settings.retry_max_backoff_ms / 1000)
         self._backend_timeout_s = settings.backend_timeout_ms / 1000
+        self._provisional: set[str] = set()
 
     # -- the edge: who is calling, how long they wait, which route ------------------------------------
 
@@ -121,16 +125,27 @@ class MessagingServicer:
         return route
 
     async def _route_for_send(self, topic: str, context: Context) -> TopicRoute:
+        """An unknown topic gets a provisional route (RocketMQ's producer sends by the default topic's
+        route): the commitlog creates the topic with the first *valid* message, so a rejected send
+        creates nothing. :meth:`_created` then adds it to the other shards."""
         route = await self.routes.route(topic)
         if route is not None:
             return route
         if not self.settings.auto_create_topic:
             raise NotFoundError(f"topic {topic!r} does not exist and auto-create is off: create it first "
                                 "(mqstore topics create)")
+        self._provisional.add(topic)
         nums = self.settings.default_topic_queue_nums
         config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
-        await self._create_on_shards(config, context, tolerate_existing=True)
-        return await self._route(topic)
+        return TopicRoute.build(topic, [(shard, config) for shard in self.shards])
+
+    async def _created(self, topic: str, context: Context) -> None:
+        """After a send under a provisional route: the topic now exists on one shard; create it on all."""
+        if topic in self._provisional:
+            self._provisional.discard(topic)
+            nums = self.settings.default_topic_queue_nums
+            config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
+            await self._create_on_shards(config, context, tolerate_existing=True)
 
     @staticmethod
     def _queue(route: TopicRoute, queue_id: int) -> QueueRoute:
@@ -216,6 +231,8 @@ class MessagingServicer:
             return await queue.shard.on_commitlog(queue.shard.append_bytes, request.SerializeToString(), timeout)
 
         queue, result = await self._append(route, sharding_key, explicit, send)
+        if self._provisional:
+            await self._created(topic, context)
         metrics.SENT_MESSAGES.inc()
         return self._result(result, queue, topic, uniq_key)
 
@@ -253,6 +270,8 @@ class MessagingServicer:
                                                   timeout)
 
         queue, response = await self._append(route, sharding_key, explicit, send)
+        if self._provisional:
+            await self._created(topic, context)
         metrics.SENT_MESSAGES.inc(len(uniq_keys))
         result = self._result
         return gateway_pb2.SendBatchResponse(
@@ -285,19 +304,16 @@ class MessagingServicer:
                         done = True
                         break
                     group.append(item)
-                try:
-                    results = await self._send_group(principal, group, context)
-                except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
-                    code, details = _status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
-                    details = _renumber(details, sequence)
-                    metrics.observe_call("SendStream", code.name, time.perf_counter() - started)
-                    await context.abort(code, f"{details} (messages before #{sequence} of the stream were stored)"
-                                        if "of the stream" not in details else details)
-                    return
-                sequence += len(group)
-                metrics.SENT_MESSAGES.inc(len(group))
+                results, error = await self._send_group(principal, group, sequence, context)
+                sequence += len(results)
+                metrics.SENT_MESSAGES.inc(len(results))
                 for result in results:
                     yield result
+                if error is not None:
+                    code, details = error
+                    metrics.observe_call("SendStream", code.name, time.perf_counter() - started)
+                    await context.abort(code, f"{details} (every message before it was stored, none after)")
+                    return
             if reader.done() and reader.exception() is not None:
                 raise reader.exception()  # type: ignore[misc]
             metrics.observe_call("SendStream", "OK", time.perf_counter() - started)
@@ -313,23 +329,32 @@ class MessagingServicer:
         finally:
             await pending.put(None)
 
-    async def _send_group(self, principal: Principal, group: list[gateway_pb2.SendRequest],
-                          context: Context) -> list[gateway_pb2.SendResult]:
-        """One AppendBatch per run of requests that go to the same shard, in stream order."""
+    async def _send_group(self, principal: Principal, group: list[gateway_pb2.SendRequest], sequence: int,
+                          context: Context) -> tuple[list[gateway_pb2.SendResult], tuple[grpc.StatusCode, str] | None]:
+        """Appends a group of stream requests, one AppendBatch per run that goes to the same shard, in
+        stream order. Returns the results of the messages stored and the error that stopped the
+        stream, naming the first bad message by its stream sequence number (``sequence`` is the
+        group's first)."""
         picks: list[tuple[QueueRoute, str, str]] = []
         born_host = _peer_host(context)
+        error: tuple[grpc.StatusCode, str] | None = None
         for i, request in enumerate(group):
-            message = request.message
-            topic = message.topic
             try:
+                if type(request) is Undecodable:
+                    raise InvalidArgumentError(request.reason)
+                message = request.message
+                topic = message.topic
                 check_topic_name(topic)
                 _check_body(message, None)
                 self.tokens.authorize(principal, Action.PRODUCE, topic)
-            except (InvalidArgumentError, AuthError) as exc:
-                raise type(exc)(f"message #{i}: {exc}") from None
-            route = await self._route_for_send(topic, context)
-            explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
-            queue = self.selector.select(route, request.sharding_key, explicit)
+                route = await self._route_for_send(topic, context)
+                explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+                queue = self.selector.select(route, request.sharding_key, explicit)
+            except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
+                code, details = _status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
+                error = code, f"message #{sequence + i} of the stream: {details}"
+                group = group[:i]  # the ones before it are still stored
+                break
             message.queue_id = queue.shard_queue_id
             picks.append((queue, topic, self._prepare(message, born_host)))
             request.ClearField("sharding_key")
@@ -343,31 +368,50 @@ class MessagingServicer:
             while end < len(group) and picks[end][0].shard is shard:
                 end += 1
             # Each SendRequest minus its routing fields is one field-1 entry of an AppendBatchRequest.
-            data = b"".join([r.SerializeToString() for r in group[start:end]])
             try:
-                response = await self.retry.send(
-                    functools.partial(shard.on_commitlog, shard.append_batch_bytes, data, timeout))
+                response = await self._append_run(shard, group[start:end], timeout)
             except BackendError as exc:
-                raise BackendError(exc.code, _renumber(exc.details, start), exc.not_applied) from None
+                bad = _MESSAGE_INDEX.search(exc.details)
+                if exc.code == grpc.StatusCode.INVALID_ARGUMENT and bad is not None and int(bad.group(1)) > 0:
+                    # A batch is all or nothing: store the good ones before the bad one, as a stream promises.
+                    end = start + int(bad.group(1))
+                    try:
+                        response = await self._append_run(shard, group[start:end], timeout)
+                    except BackendError as again:
+                        exc = again
+                    else:
+                        results.extend(self._result(r, queue, topic, uniq_key) for (queue, topic, uniq_key), r
+                                       in zip(picks[start:end], response.results, strict=True))
+                        return results, (exc.code, _renumber(exc.details, sequence + start))
+                return results, (exc.code, _renumber(exc.details, sequence + start, end - start))
             for (queue, topic, uniq_key), r in zip(picks[start:end], response.results, strict=True):
                 results.append(self._result(r, queue, topic, uniq_key))
             start = end
-        return results
+        if self._provisional:
+            for topic in {topic for _, topic, _ in picks}:
+                await self._created(topic, context)
+        return results, error
+
+    async def _append_run(self, shard: ShardClient, requests: list[gateway_pb2.SendRequest],
+                          timeout: float) -> commitlog_pb2.AppendBatchResponse:
+        # Each SendRequest minus its routing fields is one field-1 entry of an AppendBatchRequest.
+        data = b"".join([r.SerializeToString() for r in requests])
+        return await self.retry.send(functools.partial(shard.on_commitlog, shard.append_batch_bytes, data, timeout))
 
     # -- reads ----------------------------------------------------------------------------------------
 
     async def _readable_queue(self, context: Context, topic: str, queue_id: int) -> QueueRoute:
         principal = self._principal(context)
-        check_topic_name(topic)
+        check_queue(topic, queue_id)
         self.tokens.authorize(principal, Action.CONSUME, topic)
         return self._queue(await self._route(topic), queue_id)
 
     @unary
     async def Pull(self, request: query_pb2.PullMessageRequest, context: Context) -> Any:
+        pull_query_from_proto(request, DEFAULT_MAX_LONG_POLL_MS)  # every bound, before any backend call
         queue = await self._readable_queue(context, request.topic, request.queue_id)
-        check_offset("queue offset", request.queue_offset)
         request.queue_id = queue.shard_queue_id
-        timeout = self._timeout(context, max(request.long_poll_ms, 0) / 1000)
+        timeout = self._timeout(context, request.long_poll_ms / 1000)
         shard = queue.shard
         data: bytes = await self.retry.read(lambda: shard.on_query(shard.pull_bytes, request, timeout))
         metrics.PULLED_BYTES.inc(len(data))
@@ -381,6 +425,7 @@ class MessagingServicer:
     @unary
     async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
                            context: Context) -> query_pb2.SearchOffsetResponse:
+        check_offset("timestamp", request.timestamp)
         queue = await self._readable_queue(context, request.topic, request.queue_id)
         request.queue_id = queue.shard_queue_id
         shard, timeout = queue.shard, self._timeout(context)
@@ -420,8 +465,7 @@ class MessagingServicer:
     async def QueryByKey(self, request: query_pb2.QueryMessageRequest,
                          context: Context) -> query_pb2.QueryMessageResponse:
         principal = self._principal(context)
-        check_topic_name(request.topic)
-        check_key(request.key)
+        check_key_query(request.topic, request.key, request.begin_timestamp, request.end_timestamp, request.max_num)
         self.tokens.authorize(principal, Action.CONSUME, request.topic)
         route = await self._route(request.topic)
         bases = _shard_bases(route)
@@ -455,9 +499,7 @@ class MessagingServicer:
         msg_id = request.msg_id.strip()
         if not msg_id:
             raise InvalidArgumentError("msg_id is empty: give an offset msg id or a UNIQ_KEY")
-        if len(msg_id) not in (*OFFSET_ID_LENGTHS, *UNIQ_KEY_LENGTHS) or not _is_hex(msg_id):
-            raise InvalidArgumentError(f"msg_id {msg_id[:64]!r} is neither an offset msg id (32 or 56 hex digits) "
-                                       "nor a UNIQ_KEY (32 or 52 hex digits)")
+        check_message_id(msg_id, message_id_kind_from_proto(request.kind))
         if request.topic:
             check_topic_name(request.topic)
             self.tokens.authorize(principal, Action.CONSUME, request.topic)
@@ -559,22 +601,22 @@ class MessagingServicer:
                                f"topic {config.topic!r} already exists: use UpdateTopic to change it")
         return existing
 
-    def _admin(self, context: Context, topic: str) -> None:
+    def _admin(self, context: Context, config: common_pb2.TopicConfig) -> None:
         principal = self._principal(context)
-        check_topic_name(topic)
-        self.tokens.authorize(principal, Action.ADMIN, topic)
+        check_topic_config(topic_config_from_proto(config))
+        self.tokens.authorize(principal, Action.ADMIN, config.topic)
 
     @unary
     async def CreateTopic(self, request: commitlog_pb2.TopicRequest,
                           context: Context) -> common_pb2.TopicConfig:
-        self._admin(context, request.topic.topic)
+        self._admin(context, request.topic)
         await self._create_on_shards(request.topic, context, tolerate_existing=False)
         return request.topic
 
     @unary
     async def UpdateTopic(self, request: commitlog_pb2.TopicRequest,
                           context: Context) -> common_pb2.TopicConfig:
-        self._admin(context, request.topic.topic)
+        self._admin(context, request.topic)
         route = await self._route(request.topic.topic)
         timeout = self._timeout(context)
         updated = request.topic
@@ -611,14 +653,6 @@ class MessagingServicer:
                                    writable=q.writable, readable=q.readable) for q in route.queues])
 
 
-def _is_hex(text: str) -> bool:
-    try:
-        bytes.fromhex(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _check_body(message: common_pb2.Message, index: int | None) -> None:
     """The RocketMQ client's Validators.checkMessage: an empty body is a mistake, not a message."""
     if not message.body:
@@ -638,9 +672,34 @@ def _shard_bases(route: TopicRoute) -> dict[ShardClient, int]:
     return bases
 
 
-def _renumber(details: str, offset: int) -> str:
-    """A batch error's "message #i" as the stream's sequence number."""
+def _renumber(details: str, offset: int, count: int = 0) -> str:
+    """A batch error's "message #i" as the stream's sequence number (a batch of one names no index)."""
+    if count == 1 and not _MESSAGE_INDEX.search(details):
+        return f"message #{offset} of the stream: {details}"
     return _MESSAGE_INDEX.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream", details, count=1)
+
+
+class Undecodable:
+    """A request whose bytes are not its message type: answered INVALID_ARGUMENT (gRPC's own answer to
+    a deserializer that raises would be UNKNOWN)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decoder(request_type: Any) -> Callable[[bytes], Any]:
+    from_string = request_type.FromString
+    name = request_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return from_string(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any failure means bad bytes
+            return Undecodable(f"the request is not a valid {name} message ({exc}); check the client's proto files")
+
+    return decode
 
 
 def _serialize(response: Any) -> bytes:
@@ -667,10 +726,10 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         "GetRoute": (servicer.GetRoute, g.GetRouteRequest),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=request_type.FromString,
+        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_decoder(request_type),
                                                   response_serializer=_serialize)
         for name, (handler, request_type) in unary_methods.items()
     }
     handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
-        servicer.SendStream, request_deserializer=g.SendRequest.FromString, response_serializer=_serialize)
+        servicer.SendStream, request_deserializer=_decoder(g.SendRequest), response_serializer=_serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -56,6 +56,21 @@ class KeyQueryResult:
     index_hits: int
 
 
+def check_key_query(topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> tuple[int, int]:
+    """The arguments of a key query; returns (end ms, max num) with their defaults applied."""
+    check_topic_name(topic)
+    check_key(key)
+    check_offset("begin timestamp", begin_ms)
+    check_offset("end timestamp", end_ms)
+    end = end_ms or INT64_MAX
+    if begin_ms > end:
+        raise InvalidArgumentError(f"begin timestamp {begin_ms} is after end timestamp {end_ms}")
+    max_num = max_num or DEFAULT_MAX_NUM
+    if not 1 <= max_num <= MAX_NUM:
+        raise InvalidArgumentError(f"max num {max_num} must be within 0..{MAX_NUM} (0 means {DEFAULT_MAX_NUM})")
+    return end, max_num
+
+
 def check_message_id(msg_id: str, kind: MessageIdKind) -> None:
     """Hex digits of a length an id of that kind can have."""
     lengths = {MessageIdKind.OFFSET: OFFSET_ID_LENGTHS, MessageIdKind.UNIQ_KEY: UNIQ_KEY_LENGTHS}.get(
@@ -174,16 +189,7 @@ class MessageLookup:
     async def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> KeyQueryResult:
         """Messages of ``topic`` carrying ``key``, stored in [begin_ms, end_ms] (end 0 = no bound): the
         newest ``max_num`` among the newest 64 index hits, in store order."""
-        check_topic_name(topic)
-        check_key(key)
-        check_offset("begin timestamp", begin_ms)
-        check_offset("end timestamp", end_ms)
-        end = end_ms or INT64_MAX
-        if begin_ms > end:
-            raise InvalidArgumentError(f"begin timestamp {begin_ms} is after end timestamp {end_ms}")
-        max_num = max_num or DEFAULT_MAX_NUM
-        if not 1 <= max_num <= MAX_NUM:
-            raise InvalidArgumentError(f"max num {max_num} must be within 0..{MAX_NUM} (0 means {DEFAULT_MAX_NUM})")
+        end, max_num = check_key_query(topic, key, begin_ms, end_ms, max_num)
         index_end = 0 if end >= INT64_MAX - INDEX_TIME_SLACK_MS else end + INDEX_TIME_SLACK_MS
         hits = await self._indexer.query_by_key(topic, key, INDEX_MAX_HITS,
                                                 max(begin_ms - INDEX_TIME_SLACK_MS, 0), index_end)
