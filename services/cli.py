@@ -171,6 +171,10 @@ def _inspect_index(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pipeline"]:
+        # Every argument belongs to the job (argparse's REMAINDER would refuse a leading --help).
+        return _pipeline(argparse.Namespace(pipeline_args=argv[1:]))
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
     return handler(args)
