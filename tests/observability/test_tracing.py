@@ -117,6 +117,24 @@ def test_pull_crosses_query_indexer_and_commitlog_in_one_trace(observed: Observe
         _within(client, pull)
 
 
+def test_search_offset_crosses_the_indexers_blocking_channel(observed: Observed) -> None:
+    """The indexer (a thread-pool server) reads store times from the commitlog on a blocking channel:
+    that hop joins the trace too."""
+    system = observed.system
+    stored = system.append([message("TraceSearch", 0, b"t")])[0]
+    header, trace_id, _ = new_traceparent()
+    system.query.stub.SearchOffset(query_pb2.SearchOffsetRequest(topic="TraceSearch", queue_id=0,
+                                                                 timestamp=stored.store_timestamp),
+                                   metadata=[("traceparent", header)], timeout=10)
+    read = "/mqstore.v1.CommitLogService/Read"
+    spans = observed.receiver.wait_for(trace_id, _all(_has(COMMITLOG, read), _has(INDEXER, read)))
+    by_time = _one(spans, INDEXER, "/mqstore.v1.IndexerService/GetOffsetByTime", SPAN_KIND_SERVER)
+    client = _one(spans, INDEXER, read, SPAN_KIND_CLIENT)
+    server = _one(spans, COMMITLOG, read, SPAN_KIND_SERVER)
+    assert client.parent_span_id == by_time.span_id
+    assert server.parent_span_id == client.span_id
+
+
 def test_long_lived_streams_and_health_checks_make_no_spans(observed: Observed) -> None:
     """Tail (indexer -> commitlog), WatchArrivals (query -> indexer) and the health probes run all the
     time, but their spans would only say that a connection exists: none are exported."""
