@@ -6,18 +6,25 @@ services make for it must land in that one trace, whichever process made it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from mqstore.v1 import commitlog_pb2, query_pb2
 
 from services.server import channels, tracing
+from tests.commitlog.commitlog_process import commitlog_env
 from tests.observability.conftest import Observed
 from tests.observability.otlp_receiver import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_SERVER,
+    OtlpReceiver,
     ReceivedSpan,
     new_traceparent,
+    tracing_env,
 )
 from tests.query.query_process import message
 
@@ -145,6 +152,47 @@ def test_long_lived_streams_and_health_checks_make_no_spans(observed: Observed) 
     observed.receiver.wait_for(trace_id, _has(COMMITLOG, "/mqstore.v1.CommitLogService/GetStoreInfo"))
     names = {s.name for s in observed.receiver.spans}
     assert not {n for n in names if n.endswith(("/Tail", "/WatchArrivals")) or "grpc.health" in n}, names
+
+
+_PROBE = """
+import json, logging, sys
+from services.server import tracing
+from services.server.logs import configure_logging
+
+configure_logging(stream=sys.stdout)
+assert tracing.init_tracing("probe")
+with tracing.span("probe.outer", key="v"):
+    logging.getLogger("probe").info("inside")
+    with tracing.child_span("probe.inner"):
+        pass
+    print(json.dumps({"trace": tracing.current_trace_id()}), flush=True)
+with tracing.child_span("probe.orphan"):  # no span of a request around it: no trace of its own
+    pass
+tracing.shutdown_tracing()
+"""
+
+
+def test_in_process_spans_and_log_lines_share_the_trace(tmp_path: Path) -> None:
+    """``span``/``child_span`` with tracing on, in a process of its own (the provider is global), and
+    the JSON log lines written inside a span carry its trace and span ids."""
+    receiver = OtlpReceiver().start()
+    try:
+        env = {**commitlog_env(tracing_env(receiver)), "PYTHONPATH": str(Path(__file__).parents[2])}
+        done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        lines = [json.loads(line) for line in done.stdout.splitlines()]
+        trace_id = next(line["trace"] for line in lines if "trace" in line)
+        spans = receiver.wait_for(trace_id, _all(_has("mqstore-probe", "probe.outer"),
+                                                 _has("mqstore-probe", "probe.inner")))
+        outer = _one(spans, "mqstore-probe", "probe.outer")
+        assert outer.attributes == {"key": "v"}
+        assert _one(spans, "mqstore-probe", "probe.inner").parent_span_id == outer.span_id
+        assert not [s for s in receiver.spans if s.name == "probe.orphan"]
+        inside = next(line for line in lines if line.get("msg") == "inside")
+        assert (inside["trace_id"], inside["span_id"]) == (trace_id, outer.span_id)
+    finally:
+        receiver.stop()
 
 
 def test_tracing_off_adds_no_interceptor() -> None:
