@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.commitlog.commitlog_process import ServiceProcess, free_port, start_commitlog
+from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service, start_commitlog
 from tests.indexer.indexer_process import start_indexer
 from tests.observability.otlp_receiver import OtlpReceiver, tracing_env
 from tests.query.query_process import System, start_query
+
+
+class GatewayProcess(ServiceProcess):
+    """``mqstore gateway`` in front of one shard (the public MessagingService)."""
+
+    service_name = "mqstore.v1.MessagingService"
 
 
 @dataclass
@@ -55,3 +61,21 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observed]:
             if handle.running:
                 handle.kill9()
         receiver.stop()
+
+
+@pytest.fixture(scope="package")
+def gateway(observed: Observed) -> Iterator[GatewayProcess]:
+    """The gateway in front of the observed system, tracing to the same receiver."""
+    system = observed.system
+    port = free_port()
+    log_path = system.root / "gateway.log"
+    args = ["gateway", "--listen", f"127.0.0.1:{port}", "--commitlog", system.commitlog.address,
+            "--query", system.query.address]
+    handle = GatewayProcess(system.root / "gateway", port, spawn_service(args, system.env, log_path), log_path)
+    try:
+        handle.wait_serving()
+        yield handle
+        assert handle.stop() == 0, handle.logs()
+    finally:
+        if handle.running:
+            handle.kill9()

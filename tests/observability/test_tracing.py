@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from mqstore.v1 import commitlog_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 
 from services.server import channels, tracing
 from tests.commitlog.commitlog_process import commitlog_env
-from tests.observability.conftest import Observed
+from tests.observability.conftest import GatewayProcess, Observed
 from tests.observability.otlp_receiver import (
     SPAN_KIND_CLIENT,
     SPAN_KIND_SERVER,
@@ -28,6 +28,7 @@ from tests.observability.otlp_receiver import (
 )
 from tests.query.query_process import message
 
+GATEWAY = "mqstore-gateway"
 COMMITLOG = "mqstore-commitlog"
 INDEXER = "mqstore-indexer"
 QUERY = "mqstore-query"
@@ -122,6 +123,44 @@ def test_pull_crosses_query_indexer_and_commitlog_in_one_trace(observed: Observe
         assert client.parent_span_id == pull.span_id
         assert server.parent_span_id == client.span_id
         _within(client, pull)
+
+
+def test_send_and_pull_through_the_gateway_are_one_trace_each(observed: Observed, gateway: GatewayProcess) -> None:
+    """The issue's two paths: a Send is gateway -> commitlog (with the flush wait), a Pull is
+    gateway -> query -> indexer and commitlog."""
+    stub = gateway_pb2_grpc.MessagingServiceStub(gateway.channel)
+    header, send_trace, caller_span = new_traceparent()
+    sent = stub.Send(gateway_pb2.SendRequest(message=message("TraceGateway", 0, b"via gateway")),
+                     metadata=[("traceparent", header)], timeout=10)
+    assert sent.status == commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK
+    spans = observed.receiver.wait_for(send_trace, _all(_has(GATEWAY, "/mqstore.v1.MessagingService/Send"),
+                                                        _has(COMMITLOG, FLUSH_WAIT)))
+    send = _one(spans, GATEWAY, "/mqstore.v1.MessagingService/Send", SPAN_KIND_SERVER)
+    assert send.parent_span_id == caller_span
+    append_client = _one(spans, GATEWAY, "/mqstore.v1.CommitLogService/Append", SPAN_KIND_CLIENT)
+    append = _one(spans, COMMITLOG, "/mqstore.v1.CommitLogService/Append", SPAN_KIND_SERVER)
+    assert (append_client.parent_span_id, append.parent_span_id) == (send.span_id, append_client.span_id)
+    assert _one(spans, COMMITLOG, FLUSH_WAIT).parent_span_id == append.span_id
+
+    observed.system.wait_dispatched()
+    header, pull_trace, caller_span = new_traceparent()
+    pulled = stub.Pull(query_pb2.PullMessageRequest(topic="TraceGateway", queue_id=sent.queue_id),
+                       metadata=[("traceparent", header)], timeout=10)
+    assert [m.body for m in pulled.messages] == [b"via gateway"]
+    spans = observed.receiver.wait_for(pull_trace, _all(
+        _has(GATEWAY, "/mqstore.v1.MessagingService/Pull"), _has(QUERY, "/mqstore.v1.QueryService/PullMessage"),
+        _has(INDEXER, "/mqstore.v1.IndexerService/GetQueueEntries"),
+        _has(COMMITLOG, "/mqstore.v1.CommitLogService/ReadBatch")))
+    pull = _one(spans, GATEWAY, "/mqstore.v1.MessagingService/Pull", SPAN_KIND_SERVER)
+    assert pull.parent_span_id == caller_span
+    query_client = _one(spans, GATEWAY, "/mqstore.v1.QueryService/PullMessage", SPAN_KIND_CLIENT)
+    query = _one(spans, QUERY, "/mqstore.v1.QueryService/PullMessage", SPAN_KIND_SERVER)
+    assert (query_client.parent_span_id, query.parent_span_id) == (pull.span_id, query_client.span_id)
+    for service, method in ((INDEXER, "/mqstore.v1.IndexerService/GetQueueEntries"),
+                            (COMMITLOG, "/mqstore.v1.CommitLogService/ReadBatch")):
+        client = _one(spans, QUERY, method, SPAN_KIND_CLIENT)
+        assert client.parent_span_id == query.span_id
+        assert _one(spans, service, method, SPAN_KIND_SERVER).parent_span_id == client.span_id
 
 
 def test_search_offset_crosses_the_indexers_blocking_channel(observed: Observed) -> None:
