@@ -422,23 +422,27 @@ class MessagingServicer:
             message.queue_id += queue.base
         return response
 
+    async def _on_queue(self, context: Context, request: Any, method: str) -> Any:
+        """A per-queue read (or idempotent offset commit) on the queue's shard: its route queue id
+        becomes the shard's for the call."""
+        queue = await self._readable_queue(context, request.topic, request.queue_id)
+        request.queue_id = queue.shard_queue_id
+        shard, timeout = queue.shard, self._timeout(context)
+        call = getattr(shard.query, method)
+        return await self.retry.read(lambda: shard.on_query(call, request, timeout))
+
     @unary
     async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
                            context: Context) -> query_pb2.SearchOffsetResponse:
         check_offset("timestamp", request.timestamp)
-        queue = await self._readable_queue(context, request.topic, request.queue_id)
-        request.queue_id = queue.shard_queue_id
-        shard, timeout = queue.shard, self._timeout(context)
-        return await self.retry.read(lambda: shard.on_query(shard.query.SearchOffset, request, timeout))
+        return await self._on_queue(context, request, "SearchOffset")
 
     @unary
     async def GetQueueOffsets(self, request: query_pb2.GetQueueOffsetRangeRequest,
                               context: Context) -> query_pb2.QueueOffsetRange:
-        queue = await self._readable_queue(context, request.topic, request.queue_id)
-        request.queue_id = queue.shard_queue_id
-        shard, timeout = queue.shard, self._timeout(context)
-        response = await self.retry.read(lambda: shard.on_query(shard.query.GetQueueOffsetRange, request, timeout))
-        response.queue_id = queue.queue_id
+        route_queue_id = request.queue_id
+        response = await self._on_queue(context, request, "GetQueueOffsetRange")
+        response.queue_id = route_queue_id
         return response
 
     @unary
@@ -446,20 +450,13 @@ class MessagingServicer:
                            context: Context) -> query_pb2.UpdateConsumerOffsetResponse:
         check_group(request.consumer_group)
         check_offset("offset", request.offset)
-        queue = await self._readable_queue(context, request.topic, request.queue_id)
-        request.queue_id = queue.shard_queue_id
-        shard, timeout = queue.shard, self._timeout(context)
-        # Setting an offset is idempotent: retried like a read.
-        return await self.retry.read(lambda: shard.on_query(shard.query.UpdateConsumerOffset, request, timeout))
+        return await self._on_queue(context, request, "UpdateConsumerOffset")
 
     @unary
     async def QueryOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
                           context: Context) -> query_pb2.QueryConsumerOffsetResponse:
         check_group(request.consumer_group)
-        queue = await self._readable_queue(context, request.topic, request.queue_id)
-        request.queue_id = queue.shard_queue_id
-        shard, timeout = queue.shard, self._timeout(context)
-        return await self.retry.read(lambda: shard.on_query(shard.query.QueryConsumerOffset, request, timeout))
+        return await self._on_queue(context, request, "QueryConsumerOffset")
 
     @unary
     async def QueryByKey(self, request: query_pb2.QueryMessageRequest,

@@ -19,7 +19,7 @@ import pytest
 
 from mqstore_client import Client, MqstoreError
 from tests.commitlog.commitlog_process import mqstore_command
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 
 _names = itertools.count()
 T = TypeVar("T")
@@ -27,15 +27,8 @@ T = TypeVar("T")
 
 @pytest.fixture(scope="package")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    started = start_up(tmp_path_factory.mktemp("client-up") / "store")
-    try:
+    with running_up(tmp_path_factory.mktemp("client-up") / "store") as started:
         yield started
-    finally:
-        try:
-            code = started.stop()
-            assert code == 0, f"mqstore up exited with {code}:\n{started.logs()[-5000:]}"
-        finally:
-            started.kill_all()
 
 
 @pytest.fixture(scope="package")

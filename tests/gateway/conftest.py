@@ -10,18 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    started = start_up(tmp_path_factory.mktemp("up") / "store")
-    try:
+    with running_up(tmp_path_factory.mktemp("up") / "store") as started:
         yield started
-    finally:
-        try:
-            code = started.stop()
-            assert code == 0, f"mqstore up exited with {code}:\n{started.logs()[-5000:]}"
-            assert not (started.store / "abort").exists(), "a clean stop must leave no abort file"
-        finally:
-            started.kill_all()

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import grpc
@@ -99,6 +99,20 @@ class UpProcess:
                 with contextlib.suppress(OSError):
                     if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
                         os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_up(store: Path, extra_args: list[str] | None = None) -> Iterator[UpProcess]:
+    """A system for a fixture: started, yielded, then stopped like a Ctrl-C, which must be clean
+    (exit code 0, no abort file)."""
+    started = start_up(store, extra_args=extra_args)
+    try:
+        yield started
+        code = started.stop()
+        assert code == 0, f"mqstore up exited with {code}:\n{started.logs()[-5000:]}"
+        assert not (started.store / "abort").exists(), "a clean stop must leave no abort file"
+    finally:
+        started.kill_all()
 
 
 def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_args: list[str] | None = None,

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
 from tests.commitlog.commitlog_process import commitlog_env, free_port, mqstore_command
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 
 TOKENS = """
 tokens:
@@ -36,14 +36,8 @@ ADMIN = (("authorization", "bearer tok-ops-admin-1"),)
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
     root = tmp_path_factory.mktemp("auth")
     (root / "tokens.yaml").write_text(TOKENS)
-    started = start_up(root / "store", extra_args=["--auth-file", str(root / "tokens.yaml")])
-    try:
+    with running_up(root / "store", extra_args=["--auth-file", str(root / "tokens.yaml")]) as started:
         yield started
-    finally:
-        try:
-            assert started.stop() == 0, started.logs()[-3000:]
-        finally:
-            started.kill_all()
 
 
 def message(topic: str) -> gateway_pb2.SendRequest:
