@@ -23,14 +23,14 @@ from gateway.uniq_key import UniqKeyGenerator
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
-    BindError,
     ServerSettings,
     ShutdownSignal,
     is_loopback,
     serve_aio_until_signal,
+    start_aio_service,
 )
 from services.server.logs import configure_logging
-from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
+from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError
@@ -74,23 +74,14 @@ async def _serve(config_file: str | None, overrides: dict[str, Any]) -> int:
     selector = QueueSelector(settings.queue_selection == LATENCY, faults)
     servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
     server = AioGrpcServer(_server_settings(settings), [SERVICE_NAME], lambda s: add_to_server(servicer, s))
-    metrics_server: MetricsServer | None = None
 
     async def stopped() -> None:
         for shard in shards:
             await shard.close()
-        if metrics_server is not None:
-            metrics_server.stop()
 
-    try:
-        port = await server.start()
-        metrics_server = start_metrics_server(metrics_port)
-    except (BindError, OSError) as exc:
-        log.error("%s", exc)
-        await server.stop(grace_s=0)
-        await stopped()
+    bound = await start_aio_service(server, metrics_port, stopped)
+    if bound is None:
         return EXIT_BAD_SETTINGS
-    bound = f"{settings.listen.rpartition(':')[0]}:{port}"
     await _warm_up(routes, shards)
     log.info("gateway listening on %s; shards %s; queue selection %s; auth %s", bound,
              ", ".join(f"{s.name} (commitlog {s.settings.commitlog}, query {s.settings.query})" for s in shards),

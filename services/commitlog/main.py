@@ -22,14 +22,13 @@ from services.server import metrics
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
-    BindError,
     ServerSettings,
     ShutdownSignal,
     serve_aio_until_signal,
+    start_aio_service,
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
-from services.server.metrics import MetricsServer, start_metrics_server
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import MessageStoreConfig
@@ -80,23 +79,14 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     await servicer.start()
     server = AioGrpcServer(settings, [SERVICE_NAME],
                            lambda s: commitlog_pb2_grpc.add_CommitLogServiceServicer_to_server(servicer, s))
-    metrics_server: MetricsServer | None = None
 
     async def stopped() -> None:
         await servicer.close()
         await asyncio.to_thread(engine.shutdown)
-        if metrics_server is not None:
-            metrics_server.stop()
 
-    try:
-        port = await server.start()
-        metrics_server = start_metrics_server(metrics_port)
-    except (BindError, OSError) as exc:
-        log.error("%s", exc)
-        await server.stop(grace_s=0)
-        await stopped()
+    bound = await start_aio_service(server, metrics_port, stopped)
+    if bound is None:
         return EXIT_BAD_SETTINGS
-    bound = f"{address.rpartition(':')[0]}:{port}"
     log.info("commitlog service listening on %s, store %s", bound, store,
              extra={"listen": bound, "store": str(Path(store).resolve()), "incarnation": engine.incarnation})
     return await serve_aio_until_signal(server, signals, on_stopping=servicer.begin_shutdown, on_stopped=stopped)

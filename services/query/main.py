@@ -31,14 +31,14 @@ from services.query.store_view import StoreView
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
-    BindError,
     ServerSettings,
     ShutdownSignal,
     serve_aio_until_signal,
+    start_aio_service,
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
-from services.server.metrics import MetricsServer, metrics_port_from_env, start_metrics_server
+from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError, load_config
@@ -127,7 +127,6 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
     watcher.start()
     persister = asyncio.create_task(_persist_periodically(offsets, options.persist_interval_ms / 1000),
                                     name="persist-consumer-offsets")
-    metrics_server: MetricsServer | None = None
 
     def stopping() -> None:
         servicer.begin_shutdown()
@@ -144,18 +143,10 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
             log.exception("cannot write %s at stop: commits since the last write are lost", offsets.path)
         await indexer.close()
         await commitlog.close()
-        if metrics_server is not None:
-            metrics_server.stop()
 
-    try:
-        port = await server.start()
-        metrics_server = start_metrics_server(metrics_port)
-    except (BindError, OSError) as exc:
-        log.error("%s", exc)
-        await server.stop(grace_s=0)
-        await stopped()
+    bound = await start_aio_service(server, metrics_port, stopped)
+    if bound is None:
         return EXIT_BAD_SETTINGS
-    bound = f"{address.rpartition(':')[0]}:{port}"
     log.info("query service listening on %s, store %s, indexer %s, commitlog %s", bound, options.store,
              indexer.address, commitlog.address,
              extra={"listen": bound, "store": str(Path(options.store).resolve())})

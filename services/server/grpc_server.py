@@ -30,6 +30,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from grpc_reflection.v1alpha import reflection
 
 from services.server import tracing
+from services.server.metrics import MetricsServer, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class AioGrpcServer:
                                        options=_channel_options(settings),
                                        interceptors=tracing.aio_server_interceptors() or None)
         self.health = health_aio.HealthServicer()
+        self.metrics: MetricsServer | None = None
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
         reflection.enable_server_reflection(
@@ -167,6 +169,9 @@ class AioGrpcServer:
         if on_stopping is not None:
             on_stopping()
         await self._server.stop(self.settings.shutdown_grace_s if grace_s is None else grace_s)
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
 
 
 def use_blocking_executor(max_workers: int) -> None:
@@ -235,6 +240,21 @@ def serve_until_signal(server: GrpcServer, signals: ShutdownSignal, on_stopping:
     on_stopped()
     log.info("stopped cleanly")
     return 0
+
+
+async def start_aio_service(server: AioGrpcServer, metrics_port: int | None,
+                            on_stopped: Callable[[], Awaitable[None]]) -> str | None:
+    """Bind the gRPC server, then the metrics endpoint (if a port is given). Returns the bound
+    ``host:port``; on failure logs why, undoes what started (``on_stopped`` included) and returns None."""
+    try:
+        port = await server.start()
+        server.metrics = start_metrics_server(metrics_port)
+    except (BindError, OSError) as exc:
+        log.error("%s", exc)
+        await server.stop(grace_s=0)
+        await on_stopped()
+        return None
+    return f"{server.settings.listen.rpartition(':')[0]}:{port}"
 
 
 async def serve_aio_until_signal(server: AioGrpcServer, signals: ShutdownSignal, on_stopping: Callable[[], None],
