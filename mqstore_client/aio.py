@@ -27,11 +27,10 @@ from mqstore_client.consumer import (
     DEFAULT_BATCH,
     DEFAULT_COMMIT_INTERVAL_S,
     DEFAULT_LONG_POLL_MS,
-    MAX_BATCH,
     PULL_MARGIN_S,
     OffsetTracker,
+    PullOptions,
     max_long_poll_of,
-    pull_request,
 )
 from mqstore_client.errors import MqstoreError, NotFoundError, from_rpc_error
 from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
@@ -152,7 +151,7 @@ class AsyncProducer(_AsyncEndpoint):
             raise failure[0]
 
 
-class AsyncPullConsumer(_AsyncEndpoint):
+class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
     """PullConsumer on asyncio (same options and semantics; see :class:`mqstore_client.PullConsumer`)."""
 
     def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
@@ -161,26 +160,9 @@ class AsyncPullConsumer(_AsyncEndpoint):
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
                  timeout: float | None = None) -> None:
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
-        if long_poll_ms < 0:
-            raise ValueError("long_poll_ms must not be negative")
         super().__init__(address, token, connection, DEFAULT_TIMEOUT_S)
-        self.group = group
-        self.topic = topic
-        self.subscription = subscription or "*"
-        self.long_poll_ms = long_poll_ms
-        self.batch_size = batch_size
-        self.max_bytes = max_bytes
-        self.auto_commit = auto_commit and group is not None
-        self.commit_interval_s = commit_interval_s
-        self.from_latest = from_latest
-        self.timeout = timeout
-        self._queue_ids = list(queue_ids) if queue_ids is not None else None
-        self._explicit = dict(start_offsets or {})
-        self._tracker: OffsetTracker | None = None
-        self._last_commit = time.monotonic()
-        self._closed = False
+        self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
+                        commit_interval_s, from_latest, start_offsets, timeout)
 
     async def start(self) -> OffsetTracker:
         """Reads the route and the starting offsets (poll() does it on first use)."""
@@ -234,11 +216,6 @@ class AsyncPullConsumer(_AsyncEndpoint):
         while not self._closed:
             for message in await self.poll(self.batch_size):
                 yield message
-
-    def _request(self, tracker: OffsetTracker, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
-        offset = tracker.queues[queue_id].fetch_offset
-        return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
-                                    self.max_bytes)
 
     async def _fetch(self, tracker: OffsetTracker, wait_s: float) -> int:
         pulls = [(q, *self._request(tracker, q, 0)) for q in tracker.fetchable()]

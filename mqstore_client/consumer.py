@@ -163,7 +163,55 @@ def start_offsets(connection: Connection, group: str | None, topic: str, queue_i
     return starts
 
 
-class PullConsumer(Endpoint):
+class PullOptions:
+    """What a pull consumer was asked for, checked once: shared by PullConsumer and AsyncPullConsumer."""
+
+    group: str | None
+    topic: str
+    subscription: str
+    long_poll_ms: int
+    batch_size: int
+    max_bytes: int
+    auto_commit: bool
+    commit_interval_s: float
+    from_latest: bool
+    timeout: float | None
+    _queue_ids: list[int] | None
+    _explicit: dict[int, int]
+    _tracker: OffsetTracker | None
+    _last_commit: float
+    _closed: bool
+
+    def _configure(self, group: str | None, topic: str, queue_ids: Sequence[int] | None, subscription: str,
+                   long_poll_ms: int, batch_size: int, max_bytes: int, auto_commit: bool, commit_interval_s: float,
+                   from_latest: bool, start_offsets: Mapping[int, int] | None, timeout: float | None) -> None:
+        if not 1 <= batch_size <= MAX_BATCH:
+            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
+        if long_poll_ms < 0:
+            raise ValueError("long_poll_ms must not be negative")
+        self.group = group
+        self.topic = topic
+        self.subscription = subscription or "*"
+        self.long_poll_ms = long_poll_ms
+        self.batch_size = batch_size
+        self.max_bytes = max_bytes
+        self.auto_commit = auto_commit and group is not None
+        self.commit_interval_s = commit_interval_s
+        self.from_latest = from_latest
+        self.timeout = timeout
+        self._queue_ids = list(queue_ids) if queue_ids is not None else None
+        self._explicit = dict(start_offsets or {})
+        self._tracker: OffsetTracker | None = None
+        self._last_commit = time.monotonic()
+        self._closed = False
+
+    def _request(self, tracker: OffsetTracker, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
+        offset = tracker.queues[queue_id].fetch_offset
+        return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
+                                    self.max_bytes)
+
+
+class PullConsumer(PullOptions, Endpoint):
     """Pulls a topic's queues for a consumer group, tracking and committing offsets.
 
     ``poll()`` returns what is buffered, else pulls every queue at once, else long polls them all
@@ -180,26 +228,9 @@ class PullConsumer(Endpoint):
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
                  timeout: float | None = None) -> None:
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
-        if long_poll_ms < 0:
-            raise ValueError("long_poll_ms must not be negative")
         super().__init__(address, token, connection=connection)
-        self.group = group
-        self.topic = topic
-        self.subscription = subscription or "*"
-        self.long_poll_ms = long_poll_ms
-        self.batch_size = batch_size
-        self.max_bytes = max_bytes
-        self.auto_commit = auto_commit and group is not None
-        self.commit_interval_s = commit_interval_s
-        self.from_latest = from_latest
-        self.timeout = timeout
-        self._queue_ids = list(queue_ids) if queue_ids is not None else None
-        self._explicit = dict(start_offsets or {})
-        self._tracker: OffsetTracker | None = None
-        self._last_commit = time.monotonic()
-        self._closed = False
+        self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
+                        commit_interval_s, from_latest, start_offsets, timeout)
 
     # -- set-up ------------------------------------------------------------------------------------
 
@@ -256,17 +287,12 @@ class PullConsumer(Endpoint):
         while not self._closed:
             yield from self.poll(self.batch_size)
 
-    def _request(self, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
-        offset = self.tracker.queues[queue_id].fetch_offset
-        return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
-                                    self.max_bytes)
-
     def _fetch(self, wait_s: float) -> int:
         """Pulls every queue with nothing buffered at once; if none has messages, long polls them
         all (one call per queue) until one answers with messages or ``wait_s`` passes."""
         tracker = self.tracker
         connection = self.connection
-        pulls = [(q, *self._request(q, 0)) for q in tracker.fetchable()]
+        pulls = [(q, *self._request(tracker, q, 0)) for q in tracker.fetchable()]
         futures = [connection.future("Pull", request, PULL_MARGIN_S) for _, _, request in pulls]
         got = 0
         for (q, offset, _), future in zip(pulls, futures, strict=True):
@@ -286,7 +312,7 @@ class PullConsumer(Endpoint):
             if remaining_ms <= 0:
                 return
             wait_ms = min(self.long_poll_ms, remaining_ms)
-            offset, request = self._request(q, wait_ms)
+            offset, request = self._request(self.tracker, q, wait_ms)
             future = connection.future("Pull", request, wait_ms / 1000 + PULL_MARGIN_S)
             in_flight[q] = (offset, future)
             future.add_done_callback(functools.partial(_signal, done, q))
