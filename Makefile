@@ -60,6 +60,7 @@ bench: $(GENERATED)
 	$(PY) -m bench.sync_flush
 	$(PY) -m bench.dispatch
 	$(PY) -m bench.query
+	$(PY) -m bench.gateway
 
 clean:
 	rm -rf $(VENV) gen build *.egg-info

@@ -18,6 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mqstore_client.cli import add_client_commands
 
     add_client_commands(commands)
+    from bench.cli import add_bench_command
+
+    add_bench_command(commands)
     return parser
 
 
