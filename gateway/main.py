@@ -76,6 +76,7 @@ async def _serve(config_file: str | None, overrides: dict[str, Any]) -> int:
     server = AioGrpcServer(_server_settings(settings), [SERVICE_NAME], lambda s: add_to_server(servicer, s))
 
     async def stopped() -> None:
+        await servicer.close()
         for shard in shards:
             await shard.close()
 

@@ -23,6 +23,7 @@ from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, To
 from gateway.queue_selector import NoWritableQueueError, QueueSelector
 from gateway.resilience import BackendError, RetryPolicy
 from gateway.route import QueueRoute, RouteTable, TopicRoute
+from gateway.send_batcher import SendBatcher
 from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
@@ -102,6 +103,11 @@ class MessagingServicer:
                                  settings.retry_max_backoff_ms / 1000)
         self._backend_timeout_s = settings.backend_timeout_ms / 1000
         self._provisional: set[str] = set()
+        self._batchers = [SendBatcher(shard, self._backend_timeout_s) for shard in self.shards]
+
+    async def close(self) -> None:
+        for batcher in self._batchers:
+            await batcher.close()
 
     # -- the edge: who is calling, how long they wait, which route ------------------------------------
 
@@ -223,12 +229,16 @@ class MessagingServicer:
         uniq_key = self._prepare(message, _peer_host(context))
         request.ClearField("sharding_key")
         request.ClearField("queue_id")
-        timeout = self._timeout(context)
 
         async def send(queue: QueueRoute) -> commitlog_pb2.AppendResult:
             message.queue_id = queue.shard_queue_id
-            # SendRequest minus its routing fields is an AppendRequest on the wire.
-            return await queue.shard.on_commitlog(queue.shard.append_bytes, request.SerializeToString(), timeout)
+            # SendRequest minus its routing fields is one entry of an AppendBatchRequest on the wire.
+            result = await self._batchers[queue.shard.index].send(request.SerializeToString())
+            if result.status == commitlog_pb2.PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT:
+                raise BackendError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   f"FLUSH_DISK_TIMEOUT: the message was written to {queue.shard.name} but its flush "
+                                   "did not finish within syncFlushTimeout; a power loss may lose it")
+            return result
 
         queue, result = await self._append(route, sharding_key, explicit, send)
         if self._provisional:

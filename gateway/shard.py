@@ -44,9 +44,6 @@ class ShardClient:
         self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._commitlog_channel)
         self.query = query_pb2_grpc.QueryServiceStub(self._query_channel)
         # Requests already serialised by the gateway (see the module docstring).
-        self.append_bytes = self._commitlog_channel.unary_unary(
-            "/mqstore.v1.CommitLogService/Append", request_serializer=_identity,
-            response_deserializer=commitlog_pb2.AppendResult.FromString)
         self.append_batch_bytes = self._commitlog_channel.unary_unary(
             "/mqstore.v1.CommitLogService/AppendBatch", request_serializer=_identity,
             response_deserializer=commitlog_pb2.AppendBatchResponse.FromString)

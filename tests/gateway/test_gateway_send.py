@@ -176,3 +176,27 @@ def test_the_route_lists_the_queues_of_the_one_shard(up: UpProcess) -> None:
     route = up.stub.GetRoute(gateway_pb2.GetRouteRequest(topic="routed"), timeout=10)
     assert [(q.queue_id, q.shard, q.shard_queue_id, q.writable, q.readable) for q in route.queues] == [
         (i, "shard-0", i, True, True) for i in range(8)]
+
+
+def test_concurrent_sends_share_batches_and_a_bad_one_fails_alone(up: UpProcess) -> None:
+    """64 Sends in flight at once go to the commitlog as a few AppendBatch calls; the one the
+    commitlog refuses (properties over 32767 bytes) gets its own error, the others are stored."""
+    def request(i: int) -> gateway_pb2.SendRequest:
+        properties = {"big": "v" * 40_000} if i == 17 else {"KEYS": f"c{i}"}
+        return gateway_pb2.SendRequest(message=common_pb2.Message(topic="concurrent", body=f"c{i}".encode(),
+                                                                  properties=properties), queue_id=0)
+    futures = [up.stub.Send.future(request(i), timeout=30) for i in range(64)]
+    outcomes: list[gateway_pb2.SendResult | grpc.RpcError] = []
+    for future in futures:
+        try:
+            outcomes.append(future.result())
+        except grpc.RpcError as error:
+            outcomes.append(error)
+    bad = outcomes.pop(17)
+    assert isinstance(bad, grpc.RpcError) and bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "PROPERTIES_SIZE_EXCEEDED" in (bad.details() or "") and "message #" not in (bad.details() or "")
+    results = [o for o in outcomes if isinstance(o, gateway_pb2.SendResult)]
+    assert len(results) == 63
+    assert sorted(r.queue_offset for r in results) == list(range(63))
+    stored = pull_all(up, "concurrent", 0, until=63)
+    assert sorted(m.body for m in stored) == sorted(f"c{i}".encode() for i in range(64) if i != 17)
