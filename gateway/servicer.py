@@ -207,13 +207,15 @@ class MessagingServicer:
         return queue_id
 
     @staticmethod
-    def _result(result: commitlog_pb2.AppendResult, queue: QueueRoute, topic: str,
-                uniq_key: str) -> gateway_pb2.SendResult:
+    def _result(result: commitlog_pb2.AppendResult, queue: QueueRoute, topic: str, uniq_key: str,
+                make: Callable[..., gateway_pb2.SendResult] = gateway_pb2.SendResult) -> gateway_pb2.SendResult:
+        """``make``: the SendResult constructor, or a repeated field's ``add`` (built in place: a result
+        built alone would be copied again when appended to an answer)."""
         # A DELAY message is stored under SCHEDULE_TOPIC_XXXX: its queue id is the store's, not a route's.
         queue_id = result.queue_id + queue.base if result.topic == topic else result.queue_id
-        return gateway_pb2.SendResult(status=result.status, msg_id=uniq_key, offset_msg_id=result.msg_id,
-                                      topic=result.topic, queue_id=queue_id, queue_offset=result.queue_offset,
-                                      store_timestamp=result.store_timestamp, shard=queue.shard.name)
+        return make(status=result.status, msg_id=uniq_key, offset_msg_id=result.msg_id, topic=result.topic,
+                    queue_id=queue_id, queue_offset=result.queue_offset, store_timestamp=result.store_timestamp,
+                    shard=queue.shard.name)
 
     @unary
     async def Send(self, request: gateway_pb2.SendRequest, context: Context) -> gateway_pb2.SendResult:
@@ -283,9 +285,11 @@ class MessagingServicer:
         if self._provisional:
             await self._created(topic, context)
         metrics.SENT_MESSAGES.inc(len(uniq_keys))
-        result = self._result
-        return gateway_pb2.SendBatchResponse(
-            results=[result(r, queue, topic, u) for r, u in zip(response.results, uniq_keys, strict=True)])
+        answer = gateway_pb2.SendBatchResponse()
+        result, add = self._result, answer.results.add
+        for r, uniq_key in zip(response.results, uniq_keys, strict=True):
+            result(r, queue, topic, uniq_key, add)
+        return answer
 
     async def SendStream(self, request_iterator: AsyncIterator[gateway_pb2.SendRequest],
                          context: Context) -> AsyncIterator[gateway_pb2.SendResult]:
