@@ -40,13 +40,15 @@ MIB = 1024 * 1024
 
 
 def serve(config_file: str | None, listen: str | None = None, auth_file: str | None = None,
-          queue_selection: str | None = None, shard: tuple[str, str] | None = None) -> int:
+          queue_selection: str | None = None, shard: tuple[str, str] | None = None,
+          default_topic_queue_nums: int | None = None) -> int:
     """Run the gateway until SIGTERM/SIGINT; returns the exit code. ``shard``: (commitlog, query)
     addresses of a single shard, instead of the settings file's shards."""
     configure_logging()
     tune_gc()
     init_tracing("gateway")
-    overrides: dict[str, Any] = {"listen": listen, "auth_file": auth_file, "queue_selection": queue_selection}
+    overrides: dict[str, Any] = {"listen": listen, "auth_file": auth_file, "queue_selection": queue_selection,
+                                 "default_topic_queue_nums": default_topic_queue_nums}
     if shard is not None:
         overrides["shards"] = [{"name": "shard-0", "commitlog": shard[0], "query": shard[1]}]
     try:

@@ -63,6 +63,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     gateway.add_argument("--auth-file", default=None, help="bearer tokens YAML; without it auth is off")
     gateway.add_argument("--queue-selection", choices=("round_robin", "latency"), default=None,
                          help="how sends without a sharding key pick a queue (default round_robin)")
+    gateway.add_argument("--default-topic-queue-nums", type=int, default=None,
+                         help="queues of a topic created by its first send; must match the store's "
+                              "defaultTopicQueueNums (default 8)")
     gateway.set_defaults(handler=_serve_gateway)
 
     serve = commands.add_parser("commitlog", help="run the commitlog service alone")
@@ -108,7 +111,8 @@ def _serve_gateway(args: argparse.Namespace) -> int:
         print("mqstore gateway: give both --commitlog and --query (one shard), or neither", file=sys.stderr)
         return 2
     return serve(args.config, listen=args.listen, auth_file=args.auth_file, queue_selection=args.queue_selection,
-                 shard=None if args.commitlog is None else (args.commitlog, args.query))
+                 shard=None if args.commitlog is None else (args.commitlog, args.query),
+                 default_topic_queue_nums=args.default_topic_queue_nums)
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:

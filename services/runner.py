@@ -60,7 +60,10 @@ class Addresses:
 def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth_file: str | None = None,
                 metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT) -> list[ChildSpec]:
     extra = ["--config", config_file] if config_file else []
+    # A topic created by its first send gets the store's defaultTopicQueueNums: the gateway's provisional
+    # route must offer no more queues than that.
     auth = ["--auth-file", auth_file] if auth_file else []
+    auth += ["--default-topic-queue-nums", str(load_config(config_file).default_topic_queue_nums)]
     a = addresses
     specs = [
         ("commitlog", ["commitlog", "--store", str(store), "--listen", a.commitlog, *extra], a.commitlog),
