@@ -47,12 +47,14 @@ NODE_DEPS := clients/node/node_modules/.package-lock.json
 node-deps: $(NODE_DEPS)
 
 $(NODE_DEPS): clients/node/package-lock.json clients/node/package.json
+	@command -v npm >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq nodejs npm >/dev/null; }
 	npm ci --prefix clients/node --no-audit --no-fund
 	touch $@
 
 lint: $(GENERATED)
-	$(VENV)/bin/ruff check services gateway pipeline tests bench
-	$(VENV)/bin/mypy services gateway pipeline
+	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
+	$(VENV)/bin/mypy services gateway pipeline mqstore_client
 
 bench: $(GENERATED)
 	$(PY) -m bench.append_engine
