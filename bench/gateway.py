@@ -54,7 +54,6 @@ import queue
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -89,7 +88,7 @@ from bench.report import (
     progress,
     wait_quiet,
 )
-from bench.services import mqstore_command
+from bench.services import free_port_block, mqstore_command
 from bench.workload import (
     BODY_SIZE,
     BORN_HOST,
@@ -137,26 +136,6 @@ REFERENCES = "Redis Streams pipelined XADD from Python 61,000; NATS JetStream 25
 
 
 # -- the system under test ---------------------------------------------------------------------------
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(count: int, avoid: Sequence[int] = ()) -> int:
-    """The first of ``count`` consecutive free loopback ports, below the ephemeral range (``mqstore up``
-    takes a base port and uses the next ones, so the OS cannot pick them for us)."""
-    for _ in range(500):
-        base = random.randrange(20_000, 32_000 - count)
-        ports = range(base, base + count)
-        if not set(ports) & set(avoid) and all(_port_free(p) for p in ports):
-            return base
-    raise RuntimeError(f"no block of {count} free loopback ports found")
-
-
 class System:
     """``mqstore up`` as a child process (its four services are the runner's children), stopped by
     SIGTERM to the runner's PID: what Ctrl-C does, so the stop is the clean one users get."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
@@ -20,6 +22,26 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(count: int, avoid: Sequence[int] = ()) -> int:
+    """The first of ``count`` consecutive free loopback ports, below the ephemeral range (``mqstore up``
+    takes a base port and uses the next ones, so the OS cannot pick them for us)."""
+    for _ in range(500):
+        base = random.randrange(20_000, 32_000 - count)
+        ports = range(base, base + count)
+        if not set(ports) & set(avoid) and all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError(f"no block of {count} free loopback ports found")
 
 
 def mqstore_command() -> str:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -21,27 +19,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.v1 import gateway_pb2_grpc
 
+from bench.services import free_port_block
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
 
 GATEWAY_SERVICE = "mqstore.v1.MessagingService"
-
-
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(count: int) -> int:
-    """The first of ``count`` consecutive loopback ports nobody listens on (outside the ephemeral range)."""
-    for _ in range(200):
-        base = random.randrange(20_000, 32_000)
-        if all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no block of {count} free ports found")
 
 
 class UpProcess:
@@ -119,7 +100,7 @@ def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_
              timeout_s: float = 120.0) -> UpProcess:
     store.parent.mkdir(parents=True, exist_ok=True)
     base_port = free_port_block(4)
-    metrics_base_port = free_port_block(5)
+    metrics_base_port = free_port_block(5, avoid=range(base_port, base_port + 4))
     log_path = store.parent / f"{store.name}-up.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(

@@ -27,6 +27,8 @@ from tests.query.test_bad_input import (
     view_requests,
 )
 
+# Oversized values are the point of some cases: hypothesis need not warn about their repr.
+pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr")
 bodies = st.binary(min_size=1, max_size=64)
 bad_properties = st.one_of(
     st.dictionaries(st.text(min_size=1, max_size=8).map(lambda t: t + "\x01"), st.text(max_size=8), min_size=1),
