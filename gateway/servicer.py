@@ -20,6 +20,7 @@ from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
 from gateway import metrics
 from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
+from gateway.message_finder import MessageFinder
 from gateway.queue_selector import NoWritableQueueError, QueueSelector
 from gateway.resilience import BackendError, RetryPolicy
 from gateway.route import QueueRoute, RouteTable, TopicRoute
@@ -27,67 +28,22 @@ from gateway.send_batcher import SendBatcher
 from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
+from gateway.wire import Context, Undecodable, status_of, unary
 from services.commitlog.convert import peer_address, topic_config_from_proto
 from services.commitlog.topic_config import check_topic_config, check_topic_name
 from services.query.convert import message_id_kind_from_proto, pull_query_from_proto
-from services.query.lookup import OFFSET_ID_LENGTHS, check_key_query, check_message_id
+from services.query.lookup import check_key_query, check_message_id
 from services.query.names import check_group, check_offset, check_queue
 from services.query.pull import DEFAULT_MAX_LONG_POLL_MS
 from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
-from services.store.message_id import MessageIdError, decode_message_id
 
 log = logging.getLogger(__name__)
-SERVICE_NAME = "mqstore.v1.MessagingService"
+
 MAX_BATCH = 1024
 STREAM_WINDOW = 4096
 _MESSAGE_INDEX = re.compile(r"message #(\d+)")
-_DOMAIN_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
-    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
-    (NotFoundError, grpc.StatusCode.NOT_FOUND),
-    (OutOfRangeError, grpc.StatusCode.OUT_OF_RANGE),
-)
 T = TypeVar("T")
-Context = grpc.aio.ServicerContext[Any, Any]
-Handler = Callable[[Any, Any, Context], Awaitable[Any]]
-
-
-def _status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
-    if isinstance(exc, BackendError):
-        return exc.code, exc.details
-    if isinstance(exc, AuthError):
-        code = grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, PermissionDeniedError) else \
-            grpc.StatusCode.UNAUTHENTICATED
-        return code, str(exc)
-    if isinstance(exc, NoWritableQueueError):
-        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-    for kind, code in _DOMAIN_CODES:
-        if isinstance(exc, kind):
-            return code, str(exc)
-    return None
-
-
-def unary(method: Handler) -> Handler:
-    """Turns the domain errors of a unary handler into its status; counts calls by outcome."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Context) -> Any:
-        started = time.perf_counter()
-        try:
-            if type(request) is Undecodable:
-                raise InvalidArgumentError(request.reason)
-            response = await method(self, request, context)
-        except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
-            status = _status_of(exc)
-            if status is None:
-                raise
-            metrics.observe_call(name, status[0].name, time.perf_counter() - started)
-            await context.abort(*status)
-        metrics.observe_call(name, "OK", time.perf_counter() - started)
-        return response
-
-    return wrapper
 
 
 class MessagingServicer:
@@ -104,6 +60,7 @@ class MessagingServicer:
         self._backend_timeout_s = settings.backend_timeout_ms / 1000
         self._provisional: set[str] = set()
         self._batchers = [SendBatcher(shard, self._backend_timeout_s) for shard in self.shards]
+        self.finder = MessageFinder(self.shards, self.retry)
 
     async def close(self) -> None:
         for batcher in self._batchers:
@@ -300,7 +257,7 @@ class MessagingServicer:
         try:
             principal = self._principal(context)
         except AuthError as exc:
-            await context.abort(*(_status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
+            await context.abort(*(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
             return
         pending: asyncio.Queue[gateway_pb2.SendRequest | None] = asyncio.Queue(STREAM_WINDOW)
         reader = asyncio.create_task(self._read_stream(request_iterator, pending))
@@ -365,7 +322,7 @@ class MessagingServicer:
                 explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
                 queue = self.selector.select(route, request.sharding_key, explicit)
             except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
-                code, details = _status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
+                code, details = status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
                 error = code, f"message #{sequence + i} of the stream: {details}"
                 group = group[:i]  # the ones before it are still stored
                 break
@@ -514,81 +471,14 @@ class MessagingServicer:
         if request.topic:
             check_topic_name(request.topic)
             self.tokens.authorize(principal, Action.CONSUME, request.topic)
-        response = await self._find_message(request, msg_id, context)
+        response = await self.finder.find(request, msg_id, self._timeout(context))
         self.tokens.authorize(principal, Action.CONSUME, response.message.topic)
         route = await self.routes.route(response.message.topic)
         if route is not None:
-            shard = self._shard_of_message(response.message)
+            shard = self.finder.shard_of(response.message)
             if shard is not None:
                 response.message.queue_id += _shard_bases(route).get(shard, 0)
         return response
-
-    def _shard_of_message(self, message: query_pb2.StoredMessage) -> ShardClient | None:
-        for shard in self.shards:
-            if shard.store_host == message.store_host:
-                return shard
-        return None
-
-    async def _find_message(self, request: query_pb2.ViewMessageRequest, msg_id: str,
-                            context: Context) -> query_pb2.ViewMessageResponse:
-        timeout = self._timeout(context)
-        kind = request.kind
-        asked: set[str] = set()
-        not_found: list[str] = []
-        if kind != query_pb2.MESSAGE_ID_KIND_UNIQ_KEY and len(msg_id) in OFFSET_ID_LENGTHS:
-            try:
-                store_host, _ = decode_message_id(msg_id)
-            except MessageIdError as exc:
-                if kind == query_pb2.MESSAGE_ID_KIND_OFFSET:
-                    raise InvalidArgumentError(str(exc)) from None
-                store_host = None
-            if store_host is not None:
-                shard = await self._shard_by_store_host(store_host, timeout)
-                if shard is not None:
-                    asked.add(shard.name)
-                    try:
-                        return await self._view(shard, request, timeout)
-                    except BackendError as exc:
-                        if exc.code != grpc.StatusCode.NOT_FOUND:
-                            raise
-                        not_found.append(exc.details)
-                elif kind == query_pb2.MESSAGE_ID_KIND_OFFSET:
-                    hosts = ", ".join(f"{s.name}={s.store_host}" for s in self.shards)
-                    raise NotFoundError(f"offset msg id {msg_id} names store host {store_host}, which no shard of "
-                                        f"this gateway has ({hosts})")
-        if kind != query_pb2.MESSAGE_ID_KIND_OFFSET:
-            by_key = query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic,
-                                                  kind=query_pb2.MESSAGE_ID_KIND_UNIQ_KEY)
-            for shard in self.shards:
-                if shard.name in asked:
-                    continue
-                try:
-                    return await self._view(shard, by_key, timeout)
-                except BackendError as exc:
-                    if exc.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                        raise
-                    if exc.code == grpc.StatusCode.INVALID_ARGUMENT and kind == query_pb2.MESSAGE_ID_KIND_UNIQ_KEY:
-                        raise
-                    not_found.append(exc.details)
-        if not not_found:
-            raise InvalidArgumentError(f"msg_id {msg_id!r} is neither an offset msg id (32 or 56 hex digits) nor "
-                                       "a UNIQ_KEY (32 hex digits)")
-        raise NotFoundError("; ".join(not_found))
-
-    async def _view(self, shard: ShardClient, request: query_pb2.ViewMessageRequest,
-                    timeout: float) -> query_pb2.ViewMessageResponse:
-        return await self.retry.read(lambda: shard.on_query(shard.query.ViewMessage, request, timeout))
-
-    async def _shard_by_store_host(self, store_host: str, timeout: float) -> ShardClient | None:
-        for shard in self.shards:
-            if shard.store_host is None:
-                try:
-                    await shard.learn_store_host(timeout)
-                except BackendError as exc:
-                    log.warning("cannot learn the store host of %s: %s", shard.name, exc.details)
-            if shard.store_host == store_host:
-                return shard
-        return None
 
     # -- topics ---------------------------------------------------------------------------------------
 
@@ -688,59 +578,3 @@ def _renumber(details: str, offset: int, count: int = 0) -> str:
     if count == 1 and not _MESSAGE_INDEX.search(details):
         return f"message #{offset} of the stream: {details}"
     return _MESSAGE_INDEX.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream", details, count=1)
-
-
-class Undecodable:
-    """A request whose bytes are not its message type: answered INVALID_ARGUMENT (gRPC's own answer to
-    a deserializer that raises would be UNKNOWN)."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def _decoder(request_type: Any) -> Callable[[bytes], Any]:
-    from_string = request_type.FromString
-    name = request_type.DESCRIPTOR.full_name
-
-    def decode(data: bytes) -> Any:
-        try:
-            return from_string(data)
-        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any failure means bad bytes
-            return Undecodable(f"the request is not a valid {name} message ({exc}); check the client's proto files")
-
-    return decode
-
-
-def _serialize(response: Any) -> bytes:
-    return response if type(response) is bytes else response.SerializeToString()
-
-
-def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
-    """Like the generated ``add_MessagingServiceServicer_to_server``, but every answer may also be
-    bytes already serialised by a backend (relayed pulls)."""
-    from mqstore.v1 import gateway_pb2 as g
-
-    unary_methods: dict[str, tuple[Any, Any]] = {
-        "Send": (servicer.Send, g.SendRequest), "SendBatch": (servicer.SendBatch, g.SendBatchRequest),
-        "Pull": (servicer.Pull, query_pb2.PullMessageRequest),
-        "GetMessage": (servicer.GetMessage, query_pb2.ViewMessageRequest),
-        "QueryByKey": (servicer.QueryByKey, query_pb2.QueryMessageRequest),
-        "SearchOffset": (servicer.SearchOffset, query_pb2.SearchOffsetRequest),
-        "GetQueueOffsets": (servicer.GetQueueOffsets, query_pb2.GetQueueOffsetRangeRequest),
-        "CommitOffset": (servicer.CommitOffset, query_pb2.UpdateConsumerOffsetRequest),
-        "QueryOffset": (servicer.QueryOffset, query_pb2.QueryConsumerOffsetRequest),
-        "CreateTopic": (servicer.CreateTopic, commitlog_pb2.TopicRequest),
-        "UpdateTopic": (servicer.UpdateTopic, commitlog_pb2.TopicRequest),
-        "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
-        "GetRoute": (servicer.GetRoute, g.GetRouteRequest),
-    }
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_decoder(request_type),
-                                                  response_serializer=_serialize)
-        for name, (handler, request_type) in unary_methods.items()
-    }
-    handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
-        servicer.SendStream, request_deserializer=_decoder(g.SendRequest), response_serializer=_serialize)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

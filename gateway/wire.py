@@ -1,0 +1,118 @@
+"""The gateway's wire edge: request bytes to messages (undecodable ones included), domain errors to
+gRPC status codes, answers (or relayed bytes) to the wire, and the service's registration."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+from mqstore.v1 import commitlog_pb2, gateway_pb2, query_pb2
+
+from gateway import metrics
+from gateway.auth import AuthError, PermissionDeniedError
+from gateway.queue_selector import NoWritableQueueError
+from gateway.resilience import BackendError
+from services.server.status import status_code_of
+from services.store.errors import InvalidArgumentError, StoreError
+
+if TYPE_CHECKING:
+    from gateway.servicer import MessagingServicer
+
+SERVICE_NAME = "mqstore.v1.MessagingService"
+Context = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[Any, Any, Context], Awaitable[Any]]
+
+
+def status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
+    if isinstance(exc, BackendError):
+        return exc.code, exc.details
+    if isinstance(exc, AuthError):
+        code = grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, PermissionDeniedError) else \
+            grpc.StatusCode.UNAUTHENTICATED
+        return code, str(exc)
+    if isinstance(exc, NoWritableQueueError):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    if isinstance(exc, StoreError):
+        return status_code_of(exc), str(exc)
+    return None
+
+
+def unary(method: Handler) -> Handler:
+    """Turns the domain errors of a unary handler into its status; counts calls by outcome."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> Any:
+        started = time.perf_counter()
+        try:
+            if type(request) is Undecodable:
+                raise InvalidArgumentError(request.reason)
+            response = await method(self, request, context)
+        except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
+            status = status_of(exc)
+            if status is None:
+                raise
+            metrics.observe_call(name, status[0].name, time.perf_counter() - started)
+            await context.abort(*status)
+        metrics.observe_call(name, "OK", time.perf_counter() - started)
+        return response
+
+    return wrapper
+
+
+class Undecodable:
+    """A request whose bytes are not its message type: answered INVALID_ARGUMENT (gRPC's own answer to
+    a deserializer that raises would be UNKNOWN)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _decoder(request_type: Any) -> Callable[[bytes], Any]:
+    from_string = request_type.FromString
+    name = request_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> Any:
+        try:
+            return from_string(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any failure means bad bytes
+            return Undecodable(f"the request is not a valid {name} message ({exc}); check the client's proto files")
+
+    return decode
+
+
+def _serialize(response: Any) -> bytes:
+    return response if type(response) is bytes else response.SerializeToString()
+
+
+def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
+    """Like the generated ``add_MessagingServiceServicer_to_server``, but every answer may also be
+    bytes already serialised by a backend (relayed pulls)."""
+    unary_methods: dict[str, tuple[Any, Any]] = {
+        "Send": (servicer.Send, gateway_pb2.SendRequest),
+        "SendBatch": (servicer.SendBatch, gateway_pb2.SendBatchRequest),
+        "Pull": (servicer.Pull, query_pb2.PullMessageRequest),
+        "GetMessage": (servicer.GetMessage, query_pb2.ViewMessageRequest),
+        "QueryByKey": (servicer.QueryByKey, query_pb2.QueryMessageRequest),
+        "SearchOffset": (servicer.SearchOffset, query_pb2.SearchOffsetRequest),
+        "GetQueueOffsets": (servicer.GetQueueOffsets, query_pb2.GetQueueOffsetRangeRequest),
+        "CommitOffset": (servicer.CommitOffset, query_pb2.UpdateConsumerOffsetRequest),
+        "QueryOffset": (servicer.QueryOffset, query_pb2.QueryConsumerOffsetRequest),
+        "CreateTopic": (servicer.CreateTopic, commitlog_pb2.TopicRequest),
+        "UpdateTopic": (servicer.UpdateTopic, commitlog_pb2.TopicRequest),
+        "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
+        "GetRoute": (servicer.GetRoute, gateway_pb2.GetRouteRequest),
+    }
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_decoder(request_type),
+                                                  response_serializer=_serialize)
+        for name, (handler, request_type) in unary_methods.items()
+    }
+    handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
+        servicer.SendStream, request_deserializer=_decoder(gateway_pb2.SendRequest), response_serializer=_serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
