@@ -652,6 +652,10 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         elif kind == "sync":
             per = max(1, args.sync_producers // args.sync_procs)
             cases.append(Case(f"sync send {args.sync_procs}x{per}", kind, "unary", args.sync_procs, per))
+            if args.sync_batch:
+                # The same producers batching: what SYNC_FLUSH costs when each fdatasync covers many messages.
+                cases.append(Case(f"sync batch{args.sync_batch} {args.sync_procs}x{per}", kind, "batch",
+                                  args.sync_procs, per, args.sync_batch))
         elif kind == "send":
             cases.append(Case("send 1x1", kind, "unary", 1, 1))
         else:
@@ -825,6 +829,8 @@ def build_parser(prog: str = "python -m bench.gateway") -> argparse.ArgumentPars
                         help="messages per SendBatch, a comma list: one row each (default 64,256; at most 1024)")
     parser.add_argument("--procs", type=int, default=2, help="client processes of batch and stream (default 2)")
     parser.add_argument("--inflight", type=int, default=4, help="SendBatch calls in flight per process (default 4)")
+    parser.add_argument("--sync-batch", type=int, default=64,
+                        help="also run the sync producers with SendBatch of this many (default 64; 0: no)")
     parser.add_argument("--streams", type=int, default=1, help="SendStreams per process (default 1)")
     parser.add_argument("--window", type=int, default=512, help="unacknowledged messages per stream (default 512)")
     parser.add_argument("--sync-producers", type=int, default=64, help="producers of the sync case (default 64)")
