@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,10 +165,19 @@ def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None) -> N
     target = "" if gateway == GATEWAY_LISTEN else f" --gateway {gateway}"
     metrics = ("" if metrics_base_port is None else
                f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 4}/metrics")
+    mqstore, grpcurl = _command("mqstore"), _command("grpcurl")
     print(f"""
 mqstore is up. Gateway: {gateway} (store {root.resolve()}){metrics}
-  try:      mqstore send{target} --topic demo "hello, mqstore"
-            mqstore pull{target} --topic demo
-            grpcurl -plaintext {gateway} list
+  try:      {mqstore} send{target} --topic demo "hello, mqstore"
+            {mqstore} pull{target} --topic demo
+            {grpcurl} -plaintext {gateway} list
   Ctrl-C stops every service cleanly.
 """, flush=True)
+
+
+def _command(name: str) -> str:
+    """``name`` when the shell finds it, else its path in this virtualenv (``.venv/bin/name``)."""
+    if shutil.which(name):
+        return name
+    beside = Path(sys.executable).parent / name
+    return os.path.relpath(beside) if beside.exists() else name
