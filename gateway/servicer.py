@@ -155,6 +155,16 @@ class MessagingServicer:
 
         return await self.retry.send(attempt)
 
+    async def _send_route(self, principal: Principal, request: gateway_pb2.SendRequest,
+                          context: Context) -> tuple[TopicRoute, int | None]:
+        """The edge checks of one message to send, then its route and its explicit queue (if any)."""
+        message = request.message
+        check_topic_name(message.topic)
+        _check_body(message, None)
+        self.tokens.authorize(principal, Action.PRODUCE, message.topic)
+        route = await self._route_for_send(message.topic, context)
+        return route, self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+
     def _explicit_queue(self, route: TopicRoute, has_queue: bool, queue_id: int) -> int | None:
         if not has_queue:
             return None
@@ -176,14 +186,9 @@ class MessagingServicer:
 
     @unary
     async def Send(self, request: gateway_pb2.SendRequest, context: Context) -> gateway_pb2.SendResult:
-        principal = self._principal(context)
         message = request.message
         topic = message.topic
-        check_topic_name(topic)
-        _check_body(message, None)
-        self.tokens.authorize(principal, Action.PRODUCE, topic)
-        route = await self._route_for_send(topic, context)
-        explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+        route, explicit = await self._send_route(self._principal(context), request, context)
         sharding_key = request.sharding_key
         uniq_key = self._prepare(message, _peer_host(context))
         request.ClearField("sharding_key")
@@ -315,11 +320,7 @@ class MessagingServicer:
                     raise InvalidArgumentError(request.reason)
                 message = request.message
                 topic = message.topic
-                check_topic_name(topic)
-                _check_body(message, None)
-                self.tokens.authorize(principal, Action.PRODUCE, topic)
-                route = await self._route_for_send(topic, context)
-                explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
+                route, explicit = await self._send_route(principal, request, context)
                 queue = self.selector.select(route, request.sharding_key, explicit)
             except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
                 code, details = status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))

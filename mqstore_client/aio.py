@@ -274,21 +274,8 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
         if self._tracker is None:
             return {}
         pending = self._tracker.to_commit()
-        answers = await self.connection.call_many("CommitOffset", [
-            query_pb2.UpdateConsumerOffsetRequest(consumer_group=self.group, topic=self.topic, queue_id=q,
-                                                  offset=offset) for q, offset in pending], self.timeout)
-        self._last_commit = time.monotonic()
-        committed: dict[int, int] = {}
-        failure: MqstoreError | None = None
-        for (q, offset), answer in zip(pending, answers, strict=True):
-            if isinstance(answer, MqstoreError):
-                failure = failure or answer
-            else:
-                self._tracker.committed(q, offset)
-                committed[q] = offset
-        if failure is not None:
-            raise failure
-        return committed
+        answers = await self.connection.call_many("CommitOffset", self._commit_requests(pending), self.timeout)
+        return self._committed(pending, answers)
 
     async def close(self) -> None:
         if self._closed:

@@ -205,6 +205,25 @@ class PullOptions:
         self._last_commit = time.monotonic()
         self._closed = False
 
+    def _commit_requests(self, pending: Sequence[tuple[int, int]]) -> list[query_pb2.UpdateConsumerOffsetRequest]:
+        return [query_pb2.UpdateConsumerOffsetRequest(consumer_group=self.group, topic=self.topic, queue_id=q,
+                                                      offset=offset) for q, offset in pending]
+
+    def _committed(self, pending: Sequence[tuple[int, int]], answers: Sequence[Any]) -> dict[int, int]:
+        """Records the commits that were stored; raises the first failure after recording the others."""
+        self._last_commit = time.monotonic()
+        committed: dict[int, int] = {}
+        failure: MqstoreError | None = None
+        for (q, offset), answer in zip(pending, answers, strict=True):
+            if isinstance(answer, MqstoreError):
+                failure = failure or answer
+            elif self._tracker is not None:
+                self._tracker.committed(q, offset)
+                committed[q] = offset
+        if failure is not None:
+            raise failure
+        return committed
+
     def _request(self, tracker: OffsetTracker, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
         offset = tracker.queues[queue_id].fetch_offset
         return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
@@ -354,21 +373,9 @@ class PullConsumer(PullOptions, Endpoint):
         if self._tracker is None:
             return {}
         pending = self._tracker.to_commit()
-        requests = [query_pb2.UpdateConsumerOffsetRequest(consumer_group=self.group, topic=self.topic,
-                                                          queue_id=q, offset=offset) for q, offset in pending]
+        requests = self._commit_requests(pending)
         answers = self.connection.call_many("CommitOffset", requests, self.timeout) if requests else []
-        self._last_commit = time.monotonic()
-        committed: dict[int, int] = {}
-        failure: MqstoreError | None = None
-        for (q, offset), answer in zip(pending, answers, strict=True):
-            if isinstance(answer, MqstoreError):
-                failure = failure or answer
-            else:
-                self._tracker.committed(q, offset)
-                committed[q] = offset
-        if failure is not None:
-            raise failure
-        return committed
+        return self._committed(pending, answers)
 
     def close(self) -> None:
         """Commits (with auto_commit) and closes the channel the consumer opened."""
