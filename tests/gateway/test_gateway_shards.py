@@ -168,6 +168,17 @@ def test_a_dead_shard_sends_are_retried_elsewhere_and_reads_say_unavailable(clus
         send(cluster, "dead", queue_id=5)
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "shard-b" in (error.value.details() or "") and cluster.b.commitlog.address in (error.value.details() or "")
+    # Reads of a shard whose query service is gone: retried, then UNAVAILABLE naming it.
+    cluster.b.query.kill9()
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as error:
+        cluster.stub.Pull(query_pb2.PullMessageRequest(topic="dead", queue_id=5), timeout=10)
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    details = error.value.details() or ""
+    assert "query service of shard-b" in details and cluster.b.query.address in details
+    assert time.monotonic() - started < 5, "a dead backend fails fast (connection refused), after its retries"
+    # shard-a still answers.
+    assert cluster.stub.Pull(query_pb2.PullMessageRequest(topic="dead", queue_id=0), timeout=10).status
 
 
 def test_a_gateway_log_has_no_tracebacks(cluster: Cluster, tmp_path: Path) -> None:
