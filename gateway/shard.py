@@ -1,9 +1,10 @@
 """One shard as the gateway sees it: a commitlog service (writes, topics) and a query service (reads).
 
-Protobuf stays close to the wire here: sends are forwarded as bytes. ``SendRequest`` and
-``AppendRequest`` (and ``SendBatchRequest`` / ``AppendBatchRequest``) carry their messages in field 1
-with the same type, so once the gateway has cleared its own routing fields the client's request *is*
-the commitlog's request, and serialising it once is all the forwarding costs.
+Protobuf stays close to the wire here: sends are forwarded as bytes. ``SendBatchRequest`` and
+``AppendBatchRequest`` carry their messages in field 1 with the same type, and a ``SendRequest``
+(field 1: one message) is one such entry, so once the gateway has cleared its own routing fields the
+client's requests *are* the commitlog's AppendBatch, and serialising them once is all the forwarding
+costs.
 """
 
 from __future__ import annotations
