@@ -10,16 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.query.query_process import System
+from tests.query.query_process import System, running_system
 
 
 @pytest.fixture(scope="module")
 def system(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    started = System.start(tmp_path_factory.mktemp("query-system"))
-    try:
+    with running_system(tmp_path_factory.mktemp("query-system")) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-        finally:
-            started.kill_all()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +128,19 @@ class System:
         for handle in (self.query, self.indexer, self.commitlog):
             if handle.running:
                 handle.kill9()
+
+
+@contextlib.contextmanager
+def running_system(root: Path, env: Mapping[str, str] | None = None) -> Iterator[System]:
+    """A system for a fixture: started, yielded, then stopped (each service cleanly; killed if not)."""
+    started = System.start(root, env)
+    try:
+        yield started
+    finally:
+        try:
+            started.stop()
+        finally:
+            started.kill_all()
 
 
 def message(topic: str, queue_id: int, body: bytes = b"x", **properties: str) -> common_pb2.Message:

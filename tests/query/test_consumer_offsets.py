@@ -13,19 +13,13 @@ import pytest
 from mqstore.v1 import query_pb2
 
 from tests.commitlog.commitlog_process import free_port, spawn_service
-from tests.query.query_process import PERSIST_INTERVAL_MS, System, wait_until
+from tests.query.query_process import PERSIST_INTERVAL_MS, System, running_system, wait_until
 
 
 @pytest.fixture
 def fresh(tmp_path: Path) -> Iterator[System]:
-    started = System.start(tmp_path)
-    try:
+    with running_system(tmp_path) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-        finally:
-            started.kill_all()
 
 
 def commit(system: System, group: str, topic: str, queue_id: int, offset: int) -> None:

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from mqstore.v1 import commitlog_pb2, query_pb2
 
-from tests.query.query_process import System, message, wait_until
+from tests.query.query_process import System, message, running_system, wait_until
 
 MIB = 1024 * 1024
 # 1 MiB files deleted as soon as they are flushed: expired at once, "disk over 0% full", checked often.
@@ -29,14 +29,8 @@ Status = query_pb2.GetMessageStatus
 
 @pytest.fixture
 def deleting(tmp_path: Path) -> Iterator[System]:
-    started = System.start(tmp_path, DELETING_ENV)
-    try:
+    with running_system(tmp_path, DELETING_ENV) as started:
         yield started
-    finally:
-        try:
-            started.stop()
-        finally:
-            started.kill_all()
 
 
 def pull(system: System, offset: int) -> tuple[str, int, int, int, int]:

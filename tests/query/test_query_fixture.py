@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mqstore.v1 import query_pb2
 
-from tests.query.query_process import System
+from tests.query.query_process import System, running_system
 
 FIXTURE_ENV = {
     "MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(1024 * 1024),
@@ -31,15 +31,9 @@ def fixture_system(pristine_store: Callable[[str], Path],
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     root = tmp_path_factory.mktemp("query-fixture")
     shutil.copytree(pristine_store("normal-raw") / "commitlog", root / "broker" / "commitlog")
-    started = System.start(root, FIXTURE_ENV)
-    try:
+    with running_system(root, FIXTURE_ENV) as started:
         started.wait_dispatched()
         yield started
-    finally:
-        try:
-            started.stop()
-        finally:
-            started.kill_all()
 
 
 def test_key_queries_give_the_dump_query_message_offsets(fixture_system: System, dump_rows: Rows) -> None:
