@@ -14,9 +14,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -70,12 +70,6 @@ def spawn_service(args: list[str], env_overrides: Mapping[str, str] | None,
     with open(log_path, "ab") as log_file:
         return subprocess.Popen([*mqstore_command(), *args], env=commitlog_env(env_overrides),
                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
-
-
-def spawn_commitlog(store_dir: Path, port: int, env_overrides: Mapping[str, str] | None,
-                    log_path: Path) -> subprocess.Popen[bytes]:
-    return spawn_service(["commitlog", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}"],
-                         env_overrides, log_path)
 
 
 class ServiceProcess:
@@ -164,11 +158,23 @@ class CommitLogProcess(ServiceProcess):
 def start_commitlog(store_dir: Path, env_overrides: Mapping[str, str] | None = None,
                     timeout_s: float = 30.0, port: int | None = None) -> CommitLogProcess:
     """Start ``mqstore commitlog`` on ``store_dir`` and a free loopback port; return once SERVING."""
+    return start_service_process(CommitLogProcess, "commitlog", store_dir, [], env_overrides, timeout_s, port)
+
+
+Handle = TypeVar("Handle", bound=ServiceProcess)
+
+
+def start_service_process(kind: type[Handle], service: str, store_dir: Path, extra_args: Sequence[str],
+                          env_overrides: Mapping[str, str] | None, timeout_s: float = 30.0,
+                          port: int | None = None) -> Handle:
+    """Start ``mqstore SERVICE --store STORE_DIR --listen 127.0.0.1:PORT EXTRA_ARGS...`` (a free port
+    unless given) and return its handle once SERVING; a process that does not get there is killed."""
     store_dir = Path(store_dir)
     store_dir.parent.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
-    log_path = store_dir.parent / f"{store_dir.name}-commitlog-{os.getpid()}-{next(_log_counter)}.log"
-    handle = CommitLogProcess(store_dir, port, spawn_commitlog(store_dir, port, env_overrides, log_path), log_path)
+    log_path = store_dir.parent / f"{store_dir.name}-{service}-{os.getpid()}-{next(_log_counter)}.log"
+    args = [service, "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", *extra_args]
+    handle = kind(store_dir, port, spawn_service(args, env_overrides, log_path), log_path)
     try:
         handle.wait_serving(timeout_s)
     except BaseException:

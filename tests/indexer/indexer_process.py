@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-import os
 import subprocess
 import time
 from collections.abc import Mapping
@@ -11,9 +9,7 @@ from pathlib import Path
 
 from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
 
-from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service
-
-_log_counter = itertools.count()
+from tests.commitlog.commitlog_process import ServiceProcess, start_service_process
 
 
 class IndexerProcess(ServiceProcess):
@@ -42,15 +38,5 @@ class IndexerProcess(ServiceProcess):
 
 def start_indexer(store_dir: Path, commitlog_address: str, env_overrides: Mapping[str, str] | None = None,
                   timeout_s: float = 30.0) -> IndexerProcess:
-    store_dir = Path(store_dir)
-    store_dir.parent.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log_path = store_dir.parent / f"{store_dir.name}-indexer-{os.getpid()}-{next(_log_counter)}.log"
-    args = ["indexer", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", "--commitlog", commitlog_address]
-    handle = IndexerProcess(store_dir, port, spawn_service(args, env_overrides, log_path), log_path)
-    try:
-        handle.wait_serving(timeout_s)
-    except BaseException:
-        handle.kill9()
-        raise
-    return handle
+    return start_service_process(IndexerProcess, "indexer", store_dir, ["--commitlog", commitlog_address],
+                                 env_overrides, timeout_s)

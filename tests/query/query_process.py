@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -16,15 +14,11 @@ from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2_grpc
 from tests.commitlog.commitlog_process import (
     CommitLogProcess,
     ServiceProcess,
-    free_port,
-    spawn_service,
     start_commitlog,
+    start_service_process,
 )
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
-_indexer_log_counter = itertools.count()
-
-_log_counter = itertools.count()
 #: A short persist interval so offset tests do not wait 5 s.
 PERSIST_INTERVAL_MS = 200
 
@@ -42,19 +36,9 @@ class QueryProcess(ServiceProcess):
 def start_query(store_dir: Path, commitlog_address: str, indexer_address: str,
                 env_overrides: Mapping[str, str] | None = None, extra_args: Sequence[str] = (),
                 port: int | None = None, timeout_s: float = 30.0) -> QueryProcess:
-    store_dir = Path(store_dir)
-    store_dir.parent.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    log_path = store_dir.parent / f"{store_dir.name}-query-{os.getpid()}-{next(_log_counter)}.log"
-    args = ["query", "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", "--commitlog", commitlog_address,
-            "--indexer", indexer_address, "--persist-interval-ms", str(PERSIST_INTERVAL_MS), *extra_args]
-    handle = QueryProcess(store_dir, port, spawn_service(args, env_overrides, log_path), log_path)
-    try:
-        handle.wait_serving(timeout_s)
-    except BaseException:
-        handle.kill9()
-        raise
-    return handle
+    args = ["--commitlog", commitlog_address, "--indexer", indexer_address,
+            "--persist-interval-ms", str(PERSIST_INTERVAL_MS), *extra_args]
+    return start_service_process(QueryProcess, "query", store_dir, args, env_overrides, timeout_s, port)
 
 
 @dataclass
@@ -117,11 +101,8 @@ class System:
         """Stop the indexer cleanly and start it again on its store and port (the query service keeps its address)."""
         old = self.indexer
         assert old.stop() == 0, old.logs()
-        log_path = old.store_dir.parent / f"{old.store_dir.name}-indexer-restart-{next(_indexer_log_counter)}.log"
-        args = ["indexer", "--store", str(old.store_dir), "--listen", old.address,
-                "--commitlog", self.commitlog.address]
-        self.indexer = IndexerProcess(old.store_dir, old.port, spawn_service(args, self.env, log_path), log_path)
-        self.indexer.wait_serving()
+        self.indexer = start_service_process(IndexerProcess, "indexer", old.store_dir,
+                                             ["--commitlog", self.commitlog.address], self.env, port=old.port)
         return self.indexer
 
     def kill_all(self) -> None:
