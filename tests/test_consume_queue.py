@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from services.store.message import (
     TRANSACTION_ROLLBACK_TYPE,
 )
 from services.store.record import DispatchRequest, RecordError, decode_record
+from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
 
 CQ_FILE_SIZE = 6000  # mappedFileSizeConsumeQueue of the fixtures: 300 units
@@ -481,18 +481,8 @@ def test_all_valid_agrees_with_the_unit_rule(units: list[tuple[int, int, int]]) 
 
 
 # -- mqstore inspect consumequeue --------------------------------------------------------------------
-def _mqstore() -> Path:
-    for candidate in (Path(sys.executable).parent / "mqstore",
-                      Path(__file__).resolve().parents[1] / ".venv" / "bin" / "mqstore"):
-        if candidate.exists():
-            return candidate
-    pytest.fail("mqstore console script not found; run `make setup`")
-
-
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": ""}
-    return subprocess.run([_mqstore(), "inspect", "consumequeue", *map(str, args)],
-                          capture_output=True, timeout=60, env=env, check=False)
+    return run_mqstore("inspect", "consumequeue", *args)
 
 
 @pytest.mark.parametrize("run", ["normal", "crash"])

@@ -4,10 +4,8 @@ chain rules as properties and the fast Java hash against the plain one."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from services.store.message import (
     TRANSACTION_ROLLBACK_TYPE,
 )
 from services.store.record import DispatchRequest
+from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, StoreFactory
 
 SLOTS, ENTRIES = 100, 400  # the fixtures' maxHashSlotNum / maxIndexNum
@@ -498,18 +497,8 @@ def test_abs_java_int() -> None:
 
 
 # -- inspect CLI -----------------------------------------------------------------------------------
-def _mqstore() -> Path:
-    for candidate in (Path(sys.executable).parent / "mqstore",
-                      Path(__file__).resolve().parents[1] / ".venv" / "bin" / "mqstore"):
-        if candidate.exists():
-            return candidate
-    pytest.fail("mqstore console script not found; run `make setup`")
-
-
 def run_inspect(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "LC_ALL": "C"}
-    return subprocess.run([_mqstore(), "inspect", "index", *map(str, args)], capture_output=True,
-                          timeout=60, env=env, check=False)
+    return run_mqstore("inspect", "index", *args)
 
 
 def test_inspect_index_json(pristine_store: StoreFactory, dump_rows: DumpRows) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,24 +17,14 @@ from services.store.commitlog_files import (
     list_commitlog_files,
 )
 from services.store.inspect_commitlog import main
+from tests.commitlog.commitlog_process import mqstore_command, run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
 
 MIB = 1024 * 1024
 
 
-def _mqstore() -> Path:
-    """The console script of this venv: next to the running interpreter, else the repo's .venv."""
-    for candidate in (Path(sys.executable).parent / "mqstore",
-                      Path(__file__).resolve().parents[1] / ".venv" / "bin" / "mqstore"):
-        if candidate.exists():
-            return candidate
-    pytest.fail("mqstore console script not found; run `make setup`")
-
-
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    env = {**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": ""}  # output must be UTF-8 whatever the locale
-    return subprocess.run([_mqstore(), "inspect", "commitlog", *map(str, args)],
-                          capture_output=True, timeout=60, env=env, check=False)
+    return run_mqstore("inspect", "commitlog", *args)
 
 
 def _dump_entry_lines(dump_lines: LinesLoader, run: str) -> list[str]:
@@ -122,7 +111,7 @@ def test_torn_store_table_says_why_the_data_ends(pristine_store: StoreFactory) -
 
 def test_broken_pipe_is_quiet(pristine_store: StoreFactory) -> None:
     """``mqstore inspect commitlog DIR --json | head -1``: no traceback, exit 0."""
-    proc = subprocess.Popen([_mqstore(), "inspect", "commitlog", pristine_store("normal-raw") / "commitlog",
+    proc = subprocess.Popen([*mqstore_command(), "inspect", "commitlog", pristine_store("normal-raw") / "commitlog",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()

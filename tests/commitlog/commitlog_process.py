@@ -56,6 +56,13 @@ def mqstore_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
 
 
+def run_mqstore(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
+    """``mqstore ARGS...`` to completion, output captured; UTF-8 output whatever the locale."""
+    env = {**os.environ, "LC_ALL": "C", "PYTHONIOENCODING": ""}
+    return subprocess.run([*mqstore_command(), *map(str, args)], capture_output=True, timeout=60, env=env,
+                          check=False)
+
+
 def commitlog_env(env_overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without any MQSTORE_* setting, then DEFAULT_ENV, then the overrides."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
