@@ -14,12 +14,13 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from mqstore.v1 import common_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2
 
 from gateway.auth import Action, PermissionDeniedError, UnauthenticatedError, load_token_table
 from gateway.queue_selector import FaultTable, QueueSelector
 from gateway.resilience import BackendError, RetryPolicy, backend_error
 from gateway.route import TopicRoute
+from gateway.send_batcher import SendBatcher
 from gateway.settings import ShardSettings, load_gateway_settings
 from gateway.uniq_key import UniqKeyGenerator, decode_uniq_key
 from services.store.config import ConfigError
@@ -144,7 +145,7 @@ def test_gateway_settings_refuse_mistakes(tmp_path: Path) -> None:
 
 class FakeRpcError(grpc.aio.AioRpcError):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, None)
 
 
 @pytest.mark.parametrize("code, details, retried_read, retried_send", [
@@ -188,3 +189,49 @@ def test_the_kubernetes_gateway_settings_load(tmp_path: Path) -> None:
     settings = load_gateway_settings(path)
     assert settings.listen == "0.0.0.0:9876" and settings.auth_file and settings.queue_selection == "latency"
     assert [s.commitlog for s in settings.shards] == ["commitlog-0.commitlog:9901"]
+
+
+class FakeCommitLogShard:
+    """Stands in for a ShardClient's commitlog: AppendBatch refuses messages carrying a "bad" property,
+    all or nothing, naming the first ("message #i") as the commitlog does."""
+
+    name = "shard-0"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.append_batch_bytes = object()
+
+    async def on_commitlog(self, call: object, data: bytes, timeout: float) -> commitlog_pb2.AppendBatchResponse:
+        request = commitlog_pb2.AppendBatchRequest.FromString(data)
+        self.calls.append(len(request.messages))
+        await asyncio.sleep(0.005)  # the append and its flush: later Sends gather meanwhile
+        bad = [i for i, m in enumerate(request.messages) if "bad" in m.properties]
+        if bad:
+            where = f"message #{bad[0]}: " if len(request.messages) > 1 else ""
+            raise BackendError(grpc.StatusCode.INVALID_ARGUMENT, f"PROPERTIES_SIZE_EXCEEDED: {where}too long")
+        return commitlog_pb2.AppendBatchResponse(results=[
+            commitlog_pb2.AppendResult(status=1, topic=m.topic, queue_offset=int(m.body)) for m in request.messages])
+
+
+def test_concurrent_sends_share_append_batches_and_a_refused_one_fails_alone() -> None:
+    shard = FakeCommitLogShard()
+
+    async def run() -> list[commitlog_pb2.AppendResult | BaseException]:
+        batcher = SendBatcher(shard, timeout_s=5)  # type: ignore[arg-type]
+
+        async def send(i: int) -> commitlog_pb2.AppendResult:
+            message = common_pb2.Message(topic="t", body=str(i).encode(), properties={"bad": "1"} if i == 17 else {})
+            return await batcher.send(gateway_pb2.SendRequest(message=message).SerializeToString())
+
+        outcomes = await asyncio.gather(*(send(i) for i in range(64)), return_exceptions=True)
+        await batcher.close()
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    refused = outcomes[17]
+    assert isinstance(refused, BackendError) and refused.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.details == "PROPERTIES_SIZE_EXCEEDED: too long"  # its own error, no batch position
+    assert [o.queue_offset for o in outcomes if not isinstance(o, BaseException)] == \
+        [i for i in range(64) if i != 17]  # every other Send got its own result
+    assert len(shard.calls) <= 6, f"64 concurrent Sends took {len(shard.calls)} AppendBatch calls"
+    assert sum(shard.calls) - len(shard.calls) < 64 * 2  # the refused batch was sent again once, without it
