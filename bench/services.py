@@ -58,7 +58,7 @@ class Service:
         self.health_name = health_name
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.log_path = log_path
-        self.proc = subprocess.Popen([mqstore_command(), name, *args], env=env, cwd=REPO, stdout=self._log,
+        self.proc = subprocess.Popen([mqstore_command(), "serve", name, *args], env=env, cwd=REPO, stdout=self._log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     @property

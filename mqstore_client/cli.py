@@ -197,11 +197,8 @@ def _command(commands: Subcommands, name: str, help_text: str, handler: Handler,
 
 
 def add_client_commands(commands: Subcommands) -> None:
-    """Registers send, pull, get, query, offset and topics on ``mqstore``'s subcommands.
-
-    ``mqstore query`` already runs the query service: it is extended rather than replaced, so
-    ``mqstore query --topic T --key K`` looks messages up and ``mqstore query --store ...`` still serves.
-    """
+    """Registers send, pull, get, query, offset and topics on ``mqstore``'s subcommands (the query
+    *service* runs as ``mqstore serve query``)."""
     _add_send(commands)
     _add_pull(commands)
     _add_get(commands)
@@ -257,36 +254,13 @@ def _add_get(commands: Subcommands) -> None:
 
 
 def _add_query(commands: Subcommands) -> None:
-    """Extends the existing ``query`` (the service) with the key lookup; creates it if absent."""
-    existing: argparse.ArgumentParser | None = commands.choices.get("query")
-    if existing is None:
-        _command(commands, "query", "find messages by key", _query_by_key)
-        existing = commands.choices["query"]
-        serve: Handler | None = None
-    else:
-        serve = existing.get_default("handler")
-        existing.description = ("With --topic and --key: find messages by key through the gateway. "
-                                "Otherwise: run the query service alone.")
-        for action in commands._choices_actions:
-            if action.dest == "query":
-                action.help = f"{action.help}; with --topic and --key: find messages by key"
-    lookup = existing.add_argument_group("find messages by key (with --topic and --key)")
-    lookup.add_argument("--topic", "-t", dest="topic_option", metavar="TOPIC", help="the topic to search")
-    lookup.add_argument("--key", "-k", help="a key (KEYS) or msg id (UNIQ_KEY)")
-    lookup.add_argument("--begin", type=parse_time, default=0, help="stored at or after (ms, ISO time, or an age: 1h)")
-    lookup.add_argument("--end", type=parse_time, default=0, help="stored at or before (default: no bound)")
-    lookup.add_argument("--max", type=positive, default=32, help="at most this many (default 32, at most 64)")
-    _common(existing)
-    looks_up = _handled(_query_by_key)
-
-    def dispatch(args: argparse.Namespace) -> int:
-        # Any lookup option means a lookup (a missing --topic/--key is then reported), never a server.
-        lookup_options = (args.topic_option, args.key, args.gateway, args.token)
-        if serve is None or any(v is not None for v in lookup_options) or args.json or args.begin or args.end:
-            return looks_up(args)
-        return serve(args)
-
-    existing.set_defaults(handler=dispatch, client_parser=existing)
+    query = _command(commands, "query", "find messages by key (KEYS or UNIQ_KEY) through the gateway", _query_by_key)
+    _topic_arguments(query, positional=True)
+    query.add_argument("--key", "-k", help="a key (KEYS) or msg id (UNIQ_KEY)")
+    query.add_argument("--begin", type=parse_time, default=0, help="stored at or after (ms, ISO time, or an age: 1h)")
+    query.add_argument("--end", type=parse_time, default=0, help="stored at or before (default: no bound)")
+    query.add_argument("--max", type=positive, default=32, help="at most this many (default 32, at most 64)")
+    _common(query)
 
 
 def _add_offset(commands: Subcommands) -> None:

@@ -1,4 +1,5 @@
-"""The ``mqstore`` command line: run the services, inspect store files offline."""
+"""The ``mqstore`` command line: run the system or one service, use it (send, pull, query...), inspect
+store files offline."""
 
 from __future__ import annotations
 
@@ -54,47 +55,53 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         up.add_argument("--no-metrics", action="store_true", help="no /metrics endpoints")
         up.set_defaults(handler=_run)
 
-    gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
-    gateway.add_argument("--config",
-                         help="gateway settings YAML (shards, queue selection, auth; see gateway/settings.py)")
-    gateway.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9876)")
-    gateway.add_argument("--commitlog", default=None, help="one shard's commitlog service (with --query)")
-    gateway.add_argument("--query", default=None, help="one shard's query service (with --commitlog)")
-    gateway.add_argument("--auth-file", default=None, help="bearer tokens YAML; without it auth is off")
-    gateway.add_argument("--queue-selection", choices=("round_robin", "latency"), default=None,
-                         help="how sends without a sharding key pick a queue (default round_robin)")
-    gateway.add_argument("--default-topic-queue-nums", type=int, default=None,
-                         help="queues of a topic created by its first send; must match the store's "
-                              "defaultTopicQueueNums (default 8)")
-    gateway.set_defaults(handler=_serve_gateway)
-
-    serve = commands.add_parser("commitlog", help="run the commitlog service alone")
-    serve.add_argument("--store", default="./data", help="store root directory")
-    serve.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
-    serve.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9901)")
-    serve.set_defaults(handler=_serve_commitlog)
-
-    indexer = commands.add_parser("indexer", help="run the indexer alone (ConsumeQueue and IndexFile)")
-    indexer.add_argument("--store", default="./data/indexer", help="the indexer's own store root")
-    indexer.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
-    indexer.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9902)")
-    indexer.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
-    indexer.set_defaults(handler=_serve_indexer)
-    _add_query(commands)
+    serve = commands.add_parser("serve", help="run one service alone: commitlog, indexer, query or gateway")
+    services = serve.add_subparsers(dest="service", required=True)
+    _add_services(services, ("commitlog", "indexer", "query", "gateway"))
+    # Shortcuts for the services whose names no client command takes (``mqstore query`` finds messages).
+    _add_services(commands, ("commitlog", "indexer", "gateway"))
 
 
-def _add_query(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    query = commands.add_parser("query", help="run the query service alone (pull, lookups, consumer offsets)")
-    query.add_argument("--store", default="./data/query", help="the query service's own store root")
-    query.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
-    query.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9903)")
-    query.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
-    query.add_argument("--indexer", default=None, help="the indexer (default 127.0.0.1:9902)")
-    query.add_argument("--persist-interval-ms", type=int, default=5000,
-                       help="how often changed consumer offsets are written (default 5000)")
-    query.add_argument("--max-long-poll-ms", type=int, default=15000,
-                       help="the longest a pull may wait for messages (default 15000)")
-    query.set_defaults(handler=_serve_query)
+def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser], names: Sequence[str]) -> None:
+    if "commitlog" in names:
+        commitlog = commands.add_parser("commitlog", help="run the commitlog service alone")
+        commitlog.add_argument("--store", default="./data", help="store root directory")
+        commitlog.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+        commitlog.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9901)")
+        commitlog.set_defaults(handler=_serve_commitlog)
+    if "indexer" in names:
+        indexer = commands.add_parser("indexer", help="run the indexer alone (ConsumeQueue and IndexFile)")
+        indexer.add_argument("--store", default="./data/indexer", help="the indexer's own store root")
+        indexer.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+        indexer.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9902)")
+        indexer.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
+        indexer.set_defaults(handler=_serve_indexer)
+    if "query" in names:
+        query = commands.add_parser("query", help="run the query service alone (pull, lookups, consumer offsets)")
+        query.add_argument("--store", default="./data/query", help="the query service's own store root")
+        query.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
+        query.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9903)")
+        query.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
+        query.add_argument("--indexer", default=None, help="the indexer (default 127.0.0.1:9902)")
+        query.add_argument("--persist-interval-ms", type=int, default=5000,
+                           help="how often changed consumer offsets are written (default 5000)")
+        query.add_argument("--max-long-poll-ms", type=int, default=15000,
+                           help="the longest a pull may wait for messages (default 15000)")
+        query.set_defaults(handler=_serve_query)
+    if "gateway" in names:
+        gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
+        gateway.add_argument("--config",
+                             help="gateway settings YAML (shards, queue selection, auth; see gateway/settings.py)")
+        gateway.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9876)")
+        gateway.add_argument("--commitlog", default=None, help="one shard's commitlog service (with --query)")
+        gateway.add_argument("--query", default=None, help="one shard's query service (with --commitlog)")
+        gateway.add_argument("--auth-file", default=None, help="bearer tokens YAML; without it auth is off")
+        gateway.add_argument("--queue-selection", choices=("round_robin", "latency"), default=None,
+                             help="how sends without a sharding key pick a queue (default round_robin)")
+        gateway.add_argument("--default-topic-queue-nums", type=int, default=None,
+                             help="queues of a topic created by its first send; must match the store's "
+                                  "defaultTopicQueueNums (default 8)")
+        gateway.set_defaults(handler=_serve_gateway)
 
 
 def _run(args: argparse.Namespace) -> int:

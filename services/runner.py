@@ -75,7 +75,7 @@ def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth
         ("gateway", ["gateway", "--listen", a.gateway, "--commitlog", a.commitlog, "--query", a.query, *auth],
          a.gateway),
     ]
-    return [ChildSpec(name, args, listen, None if metrics_base_port is None else metrics_base_port + i + 1)
+    return [ChildSpec(name, ["serve", *args], listen, None if metrics_base_port is None else metrics_base_port + i + 1)
             for i, (name, args, listen) in enumerate(specs)]
 
 

@@ -1,7 +1,7 @@
-"""``python -m services.query``: the query service alone (see ``mqstore query --help``)."""
+"""``python -m services.query``: the query service alone (see ``mqstore serve query --help``)."""
 
 import sys
 
 from services.cli import main
 
-sys.exit(main(["query", *sys.argv[1:]]))
+sys.exit(main(["serve", "query", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""Process entry point of the query service: ``mqstore query`` and ``python -m services.query``.
+"""Process entry point of the query service: ``mqstore serve query`` and ``python -m services.query``.
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server and aio clients of the indexer and
 the commitlog service). Its store root holds only ``lock`` and ``config/consumerOffset.json``.

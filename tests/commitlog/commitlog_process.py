@@ -174,13 +174,13 @@ Handle = TypeVar("Handle", bound=ServiceProcess)
 def start_service_process(kind: type[Handle], service: str, store_dir: Path, extra_args: Sequence[str],
                           env_overrides: Mapping[str, str] | None, timeout_s: float = 30.0,
                           port: int | None = None) -> Handle:
-    """Start ``mqstore SERVICE --store STORE_DIR --listen 127.0.0.1:PORT EXTRA_ARGS...`` (a free port
+    """Start ``mqstore serve SERVICE --store STORE_DIR --listen 127.0.0.1:PORT EXTRA_ARGS...`` (a free port
     unless given) and return its handle once SERVING; a process that does not get there is killed."""
     store_dir = Path(store_dir)
     store_dir.parent.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log_path = store_dir.parent / f"{store_dir.name}-{service}-{os.getpid()}-{next(_log_counter)}.log"
-    args = [service, "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", *extra_args]
+    args = ["serve", service, "--store", str(store_dir), "--listen", f"127.0.0.1:{port}", *extra_args]
     handle = kind(store_dir, port, spawn_service(args, env_overrides, log_path), log_path)
     try:
         handle.wait_serving(timeout_s)

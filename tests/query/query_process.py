@@ -1,4 +1,4 @@
-"""A real ``mqstore query`` process for tests, and a whole system (commitlog + indexer + query)."""
+"""A real ``mqstore serve query`` process for tests, and a whole system (commitlog + indexer + query)."""
 
 from __future__ import annotations
 

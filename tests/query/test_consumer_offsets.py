@@ -99,7 +99,7 @@ def test_a_second_process_cannot_take_the_store(fresh: System, tmp_path: Path) -
 
 
 def _run_to_exit(system: System, store: Path, log_path: Path) -> int:
-    args = ["query", "--store", str(store), "--listen", f"127.0.0.1:{free_port()}",
+    args = ["serve", "query", "--store", str(store), "--listen", f"127.0.0.1:{free_port()}",
             "--commitlog", system.commitlog.address, "--indexer", system.indexer.address]
     proc = spawn_service(args, None, log_path)
     try:
