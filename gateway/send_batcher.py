@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import re
 
 import grpc
 from mqstore.v1 import commitlog_pb2
 
 from gateway.resilience import BackendError
 from gateway.shard import ShardClient
+from services.commitlog.put_result import BATCH_POSITION
 from services.server import tracing
 
 MAX_BATCH = 1024
-_MESSAGE_INDEX = re.compile(r"message #(\d+): ")
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]
 
 
@@ -86,7 +85,7 @@ class SendBatcher:
             try:
                 response = await self._append(b"".join([waiter[0] for waiter in batch]))
             except BackendError as exc:
-                refused = _MESSAGE_INDEX.search(exc.details) if len(batch) > 1 else None
+                refused = BATCH_POSITION.search(exc.details) if len(batch) > 1 else None
                 if exc.code != grpc.StatusCode.INVALID_ARGUMENT or refused is None:
                     for _, future, _ in batch:
                         if not future.done():
@@ -96,7 +95,7 @@ class SendBatcher:
                 bad = batch.pop(index)[1]
                 if not bad.done():
                     # The producer sent one message: its error names no batch position.
-                    bad.set_exception(BackendError(exc.code, _MESSAGE_INDEX.sub("", exc.details, count=1)))
+                    bad.set_exception(BackendError(exc.code, BATCH_POSITION.sub("", exc.details, count=1)))
                 continue
             for (_, future, _), result in zip(batch, response.results, strict=True):
                 if not future.done():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import Context, Undecodable, status_of, unary
 from services.commitlog.convert import peer_address, topic_config_from_proto
+from services.commitlog.put_result import BATCH_POSITION
 from services.commitlog.topic_config import check_topic_config, check_topic_name
 from services.query.convert import message_id_kind_from_proto, pull_query_from_proto
 from services.query.lookup import check_key_query, check_message_id
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024
 STREAM_WINDOW = 4096
-_MESSAGE_INDEX = re.compile(r"message #(\d+)")
 T = TypeVar("T")
 
 
@@ -343,7 +342,7 @@ class MessagingServicer:
             try:
                 response = await self._append_run(shard, group[start:end], timeout)
             except BackendError as exc:
-                bad = _MESSAGE_INDEX.search(exc.details)
+                bad = BATCH_POSITION.search(exc.details)
                 if exc.code == grpc.StatusCode.INVALID_ARGUMENT and bad is not None and int(bad.group(1)) > 0:
                     # A batch is all or nothing: store the good ones before the bad one, as a stream promises.
                     end = start + int(bad.group(1))
@@ -576,6 +575,6 @@ def _shard_bases(route: TopicRoute) -> dict[ShardClient, int]:
 
 def _renumber(details: str, offset: int, count: int = 0) -> str:
     """A batch error's "message #i" as the stream's sequence number (a batch of one names no index)."""
-    if count == 1 and not _MESSAGE_INDEX.search(details):
+    if count == 1 and not BATCH_POSITION.search(details):
         return f"message #{offset} of the stream: {details}"
-    return _MESSAGE_INDEX.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream", details, count=1)
+    return BATCH_POSITION.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream: ", details, count=1)

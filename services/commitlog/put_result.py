@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from services.store.errors import InvalidArgumentError
@@ -37,6 +38,10 @@ class PutMessageResult:
     def msg_id(self) -> str:
         """Offset message id; computed on demand, it is not needed on the in-process put path."""
         return encode_message_id(self.store_host, self.commitlog_offset)
+
+
+#: How a batch error names its message ("message #i: "), for callers that map it back to their own.
+BATCH_POSITION = re.compile(r"message #(\d+): ")
 
 
 class PutMessageError(InvalidArgumentError):
