@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mqstore.v1 import gateway_pb2_grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, gateway_pb2_grpc
 
 from bench.services import free_port_block
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
@@ -45,6 +45,14 @@ class UpProcess:
     def metrics_url(self, service: str) -> str:
         offset = {"commitlog": 1, "indexer": 2, "query": 3, "gateway": 4}[service]
         return f"http://127.0.0.1:{self.metrics_base_port + offset}/metrics"
+
+    def store_state(self) -> tuple[int, int]:
+        """What bad input must not change: the commitlog's end and how many topics it has."""
+        with grpc.insecure_channel(self.commitlog, options=CHANNEL_OPTIONS) as channel:
+            stub = commitlog_pb2_grpc.CommitLogServiceStub(channel)
+            info = stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
+            topics = stub.ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=5)
+        return info.max_offset, len(topics.topics)
 
     def logs(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

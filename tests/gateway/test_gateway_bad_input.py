@@ -11,9 +11,8 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
-from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import UpProcess
 from tests.query.test_bad_input import (
     FUZZ,
@@ -88,14 +87,6 @@ CASES: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
-def state(up: UpProcess) -> tuple[int, int]:
-    with grpc.insecure_channel(up.commitlog, options=CHANNEL_OPTIONS) as channel:
-        stub = commitlog_pb2_grpc.CommitLogServiceStub(channel)
-        info = stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
-        topics = stub.ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=5)
-    return info.max_offset, len(topics.topics)
-
-
 @pytest.fixture(scope="module")
 def seeded(up: UpProcess) -> UpProcess:
     up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic="FuzzTopic", body=b"seed")), timeout=10)
@@ -104,7 +95,7 @@ def seeded(up: UpProcess) -> UpProcess:
 
 @pytest.mark.parametrize("method", sorted(CASES))
 def test_bad_input_gets_invalid_argument_and_changes_nothing(seeded: UpProcess, method: str) -> None:
-    before = state(seeded)
+    before = seeded.store_state()
     call: Callable[..., Any] = getattr(seeded.stub, method)
 
     @FUZZ
@@ -116,7 +107,7 @@ def test_bad_input_gets_invalid_argument_and_changes_nothing(seeded: UpProcess, 
         assert info.value.details()
 
     check()
-    assert state(seeded) == before
+    assert seeded.store_state() == before
 
 
 @FUZZ
