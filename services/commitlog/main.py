@@ -44,7 +44,7 @@ def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
     room for the protobuf framing around it."""
     receive = max(MAX_BATCH_BYTES, config.max_message_size) + MIB
     return ServerSettings(listen=listen, max_receive_message_bytes=receive,
-                          max_send_message_bytes=max(128 * MIB, 2 * receive))
+                          max_send_message_bytes=max(128 * MIB, 2 * receive)).as_internal()
 
 
 def serve(store: str, config_file: str | None, listen: str | None) -> int:

@@ -89,7 +89,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
     reader = CommitLogReader(commitlog_address)
     servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of)
     address = listen or config.indexer_listen
-    server = GrpcServer(ServerSettings(listen=address), [SERVICE_NAME],
+    server = GrpcServer(ServerSettings(listen=address).as_internal(), [SERVICE_NAME],
                         lambda s: indexer_pb2_grpc.add_IndexerServiceServicer_to_server(servicer, s))
     metrics_server: MetricsServer | None = None
     try:

@@ -40,6 +40,7 @@ from services.server.grpc_server import (
 from services.server.logs import configure_logging
 from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
+from services.server.service_auth import load_service_token
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError, load_config
 from services.store.store_root import StoreLock, StoreLockedError
@@ -83,6 +84,7 @@ async def _serve(options: QueryOptions) -> int:
     try:
         config = load_config(options.config_file)
         metrics_port = metrics_port_from_env()
+        load_service_token()  # an unusable credential is a settings error, told before serving
         if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
             raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")
     except (ConfigError, ValueError) as exc:
@@ -121,7 +123,8 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
                              MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
                              options.max_long_poll_ms)
     address = options.listen or DEFAULT_LISTEN
-    settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS, max_receive_message_bytes=MIB)
+    settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS,
+                              max_receive_message_bytes=MIB).as_internal()
     server = AioGrpcServer(settings, [SERVICE_NAME],
                            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(servicer, s))
     watcher.start()

@@ -14,6 +14,7 @@ balancers stop sending), the service's own stopping hook (wake long polls), ``se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -23,13 +24,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # missing from the stubs
 from grpc_reflection.v1alpha import reflection
 
-from services.server import tracing
+from services.server import service_auth, tracing
 from services.server.metrics import MetricsServer, start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,15 @@ class ServerSettings:
     shutdown_grace_s: float = 10.0
     keepalive_time_ms: int = 60_000
     keepalive_timeout_ms: int = 20_000
+    # An internal service (commitlog, indexer, query) checks the deployment's service credential on
+    # every call, and without one refuses to listen beyond loopback. The gateway is public: False.
+    internal: bool = False
+    service_token: str | None = None
+
+    def as_internal(self) -> ServerSettings:
+        """These settings for an internal service, with the service credential from the environment
+        (raises :class:`~services.server.service_auth.ServiceTokenError` if it is unusable)."""
+        return dataclasses.replace(self, internal=True, service_token=service_auth.load_service_token())
 
 
 class BindError(RuntimeError):
@@ -82,15 +93,32 @@ def _channel_options(settings: ServerSettings) -> list[tuple[str, int]]:
     ]
 
 
-def _add_port(server: grpc.Server | grpc.aio.Server, listen: str) -> int:
-    if not is_loopback(listen):
-        log.warning("listening on %s, which is not a loopback address: these services have no "
-                    "authentication, keep them behind the gateway", listen)
+def _add_port(server: grpc.Server | grpc.aio.Server, settings: ServerSettings) -> int:
+    listen = settings.listen
+    if settings.internal and not settings.service_token and not is_loopback(listen):
+        raise BindError(f"refusing to listen on {listen} without a service credential: anyone reaching "
+                        f"it could bypass the gateway. Set {service_auth.TOKEN_ENV} (or "
+                        f"{service_auth.TOKEN_FILE_ENV}) to the same secret in every mqstore process, "
+                        "or listen on a loopback address")
     try:
         return server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise BindError(f"cannot listen on {listen}: {exc} "
                         "(is the port in use, or the address not local?)") from None
+
+
+def _server_interceptors(settings: ServerSettings) -> list[Any]:
+    interceptors: list[Any] = [*tracing.server_interceptors()]
+    if settings.internal and settings.service_token:
+        interceptors.append(service_auth.ServiceTokenInterceptor(settings.service_token))
+    return interceptors
+
+
+def _aio_server_interceptors(settings: ServerSettings) -> list[Any]:
+    interceptors: list[Any] = [*tracing.aio_server_interceptors()]
+    if settings.internal and settings.service_token:
+        interceptors.append(service_auth.AioServiceTokenInterceptor(settings.service_token))
+    return interceptors
 
 
 class GrpcServer:
@@ -106,7 +134,7 @@ class GrpcServer:
         # No interceptor at all with tracing off: grpc then skips the interceptor pipeline.
         self._server = grpc.server(self._executor, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
                                    options=_channel_options(settings),
-                                   interceptors=tracing.server_interceptors() or None)
+                                   interceptors=_server_interceptors(settings) or None)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
@@ -115,7 +143,7 @@ class GrpcServer:
 
     def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
-        self.port = _add_port(self._server, self.settings.listen)
+        self.port = _add_port(self._server, self.settings)
         self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ("", *self.service_names):
@@ -146,7 +174,7 @@ class AioGrpcServer:
         self.port = 0
         self._server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
                                        options=_channel_options(settings),
-                                       interceptors=tracing.aio_server_interceptors() or None)
+                                       interceptors=_aio_server_interceptors(settings) or None)
         self.health = health_aio.HealthServicer()
         self.metrics: MetricsServer | None = None
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -156,7 +184,7 @@ class AioGrpcServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (useful with port 0)."""
-        self.port = _add_port(self._server, self.settings.listen)
+        self.port = _add_port(self._server, self.settings)
         await self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ("", *self.service_names):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from services.server.metrics import metrics_port_from_env
+from services.server.service_auth import load_service_token
 from services.store.config import ConfigError, MessageStoreConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ def load_service_settings(config_file: str | None) -> tuple[MessageStoreConfig, 
     """The store settings (defaults < YAML < MQSTORE_* environment) and the metrics port, or
     BadSettings after one log line that says what to fix."""
     try:
+        load_service_token()  # an unusable credential is a settings error, told before serving
         return load_config(config_file), metrics_port_from_env()
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
