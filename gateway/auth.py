@@ -101,7 +101,10 @@ class TokenTable:
                                        "'authorization: Bearer <token>'")
         if not header[:len(_BEARER)].lower() == _BEARER:
             raise UnauthenticatedError("the authorization metadata must be 'Bearer <token>'")
-        principal = self._by_digest.get(_digest(header[len(_BEARER):].strip()))
+        token = header[len(_BEARER):]
+        if token != token.strip():  # "t0ken " is another token: never let it pass for "t0ken"
+            raise UnauthenticatedError("the token has whitespace around it: send exactly 'Bearer <token>'")
+        principal = self._by_digest.get(_digest(token))
         if principal is None:
             raise UnauthenticatedError("unknown token: check the token you were given")
         return principal
@@ -149,6 +152,8 @@ def _entry(path: str | Path, index: int, entry: Any) -> tuple[Principal, str]:
     token = entry.get("token")
     if not isinstance(token, str) or len(token) < 8:
         raise ConfigError(f"{where}: 'token' must be a string of at least 8 characters")
+    if token != token.strip() or any(ch.isspace() for ch in token):
+        raise ConfigError(f"{where}: 'token' must not contain whitespace")
     lists = {}
     for key in ("produce", "consume"):
         value = entry.get(key, [])

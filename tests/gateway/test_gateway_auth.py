@@ -56,6 +56,8 @@ def code_of(call: object, request: object, metadata: tuple[tuple[str, str], ...]
     (None, "requires a token"),
     ((("authorization", "Bearer not-a-token"),), "unknown token"),
     ((("authorization", "Basic dXNlcjpwYXNz"),), "Bearer <token>"),
+    ((("authorization", "Bearer tok-orders-producer "),), "whitespace"),  # not the producer's token
+    ((("authorization", "Bearer  tok-orders-producer"),), "whitespace"),
 ])
 def test_calls_without_a_known_token_are_unauthenticated(secured: UpProcess, metadata: tuple[tuple[str, str], ...],
                                                          fragment: str) -> None:
@@ -118,6 +120,7 @@ def test_a_gateway_refuses_to_start_without_tokens_off_loopback(tmp_path: Path) 
     ("tokens:\n  - {name: a, token: short}\n", "at least 8 characters"),
     ("tokens:\n  - {name: a, token: long-enough-1, produce: orders}\n", "list of topic names"),
     ("tokens:\n  - {token: long-enough-1}\n  - {token: long-enough-1}\n", "repeats the token"),
+    ("tokens:\n  - {token: 'long-enough-1 '}\n", "must not contain whitespace"),
 ])
 def test_a_bad_token_file_stops_the_gateway_with_a_clear_error(tmp_path: Path, content: str, fragment: str) -> None:
     (tmp_path / "tokens.yaml").write_text(content)
