@@ -15,12 +15,13 @@ from typing import Any
 
 from gateway.auth import load_token_table
 from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.registration import add_to_server
 from gateway.route import RouteTable
 from gateway.servicer import MessagingServicer
 from gateway.settings import LATENCY, GatewaySettings, load_gateway_settings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
-from gateway.wire import SERVICE_NAME, add_to_server
+from gateway.wire import SERVICE_NAME
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,

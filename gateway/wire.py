@@ -1,15 +1,15 @@
 """The gateway's wire edge: request bytes to messages (undecodable ones included), domain errors to
-gRPC status codes, answers (or relayed bytes) to the wire, and the service's registration."""
+gRPC status codes, answers (or relayed bytes) to the wire. The service's registration, which needs
+the servicer, is :mod:`gateway.registration`."""
 
 from __future__ import annotations
 
 import functools
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
-from mqstore.v1 import commitlog_pb2, gateway_pb2, query_pb2
 
 from gateway import metrics
 from gateway.auth import AuthError, PermissionDeniedError
@@ -17,9 +17,6 @@ from gateway.queue_selector import NoWritableQueueError
 from gateway.resilience import BackendError
 from services.server.status import status_code_of
 from services.store.errors import InvalidArgumentError, StoreError
-
-if TYPE_CHECKING:
-    from gateway.servicer import MessagingServicer
 
 SERVICE_NAME = "mqstore.v1.MessagingService"
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -73,7 +70,7 @@ class Undecodable:
         self.reason = reason
 
 
-def _decoder(request_type: Any) -> Callable[[bytes], Any]:
+def decoder(request_type: Any) -> Callable[[bytes], Any]:
     from_string = request_type.FromString
     name = request_type.DESCRIPTOR.full_name
 
@@ -86,33 +83,5 @@ def _decoder(request_type: Any) -> Callable[[bytes], Any]:
     return decode
 
 
-def _serialize(response: Any) -> bytes:
+def serialize(response: Any) -> bytes:
     return response if type(response) is bytes else response.SerializeToString()
-
-
-def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
-    """Like the generated ``add_MessagingServiceServicer_to_server``, but every answer may also be
-    bytes already serialised by a backend (relayed pulls)."""
-    unary_methods: dict[str, tuple[Any, Any]] = {
-        "Send": (servicer.Send, gateway_pb2.SendRequest),
-        "SendBatch": (servicer.SendBatch, gateway_pb2.SendBatchRequest),
-        "Pull": (servicer.Pull, query_pb2.PullMessageRequest),
-        "GetMessage": (servicer.GetMessage, query_pb2.ViewMessageRequest),
-        "QueryByKey": (servicer.QueryByKey, query_pb2.QueryMessageRequest),
-        "SearchOffset": (servicer.SearchOffset, query_pb2.SearchOffsetRequest),
-        "GetQueueOffsets": (servicer.GetQueueOffsets, query_pb2.GetQueueOffsetRangeRequest),
-        "CommitOffset": (servicer.CommitOffset, query_pb2.UpdateConsumerOffsetRequest),
-        "QueryOffset": (servicer.QueryOffset, query_pb2.QueryConsumerOffsetRequest),
-        "CreateTopic": (servicer.CreateTopic, commitlog_pb2.TopicRequest),
-        "UpdateTopic": (servicer.UpdateTopic, commitlog_pb2.TopicRequest),
-        "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
-        "GetRoute": (servicer.GetRoute, gateway_pb2.GetRouteRequest),
-    }
-    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-        name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_decoder(request_type),
-                                                  response_serializer=_serialize)
-        for name, (handler, request_type) in unary_methods.items()
-    }
-    handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
-        servicer.SendStream, request_deserializer=_decoder(gateway_pb2.SendRequest), response_serializer=_serialize)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

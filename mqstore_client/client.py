@@ -8,8 +8,9 @@ from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
 from mqstore_client.connection import Endpoint
 from mqstore_client.consumer import PullConsumer
-from mqstore_client.errors import MqstoreError, NotFoundError
+from mqstore_client.errors import NotFoundError
 from mqstore_client.models import Message, QueryResult, QueueOffsets, TopicConfig, TopicRoute
+from mqstore_client.offsets import committed_offsets, queue_offsets
 from mqstore_client.producer import Producer
 
 MAX_QUERY = 64
@@ -51,10 +52,7 @@ class Client(Endpoint):
                           timeout: float | None = None) -> list[QueueOffsets]:
         """Offsets of several queues (every queue of the route by default) in one round trip."""
         ids = self.route(topic, timeout=timeout).readable_queue_ids if queue_ids is None else queue_ids
-        answers = self.connection.call_many(
-            "GetQueueOffsets", [query_pb2.GetQueueOffsetRangeRequest(topic=topic, queue_id=q) for q in ids], timeout)
-        return [QueueOffsets(topic=topic, queue_id=q, min_offset=r.min_offset, max_offset=r.max_offset)
-                for q, r in zip(ids, _raise_first(answers), strict=True)]
+        return queue_offsets(self.connection, topic, ids, timeout)
 
     def search_offset(self, topic: str, queue_id: int, timestamp_ms: int, *, timeout: float | None = None) -> int:
         """The queue offset whose store time is nearest ``timestamp_ms`` (RocketMQ's searchOffset)."""
@@ -73,17 +71,7 @@ class Client(Endpoint):
 
     def committed_offsets(self, group: str, topic: str, queue_ids: list[int], *,
                           timeout: float | None = None) -> dict[int, int | None]:
-        requests = [query_pb2.QueryConsumerOffsetRequest(consumer_group=group, topic=topic, queue_id=q)
-                    for q in queue_ids]
-        found: dict[int, int | None] = {}
-        for q, answer in zip(queue_ids, self.connection.call_many("QueryOffset", requests, timeout), strict=True):
-            if isinstance(answer, NotFoundError):
-                found[q] = None
-            elif isinstance(answer, MqstoreError):
-                raise answer
-            else:
-                found[q] = answer.offset
-        return found
+        return committed_offsets(self.connection, group, topic, queue_ids, timeout)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, *,
                       timeout: float | None = None) -> None:
@@ -138,10 +126,3 @@ class Client(Endpoint):
 def _config(topic: str, read: int, write: int, perm: int) -> Any:
     return commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(topic=topic, read_queue_nums=read,
                                                                    write_queue_nums=write, perm=perm))
-
-
-def _raise_first(answers: list[Any]) -> list[Any]:
-    for answer in answers:
-        if isinstance(answer, MqstoreError):
-            raise answer
-    return answers

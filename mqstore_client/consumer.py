@@ -23,6 +23,7 @@ from mqstore.v1 import gateway_pb2, query_pb2
 from mqstore_client.connection import Connection, Endpoint
 from mqstore_client.errors import InvalidArgumentError, MqstoreError
 from mqstore_client.models import Message, TopicRoute
+from mqstore_client.offsets import start_offsets
 
 #: How long one pull waits for messages by default; the query service allows up to 15 s.
 DEFAULT_LONG_POLL_MS = 10_000
@@ -137,30 +138,6 @@ def max_long_poll_of(error: MqstoreError) -> int | None:
     """The server's long-poll limit, when a pull was refused for asking longer."""
     match = _MAX_LONG_POLL.search(error.message) if isinstance(error, InvalidArgumentError) else None
     return int(match.group(1)) if match else None
-
-
-def start_offsets(connection: Connection, group: str | None, topic: str, queue_ids: Sequence[int],
-                  explicit: Mapping[int, int], from_latest: bool,
-                  timeout: float | None) -> dict[int, tuple[int, int | None]]:
-    """Where each queue starts: an explicit offset, else the group's committed offset, else the queue's
-    min offset (max with ``from_latest``)."""
-    from mqstore_client.client import Client
-
-    client = Client(connection=connection)
-    committed = client.committed_offsets(group, topic, list(queue_ids), timeout=timeout) if group else {}
-    missing = [q for q in queue_ids if q not in explicit and committed.get(q) is None]
-    ranges = {r.queue_id: r for r in client.all_queue_offsets(topic, missing, timeout=timeout)} if missing else {}
-    starts: dict[int, tuple[int, int | None]] = {}
-    for q in queue_ids:
-        known = committed.get(q)
-        if q in explicit:
-            start = explicit[q]
-        elif known is not None:
-            start = known
-        else:
-            start = ranges[q].max_offset if from_latest else ranges[q].min_offset
-        starts[q] = (start, known)
-    return starts
 
 
 class PullOptions:
