@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(commands)
     _add_inspect(commands)
     _add_pipeline(commands)
+    _add_export_rocketmq_store(commands)
     from mqstore_client.cli import add_client_commands
 
     add_client_commands(commands)
@@ -37,6 +38,42 @@ def _pipeline(args: argparse.Namespace) -> int:
     from pipeline.cli import main as pipeline_main
 
     return pipeline_main(args.pipeline_args)
+
+
+_EXPORT_EPILOG = """\
+DEST gets RocketMQ 4.9.8's store layout: commitlog/, consumequeue/ and index/ (from SRC/indexer),
+one checkpoint (the commitlog's physicMsgTimestamp, the indexer's logics and index timestamps) and
+config/ (topics.json, consumerOffset.json from SRC/query, delayOffset.json when delayed messages
+exist). Files are hard-linked when DEST is on SRC's filesystem, except the newest file of each
+directory, which is copied so that the two stores never write into each other; SRC is not modified.
+SRC must be stopped cleanly (no service running, no abort file); DEST must be new or empty.
+Progress goes to stderr; the summary and the settings to start RocketMQ with go to stdout.
+Then: storePathRootDir=DEST plus the printed mappedFileSize*/maxHashSlotNum/maxIndexNum in broker.conf.
+"""
+
+
+def _add_export_rocketmq_store(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    export = commands.add_parser(
+        "export-rocketmq-store", help="write a RocketMQ 4.9.8 store directory from a stopped mqstore store",
+        description="Write a store directory that RocketMQ 4.9.8 loads as its storePathRootDir from a cleanly "
+                    "stopped mqstore store (docs/formats.md, \"Moving a store to RocketMQ\").",
+        epilog=_EXPORT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("src", metavar="SRC", help="the mqstore store root (what mqstore up --store was given)")
+    export.add_argument("dest", metavar="DEST", help="the RocketMQ store directory to write (new or empty)")
+    export.add_argument("--indexer", default=None, help="the indexer's store root (default SRC/indexer)")
+    export.add_argument("--query", default=None, help="the query service's store root (default SRC/query)")
+    export.add_argument("--copy", action="store_true", help="copy every file, never hard-link")
+    export.add_argument("--progress-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="seconds between progress lines on stderr (default 1)")
+    export.set_defaults(handler=_export_rocketmq_store)
+
+
+def _export_rocketmq_store(args: argparse.Namespace) -> int:
+    from services.store.rocketmq_layout_export import SourceStore
+    from services.store.rocketmq_layout_export import main as export_main
+
+    return export_main(SourceStore.at(args.src, args.indexer, args.query), args.dest, args.copy,
+                       args.progress_interval)
 
 
 def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

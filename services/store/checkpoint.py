@@ -18,6 +18,18 @@ _LAYOUT = struct.Struct(">qqq")
 RECOVERY_SAFETY_MARGIN_MS = 3000
 
 
+def read_checkpoint(path: Path) -> tuple[int, int, int]:
+    """(physicMsgTimestamp, logicsMsgTimestamp, indexMsgTimestamp) of a checkpoint file, read without
+    opening it for writing: offline tools must leave a store they read untouched (StoreCheckpoint maps
+    the file read-write and writes it back at close)."""
+    with open(path, "rb") as file:
+        data = file.read(_LAYOUT.size)
+    if len(data) < _LAYOUT.size:
+        raise ValueError(f"{path}: {len(data)} bytes, too short for a checkpoint ({CHECKPOINT_FILE_SIZE} expected)")
+    physic, logics, index = _LAYOUT.unpack(data)
+    return physic, logics, index
+
+
 class StoreCheckpoint:
     def __init__(self, path: Path) -> None:
         self.path = path
