@@ -31,12 +31,13 @@ from gateway.wire import Context, Undecodable, status_of, unary
 from services.commitlog.convert import peer_address, topic_config_from_proto
 from services.commitlog.put_result import BATCH_POSITION
 from services.commitlog.topic_config import check_topic_config, check_topic_name
-from services.query.convert import message_id_kind_from_proto, pull_query_from_proto
-from services.query.lookup import check_key_query, check_message_id
+from services.query.convert import pull_query_from_proto
+from services.query.lookup import check_key_query
 from services.query.names import check_group, check_offset, check_queue
 from services.query.pull import DEFAULT_MAX_LONG_POLL_MS
 from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
+from services.store.message_id import check_message_id, message_id_kind
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +120,14 @@ class MessagingServicer:
     # -- sends ----------------------------------------------------------------------------------------
 
     def _prepare(self, message: common_pb2.Message, born_host: str) -> str:
-        """The message's UNIQ_KEY, added when the producer gave none; the born host is the producer's
-        address, not the gateway's."""
+        """The message's UNIQ_KEY, added when the producer gave none (with the born host's ip, as the
+        producer's client would); the born host is the producer's address, not the gateway's."""
         if not message.born_host:
             message.born_host = born_host
         properties = message.properties
         uniq_key: str = properties.get(UNIQ_KEY, "")
         if not uniq_key:
-            uniq_key = properties[UNIQ_KEY] = self.uniq_keys.next()
+            uniq_key = properties[UNIQ_KEY] = self.uniq_keys.next(message.born_host)
         return uniq_key
 
     async def _append(self, route: TopicRoute, sharding_key: str, explicit: int | None,
@@ -467,17 +468,15 @@ class MessagingServicer:
         msg_id = request.msg_id.strip()
         if not msg_id:
             raise InvalidArgumentError("msg_id is empty: give an offset msg id or a UNIQ_KEY")
-        check_message_id(msg_id, message_id_kind_from_proto(request.kind))
+        check_message_id(msg_id, message_id_kind(request.kind))
         if request.topic:
             check_topic_name(request.topic)
             self.tokens.authorize(principal, Action.CONSUME, request.topic)
-        response = await self.finder.find(request, msg_id, self._timeout(context))
+        response, shard = await self.finder.find(request, msg_id, self._timeout(context))
         self.tokens.authorize(principal, Action.CONSUME, response.message.topic)
         route = await self.routes.route(response.message.topic)
         if route is not None:
-            shard = self.finder.shard_of(response.message)
-            if shard is not None:
-                response.message.queue_id += _shard_bases(route).get(shard, 0)
+            response.message.queue_id += _shard_bases(route).get(shard, 0)
         return response
 
     # -- topics ---------------------------------------------------------------------------------------

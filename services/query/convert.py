@@ -8,12 +8,12 @@ from typing import Any
 
 from mqstore.v1 import query_pb2
 
-from services.query.lookup import KeyQueryResult, MessageIdKind
+from services.query.lookup import KeyQueryResult
 from services.query.pull import PullQuery, PullResult
 from services.query.stored_message import StoredMessage
 from services.query.subscription import parse_subscription
-from services.store.errors import InvalidArgumentError
 from services.store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+from services.store.message_id import MessageIdKind
 
 
 def add_messages(target: Any, messages: Sequence[StoredMessage]) -> None:
@@ -49,14 +49,6 @@ def pull_result_to_proto(result: PullResult) -> query_pb2.PullMessageResponse:
                                              min_offset=result.min_offset, max_offset=result.max_offset)
     add_messages(response.messages, result.messages)
     return response
-
-
-def message_id_kind_from_proto(kind: int) -> MessageIdKind:
-    try:
-        return MessageIdKind(kind)
-    except ValueError:
-        raise InvalidArgumentError(f"message id kind {kind} is not one of "
-                                   f"{', '.join(k.name for k in MessageIdKind)}") from None
 
 
 def view_response(message: StoredMessage, found_by: MessageIdKind) -> query_pb2.ViewMessageResponse:

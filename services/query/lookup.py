@@ -9,7 +9,6 @@ the log's end, all in one ReadBatch; the rare record longer than the guess costs
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,13 @@ from services.query.store_view import StoreView
 from services.query.stored_message import StoredMessage, record_size_at, stored_message
 from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
 from services.store.message import KEY_SEPARATOR
-from services.store.message_id import MessageIdError, decode_message_id
+from services.store.message_id import (
+    MessageIdError,
+    MessageIdKind,
+    OffsetMessageId,
+    check_message_id,
+    parse_message_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +43,6 @@ MAX_TOPICS_SEARCHED = 1024
 TOPIC_SEARCH_CONCURRENCY = 16
 MAX_READ_RANGES = 1024
 INT64_MAX = 2**63 - 1
-OFFSET_ID_LENGTHS = (32, 56)
-UNIQ_KEY_LENGTHS = (32, 52)
-
-
-class MessageIdKind(enum.Enum):
-    UNSPECIFIED = 0
-    OFFSET = 1
-    UNIQ_KEY = 2
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,19 +68,6 @@ def check_key_query(topic: str, key: str, begin_ms: int, end_ms: int, max_num: i
     return end, max_num
 
 
-def check_message_id(msg_id: str, kind: MessageIdKind) -> None:
-    """Hex digits of a length an id of that kind can have."""
-    lengths = {MessageIdKind.OFFSET: OFFSET_ID_LENGTHS, MessageIdKind.UNIQ_KEY: UNIQ_KEY_LENGTHS}.get(
-        kind, tuple(sorted({*OFFSET_ID_LENGTHS, *UNIQ_KEY_LENGTHS})))
-    if len(msg_id) not in lengths or not _is_hex(msg_id):
-        raise InvalidArgumentError(f"message id {msg_id[:80]!r} must be {' or '.join(map(str, lengths))} hex digits "
-                                   f"for kind {kind.name}")
-
-
-def _is_hex(text: str) -> bool:
-    return text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
-
-
 def has_key(message: StoredMessage, key: str) -> bool:
     """The record's KEYS (space separated) or UNIQ_KEY really is ``key``."""
     keys = message.keys
@@ -98,71 +82,66 @@ class MessageLookup:
 
     # -- ViewMessage ---------------------------------------------------------------------------
     async def view(self, msg_id: str, topic: str, kind: MessageIdKind) -> tuple[StoredMessage, MessageIdKind]:
+        """Both id kinds have 32 or 56 digits, so without a kind the id is tried as an offset msg id
+        first (one Read; kept only if the record there spells the same id), then as a UNIQ_KEY."""
         check_message_id(msg_id, kind)
         if topic:
             check_topic_name(topic)
-        offset_id = None
-        if kind is not MessageIdKind.UNIQ_KEY and len(msg_id) in OFFSET_ID_LENGTHS:
+        misses: list[str] = []
+        if kind is not MessageIdKind.UNIQ_KEY:
             try:
-                offset_id = decode_message_id(msg_id.upper())
+                offset_id = parse_message_id(msg_id)
             except MessageIdError as exc:
-                raise InvalidArgumentError(str(exc)) from None
-            found = await self._by_offset_id(*offset_id, topic)
-            if found is not None:
-                return found, MessageIdKind.OFFSET
-        if kind is not MessageIdKind.OFFSET and len(msg_id) in UNIQ_KEY_LENGTHS:
+                if kind is MessageIdKind.OFFSET:
+                    raise InvalidArgumentError(str(exc)) from None
+                misses.append(str(exc))
+            else:
+                found = await self._by_offset_id(offset_id, topic)
+                if isinstance(found, StoredMessage):
+                    return found, MessageIdKind.OFFSET
+                misses.append(f"no message at commitlog offset {offset_id.commitlog_offset} of store host "
+                              f"{offset_id.store_host} (offset msg id {offset_id}): {found}")
+        if kind is not MessageIdKind.OFFSET:
             by_key = await self._by_uniq_key(msg_id, topic)
             if by_key is not None:
                 return by_key, MessageIdKind.UNIQ_KEY
-        raise NotFoundError(self._absent(msg_id, topic, kind, offset_id))
+            misses.append(f"no message has UNIQ_KEY {msg_id} " + (f"in topic {topic!r}" if topic else "in any topic"))
+        raise NotFoundError("; ".join(misses))
 
-    def _absent(self, msg_id: str, topic: str, kind: MessageIdKind, offset_id: tuple[str, int] | None) -> str:
-        where = f"in topic {topic!r}" if topic else "in any topic"
-        ours = self._store.store_host
-        parts = []
-        if offset_id is not None:
-            host, offset = offset_id
-            if host != ours:
-                parts.append(f"it is an offset message id of store host {host} (commitlog offset {offset}), not of "
-                             f"this store ({ours}): ask the shard at {host}")
-            else:
-                parts.append(f"no message starts at commitlog offset {offset} of this store ({ours})"
-                             + (f" {where}" if topic else ""))
-        if kind is not MessageIdKind.OFFSET and len(msg_id) in UNIQ_KEY_LENGTHS:
-            parts.append(f"no message has UNIQ_KEY {msg_id} {where}")
-        return f"message {msg_id}: " + "; ".join(parts)
-
-    async def _by_offset_id(self, host: str, offset: int, topic: str) -> StoredMessage | None:
-        if not self._store.store_host:
-            await self._store.info()
-        if host != self._store.store_host:
-            return None
+    async def _by_offset_id(self, offset_id: OffsetMessageId, topic: str) -> StoredMessage | str:
+        """The record at the id's offset if it carries the id's store host (the host that wrote it, which
+        need not be this store's host now: see message_id.py); else why not."""
+        offset = offset_id.commitlog_offset
         data = await self._read_record(offset)
-        if data is None:
-            return None
+        if isinstance(data, str):
+            return data
         try:
             message = stored_message(data, offset)
         except DataLossError:
-            return None  # not a record start: the id was made up, or names a record since truncated
+            return "no record starts there"  # the id was made up, or names a record since truncated
+        if message.msg_id != str(offset_id):
+            return f"the record there was stored by {message.store_host}"
         if topic and message.topic != topic:
-            return None
+            return f"the record there is of topic {message.topic!r}, not {topic!r}"
         return message
 
-    async def _read_record(self, offset: int) -> bytes | None:
-        """The whole record at ``offset`` in one Read (two if it is longer than the guess)."""
+    async def _read_record(self, offset: int) -> bytes | str:
+        """The whole record at ``offset`` in one Read (two if it is longer than the guess), or why there
+        is none."""
         info = await self._store.covering(offset)
         if not info.min_offset <= offset < info.max_offset:
-            return None
+            return (f"it is outside the commitlog of this store ({self._store.store_host} now), which holds offsets "
+                    f"[{info.min_offset}, {info.max_offset})")
         limit = _read_limit(offset, info)
         try:
             data = await self._commitlog.read(offset, min(GUESSED_RECORD_BYTES, limit))
             size = record_size_at(data)
             if size is None or size > limit:
-                return None
+                return "no record starts there"
             if size > len(data):
                 data = await self._commitlog.read(offset, size)
         except OutOfRangeError:
-            return None
+            return "the commitlog no longer holds that offset"
         return data[:size]
 
     async def _by_uniq_key(self, uniq_key: str, topic: str) -> StoredMessage | None:

@@ -16,7 +16,6 @@ from mqstore.v1 import query_pb2, query_pb2_grpc
 from services.query import metrics
 from services.query.consumer_offsets import ConsumerOffsetTable
 from services.query.convert import (
-    message_id_kind_from_proto,
     pull_query_from_proto,
     pull_result_to_proto,
     query_response,
@@ -28,6 +27,7 @@ from services.query.names import check_group, check_offset, check_queue
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
 from services.store.errors import NotFoundError, StoreError, UnavailableError
+from services.store.message_id import message_id_kind
 
 SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
 # A long poll answers this much before the call's deadline, so the answer arrives in time.
@@ -82,7 +82,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
         try:
             self._check_running()
             message, found_by = await self._lookup.view(request.msg_id, request.topic,
-                                                        message_id_kind_from_proto(request.kind))
+                                                        message_id_kind(request.kind))
         except StoreError as exc:
             await _abort(context, "ViewMessage", exc)
         metrics.VIEW_LOOKUPS.inc()

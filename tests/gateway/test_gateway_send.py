@@ -9,8 +9,8 @@ import grpc
 import pytest
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
-from gateway.uniq_key import decode_uniq_key
 from services.store.java_hash import java_string_hash
+from services.store.uniq_key import decode_uniq_key
 from tests.gateway.system_process import UpProcess
 
 PUT_OK = commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK
@@ -46,9 +46,9 @@ def test_every_message_gets_a_uniq_key_in_the_client_layout(up: UpProcess) -> No
     results = [send(up, "uniq") for _ in range(5)]
     ids = [r.msg_id for r in results]
     assert len(set(ids)) == 5 and all(len(i) == 32 and i == i.upper() for i in ids)
-    ip, _pid, counter = decode_uniq_key(ids[0])
-    assert ip == "127.0.0.1"
-    assert [decode_uniq_key(i)[2] for i in ids] == [counter + k for k in range(5)]
+    first = decode_uniq_key(ids[0])
+    assert first.ip == "127.0.0.1"
+    assert [decode_uniq_key(i).counter for i in ids] == [first.counter + k for k in range(5)]
     # The message is stored with it: found by the id its producer got back.
     found = up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=ids[2]), timeout=10).message
     assert found.uniq_key == ids[2] and found.msg_id == results[2].offset_msg_id

@@ -22,9 +22,10 @@ from gateway.resilience import BackendError, RetryPolicy, backend_error
 from gateway.route import TopicRoute
 from gateway.send_batcher import SendBatcher
 from gateway.settings import ShardSettings, load_gateway_settings
-from gateway.uniq_key import UniqKeyGenerator, decode_uniq_key
+from gateway.uniq_key import UniqKeyGenerator
 from services.store.config import ConfigError
 from services.store.java_hash import java_string_hash
+from services.store.uniq_key import decode_uniq_key
 
 
 class FakeShard:
@@ -104,8 +105,8 @@ def test_uniq_keys_are_unique_ordered_and_decodable() -> None:
     keys = [generator.next() for _ in range(70_000)]
     assert len(set(keys)) == len(keys)
     assert all(len(k) == 32 and k == k.upper() for k in keys[:100])
-    ip, pid, counter = decode_uniq_key(keys[5])
-    assert (ip, pid, counter) == ("10.1.2.3", 0x2345, 5)
+    decoded = decode_uniq_key(keys[5])
+    assert (decoded.ip, decoded.pid, decoded.counter) == ("10.1.2.3", 0x2345, 5)
     assert keys[0][:20] == keys[-1][:20]  # ip + pid + the per-process random part stay
 
 

@@ -91,6 +91,63 @@ def test_well_formed_but_absent_ids_are_not_found(system: System, appended: list
         assert msg_id.upper() in str(error.details()) or msg_id in str(error.details())
 
 
+def test_not_found_says_what_was_looked_up(system: System, appended: list[Any]) -> None:
+    offset = 10**12
+    msg_id = make_message_id("127.0.0.1:10911", offset)
+    details = str(rpc_error(view, system, msg_id).details())
+    assert f"no message at commitlog offset {offset} of store host 127.0.0.1:10911 (offset msg id {msg_id})" in details
+    assert f"no message has UNIQ_KEY {msg_id} in any topic" in details
+    only_offset = str(rpc_error(view, system, msg_id, kind=Kind.MESSAGE_ID_KIND_OFFSET).details())
+    assert "commitlog offset" in only_offset and "UNIQ_KEY" not in only_offset
+    only_key = str(rpc_error(view, system, msg_id, kind=Kind.MESSAGE_ID_KIND_UNIQ_KEY).details())
+    assert only_key == f"no message has UNIQ_KEY {msg_id} in any topic"
+    # Inside a record: the store answers for the offset, whatever host the id names.
+    inside = make_message_id("10.9.8.7:10911", appended[0].commitlog_offset + 4)
+    assert "no record starts there" in str(rpc_error(view, system, inside).details())
+
+
+# What a RocketMQ 4.9.8 client on an IPv6 address (2001:db8::5) makes: ip 16 + pid 2 + class-loader
+# hash 4 + ms in the month 4 + counter 2 = 28 bytes, 56 hex digits.
+UNIQ_V6 = "20010DB8000000000000000000000005" + "1F40" + "12345678" + "000003E8" + "0007"
+
+
+def test_a_uniq_key_of_an_ipv6_producer_is_found(system: System) -> None:
+    sent = message("ViewV6", 0, b"from v6", UNIQ_KEY=UNIQ_V6)
+    sent.born_host = "[2001:db8::5]:40000"
+    [result] = system.append([sent])
+    for fields in ({}, {"topic": "ViewV6"}, {"kind": Kind.MESSAGE_ID_KIND_UNIQ_KEY}):
+        response = view(system, UNIQ_V6, **fields)
+        assert response.found_by == Kind.MESSAGE_ID_KIND_UNIQ_KEY, fields
+        found = response.message
+        assert (found.body, found.uniq_key, found.msg_id, found.born_host) == \
+            (b"from v6", UNIQ_V6, result.msg_id, "[2001:db8::5]:40000")
+    # Its pid and hash read as a port are above 65535: it cannot be an offset msg id.
+    error = rpc_error(view, system, UNIQ_V6, kind=Kind.MESSAGE_ID_KIND_OFFSET)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "port" in str(error.details())
+
+
+def test_an_id_of_either_kind_is_an_offset_id_only_if_its_record_spells_it(system: System,
+                                                                            appended: list[Any]) -> None:
+    """32 and 56 digits are both lengths of both kinds: nothing is guessed from the length."""
+    second = appended[1]
+    # UNIQ_KEYs that decode to plausible offset ids of this store, none of which a record spells.
+    inside_a_record = make_message_id("127.0.0.1:10911", second.commitlog_offset + 4)
+    another_v4_host = make_message_id("127.0.0.2:10911", second.commitlog_offset)
+    an_ipv6_host = make_message_id("[::1]:10911", second.commitlog_offset)  # 56 digits
+    keys = [inside_a_record, another_v4_host, an_ipv6_host]
+    system.append([message("ViewTwin", 0, f"key {i}".encode(), UNIQ_KEY=key) for i, key in enumerate(keys)])
+    for i, key in enumerate(keys):
+        response = view(system, key)
+        assert (response.found_by, response.message.body) == (Kind.MESSAGE_ID_KIND_UNIQ_KEY, f"key {i}".encode())
+    # A UNIQ_KEY that is also a real offset id: the record at the offset first; the kind or a topic decide.
+    system.append([message("ViewTwin", 0, b"twin", UNIQ_KEY=second.msg_id)])
+    by_offset = view(system, second.msg_id)
+    assert (by_offset.found_by, by_offset.message.body) == (Kind.MESSAGE_ID_KIND_OFFSET, b"second")
+    for fields in ({"kind": Kind.MESSAGE_ID_KIND_UNIQ_KEY}, {"topic": "ViewTwin"}):
+        by_key = view(system, second.msg_id, **fields)
+        assert (by_key.found_by, by_key.message.body) == (Kind.MESSAGE_ID_KIND_UNIQ_KEY, b"twin"), fields
+
+
 @pytest.mark.parametrize(("msg_id", "kind"), [
     ("", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
     ("xyz", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
@@ -98,8 +155,10 @@ def test_well_formed_but_absent_ids_are_not_found(system: System, appended: list
     ("7F00000100002A9F00000000000000000", Kind.MESSAGE_ID_KIND_UNSPECIFIED),  # 33 digits
     ("7F00000100002A9F000000000000000G", Kind.MESSAGE_ID_KIND_UNSPECIFIED),
     ("７F00000100002A9F000000000000000", Kind.MESSAGE_ID_KIND_UNSPECIFIED),  # a full-width digit
-    ("0A00000100002A9F1B6D3586000000010A00000100002A9F1B6D", Kind.MESSAGE_ID_KIND_OFFSET),  # 52: no offset id
-    ("7F00000100002A9F0000000000000000" + "0" * 24, Kind.MESSAGE_ID_KIND_UNIQ_KEY),  # 56: no UNIQ_KEY
+    ("0A00000100002A9F1B6D3586000000010A00000100002A9F1B6D", Kind.MESSAGE_ID_KIND_OFFSET),  # 52: no id at all
+    ("0A00000100002A9F1B6D3586000000010A00000100002A9F1B6D", Kind.MESSAGE_ID_KIND_UNIQ_KEY),
+    ("7F000001" + "0001869F" + "0000000000000000", Kind.MESSAGE_ID_KIND_OFFSET),  # port 99999
+    ("7F00000100002A9F" + "8000000000000000", Kind.MESSAGE_ID_KIND_OFFSET),  # a negative offset
     (UNIQ, 7),
 ])
 def test_malformed_ids_are_invalid(system: System, msg_id: str, kind: int) -> None:
