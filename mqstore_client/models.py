@@ -94,7 +94,7 @@ class SendReceipt:
 
     #: The UNIQ_KEY: the id to find the message by (``Client.get_message``).
     msg_id: str
-    #: Store host + commitlog offset (32 hex digits): the cheapest id to look up.
+    #: Store host + commitlog offset (32 hex digits, 56 for an IPv6 store host): the cheapest id to look up.
     offset_msg_id: str
     topic: str
     queue_id: int
