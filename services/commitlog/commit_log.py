@@ -67,10 +67,22 @@ _PENDING = StoreError("placeholder for a message not yet appended")
 
 @dataclass(slots=True, frozen=True)
 class TailChunk:
+    """Whole records from ``start_offset``; the next chunk starts at ``next_offset``.
+
+    Three kinds: records (``record_count`` > 0; ``next_offset`` is their end, or the next file's start
+    when they reach a BLANK); a BLANK skip (no records, ``next_offset`` is the next file's start:
+    ``start_offset`` is a BLANK end of file, or a file BLANK from its first byte); the end of the log
+    (no records, ``next_offset == start_offset``)."""
+
     start_offset: int
     data: bytes
     next_offset: int
     record_count: int
+
+    @property
+    def skips_blank(self) -> bool:
+        """The chunk ends at a BLANK: ``next_offset`` jumps over the rest of a file to the next one."""
+        return self.next_offset != self.start_offset + len(self.data)
 
 
 @dataclass(slots=True, frozen=True)
@@ -416,8 +428,10 @@ class CommitLog:
             raise OutOfRangeError(f"[{start}, {end}) goes past the max offset {max_offset}")
 
     def tail_chunk(self, offset: int, max_bytes: int) -> TailChunk:
-        """Whole records from ``offset`` (a record boundary), up to ``max_bytes`` (at least one record).
-        An empty chunk means the caller is at the end of the log."""
+        """Whole records from ``offset`` (a record boundary), up to ``max_bytes`` (at least one record),
+        within one file. A BLANK ends the chunk and ``next_offset`` is then the next file's start, also
+        when the BLANK is at ``offset`` (no records: the caller is told of the skip, never silently moved
+        on). A chunk with no records and ``next_offset == offset`` means the end of the log."""
         self._check_tail_start(offset)
         mapped = self.mfq.find_by_offset(offset)
         if mapped is None:  # offset == max offset on a file boundary, or an empty log

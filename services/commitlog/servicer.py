@@ -378,15 +378,18 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
                     chunk = engine.tail_chunk(offset, max_bytes)
             except StoreError as exc:
                 await _abort(context, "Tail", status_code_of(exc), str(exc))
-            if chunk.record_count:
-                metrics.TAIL_DATA_CHUNKS.inc()
-                metrics.READ_BYTES_TAIL.inc(len(chunk.data))
+            if chunk.record_count or chunk.skips_blank:
+                # Records, or a BLANK skipped to the next file's start with none: either way the
+                # client is told where the next chunk starts, so its offset never jumps unannounced.
+                if chunk.record_count:
+                    metrics.TAIL_DATA_CHUNKS.inc()
+                    metrics.READ_BYTES_TAIL.inc(len(chunk.data))
+                else:
+                    metrics.TAIL_CHUNKS.labels(kind="blank_skip").inc()
                 await context.write(commitlog_pb2.TailChunk(
                     start_offset=chunk.start_offset, data=chunk.data, next_offset=chunk.next_offset,
                     max_offset=engine.max_offset, record_count=chunk.record_count,
                     incarnation=engine.incarnation))
-                offset = chunk.next_offset
-            elif chunk.next_offset != offset:  # a BLANK end of file: continue in the next file
                 offset = chunk.next_offset
             elif not await self._wait_for_data(offset, poll_wait_s) and not self.stopping:
                 metrics.TAIL_HEARTBEATS.inc()

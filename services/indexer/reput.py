@@ -9,6 +9,7 @@ that no longer exist before it resumes.
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -18,14 +19,19 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from services.indexer.indexer_store import IndexerStore, ReputState
+from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.server.channels import sync_channel
-from services.store.record import RecordError, parse_dispatch_requests
+from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError, parse_dispatch_requests
 
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
              grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+#: Resyncs in a row at one reput offset, with no chunk accepted between them, after which each one is
+#: logged as a WARNING: dispatch is stalled there, not resynchronising once after a restart.
+STALL_RESYNCS = 3
+_SIZE_MAGIC = struct.Struct(">iI")
 
 
 @dataclass(slots=True)
@@ -42,6 +48,32 @@ class Resync(Exception):
     """The reput offset no longer fits the commitlog: reconcile, then reconnect."""
 
 
+class ResyncWatch:
+    """Makes a stall visible: one resync is routine (the commitlog restarted, files were deleted), but
+    resyncs that repeat at the same reput offset with no chunk accepted in between mean dispatch
+    cannot move past it; from the ``STALL_RESYNCS``-th on they are WARNINGs naming the offsets."""
+
+    def __init__(self, stall_after: int = STALL_RESYNCS) -> None:
+        self._stall_after = stall_after
+        self._offset = -1
+        self.count = 0  # resyncs in a row at ``self._offset``
+
+    def resynced(self, reput_offset: int, why: object) -> None:
+        if reput_offset == self._offset:
+            self.count += 1
+        else:
+            self._offset, self.count = reput_offset, 1
+        if self.count >= self._stall_after:
+            log.warning("reput stalled at reput offset %d: resynchronised %d times in a row there, no chunk "
+                        "accepted in between (%s)", reput_offset, self.count, why)
+        else:
+            log.info("reput resynchronised at reput offset %d: %s", reput_offset, why)
+
+    def progressed(self) -> None:
+        """A chunk was accepted: the stream works at this offset."""
+        self.count = 0
+
+
 class ReputService:
     def __init__(self, store: IndexerStore, commitlog_address: str, chunk_bytes: int = 4 * MIB,
                  poll_wait_ms: int = 500, max_backoff_s: float = 2.0) -> None:
@@ -54,6 +86,7 @@ class ReputService:
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self._call: grpc.Call | None = None
         self.lag = DispatchLag()
+        self.resyncs = ResyncWatch()
 
     def start(self) -> None:
         self._thread.start()
@@ -108,7 +141,7 @@ class ReputService:
         self.lag.connected = False
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, Resync):
-            log.info("reput resynchronised: %s", exc)
+            self.resyncs.resynced(self._store.reput_offset, exc)
         else:
             log.warning("commitlog service at %s unavailable (%s); retrying", self._address,
                         exc.code().name if isinstance(exc, grpc.RpcError) else exc)
@@ -123,7 +156,7 @@ class ReputService:
             self.lag.commitlog_incarnation = info.incarnation
             self.lag.commitlog_max_offset = info.max_offset
             try:
-                self._tail(stub)
+                self._tail(stub, info.mapped_file_size)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                     raise Resync(exc.details()) from None
@@ -154,7 +187,10 @@ class ReputService:
         self._store.truncate(min_offset)
         self._store.skip_to(min_offset)
 
-    def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub) -> None:
+    def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int) -> None:
+        """Dispatch the chunks of one Tail stream. Each chunk is checked against the reput offset
+        first (``tail_protocol``): a chunk that skips a BLANK to the next file's start is taken only
+        once the BLANK is read back from the commitlog, so no skip can hide lost records."""
         store = self._store
         request = commitlog_pb2.TailRequest(from_offset=store.reput_offset, max_chunk_bytes=self._chunk_bytes,
                                             poll_wait_ms=self._poll_wait_ms)
@@ -165,16 +201,38 @@ class ReputService:
                 if self._stopped.is_set():
                     return
                 self.lag.commitlog_max_offset = chunk.max_offset
-                if chunk.start_offset != store.reput_offset:
-                    raise Resync(f"chunk starts at {chunk.start_offset}, reput offset is {store.reput_offset}")
+                try:
+                    step = check_chunk(chunk.start_offset, len(chunk.data), chunk.record_count, chunk.next_offset,
+                                       store.reput_offset, file_size)
+                except ChunkMismatch as exc:
+                    raise Resync(str(exc)) from None
+                if step.blank_offset >= 0:
+                    self._check_blank(stub, step)
                 if chunk.record_count:
                     try:
                         requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
                     except RecordError as exc:
-                        raise Resync(f"unparsable chunk: {exc}") from None
-                    store.dispatch(requests, chunk.next_offset)
-                elif chunk.next_offset != store.reput_offset:
-                    store.skip_to(chunk.next_offset)
+                        raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
+                    store.dispatch(requests, step.next_offset)
+                elif step.next_offset != store.reput_offset:
+                    store.skip_to(step.next_offset)
+                self.resyncs.progressed()
         finally:
             self._call = None
             call.cancel()
+
+    def _check_blank(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, step: ChunkStep) -> None:
+        """Read the BLANK a chunk skips: its magic must be there and its size must reach the next file."""
+        try:
+            head = stub.Read(commitlog_pb2.ReadRequest(offset=step.blank_offset, size=END_FILE_MIN_BLANK_LENGTH),
+                             timeout=5).data
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                raise
+            raise Resync(f"the BLANK at {step.blank_offset} cannot be read: {exc.details()}") from None
+        size, magic = _SIZE_MAGIC.unpack(head) if len(head) == _SIZE_MAGIC.size else (0, 0)
+        if magic != BLANK_MAGIC_CODE or step.blank_offset + size != step.next_offset:
+            raise Resync(f"a chunk skips from {step.blank_offset} to {step.next_offset}, but no BLANK reaching "
+                         f"that file end is at {step.blank_offset} (size {size}, magic {magic:#010x})")
+        log.info("crossed the BLANK end of file at %d: dispatch continues at %d", step.blank_offset,
+                 step.next_offset)
