@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.commitlog.disk_guard import DiskGuard
 from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
 from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
@@ -28,9 +29,11 @@ from services.commitlog.queue_offsets import (
 )
 from services.commitlog.recovery import recover_abnormally, recover_normally
 from services.commitlog.topic_config import PERM_WRITE, TopicConfig, TopicConfigManager, check_topic_name
+from services.commitlog.topic_discovery import discover_queue_nums
 from services.server import tracing
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
+from services.store.disk_space import is_disk_full
 from services.store.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -41,7 +44,7 @@ from services.store.errors import (
 )
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
-from services.store.message import Message, parse_delay_levels
+from services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
 from services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -110,9 +113,13 @@ class CommitLog:
         self._abort = AbortFile(self.root)
         self.pool = TransientStorePool(config.transient_store_pool_size, config.mapped_file_size_commit_log) \
             if self.pool_enabled else None
+        self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
+                              config.mapped_file_size_commit_log)
         self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
-                                   prefault=config.prefault_mapped_file and not self.pool_enabled)
-        self.topics = TopicConfigManager(self.root / "config" / "topics.json")
+                                   prefault=config.prefault_mapped_file and not self.pool_enabled,
+                                   space_check=self.disk.check_new_file)
+        self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
+                                         len(self._delay_levels_ms))
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
                                       config.mapped_file_size_commit_log, len(self._delay_levels_ms))
@@ -124,7 +131,6 @@ class CommitLog:
         self._new_data = threading.Condition()
         self._tail_waiters = 0
         self._running = False
-        self.disk_full = False
         self.incarnation = ""
         self._checkpoint: StoreCheckpoint | None = None
         self._services: list[ServiceThread] = []
@@ -149,6 +155,7 @@ class CommitLog:
         self.last_exit_ok = not self._abort.exists()
         self._checkpoint = StoreCheckpoint(self.root / "checkpoint")
         self.mfq.load()
+        self.disk.refresh()
         cfg = self.config
         if self.last_exit_ok:
             end = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms)
@@ -161,6 +168,7 @@ class CommitLog:
         self.recovered_offset = end
         self.topics.load()
         self._restore_queue_table(end)
+        self._discover_topics()
         self._abort.create()
         self.incarnation = uuid.uuid4().hex
         self._start_services()
@@ -182,6 +190,14 @@ class CommitLog:
         log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
         self.queue_table = table
         self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
+
+    def _discover_topics(self) -> None:
+        """Topics the store's data holds but topics.json lacks (a RocketMQ store, a lost file) join the
+        table, so reads of them route without a CreateTopic (``topic_discovery.py``)."""
+        found = discover_queue_nums(self.root, self.queue_table)
+        for config in self.topics.merge_discovered(found):
+            log.info("topic %s found in the store's data: %d queues", config.topic, config.write_queue_nums,
+                     extra={"topic": config.topic})
 
     def _start_services(self) -> None:
         cfg = self.config
@@ -233,7 +249,12 @@ class CommitLog:
 
     @property
     def writable(self) -> bool:
-        return self._running and not self.disk_full
+        return self._running and not self.disk.full
+
+    @property
+    def disk_full(self) -> bool:
+        """Writes are refused because the disk is too full (``disk_guard.py``)."""
+        return self.disk.full
 
     # -- put ---------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
@@ -245,8 +266,10 @@ class CommitLog:
         if not messages:
             return []
         now = int(time.time() * 1000)
-        encoded = [self._encode(msg, now, i if len(messages) > 1 else None) for i, msg in enumerate(messages)]
-        return self._put_encoded(encoded)
+        new_topics: set[str] = set()
+        encoded = [self._encode(msg, now, i if len(messages) > 1 else None, new_topics)
+                   for i, msg in enumerate(messages)]
+        return self._put_encoded(encoded, new_topics)
 
     def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult | StoreError]:
         """Append the valid ones of ``messages`` (from independent producers) under one hold of the put
@@ -254,26 +277,28 @@ class CommitLog:
         now = int(time.time() * 1000)
         outcomes: list[PutMessageResult | StoreError] = []
         valid: list[EncodedMessage] = []
+        new_topics: set[str] = set()
         for msg in messages:
             try:
-                valid.append(self._encode(msg, now, None))
+                valid.append(self._encode(msg, now, None, new_topics))
                 outcomes.append(_PENDING)
             except StoreError as exc:
                 outcomes.append(exc)
         if valid:
-            results = iter(self._put_encoded(valid))
+            results = iter(self._put_encoded(valid, new_topics))
             outcomes = [next(results) if o is _PENDING else o for o in outcomes]
         return outcomes
 
-    def _put_encoded(self, encoded: list[EncodedMessage]) -> list[PutMessageResult]:
-        topics = self.topics
-        for topic in {e.topic for e in encoded}:
-            if topics.get(topic) is None:
-                topics.get_or_create(topic, self.config.default_topic_queue_nums)
+    def _put_encoded(self, encoded: list[EncodedMessage], new_topics: set[str]) -> list[PutMessageResult]:
+        """``new_topics``: topics of these (valid) messages that did not exist when they were checked."""
+        self.disk.check_writable()  # before anything is written, topics.json included
+        for topic in new_topics:
+            self.topics.get_or_create(topic)
         self._check_busy()
         with self._put_lock:
-            if not self.writable:
-                raise UnavailableError("the commitlog is not writable (stopping, or the disk is full)")
+            if not self._running:
+                raise UnavailableError("the commitlog is not writable (stopping)")
+            self.disk.check_writable()
             self._begin_time_in_lock = time.monotonic()
             try:
                 results = self._append_locked(encoded)
@@ -298,22 +323,32 @@ class CommitLog:
                     f"(> osPageCacheBusyTimeOutMills {self._busy_timeout_s * 1000:.0f}); nothing was written, "
                     "retry later")
 
-    def _encode(self, msg: Message, now: int, index: int | None) -> EncodedMessage:
+    def _encode(self, msg: Message, now: int, index: int | None, new_topics: set[str]) -> EncodedMessage:
+        """Encode and check one message; adds the topics it would create to ``new_topics`` once it
+        is known to be valid. A DELAY message is checked against its real topic and queue (as the
+        broker checks a send before the store rewrites it) and against its SCHEDULE_TOPIC_XXXX queue."""
         encoded = self.encoder.encode(msg, now, index)
-        self._check_queue(encoded.topic, encoded.queue_id, index)
+        missing = self._check_queue(encoded.topic, encoded.queue_id, index)
+        if encoded.topic is not msg.topic and self._check_queue(msg.topic, msg.queue_id, index):
+            new_topics.add(msg.topic)
+        if missing:
+            new_topics.add(encoded.topic)
         return encoded
 
-    def _check_queue(self, topic: str, queue_id: int, index: int | None) -> None:
+    def _check_queue(self, topic: str, queue_id: int, index: int | None) -> bool:
+        """Refuse a queue the message may not go to; True if the topic does not exist yet."""
         config = self.topics.get(topic)
+        missing = config is None
         if config is None:
             try:
                 check_topic_name(topic)
             except InvalidArgumentError as exc:
                 raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, str(exc), index) from None
-            if not self.config.auto_create_topic_enable:
+            # SCHEDULE_TOPIC_XXXX is the store's own: it exists whenever a DELAY message needs it.
+            if not self.config.auto_create_topic_enable and topic != SCHEDULE_TOPIC:
                 raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
             # Checked against the topic it would get; created only once the whole put is valid.
-            config = TopicConfig(topic, self.config.default_topic_queue_nums, self.config.default_topic_queue_nums)
+            config = self.topics.auto_config(topic)
         if not config.perm & PERM_WRITE:
             raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
                                   f"topic {topic!r} is not writable (perm {config.perm})", index)
@@ -321,6 +356,7 @@ class CommitLog:
             raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL,
                                   f"queue id {queue_id} is out of range for topic {topic!r}: it has "
                                   f"{config.write_queue_nums} write queues (0..{config.write_queue_nums - 1})", index)
+        return missing
 
     def _append_locked(self, encoded: Sequence[EncodedMessage]) -> list[PutMessageResult]:
         store_timestamp = int(time.time() * 1000)
@@ -332,6 +368,9 @@ class CommitLog:
         pack_offsets, pack_i64 = _OFFSETS.pack_into, _I64.pack_into
         mapped = self.mfq.last_file_for_append()
         file_pos = mapped.wrote_position
+        if len(batch) + END_FILE_MIN_BLANK_LENGTH > mapped.file_size - file_pos:
+            # The batch rolls: every file it rolls into must exist before its first byte is written.
+            self.mfq.prepare_next_files(_files_needed(encoded, mapped.file_size - file_pos, mapped.file_size))
         segment_start = batch_pos = 0
         try:
             for e in encoded:
@@ -530,9 +569,22 @@ class CommitLog:
             self._queue_offset_store.save(snapshot)
 
 
+def _files_needed(encoded: Sequence[EncodedMessage], room: int, file_size: int) -> int:
+    """How many new files appending ``encoded`` rolls into, with ``room`` bytes left in the current
+    file (the roll rule of ``_append_locked``: a record plus a BLANK's 8 bytes must fit)."""
+    files = 0
+    for e in encoded:
+        if e.size + END_FILE_MIN_BLANK_LENGTH > room:
+            files += 1
+            room = file_size
+        room -= e.size
+    return files
+
+
 class StoreStateService(ServiceThread):
-    """Every second: checkpoint the store time the flushed log covers, check the disk.
-    Every ``flushCommitLogThoroughInterval``: persist the queue offset snapshot."""
+    """Every second: checkpoint the store time the flushed log covers, refresh the disk-full state.
+    Every ``flushCommitLogThoroughInterval``: persist the queue offset snapshot. Every
+    ``cleanResourceInterval``: delete expired files."""
 
     name = "store-state"
 
@@ -554,23 +606,19 @@ class StoreStateService(ServiceThread):
         if stamp and stamp != self._checkpoint.physic_msg_timestamp:
             self._checkpoint.physic_msg_timestamp = stamp
             self._checkpoint.flush()
+        usage = self._log.disk.refresh()
         if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
             self._last_snapshot = time.monotonic()
-            self._log.flush_and_snapshot()
-        if time.monotonic() - self._last_clean >= self._clean_interval_s:
+            self._snapshot()
+        if time.monotonic() - self._last_clean >= self._clean_interval_s and usage is not None:
             self._last_clean = time.monotonic()
-            self._log.clean_expired_files(self._check_disk())
+            self._log.clean_expired_files(usage.ratio)
 
-    def _check_disk(self) -> float:
-        """Refuse writes above diskSpaceWarningLevelRatio; returns the used ratio."""
-        usage = shutil.disk_usage(self._log.root)
-        ratio = usage.used / usage.total if usage.total else 0.0
-        full = ratio > self._log.config.disk_space_warning_level_ratio
-        if full != self._log.disk_full:
-            if full:
-                log.error("disk of %s is %.0f%% used (> diskSpaceWarningLevelRatio): refusing writes",
-                          self._log.root, ratio * 100)
-            else:
-                log.warning("disk usage back to %.0f%%: accepting writes again", ratio * 100)
-            self._log.disk_full = full
-        return ratio
+    def _snapshot(self) -> None:
+        try:
+            self._log.flush_and_snapshot()
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            # The previous snapshot stays valid (start-up replays from it); the next round tries again.
+            log.warning("queue offset snapshot not saved, the disk is full: %s", exc)

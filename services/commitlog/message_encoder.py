@@ -133,17 +133,28 @@ class MessageEncoder:
     def _schedule(self, topic: str, queue_id: int, properties: dict[str, str], sys_flag: int,
                   index: int | None) -> tuple[str, int, dict[str, str]]:
         """A DELAY level > 0 parks the message in SCHEDULE_TOPIC_XXXX, queue level - 1, remembering
-        where it goes (RocketMQ's CommitLog.putMessage does this for non-transactional and commit messages)."""
+        where it goes (RocketMQ's CommitLog.putMessage does this for non-transactional and commit messages).
+
+        A level above the highest of ``messageDelayLevel`` is lowered to it and stored so, as RocketMQ
+        4.9.8 does (``msg.setDelayTimeLevel(maxDelayLevel)``): its clients send such levels and expect
+        the longest delay, not an error."""
         if transaction_type(sys_flag) not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
             return topic, queue_id, properties
         delay = properties[PROPERTY_DELAY_TIME_LEVEL]
+        levels = self.max_delay_level
         try:
             level = java_parse_int(delay)
         except ValueError:
-            raise _illegal(f"{PROPERTY_DELAY_TIME_LEVEL} property {delay!r} is not an integer", index) from None
+            raise _illegal(f"{PROPERTY_DELAY_TIME_LEVEL} property {delay!r} is not an integer: give a delay level "
+                           f"1..{levels} (messageDelayLevel), or 0 for none", index) from None
         if level <= 0:
             return topic, queue_id, properties
-        level = min(level, self.max_delay_level)
+        if levels <= 0:
+            raise _illegal(f"{PROPERTY_DELAY_TIME_LEVEL} level {level} cannot be served: messageDelayLevel defines "
+                           "no delay levels on this store; send without DELAY", index)
+        if level > levels:
+            level = levels
+            properties = {**properties, PROPERTY_DELAY_TIME_LEVEL: str(level)}
         properties = {**properties, PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: str(queue_id)}
         return SCHEDULE_TOPIC, level - 1, properties
 

@@ -1,14 +1,24 @@
-"""Topic configuration: topic -> read/write queue counts and permission, kept in config/topics.json."""
+"""Topic configuration: topic -> read/write queue counts and permission, kept in config/topics.json.
+
+Topics come into the table four ways: CreateTopic, a first message (auto-creation, with
+``defaultTopicQueueNums`` queues), the DELAY rewrite (``SCHEDULE_TOPIC_XXXX``, one queue per delay
+level, as RocketMQ's broker creates it), and discovery at start (topics the store's data already
+holds, see ``topic_discovery.py``).
+"""
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from services.store.message import SCHEDULE_TOPIC
 from services.store.record import MAX_TOPIC_LENGTH_V1
 from services.store.store_root import write_atomically
 
@@ -48,8 +58,12 @@ def check_topic_config(config: TopicConfig) -> None:
 
 
 class TopicConfigManager:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, default_queue_nums: int = 8, schedule_queue_nums: int = 18) -> None:
+        """``schedule_queue_nums``: how many delay levels ``messageDelayLevel`` has (level n parks in
+        queue n - 1 of SCHEDULE_TOPIC_XXXX)."""
         self.path = path
+        self.default_queue_nums = default_queue_nums
+        self.schedule_queue_nums = max(schedule_queue_nums, 1)
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
 
@@ -66,8 +80,14 @@ class TopicConfigManager:
     def list(self) -> list[TopicConfig]:
         return sorted(self._topics.values(), key=lambda c: c.topic)
 
+    def auto_config(self, topic: str) -> TopicConfig:
+        """The config a topic gets when its first message creates it."""
+        nums = self.schedule_queue_nums if topic == SCHEDULE_TOPIC else self.default_queue_nums
+        return TopicConfig(topic, nums, nums)
+
     def create(self, config: TopicConfig) -> TopicConfig:
         check_topic_config(config)
+        self._check_schedule_topic(config)
         with self._lock:
             if config.topic in self._topics:
                 raise AlreadyExistsError(f"topic {config.topic!r} exists: use UpdateTopic to change it")
@@ -76,26 +96,68 @@ class TopicConfigManager:
 
     def update(self, config: TopicConfig) -> TopicConfig:
         check_topic_config(config)
+        self._check_schedule_topic(config)
         with self._lock:
             if config.topic not in self._topics:
                 raise NotFoundError(f"topic {config.topic!r} does not exist: create it first")
             self._put(config)
         return config
 
-    def get_or_create(self, topic: str, queue_nums: int) -> TopicConfig:
+    def get_or_create(self, topic: str) -> TopicConfig:
         found = self._topics.get(topic)
         if found is not None:
             return found
         with self._lock:
             found = self._topics.get(topic)
             if found is None:
-                found = TopicConfig(topic, queue_nums, queue_nums)
+                found = self.auto_config(topic)
                 self._put(found)
             return found
 
+    def merge_discovered(self, queue_nums: Mapping[str, int]) -> builtins.list[TopicConfig]:
+        """At start: add the topics the store's data holds but the table lacks (``queue_nums``: topic ->
+        queue count), and give SCHEDULE_TOPIC_XXXX a queue per delay level if it has fewer (a store
+        written before, or with fewer ``messageDelayLevel`` levels). A configured topic is otherwise
+        kept as it is: its counts may have been lowered on purpose (UpdateTopic), so a queue that
+        still holds data is no reason to undo that. Returns the configs added or changed; the file is
+        written once, only if something changed."""
+        with self._lock:
+            topics = dict(self._topics)
+            changed: builtins.list[TopicConfig] = []
+            for topic, nums in sorted(queue_nums.items()):
+                if topic not in topics:
+                    nums = min(max(nums, 1), MAX_QUEUE_NUMS)
+                    if topic == SCHEDULE_TOPIC:
+                        nums = max(nums, self.schedule_queue_nums)
+                    topics[topic] = TopicConfig(topic, nums, nums)
+                    changed.append(topics[topic])
+            schedule = topics.get(SCHEDULE_TOPIC)
+            levels = self.schedule_queue_nums
+            if schedule is not None and min(schedule.read_queue_nums, schedule.write_queue_nums) < levels:
+                topics[SCHEDULE_TOPIC] = TopicConfig(SCHEDULE_TOPIC, max(schedule.read_queue_nums, levels),
+                                                     max(schedule.write_queue_nums, levels), schedule.perm)
+                changed.append(topics[SCHEDULE_TOPIC])
+            if changed:
+                self._write(topics)
+            return changed
+
+    def _check_schedule_topic(self, config: TopicConfig) -> None:
+        levels = self.schedule_queue_nums
+        if config.topic == SCHEDULE_TOPIC and min(config.read_queue_nums, config.write_queue_nums) < levels:
+            raise InvalidArgumentError(
+                f"{SCHEDULE_TOPIC} needs {levels} read and write queues, one per delay level of messageDelayLevel "
+                f"(levels 1..{levels} park in queues 0..{levels - 1}): give it at least {levels}")
+
     def _put(self, config: TopicConfig) -> None:
-        topics = {**self._topics, config.topic: config}
+        self._write({**self._topics, config.topic: config})
+
+    def _write(self, topics: dict[str, TopicConfig]) -> None:
         body = {"topics": {name: {k: v for k, v in asdict(c).items() if k != "topic"}
                            for name, c in sorted(topics.items())}}
-        write_atomically(self.path, json.dumps(body, indent=2).encode(), keep_backup=True)
+        try:
+            write_atomically(self.path, json.dumps(body, indent=2).encode(), keep_backup=True)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.path.parent, f"writing {self.path.name}", exc) from None
+            raise
         self._topics = topics

@@ -29,3 +29,8 @@ class ResourceExhaustedError(StoreError):
 
 class AlreadyExistsError(StoreError):
     pass
+
+
+class DiskFullError(ResourceExhaustedError):
+    """The store's disk is too full to take a write (RocketMQ's "disk full" refusal). Nothing of the
+    refused write is on disk, so the caller may send again once space is freed."""

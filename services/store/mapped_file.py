@@ -48,17 +48,23 @@ class MappedFile:
         self.file_from_offset = parse_file_name(path)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self._fd = os.open(path, flags, 0o644)
+        allocating = False
         try:
             actual = os.fstat(self._fd).st_size
             if actual == 0 and create:
                 # Reserve the blocks now: writes into a sparse file allocate on every page fault,
                 # which makes appends ~10x slower; it also surfaces a full disk at creation.
+                allocating = True
                 os.posix_fallocate(self._fd, 0, file_size)
             elif actual != file_size:
                 raise ValueError(f"{path} is {actual} bytes, but store files here are {file_size} bytes")
             self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self._fd)
+            if allocating:
+                # A file this call began (empty, or partly allocated when the disk filled up) holds no
+                # data: remove it, so no half-created file is left for the next attempt or a restart.
+                path.unlink(missing_ok=True)
             raise
         self.write_buffer = write_buffer
         self.wrote_position = 0

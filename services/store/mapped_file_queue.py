@@ -2,6 +2,11 @@
 
 The next file is created in the background as soon as the current one is taken into use, so a
 roll-over on the put path rarely waits for file creation.
+
+A file that cannot be created because the disk is full (the owner's ``space_check`` refuses it, or
+the allocation itself fails with ENOSPC) raises :class:`DiskFullError` and leaves no file behind. A
+writer about to roll calls :meth:`MappedFileQueue.prepare_next_files` before it writes anything, so
+a refused roll refuses the whole write, never half of it.
 """
 
 from __future__ import annotations
@@ -9,21 +14,31 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.mapped_file import MappedFile, file_name, parse_file_name
 from services.store.transient_store_pool import TransientStorePool
+
+#: Called before a file is created; raises DiskFullError to refuse it. Its argument says whether a
+#: writer waits for the file (a roll) rather than a background pre-allocation wanting it.
+SpaceCheck = Callable[[bool], None]
 
 log = logging.getLogger(__name__)
 
 
 class MappedFileQueue:
     def __init__(self, store_path: Path, mapped_file_size: int,
-                 pool: TransientStorePool | None = None, preallocate: bool = True, prefault: bool = False) -> None:
+                 pool: TransientStorePool | None = None, preallocate: bool = True, prefault: bool = False,
+                 space_check: SpaceCheck | None = None) -> None:
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
         self.pool = pool
+        self._space_check = space_check
+        # Files created ahead of a roll (prepare_next_files), by start offset; not yet in the log.
+        self._ready: dict[int, MappedFile] = {}
         # Copy-on-write: readers take the current list without a lock.
         self._files: list[MappedFile] = []
         self._files_lock = threading.Lock()
@@ -119,26 +134,56 @@ class MappedFileQueue:
         self._request_next(offset + self.mapped_file_size)
         return mapped
 
-    def _create(self, offset: int) -> MappedFile:
+    def prepare_next_files(self, count: int) -> None:
+        """Make sure the ``count`` files after the last one exist, before a write that rolls into them
+        puts its first byte anywhere: if one cannot be created (DiskFullError, OSError), nothing of
+        the write is in the log yet. Files made here wait for :meth:`last_file_for_append`."""
+        last = self.last_file()
+        if last is None:
+            return
+        for k in range(count):
+            offset = last.file_tail_offset + k * self.mapped_file_size
+            if offset not in self._ready:
+                self._ready[offset] = self._take_or_create(offset)
+
+    def _create(self, offset: int, needed: bool = True) -> MappedFile:
+        path = self.store_path / file_name(offset)
+        if self._space_check is not None:
+            self._space_check(needed)
         buffer = self.pool.borrow() if self.pool is not None else None
-        return MappedFile(self.store_path / file_name(offset), self.mapped_file_size, write_buffer=buffer)
+        try:
+            return MappedFile(path, self.mapped_file_size, write_buffer=buffer)
+        except BaseException as exc:  # MappedFile removed what it began; the buffer goes back
+            if buffer is not None and self.pool is not None:
+                self.pool.give_back(buffer)
+            if isinstance(exc, OSError) and is_disk_full(exc):
+                raise disk_full_error(self.store_path, f"creating {path}", exc) from None
+            raise
 
     def _take_or_create(self, offset: int) -> MappedFile:
+        ready = self._ready.pop(offset, None)
+        if ready is not None:
+            return ready
         pending, self._next = self._next, None
         if pending is not None:
             pending_offset, future = pending
-            mapped = future.result()
-            if pending_offset == offset:
-                return mapped
-            self._discard(mapped)
+            try:
+                mapped = future.result()
+            except Exception as exc:  # noqa: BLE001 - stale by now: the disk may have room again
+                log.info("the background creation of %s failed (%s); creating it now",
+                         file_name(pending_offset), exc)
+            else:
+                if pending_offset == offset:
+                    return mapped
+                self._discard(mapped)
         return self._create(offset)
 
     def _request_next(self, offset: int) -> None:
-        if self._allocator is not None:
+        if self._allocator is not None and offset not in self._ready:
             self._next = (offset, self._allocator.submit(self._create_prefaulted, offset))
 
     def _create_prefaulted(self, offset: int) -> MappedFile:
-        mapped = self._create(offset)
+        mapped = self._create(offset, needed=False)
         if self._prefault:
             mapped.prefault(0, self._closing.is_set)
         return mapped
@@ -245,19 +290,27 @@ class MappedFileQueue:
         """Delete every file and the directory itself if it is then empty."""
         with self._files_lock:
             files, self._files = self._files, []
-        for mapped in files:
+        for mapped in [*files, *self._take_unused()]:
             self._discard(mapped)
         self.flushed_where = self.committed_where = 0
         with contextlib.suppress(OSError):  # missing, or holds something that is not ours: leave it
             self.store_path.rmdir()
 
     # -- shutdown ----------------------------------------------------------------------------
-    def shutdown(self) -> None:
-        """Close every file. The preallocated next file, never written, is deleted."""
-        self._closing.set()
+    def _take_unused(self) -> list[MappedFile]:
+        """The files created ahead and never taken into the log (waits for a pending creation)."""
+        unused, self._ready = list(self._ready.values()), {}
         pending, self._next = self._next, None
         if pending is not None:
-            self._discard(pending[1].result())
+            with contextlib.suppress(Exception):  # a failed creation left nothing to delete
+                unused.append(pending[1].result())
+        return unused
+
+    def shutdown(self) -> None:
+        """Close every file. Files created ahead, never written, are deleted."""
+        self._closing.set()
+        for mapped in self._take_unused():
+            self._discard(mapped)
         if self._allocator is not None:
             self._allocator.shutdown(wait=True)
         for mapped in self._files:

@@ -1,0 +1,118 @@
+"""The commitlog's disk-full watermark: refuse writes before the disk runs out, accept them again after.
+
+RocketMQ 4.9.8 marks its store "disk full" (``CleanCommitLogService.isSpaceFull`` ->
+``runningFlags.getAndMakeDiskFull``) when the commitlog's disk is more than
+``diskSpaceWarningLevelRatio`` (0.90) used, refuses puts while the mark is set, and clears it when a
+later check finds the disk below. It checks every 10 s, and a commitlog file takes its space only
+when it is created, so a burst between two checks can still run the disk out and fail a file
+creation (ENOSPC). Here:
+
+* the state is cached: the put path reads one field;
+* it is refreshed every second (the store-state thread) and right before a commitlog file is created;
+* a file is created only if it fits: in the free space, and without taking the disk past the
+  ratio. Creating files is the only thing the store does that takes new space (a file is fallocated
+  whole, its appends then only fill it), so the store's own writes never meet ENOSPC. A background
+  pre-allocation that does not fit is skipped; a roll that needs a file that does not fit is refused
+  and marks the disk full until a refresh finds room for the file.
+
+Writes racing in from elsewhere (another tenant of the disk) are caught where the file is created
+(``MappedFileQueue``) and refused the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
+from services.store.errors import DiskFullError
+
+log = logging.getLogger(__name__)
+
+
+class DiskGuard:
+    def __init__(self, path: Path, warning_ratio: float, file_size: int) -> None:
+        """``path``: the commitlog directory (it must exist before the first refresh)."""
+        self.path = path
+        self.warning_ratio = warning_ratio
+        self.file_size = file_size
+        self._mount: Path | None = None
+        self.usage: DiskUsage | None = None
+        # A roll waits for a file that did not fit: full until a refresh finds room for it.
+        self._file_needed = False
+        # The refusal while the disk is full, None while writes are accepted. Replaced whole, never
+        # mutated, so the put path reads it without a lock.
+        self._refusal: str | None = None
+
+    @property
+    def full(self) -> bool:
+        return self._refusal is not None
+
+    def check_writable(self) -> None:
+        """The put path's check: the cached state only."""
+        refusal = self._refusal
+        if refusal is not None:
+            raise DiskFullError(refusal)
+
+    def check_new_file(self, needed: bool) -> None:
+        """Before a commitlog file is created: refresh, and raise DiskFullError if it does not fit.
+        ``needed``: a put waits for this file (a roll), rather than a background pre-allocation."""
+        usage = self.refresh()
+        if usage is None:
+            return  # cannot tell: let the creation try (ENOSPC is caught there)
+        reason = self._ratio_reason(usage) or self._file_reason(usage)
+        if reason is None:
+            if self._file_needed:
+                self._file_needed = False
+                self._update(usage)
+            return
+        if needed and not self._file_needed:
+            self._file_needed = True
+            self._update(usage)
+        raise DiskFullError(_refusal(reason, usage))
+
+    def refresh(self) -> DiskUsage | None:
+        """Read the disk's usage and update the state; None (state kept) if it cannot be read."""
+        try:
+            if self._mount is None:
+                self._mount = mount_point(self.path)
+            usage = disk_usage(self.path, self._mount)
+        except OSError as exc:
+            log.warning("cannot read the usage of the disk of %s: %s", self.path, exc)
+            return None
+        self._update(usage)
+        return usage
+
+    def _update(self, usage: DiskUsage) -> None:
+        reason = self._ratio_reason(usage)
+        if reason is None and self._file_needed:
+            reason = self._file_reason(usage)
+            if reason is None:
+                self._file_needed = False
+        refusal = None if reason is None else _refusal(reason, usage)
+        if (refusal is None) != (self._refusal is None):
+            if refusal is not None:
+                log.error("refusing writes: %s", reason)
+            else:
+                log.warning("accepting writes again: %s", usage.describe())
+        self.usage, self._refusal = usage, refusal
+
+    def _ratio_reason(self, usage: DiskUsage) -> str | None:
+        if usage.ratio > self.warning_ratio:
+            return f"{usage.describe()}, above diskSpaceWarningLevelRatio {self.warning_ratio:.2f}"
+        return None
+
+    def _file_reason(self, usage: DiskUsage) -> str | None:
+        """Why the next commitlog file cannot be created now, None if it can."""
+        file_mib = self.file_size / MIB
+        if usage.available < self.file_size:
+            return f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file does not fit"
+        if usage.total and (usage.used + self.file_size) / usage.total > self.warning_ratio:
+            return (f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file would take it past "
+                    f"diskSpaceWarningLevelRatio {self.warning_ratio:.2f}")
+        return None
+
+
+def _refusal(reason: str, usage: DiskUsage) -> str:
+    return (f"disk full: {reason}; nothing was written. Free space on {usage.mount_point} (or raise "
+            "diskSpaceWarningLevelRatio); writes resume by themselves once there is room")

@@ -1,0 +1,211 @@
+"""A full disk is refused as RESOURCE_EXHAUSTED ("disk full", naming the disk and its use) before any
+write meets ENOSPC, a write that meets it anyway leaves no half-created file, and writes resume by
+themselves once space is freed. On a real small filesystem (tmpfs, else an ext4 loop file)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from mqstore.v1 import commitlog_pb2, common_pb2
+
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.errors import DiskFullError
+from services.store.mapped_file_queue import MappedFileQueue
+from services.store.message import Message
+from services.store.transient_store_pool import TransientStorePool
+from tests.commitlog.commitlog_process import StartCommitLog
+from tests.commitlog.small_disk import MIB, fill, small_filesystem
+
+FILE_SIZE = 2 * MIB
+BODY = b"d" * 30_000
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    with small_filesystem(tmp_path, 32) as mounted:
+        yield mounted
+
+
+def assert_refusal(text: str, disk: Path) -> None:
+    """The refusal says it is the disk, which disk, and how full it is."""
+    assert "disk full" in text and str(disk) in text and "% used" in text and "MiB free" in text, text
+
+
+def store_files(directory: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in directory.iterdir()} if directory.is_dir() else {}
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+# -- file creation on a full disk (what a racing filler causes): no half-created file ------------------
+
+def test_a_file_creation_that_meets_enospc_leaves_no_file(disk: Path) -> None:
+    fill(disk / "ballast", leave_bytes=MIB)
+    pool = TransientStorePool(1, 4 * MIB)
+    mfq = MappedFileQueue(disk / "commitlog", 4 * MIB, pool, preallocate=False)
+    mfq.load()
+    try:
+        with pytest.raises(DiskFullError) as refused:
+            mfq.last_file_for_append()
+        assert_refusal(str(refused.value), disk)
+        assert "No space left on device" in str(refused.value)
+        assert store_files(disk / "commitlog") == {}, "the partly allocated file must be removed"
+        assert pool.available == 1, "the pool buffer of the failed file goes back"
+        (disk / "ballast").unlink()
+        assert mfq.last_file_for_append().file_from_offset == 0, "the same file is created once there is room"
+        assert store_files(disk / "commitlog") == {"00000000000000000000": 4 * MIB}
+    finally:
+        mfq.shutdown()
+        pool.close()
+
+
+def test_a_failed_background_allocation_leaves_nothing_and_is_retried_when_the_roll_needs_it(disk: Path) -> None:
+    fill(disk / "ballast", leave_bytes=6 * MIB)  # room for one 4 MiB file, not two
+    mfq = MappedFileQueue(disk / "commitlog", 4 * MIB, preallocate=True)
+    mfq.load()
+    try:
+        first = mfq.last_file_for_append()  # file 0 now; file 1 in the background, which meets ENOSPC
+        with pytest.raises(DiskFullError) as refused:
+            mfq.prepare_next_files(1)  # the roll's turn: tried again, still no room
+        assert_refusal(str(refused.value), disk)
+        assert store_files(disk / "commitlog") == {first.path.name: 4 * MIB}, "no half-created file 1"
+        (disk / "ballast").unlink()
+        mfq.prepare_next_files(1)
+        first.wrote_position = first.file_size  # the writer reached its end
+        assert mfq.last_file_for_append().file_from_offset == 4 * MIB
+        assert set(store_files(disk / "commitlog").values()) == {4 * MIB}
+    finally:
+        mfq.shutdown()
+
+
+# -- the engine: watermark before ENOSPC, whole batches, resuming ---------------------------------------
+
+def make_log(root: Path, **overrides: Any) -> CommitLog:
+    settings: dict[str, Any] = {"mapped_file_size_commit_log": FILE_SIZE, "max_message_size": 64 * 1024,
+                                "flush_interval_consume_queue": 100, "clean_resource_interval": 3_600_000}
+    settings.update(overrides)
+    log = CommitLog(load_config(environ={}, **settings), root)
+    log.start()
+    return log
+
+
+def put_until_refused(log: CommitLog, batch: int = 8) -> DiskFullError:
+    for _ in range(10_000):
+        try:
+            log.put_messages([Message("Filled", 0, BODY)] * batch)
+        except DiskFullError as exc:
+            return exc
+    raise AssertionError("the disk never filled up")
+
+
+def test_the_watermark_refuses_writes_before_the_disk_runs_out(disk: Path) -> None:
+    log = make_log(disk / "store")
+    try:
+        refused = put_until_refused(log)
+        assert_refusal(str(refused), disk)
+        assert "the next 2.0 MiB commitlog file" in str(refused) and "diskSpaceWarningLevelRatio 0.90" in str(refused)
+        files = store_files(disk / "store" / "commitlog")
+        assert set(files.values()) == {FILE_SIZE}, f"only whole files: {files}"
+        st = os.statvfs(disk)
+        assert st.f_bavail * st.f_frsize >= FILE_SIZE, "refused while there was still room: no ENOSPC"
+        assert log.disk_full
+        before = log.max_offset, dict(log.queue_table)
+        with pytest.raises(DiskFullError):
+            log.put_message(Message("Filled", 0, b"small"))
+        assert (log.max_offset, dict(log.queue_table)) == before
+    finally:
+        log.shutdown()
+
+
+def test_a_batch_whose_roll_cannot_get_a_file_is_refused_whole(disk: Path) -> None:
+    log = make_log(disk / "store", disk_space_warning_level_ratio=0.99)
+    try:
+        log.put_messages([Message("Whole", 0, BODY)] * 40)  # about 1.2 of the 2 MiB of file 0
+        log.mfq.prepare_next_files(1)  # file 1 is there (the background creation, finished)
+        fill(disk / "ballast", leave_bytes=FILE_SIZE // 2)  # but no room for file 2
+        before = log.max_offset, dict(log.queue_table), store_files(disk / "store" / "commitlog")
+        # 3 MB: the rest of file 0, all of file 1, then file 2, which cannot be created.
+        with pytest.raises(DiskFullError) as refused:
+            log.put_messages([Message("Whole", 1, BODY)] * 100)
+        assert_refusal(str(refused.value), disk)
+        assert (log.max_offset, dict(log.queue_table), store_files(disk / "store" / "commitlog")) == before, \
+            "nothing of a refused batch may be written"
+        (disk / "ballast").unlink()
+        wait_until(lambda: not log.disk_full)
+        results = log.put_messages([Message("Whole", 1, BODY)] * 100)
+        assert [r.queue_offset for r in results] == list(range(100))
+        assert results[-1].commitlog_offset > 2 * FILE_SIZE
+    finally:
+        log.shutdown()
+
+
+def test_another_tenant_filling_the_disk_is_refused_within_a_refresh_then_writes_resume(disk: Path) -> None:
+    log = make_log(disk / "store")
+    try:
+        log.put_message(Message("Tenant", 0, b"first"))
+        fill(disk / "ballast", leave_bytes=MIB)  # > 90% used: RocketMQ's "disk full"
+        wait_until(lambda: log.disk_full, timeout_s=5)
+        with pytest.raises(DiskFullError) as refused:
+            log.put_message(Message("Tenant", 0, b"refused"))  # the current file has room: the ratio refuses
+        assert "above diskSpaceWarningLevelRatio 0.90" in str(refused.value)
+        assert_refusal(str(refused.value), disk)
+        (disk / "ballast").unlink()
+        wait_until(lambda: not log.disk_full, timeout_s=5)
+        assert log.put_message(Message("Tenant", 0, b"again")).queue_offset == 1
+    finally:
+        log.shutdown()
+
+
+def test_a_new_topic_on_a_full_disk_is_refused_without_writing_topics_json(disk: Path) -> None:
+    log = make_log(disk / "store")
+    try:
+        log.put_message(Message("Known", 0, b"x"))
+        fill(disk / "ballast", leave_bytes=0)
+        wait_until(lambda: log.disk_full, timeout_s=5)
+        with pytest.raises(DiskFullError):
+            log.put_message(Message("BrandNew", 0, b"x"))
+        assert log.topics.get("BrandNew") is None
+        assert not any(p.name.endswith(".tmp") for p in (disk / "store" / "config").iterdir())
+    finally:
+        (disk / "ballast").unlink(missing_ok=True)
+        log.shutdown()
+
+
+# -- the commitlog service: RESOURCE_EXHAUSTED over gRPC, no traceback, resuming --------------------------
+
+def test_the_service_answers_resource_exhausted_then_resumes(disk: Path, start_commitlog: StartCommitLog) -> None:
+    server = start_commitlog(disk / "store", {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(FILE_SIZE),
+                                              "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200",
+                                              "MQSTORE_CLEAN_RESOURCE_INTERVAL": "3600000"})
+    fill(disk / "ballast", leave_bytes=5 * FILE_SIZE)
+    batch = commitlog_pb2.AppendBatchRequest(messages=[common_pb2.Message(topic="Svc", body=BODY)] * 8)
+    with pytest.raises(grpc.RpcError) as refused:
+        for _ in range(1000):
+            server.stub.AppendBatch(batch, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    assert_refusal(refused.value.details() or "", disk)
+    assert set(store_files(disk / "store" / "commitlog").values()) == {FILE_SIZE}
+    (disk / "ballast").unlink()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            server.stub.AppendBatch(batch, timeout=10)
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, exc
+            time.sleep(0.1)
+    logs = server.logs()
+    assert "Traceback" not in logs and "Errno 28" not in logs, logs[-3000:]
+    assert "refusing writes" in logs and "accepting writes again" in logs
