@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -23,9 +22,9 @@ from services.store.message_id import make_message_id
 from services.store.uniq_key import decode_uniq_key
 from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service, start_commitlog
 from tests.query.query_process import System
+from tests.waiting import eventually_found
 
 Kind = query_pb2.MessageIdKind
-T = TypeVar("T")
 SETTINGS = """
 shards:
   - {{name: shard-a, commitlog: "{a_commitlog}", query: "{a_query}"}}
@@ -109,18 +108,6 @@ def get(cluster: Cluster, msg_id: str, kind: int = Kind.MESSAGE_ID_KIND_UNSPECIF
     return response
 
 
-def eventually(attempt: Callable[[], T], timeout_s: float = 10.0) -> T:
-    """``attempt`` once it stops failing NOT_FOUND (the indexer follows the commitlog)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return attempt()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)
-
-
 def test_uniq_keys_of_ipv6_producers_are_made_and_found(cluster: Cluster) -> None:
     made = send(cluster, 5, b"v6 made", born_host="[2001:db8::5]:40000")
     given = send(cluster, 1, b"v6 given", born_host="[2001:db8::5]:40001", UNIQ_KEY=UNIQ_V6)
@@ -128,7 +115,7 @@ def test_uniq_keys_of_ipv6_producers_are_made_and_found(cluster: Cluster) -> Non
     assert given.msg_id == UNIQ_V6 and (made.shard, given.shard) == ("shard-b", "shard-a")
     for result, body in ((made, b"v6 made"), (given, b"v6 given")):
         for kind in (Kind.MESSAGE_ID_KIND_UNSPECIFIED, Kind.MESSAGE_ID_KIND_UNIQ_KEY):
-            response = eventually(functools.partial(get, cluster, result.msg_id, kind))
+            response = eventually_found(functools.partial(get, cluster, result.msg_id, kind))
             found = response.message
             assert response.found_by == Kind.MESSAGE_ID_KIND_UNIQ_KEY
             assert (found.body, found.uniq_key, found.queue_id, found.msg_id) == \
@@ -157,7 +144,7 @@ def test_offset_ids_of_a_host_the_store_no_longer_has_are_found_on_every_shard(c
             # The route queue id: the message is shard-b's although its store host is no shard's now.
             assert (response.message.body, response.message.store_host, response.message.queue_id) == \
                 (body, host, result.queue_id)
-        by_key = eventually(functools.partial(get, cluster, result.msg_id))
+        by_key = eventually_found(functools.partial(get, cluster, result.msg_id))
         assert (by_key.message.body, by_key.message.queue_id) == (body, result.queue_id)
     # The query service of shard-b answers for its old host too.
     direct = query_pb2_grpc.QueryServiceStub(cluster.b.query.channel).ViewMessage(

@@ -12,6 +12,7 @@ from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 from services.store.java_hash import java_string_hash
 from services.store.uniq_key import decode_uniq_key
 from tests.gateway.system_process import UpProcess
+from tests.waiting import eventually_found
 
 PUT_OK = commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK
 
@@ -58,7 +59,8 @@ def test_a_producer_uniq_key_is_kept(up: UpProcess) -> None:
     mine = "0A0000010001000000010000000000AB"
     result = send(up, "uniq-own", properties={"UNIQ_KEY": mine})
     assert result.msg_id == mine
-    assert up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=mine), timeout=10).message.uniq_key == mine
+    found = eventually_found(lambda: up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=mine), timeout=10))
+    assert found.message.uniq_key == mine
 
 
 def test_born_host_is_the_producer_not_the_gateway(up: UpProcess) -> None:
