@@ -186,9 +186,10 @@ def test_a_new_topic_on_a_full_disk_is_refused_without_writing_topics_json(disk:
 # -- the commitlog service: RESOURCE_EXHAUSTED over gRPC, no traceback, resuming --------------------------
 
 def test_the_service_answers_resource_exhausted_then_resumes(disk: Path, start_commitlog: StartCommitLog) -> None:
-    server = start_commitlog(disk / "store", {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(FILE_SIZE),
-                                              "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200",
-                                              "MQSTORE_CLEAN_RESOURCE_INTERVAL": "3600000"})
+    # The store is the mount itself, so the service's log (next to the store) stays off the full disk.
+    server = start_commitlog(disk, {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(FILE_SIZE),
+                                    "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200",
+                                    "MQSTORE_CLEAN_RESOURCE_INTERVAL": "3600000"})
     fill(disk / "ballast", leave_bytes=5 * FILE_SIZE)
     batch = commitlog_pb2.AppendBatchRequest(messages=[common_pb2.Message(topic="Svc", body=BODY)] * 8)
     with pytest.raises(grpc.RpcError) as refused:
@@ -196,7 +197,7 @@ def test_the_service_answers_resource_exhausted_then_resumes(disk: Path, start_c
             server.stub.AppendBatch(batch, timeout=10)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
     assert_refusal(refused.value.details() or "", disk)
-    assert set(store_files(disk / "store" / "commitlog").values()) == {FILE_SIZE}
+    assert set(store_files(disk / "commitlog").values()) == {FILE_SIZE}
     (disk / "ballast").unlink()
     deadline = time.monotonic() + 10
     while True:
