@@ -22,6 +22,7 @@ Writes racing in from elsewhere (another tenant of the disk) are caught where th
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
@@ -38,6 +39,8 @@ class DiskGuard:
         self.file_size = file_size
         self._mount: Path | None = None
         self.usage: DiskUsage | None = None
+        # The store-state thread, the allocator thread and a rolling put may update the state at once.
+        self._lock = threading.Lock()
         # A roll waits for a file that did not fit: full until a refresh finds room for it.
         self._file_needed = False
         # The refusal while the disk is full, None while writes are accepted. Replaced whole, never
@@ -57,33 +60,38 @@ class DiskGuard:
     def check_new_file(self, needed: bool) -> None:
         """Before a commitlog file is created: refresh, and raise DiskFullError if it does not fit.
         ``needed``: a put waits for this file (a roll), rather than a background pre-allocation."""
-        usage = self.refresh()
+        usage = self._read_usage()
         if usage is None:
             return  # cannot tell: let the creation try (ENOSPC is caught there)
-        reason = self._ratio_reason(usage) or self._file_reason(usage)
-        if reason is None:
-            if self._file_needed:
+        with self._lock:
+            reason = self._ratio_reason(usage) or self._file_reason(usage)
+            if reason is None:
                 self._file_needed = False
-                self._update(usage)
-            return
-        if needed and not self._file_needed:
-            self._file_needed = True
+            elif needed:
+                self._file_needed = True
             self._update(usage)
-        raise DiskFullError(_refusal(reason, usage))
+        if reason is not None:
+            raise DiskFullError(_refusal(reason, usage))
 
     def refresh(self) -> DiskUsage | None:
         """Read the disk's usage and update the state; None (state kept) if it cannot be read."""
+        usage = self._read_usage()
+        if usage is not None:
+            with self._lock:
+                self._update(usage)
+        return usage
+
+    def _read_usage(self) -> DiskUsage | None:
         try:
             if self._mount is None:
                 self._mount = mount_point(self.path)
-            usage = disk_usage(self.path, self._mount)
+            return disk_usage(self.path, self._mount)
         except OSError as exc:
             log.warning("cannot read the usage of the disk of %s: %s", self.path, exc)
             return None
-        self._update(usage)
-        return usage
 
     def _update(self, usage: DiskUsage) -> None:
+        """Under the lock: the refusal for ``usage`` (and the file the last roll needed, if any)."""
         reason = self._ratio_reason(usage)
         if reason is None and self._file_needed:
             reason = self._file_reason(usage)
