@@ -89,8 +89,13 @@ def _write_and_rename(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        os.write(fd, data)
+        written = 0
+        while written < len(data):  # a nearly full disk may take a write only in part
+            written += os.write(fd, data[written:])
         os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: leave no partial .tmp behind
+        raise
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -15,6 +15,7 @@ import pytest
 from mqstore.v1 import commitlog_pb2, common_pb2
 
 from services.commitlog.commit_log import CommitLog
+from services.commitlog.topic_config import TopicConfig, TopicConfigManager
 from services.store.config import load_config
 from services.store.errors import DiskFullError
 from services.store.mapped_file_queue import MappedFileQueue
@@ -181,6 +182,25 @@ def test_a_new_topic_on_a_full_disk_is_refused_without_writing_topics_json(disk:
     finally:
         (disk / "ballast").unlink(missing_ok=True)
         log.shutdown()
+
+
+def test_a_topics_json_write_that_meets_enospc_fails_cleanly(disk: Path) -> None:
+    """The race the watermark cannot see: the disk fills between the check and the write."""
+    path = disk / "config" / "topics.json"
+    topics = TopicConfigManager(path)
+    topics.create(TopicConfig("Before", 1, 1))
+    written = path.read_bytes()
+    fill(disk / "ballast", leave_bytes=0)
+    with pytest.raises(DiskFullError) as refused:
+        topics.create(TopicConfig("After", 1, 1))
+    assert_refusal(str(refused.value), disk)
+    assert path.read_bytes() == written and sorted(p.name for p in path.parent.iterdir()) == ["topics.json"]
+    assert topics.get("After") is None
+    (disk / "ballast").unlink()
+    topics.create(TopicConfig("After", 1, 1))
+    reloaded = TopicConfigManager(path)
+    reloaded.load()
+    assert [c.topic for c in reloaded.list()] == ["After", "Before"]
 
 
 # -- the commitlog service: RESOURCE_EXHAUSTED over gRPC, no traceback, resuming --------------------------
