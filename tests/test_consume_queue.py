@@ -29,6 +29,7 @@ from services.store.consume_queue import (
     _all_valid,
     is_valid_unit,
 )
+from services.store.mapped_file import OS_PAGE_SIZE
 from services.store.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
@@ -272,6 +273,32 @@ def test_timequery_picks_the_file_by_mtime(fixture_store: StoreFactory, dump_row
         assert queue.get_offset_in_queue_by_time(mid - 4, reader.store_time) == 224  # nearer 224 (-7 ms) than 225
 
 
+@pytest.mark.parametrize("run", list(DUMP_STORES))
+def test_timequery_rows_on_rebuilt_queues(pristine_store: StoreFactory, dump_rows: DumpRows, tmp_path: Path,
+                                          run: str) -> None:
+    """Queues rebuilt from the commitlog long after the broker wrote them give RocketMQ's answers: each
+    file carries its last unit's store time as mtime, not the time of the rebuild."""
+    fixture = pristine_store(DUMP_STORES[run])
+    meta = _meta(dump_rows, run)
+    requests = tuple(r for r in _dispatch_requests(fixture / "commitlog")
+                     if r.commitlog_offset + r.msg_size <= meta["maxPhyOffset"])
+    reader = CommitLogReader(fixture / "commitlog")
+    root = tmp_path / "consumequeue"
+    with built_store(root, requests):
+        pass
+    store = ConsumeQueueStore(root, CQ_FILE_SIZE)
+    store.load_all()
+    store.recover_all()
+    store.correct_min_offset(meta["minPhyOffset"])
+    try:
+        rows = dump_rows(run, "timequery")
+        got = [store.find_or_create(row["topic"], row["queueId"]).get_offset_in_queue_by_time(
+            row["timestamp"], reader.store_time, meta["minPhyOffset"]) for row in rows]
+    finally:
+        store.shutdown()
+    assert got == [row["offset"] for row in rows]
+
+
 # -- offset by time on a queue we control ---------------------------------------------------------
 def _timed_queue(root: Path, store_times: list[int]) -> tuple[ConsumeQueue, Callable[[int, int], int]]:
     """One queue of units whose record at commitlog offset 100*i was stored at store_times[i]."""
@@ -428,6 +455,83 @@ def test_flush_when_the_last_file_is_exactly_full(tmp_path: Path) -> None:
     assert queue.mapped_file_queue.flushed_where == 120
     assert not store.flush_all(2)
     store.shutdown()
+
+
+# -- file mtimes of queues built from the commitlog -----------------------------------------------
+PAGE_UNITS = OS_PAGE_SIZE / CQ_STORE_UNIT_SIZE  # 204.8: unit 204 is the first to write into a file's second page
+
+
+def _stored(count: int, first: int = 0) -> list[DispatchRequest]:
+    """Records of queue T/0 in commitlog order; record i was stored at 1_000_000 + 10 * i."""
+    return [DispatchRequest(True, 100, "T", 0, 100 * i, i, 0, 1_000_000 + 10 * i) for i in range(first, first + count)]
+
+
+def _mtimes_ms(queue: ConsumeQueue) -> list[int]:
+    return [f.stat().st_mtime_ns // 1_000_000 for f in sorted(queue.store_path.iterdir())]
+
+
+def test_built_files_get_the_mtime_a_broker_would_leave(tmp_path: Path) -> None:
+    """300-unit (two-page) files: a complete file at once gets the store time of unit 204, the first
+    written into its last page, as a broker's page faults would set it; the last file at shutdown."""
+    store = ConsumeQueueStore(tmp_path, CQ_FILE_SIZE)
+    for start in range(0, 700, 64):  # in chunks, as the reput loop dispatches
+        store.dispatch_batch(_stored(min(64, 700 - start), start))
+    queue = store.find_or_create("T", 0)
+    assert int(PAGE_UNITS) == 204
+    assert _mtimes_ms(queue)[:2] == [1_000_000 + 10 * 204, 1_000_000 + 10 * 504]
+    store.shutdown()
+    assert _mtimes_ms(queue) == [1_000_000 + 10 * 204, 1_000_000 + 10 * 504, 1_000_000 + 10 * 600]
+
+    # RocketMQ's answers follow from those mtimes: a time after the last message, the last unit; a
+    # time past a file's mtime is searched in the next file.
+    def store_time_of(offset: int, size: int) -> int:
+        return 1_000_000 + offset // 10
+
+    reopened = ConsumeQueueStore(tmp_path, CQ_FILE_SIZE)
+    reopened.load_all()
+    reopened.recover_all()
+    queue = reopened.find_or_create("T", 0)
+    assert queue.get_offset_in_queue_by_time(1_000_000 + 10 * 699 + 1, store_time_of) == 699
+    assert queue.get_offset_in_queue_by_time(1_000_000 + 10 * 150, store_time_of) == 150
+    assert queue.get_offset_in_queue_by_time(1_000_000 + 10 * 250, store_time_of) == 300
+    # Re-dispatching what is there writes nothing and leaves every mtime alone.
+    before = _mtimes_ms(queue)
+    assert reopened.dispatch_batch(_stored(700)) == 0
+    reopened.shutdown()
+    assert _mtimes_ms(queue) == before
+
+
+def test_a_flush_makes_the_next_write_set_the_mtime(tmp_path: Path) -> None:
+    """A flush writes the pages back and makes them clean, so the next unit written into the last
+    page is the one whose time the file keeps; a reopened queue's first write likewise."""
+    store = ConsumeQueueStore(tmp_path, CQ_FILE_SIZE)
+    queue = store.find_or_create("T", 0)
+    store.dispatch_batch(_stored(210))
+    assert store.flush_all(0)
+    store.dispatch_batch(_stored(150, 210))
+    assert _mtimes_ms(queue)[0] == 1_000_000 + 10 * 210
+    store.shutdown()
+    assert _mtimes_ms(queue)[1] == 1_000_000 + 10 * 300
+
+    reopened = ConsumeQueueStore(tmp_path, CQ_FILE_SIZE)
+    reopened.load_all()
+    reopened.recover_all()
+    reopened.dispatch_batch(_stored(20, 360))
+    reopened.shutdown()
+    assert _mtimes_ms(queue) == [1_000_000 + 10 * 210, 1_000_000 + 10 * 360]
+
+
+def test_truncation_forgets_the_store_time(tmp_path: Path) -> None:
+    """Units past a commitlog cut are dropped; the store time of the units left is not known, so the
+    file keeps the mtime the truncation's write gave it."""
+    store = ConsumeQueueStore(tmp_path, CQ_FILE_SIZE)
+    queue = store.find_or_create("T", 0)
+    store.dispatch_batch(_stored(50))
+    store.truncate_dirty(100 * 40)
+    truncated = _mtimes_ms(queue)
+    store.shutdown()
+    assert _mtimes_ms(queue) == truncated
+    assert truncated[0] > 1_000_000 + 10 * 50
 
 
 # -- property: what goes in comes out ---------------------------------------------------------------

@@ -36,21 +36,33 @@ _I64 = struct.Struct(">q")
 
 
 class CommitLogReader:
-    """Store times of records, read from the commitlog service (the time query's binary search)."""
+    """What the offset-by-time query needs from the commitlog service: records' store times (its
+    binary search) and the commitlog's min offset (units below it are passed over unread)."""
 
     def __init__(self, address: str) -> None:
         self._channel = sync_channel(address)
         self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
 
-    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one reader per process, lives as long as it
     def store_time_of(self, commitlog_offset: int, size: int) -> int:
-        """0 when the record cannot be read (RocketMQ's getStoreTime answers 0 then too)."""
+        """-1 when the record cannot be read, as RocketMQ's pickupStoreTimestamp: the query then
+        answers 0. Only times that were read are cached."""
         try:
-            data = self._stub.Read(commitlog_pb2.ReadRequest(offset=commitlog_offset,
-                                                             size=min(size, _STORE_TIME_PREFIX)), timeout=5).data
-            sys_flag = _I32.unpack_from(data, SYSFLAG_POS)[0]
-            return int(_I64.unpack_from(data, store_timestamp_pos(sys_flag))[0])
+            return self._read_store_time(commitlog_offset, size)
         except (grpc.RpcError, struct.error):
+            return -1
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one reader per process, lives as long as it
+    def _read_store_time(self, commitlog_offset: int, size: int) -> int:
+        data = self._stub.Read(commitlog_pb2.ReadRequest(offset=commitlog_offset,
+                                                         size=min(size, _STORE_TIME_PREFIX)), timeout=5).data
+        sys_flag = _I32.unpack_from(data, SYSFLAG_POS)[0]
+        return int(_I64.unpack_from(data, store_timestamp_pos(sys_flag))[0])
+
+    def min_offset(self) -> int:
+        """The commitlog's min offset now (RocketMQ's getMinPhyOffset); 0 when it cannot be asked."""
+        try:
+            return int(self._stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5).min_offset)
+        except grpc.RpcError:
             return 0
 
     def close(self) -> None:
@@ -87,7 +99,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
     reput = ReputService(indexer, commitlog_address)
     indexer_metrics.bind(indexer, reput)
     reader = CommitLogReader(commitlog_address)
-    servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of)
+    servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of, reader.min_offset)
     address = listen or config.indexer_listen
     server = GrpcServer(ServerSettings(listen=address).as_internal(), [SERVICE_NAME],
                         lambda s: indexer_pb2_grpc.add_IndexerServiceServicer_to_server(servicer, s))

@@ -31,6 +31,7 @@ ARRIVAL_QUEUE_DEPTH = 4096
 HEARTBEAT_S = 1.0
 
 StoreTimeReader = Callable[[int, int], int]
+MinOffsetReader = Callable[[], int]
 
 
 class ArrivalHub:
@@ -77,11 +78,12 @@ def _check_queue_args(topic: str, queue_id: int) -> None:
 
 class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[misc]
     def __init__(self, store: IndexerStore, reput: ReputService, hub: ArrivalHub,
-                 store_time_of: StoreTimeReader) -> None:
+                 store_time_of: StoreTimeReader, commitlog_min_offset: MinOffsetReader = lambda: 0) -> None:
         self.store = store
         self.reput = reput
         self.hub = hub
         self.store_time_of = store_time_of
+        self.commitlog_min_offset = commitlog_min_offset
         self.stopping = threading.Event()
 
     def _queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -121,6 +123,8 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
 
     def GetOffsetByTime(self, request: indexer_pb2.GetOffsetByTimeRequest,
                         context: grpc.ServicerContext) -> indexer_pb2.GetOffsetByTimeResponse:
+        """RocketMQ's getOffsetInQueueByTime: the file by mtime (``consume_queue.py`` keeps the mtimes
+        of files this indexer built at their last unit's store time), then the nearest unit in it."""
         try:
             if request.timestamp < 0:
                 raise InvalidArgumentError(f"timestamp {request.timestamp} is negative")
@@ -128,7 +132,7 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
         except StoreError as exc:
             _abort(context, exc)
         return indexer_pb2.GetOffsetByTimeResponse(
-            offset=cq.get_offset_in_queue_by_time(request.timestamp, self.store_time_of))
+            offset=cq.get_offset_in_queue_by_time(request.timestamp, self.store_time_of, self.commitlog_min_offset()))
 
     def QueryByKey(self, request: indexer_pb2.QueryByKeyRequest,
                    context: grpc.ServicerContext) -> indexer_pb2.QueryByKeyResponse:

@@ -9,6 +9,15 @@ first invalid unit ends a queue's data on recovery.
 
 The writer (the dispatcher) is single-threaded per store; readers run concurrently and only look at
 bytes below a file's wrote position, which is advanced after the bytes are in place.
+
+File mtimes matter: RocketMQ's offset-by-time query picks the file to search by its mtime. A broker
+writes these files through a memory mapping, and Linux sets a file's mtime when a write lands on one
+of its pages that is clean (not written since it was mapped or last flushed). So a broker's file ends
+up with the time of the first write into its last page: the store time of the unit that started that
+page, plus the dispatch delay (the fixture stores agree to within the kernel clock's few ms). A file
+built later, by a lagging or rebuilding indexer or by ``pipeline reindex``, would carry the time it
+was built; it is given that store time instead (``stamp_store_time``), once complete and, for the
+last file, when the queue shuts down. Files this process did not write keep their mtime.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from services.store.mapped_file import MappedFile
+from services.store.mapped_file import OS_PAGE_SIZE, MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest
@@ -98,6 +107,16 @@ def last_modified_ms(path: Path) -> int:
         return 0
 
 
+def stamp_store_time(path: Path, store_timestamp_ms: int) -> None:
+    """Set a ConsumeQueue file's mtime to ``store_timestamp_ms`` (see the module docstring). Done once
+    the file's writes are over: a later write through the mapping moves the mtime again, a flush
+    does not."""
+    try:
+        os.utime(path, ns=(os.stat(path).st_atime_ns, store_timestamp_ms * 1_000_000))
+    except OSError as exc:
+        log.warning("cannot set the mtime of %s to store time %d: %s", path, store_timestamp_ms, exc)
+
+
 class ConsumeQueue:
     """One queue of one topic (RocketMQ's ConsumeQueue, without the ConsumeQueueExt)."""
 
@@ -117,6 +136,12 @@ class ConsumeQueue:
         self.max_physic_offset = -1
         #: byte offset of the first unit pointing at a commitlog record that still exists.
         self.min_logic_offset = 0
+        #: (file start, page index) of the page holding the last unit this process wrote, and the
+        #: store time of the first unit written into that page since it was clean (0: unknown): the
+        #: mtime a broker's writes would have left on the file.
+        self._last_page = (-1, -1)
+        self._last_page_store_time = 0
+        self._last_page_flushed = False
 
     def __repr__(self) -> str:
         return (f"ConsumeQueue({self.topic}/{self.queue_id}, min={self.min_offset_in_queue}, "
@@ -166,6 +191,7 @@ class ConsumeQueue:
         """Drop every unit pointing at or past ``commitlog_offset``: the commitlog was cut there by a
         crash recovery, so those units point at nothing or at a different, later record."""
         self.max_physic_offset = commitlog_offset
+        self._forget_page()  # the units left are older: their store times are not known here
         queue = self.mapped_file_queue
         while (last := queue.last_file()) is not None:
             position, max_physic = self._scan(last, commitlog_offset)
@@ -227,14 +253,15 @@ class ConsumeQueue:
 
     # -- writing -------------------------------------------------------------------------------
     def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int,
-                                  cq_offset: int) -> bool:
+                                  cq_offset: int, store_timestamp: int = 0) -> bool:
         """Put one unit (RocketMQ's putMessagePositionInfo). True when written or already there."""
-        self.put_batch(((commitlog_offset, size, tags_code, cq_offset),))
+        self.put_batch(((commitlog_offset, size, tags_code, cq_offset),), (store_timestamp,))
         return True
 
-    def put_batch(self, units: Sequence[Unit]) -> int:
+    def put_batch(self, units: Sequence[Unit], store_timestamps: Sequence[int] | None = None) -> int:
         """Put units in dispatch order with putMessagePositionInfo's rules, one append per run of
-        consecutive units in a file. Returns how many were written.
+        consecutive units in a file. Returns how many were written. ``store_timestamps`` (one per
+        unit, 0 for unknown) are the records' store times, for the files' mtimes.
 
         - a unit ending at or below ``max_physic_offset``, or whose cq offset lies below the write
           position, was written before: skipped (re-dispatch changes nothing);
@@ -263,7 +290,9 @@ class ConsumeQueue:
                           expected - current)
             end = self._run_end(units, index, mapped.remaining // CQ_STORE_UNIT_SIZE) \
                 if expected == current else index + 1
+            start_position = mapped.wrote_position
             self._append(mapped, units, index, end)
+            self._note_store_times(mapped, start_position, store_timestamps, index, end)
             written += end - index
             index = end
         if skipped:
@@ -296,6 +325,32 @@ class ConsumeQueue:
         last_offset, last_size = units[end - 1][0], units[end - 1][1]
         self.max_physic_offset = last_offset + last_size
 
+    def _note_store_times(self, mapped: MappedFile, start_position: int, store_timestamps: Sequence[int] | None,
+                          start: int, end: int) -> None:
+        """After units[start:end] were appended at ``start_position`` of ``mapped``: remember the store
+        time of the first unit this process wrote into the page the run ended in, and stamp the file
+        with it once the file is complete (nothing writes it again)."""
+        page = (mapped.file_from_offset, (mapped.wrote_position - 1) // OS_PAGE_SIZE)
+        if page != self._last_page or self._last_page_flushed:
+            first_byte = max(page[1] * OS_PAGE_SIZE, start_position)  # the page's first byte of this run
+            first = start + (first_byte - start_position) // CQ_STORE_UNIT_SIZE
+            self._last_page, self._last_page_flushed = page, False
+            self._last_page_store_time = store_timestamps[first] if store_timestamps is not None else 0
+        if mapped.is_full and self._last_page_store_time > 0:
+            stamp_store_time(mapped.path, self._last_page_store_time)
+
+    def _forget_page(self) -> None:
+        self._last_page = (-1, -1)
+        self._last_page_store_time = 0
+        self._last_page_flushed = False
+
+    def stamp_last_file(self) -> None:
+        """Give the last file the mtime a broker's writes would have left, if this process wrote its
+        last page (at shutdown, once nothing more is written)."""
+        last = self.mapped_file_queue.last_file()
+        if last is not None and self._last_page[0] == last.file_from_offset and self._last_page_store_time > 0:
+            stamp_store_time(last.path, self._last_page_store_time)
+
     def _file_for(self, cq_offset: int) -> MappedFile:
         """The file to append to (getLastMappedFile(expectLogicOffset)), created on demand; the
         queue's very first file is pre-filled with blanks up to ``cq_offset`` (fillPreBlank)."""
@@ -326,7 +381,13 @@ class ConsumeQueue:
         last = queue.last_file()
         if last is None or queue.flushed_where >= last.file_tail_offset:
             return False
-        return queue.flush(least_pages)
+        before = queue.flushed_where
+        moved = queue.flush(least_pages)
+        if moved and 0 <= before - self._last_page[0] < self.mapped_file_size:
+            # The flush wrote back the file of the last page and so made its pages clean: the next
+            # write into that page sets the mtime again, as a broker's would.
+            self._last_page_flushed = True
+        return moved
 
     # -- reading -------------------------------------------------------------------------------
     def get_index_buffer(self, start_index: int) -> bytes | None:
@@ -415,9 +476,12 @@ class ConsumeQueue:
         """Delete every file of the queue and forget its offsets."""
         self.max_physic_offset = -1
         self.min_logic_offset = 0
+        self._forget_page()
         self.mapped_file_queue.destroy()
 
     def shutdown(self) -> None:
+        """Unmap every file, the last one once it has its mtime (``stamp_last_file``)."""
+        self.stamp_last_file()
         self.mapped_file_queue.shutdown()
 
 
@@ -508,7 +572,7 @@ class ConsumeQueueStore:
         """Put the units of a chunk of records, in commitlog order (CommitLogDispatcherBuildConsumeQueue).
         BLANK and invalid requests, and PREPARED and ROLLBACK transaction records, are not queued.
         Returns the number of units written."""
-        grouped: dict[tuple[str, int], list[Unit]] = {}
+        grouped: dict[tuple[str, int], tuple[list[Unit], list[int]]] = {}
         last_timestamp = 0
         tx_mask, prepared, rollback = TRANSACTION_TYPE_MASK, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
         for request in requests:
@@ -518,13 +582,14 @@ class ConsumeQueueStore:
             if tx in (prepared, rollback):
                 continue
             key = (request.topic, request.queue_id)
-            units = grouped.get(key)
-            if units is None:
-                units = grouped[key] = []
-            units.append((request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
+            queued = grouped.get(key)
+            if queued is None:
+                queued = grouped[key] = ([], [])
+            queued[0].append((request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
             last_timestamp = request.store_timestamp
-        written = sum(self.find_or_create(topic, queue_id).put_batch(units)
-                      for (topic, queue_id), units in grouped.items())
+            queued[1].append(last_timestamp)
+        written = sum(self.find_or_create(topic, queue_id).put_batch(units, store_timestamps)
+                      for (topic, queue_id), (units, store_timestamps) in grouped.items())
         if grouped:
             self.logics_msg_timestamp = last_timestamp
         return written
