@@ -237,7 +237,7 @@ class CommitLog:
                 self._checkpoint.physic_msg_timestamp = self.mfq.store_timestamp
             self._checkpoint.close()
             self._checkpoint = None
-        self._queue_offset_store.save(self.queue_offset_snapshot())
+        self._save_queue_offsets(self.queue_offset_snapshot())
         self.mfq.shutdown()
         if self.pool is not None:
             self.pool.close()
@@ -566,7 +566,18 @@ class CommitLog:
             pass
         self.mfq.flush_until(snapshot.commitlog_offset)
         if self.mfq.flushed_where >= snapshot.commitlog_offset:
+            self._save_queue_offsets(snapshot)
+
+    def _save_queue_offsets(self, snapshot: QueueOffsetSnapshot) -> None:
+        """On a full disk the previous snapshot stays: it is behind, never ahead, and start-up replays
+        the log from it, so a stop or a round on a full disk loses nothing."""
+        try:
             self._queue_offset_store.save(snapshot)
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            log.warning("queue offset snapshot at %d not saved, the disk is full (%s): the previous one stays",
+                        snapshot.commitlog_offset, exc)
 
 
 def _files_needed(encoded: Sequence[EncodedMessage], room: int, file_size: int) -> int:
@@ -609,16 +620,8 @@ class StoreStateService(ServiceThread):
         usage = self._log.disk.refresh()
         if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
             self._last_snapshot = time.monotonic()
-            self._snapshot()
+            self._log.flush_and_snapshot()
         if time.monotonic() - self._last_clean >= self._clean_interval_s and usage is not None:
             self._last_clean = time.monotonic()
             self._log.clean_expired_files(usage.ratio)
 
-    def _snapshot(self) -> None:
-        try:
-            self._log.flush_and_snapshot()
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            # The previous snapshot stays valid (start-up replays from it); the next round tries again.
-            log.warning("queue offset snapshot not saved, the disk is full: %s", exc)

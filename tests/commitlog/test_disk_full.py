@@ -86,6 +86,7 @@ def test_a_failed_background_allocation_leaves_nothing_and_is_retried_when_the_r
         mfq.prepare_next_files(1)
         first.wrote_position = first.file_size  # the writer reached its end
         assert mfq.last_file_for_append().file_from_offset == 4 * MIB
+        mfq.prepare_next_files(1)  # waits for the background creation of file 2 (there is room now)
         assert set(store_files(disk / "commitlog").values()) == {4 * MIB}
     finally:
         mfq.shutdown()
@@ -182,6 +183,21 @@ def test_a_new_topic_on_a_full_disk_is_refused_without_writing_topics_json(disk:
     finally:
         (disk / "ballast").unlink(missing_ok=True)
         log.shutdown()
+
+
+def test_a_stop_on_a_full_disk_is_clean_and_loses_nothing(disk: Path) -> None:
+    log = make_log(disk / "store")
+    results = log.put_messages([Message("Stop", 0, BODY)] * 10)
+    fill(disk / "ballast", leave_bytes=0)  # the queue offset snapshot of the stop cannot be written
+    log.shutdown()
+    assert not (disk / "store" / "abort").exists()
+    (disk / "ballast").unlink()
+    again = make_log(disk / "store")
+    try:
+        assert again.queue_table[("Stop", 0)] == 10 and again.max_offset == results[-1].commitlog_offset + \
+            results[-1].wrote_bytes
+    finally:
+        again.shutdown()
 
 
 def test_a_topics_json_write_that_meets_enospc_fails_cleanly(disk: Path) -> None:
