@@ -28,6 +28,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import overload
 
 from services.store.mapped_file import OS_PAGE_SIZE, MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
@@ -485,6 +486,29 @@ class ConsumeQueue:
         self.mapped_file_queue.shutdown()
 
 
+class _StoreTimes(Sequence[int]):
+    """The store times of a queue's requests, read only where put_batch asks (a few per file)."""
+
+    __slots__ = ("_requests",)
+
+    def __init__(self, requests: Sequence[DispatchRequest]) -> None:
+        self._requests = requests
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | Sequence[int]:
+        if isinstance(index, slice):
+            return [r.store_timestamp for r in self._requests[index]]
+        return self._requests[index].store_timestamp
+
+
 def _queue_id_of(directory: Path) -> int | None:
     """A queue directory's id: canonical decimal only, since ConsumeQueue rebuilds its path from it."""
     name = directory.name
@@ -572,8 +596,8 @@ class ConsumeQueueStore:
         """Put the units of a chunk of records, in commitlog order (CommitLogDispatcherBuildConsumeQueue).
         BLANK and invalid requests, and PREPARED and ROLLBACK transaction records, are not queued.
         Returns the number of units written."""
-        grouped: dict[tuple[str, int], tuple[list[Unit], list[int]]] = {}
-        last_timestamp = 0
+        grouped: dict[tuple[str, int], list[DispatchRequest]] = {}
+        last: DispatchRequest | None = None
         tx_mask, prepared, rollback = TRANSACTION_TYPE_MASK, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
         for request in requests:
             if not request.success or request.msg_size <= 0:
@@ -584,14 +608,15 @@ class ConsumeQueueStore:
             key = (request.topic, request.queue_id)
             queued = grouped.get(key)
             if queued is None:
-                queued = grouped[key] = ([], [])
-            queued[0].append((request.commitlog_offset, request.msg_size, request.tags_code, request.queue_offset))
-            last_timestamp = request.store_timestamp
-            queued[1].append(last_timestamp)
-        written = sum(self.find_or_create(topic, queue_id).put_batch(units, store_timestamps)
-                      for (topic, queue_id), (units, store_timestamps) in grouped.items())
-        if grouped:
-            self.logics_msg_timestamp = last_timestamp
+                queued = grouped[key] = []
+            queued.append(request)
+            last = request
+        written = 0
+        for (topic, queue_id), queued in grouped.items():
+            units = [(r.commitlog_offset, r.msg_size, r.tags_code, r.queue_offset) for r in queued]
+            written += self.find_or_create(topic, queue_id).put_batch(units, _StoreTimes(queued))
+        if last is not None:
+            self.logics_msg_timestamp = last.store_timestamp
         return written
 
     # -- flush and shutdown --------------------------------------------------------------------
