@@ -191,6 +191,11 @@ def test_a_wholly_blank_file_in_the_middle_of_the_log(start_commitlog: StartComm
     commitlog = start_commitlog(broker, ENV)
     info = commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest())
     assert info.recovered_offset == info.max_offset == 2 * FILE_SIZE
+    # A Tail may start on the BLANK file itself (a reconnection there): it is told of the skip.
+    stream = commitlog.stub.Tail(commitlog_pb2.TailRequest(from_offset=FILE_SIZE, poll_wait_ms=100), timeout=10)
+    skip = next(stream)
+    stream.cancel()
+    assert (skip.start_offset, skip.next_offset, skip.record_count) == (FILE_SIZE, 2 * FILE_SIZE, 0)
     # The indexer waits at the first BLANK, caught up, when the next records arrive.
     indexer = indexers(tmp_path / "indexer", commitlog)
     wait_dispatched(indexer, 2 * FILE_SIZE)
