@@ -17,10 +17,9 @@ from mqstore.v1 import common_pb2
 
 from gateway.resilience import BackendError
 from gateway.shard import ShardClient
+from services.store.topics import PERM_READ, PERM_WRITE
 
 log = logging.getLogger(__name__)
-PERM_WRITE = 2
-PERM_READ = 4
 
 
 @dataclass(slots=True, frozen=True)

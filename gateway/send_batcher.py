@@ -20,8 +20,8 @@ from mqstore.v1 import commitlog_pb2
 
 from gateway.resilience import BackendError
 from gateway.shard import ShardClient
-from services.commitlog.put_result import BATCH_POSITION
 from services.server import tracing
+from services.store.errors import BATCH_POSITION
 
 MAX_BATCH = 1024
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]

@@ -27,17 +27,14 @@ from gateway.send_batcher import SendBatcher
 from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
-from gateway.wire import Context, Undecodable, status_of, unary
-from services.commitlog.convert import peer_address, topic_config_from_proto
-from services.commitlog.put_result import BATCH_POSITION
-from services.commitlog.topic_config import check_topic_config, check_topic_name
-from services.query.convert import pull_query_from_proto
-from services.query.lookup import check_key_query
-from services.query.names import check_group, check_offset, check_queue
-from services.query.pull import DEFAULT_MAX_LONG_POLL_MS
-from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
+from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
+from services.server.peer import peer_address
+from services.store.errors import BATCH_POSITION, InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
+from services.store.key_query import check_key_query
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from services.store.message_id import check_message_id, message_id_kind
+from services.store.names import check_group, check_offset, check_queue, check_topic_name
+from services.store.topics import check_topic_config
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +377,7 @@ class MessagingServicer:
 
     @unary
     async def Pull(self, request: query_pb2.PullMessageRequest, context: Context) -> Any:
-        pull_query_from_proto(request, DEFAULT_MAX_LONG_POLL_MS)  # every bound, before any backend call
+        check_pull_request(request)  # every bound, before any backend call
         queue = await self._readable_queue(context, request.topic, request.queue_id)
         request.queue_id = queue.shard_queue_id
         timeout = self._timeout(context, request.long_poll_ms / 1000)

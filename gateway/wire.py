@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
+from mqstore.v1 import common_pb2, query_pb2
 
 from gateway import metrics
 from gateway.auth import AuthError, PermissionDeniedError
@@ -17,6 +18,9 @@ from gateway.queue_selector import NoWritableQueueError
 from gateway.resilience import BackendError
 from services.server.status import status_code_of
 from services.store.errors import InvalidArgumentError, StoreError
+from services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS, PullQuery
+from services.store.subscription import parse_subscription
+from services.store.topics import TopicConfig
 
 SERVICE_NAME = "mqstore.v1.MessagingService"
 Context = grpc.aio.ServicerContext[Any, Any]
@@ -85,3 +89,16 @@ def decoder(request_type: Any) -> Callable[[bytes], Any]:
 
 def serialize(response: Any) -> bytes:
     return response if type(response) is bytes else response.SerializeToString()
+
+
+def check_pull_request(request: query_pb2.PullMessageRequest) -> None:
+    """Every bound of a pull (InvalidArgumentError), checked before any shard is asked. The long poll
+    is bounded by the query services' default maximum."""
+    PullQuery.checked(request.topic, request.queue_id, request.queue_offset, request.max_messages,
+                      request.max_bytes, parse_subscription(request.subscription), request.long_poll_ms,
+                      DEFAULT_MAX_LONG_POLL_MS)
+
+
+def topic_config_from_proto(pb: common_pb2.TopicConfig) -> TopicConfig:
+    return TopicConfig(topic=pb.topic, read_queue_nums=pb.read_queue_nums,
+                       write_queue_nums=pb.write_queue_nums, perm=pb.perm)

@@ -12,12 +12,12 @@ import pytest
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
-from services.commitlog.topic_config import TopicConfig
 from services.store.config import load_config
 from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from services.store.message import SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, Message
 from services.store.message_id import decode_message_id
 from services.store.record import BLANK_MAGIC_CODE, decode_record, read_size_and_magic
+from services.store.topics import TopicConfig
 
 
 def make_log(root: Path, **overrides: Any) -> CommitLog:

@@ -28,7 +28,7 @@ from services.commitlog.queue_offsets import (
     replay_queue_offsets,
 )
 from services.commitlog.recovery import recover_abnormally, recover_normally
-from services.commitlog.topic_config import PERM_WRITE, TopicConfig, TopicConfigManager, check_topic_name
+from services.commitlog.topic_config import TopicConfigManager
 from services.commitlog.topic_discovery import discover_queue_nums
 from services.server import tracing
 from services.store.checkpoint import StoreCheckpoint
@@ -45,6 +45,7 @@ from services.store.errors import (
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
+from services.store.names import check_topic_name
 from services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -56,6 +57,7 @@ from services.store.record import (
 )
 from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
+from services.store.topics import PERM_WRITE, TopicConfig
 from services.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)

@@ -6,40 +6,20 @@ Only the servicer imports this module; the engine and the store never see a prot
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from urllib.parse import unquote
 
 from mqstore.v1 import commitlog_pb2, common_pb2
 
 from services.commitlog.commit_log import StoreStats
 from services.commitlog.put_result import PutMessageResult, PutMessageStatus
-from services.commitlog.topic_config import TopicConfig
+from services.server.peer import peer_address
 from services.store.message import Message
-
-#: born_host of a message whose producer left it empty and whose peer is not an IP (a unix socket).
-UNKNOWN_BORN_HOST = "127.0.0.1:0"
+from services.store.topics import TopicConfig
 
 # Domain status -> proto enum value, by name (the numbers match too, but names say what is meant).
 _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {
     status: commitlog_pb2.PutMessageStatus.Value(f"PUT_MESSAGE_STATUS_{status.name}")
     for status in PutMessageStatus
 }
-
-
-def peer_address(peer: str) -> str:
-    """``context.peer()`` -> ``ip:port`` as a record stores it.
-
-    ``"ipv4:127.0.0.1:5000"`` -> ``"127.0.0.1:5000"``; ``"ipv6:[::1]:5000"`` (or its URL-escaped form
-    ``"ipv6:%5B::1%5D:5000"``, which some gRPC versions report) -> ``"[::1]:5000"``; anything else
-    (``unix:``, empty) -> :data:`UNKNOWN_BORN_HOST`.
-    """
-    scheme, _, address = peer.partition(":")
-    if scheme not in ("ipv4", "ipv6") or not address:
-        return UNKNOWN_BORN_HOST
-    address = unquote(address)
-    if scheme == "ipv6" and not address.startswith("["):
-        host, _, port = address.rpartition(":")
-        address = f"[{host}]:{port}"
-    return address
 
 
 def message_from_proto(pb: common_pb2.Message, peer: str) -> Message:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
 
 from services.store.errors import InvalidArgumentError
@@ -40,8 +39,6 @@ class PutMessageResult:
         return encode_message_id(self.store_host, self.commitlog_offset)
 
 
-#: How a batch error names its message ("message #i: "), for callers that map it back to their own.
-BATCH_POSITION = re.compile(r"message #(\d+): ")
 
 
 class PutMessageError(InvalidArgumentError):

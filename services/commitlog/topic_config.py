@@ -10,51 +10,17 @@ from __future__ import annotations
 
 import builtins
 import json
-import re
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from services.store.message import SCHEDULE_TOPIC
-from services.store.record import MAX_TOPIC_LENGTH_V1
+from services.store.names import MAX_QUEUE_NUMS
 from services.store.store_root import write_atomically
-
-PERM_WRITE = 0x2
-PERM_READ = 0x4
-PERM_READ_WRITE = PERM_READ | PERM_WRITE
-MAX_QUEUE_NUMS = 1024
-# RocketMQ's legal characters, plus '.', which real brokers store (the fixtures have such a topic).
-_LEGAL_TOPIC = re.compile(r"^[%|a-zA-Z0-9_.\-]+$")
-
-
-@dataclass(slots=True, frozen=True)
-class TopicConfig:
-    topic: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int = PERM_READ_WRITE
-
-
-def check_topic_name(topic: str) -> None:
-    if not topic:
-        raise InvalidArgumentError("topic is empty: give a topic name")
-    if len(topic.encode("utf-8")) > MAX_TOPIC_LENGTH_V1:
-        raise InvalidArgumentError(f"topic {topic[:40]!r}... is longer than {MAX_TOPIC_LENGTH_V1} bytes")
-    if not _LEGAL_TOPIC.match(topic):
-        raise InvalidArgumentError(f"topic {topic!r} has illegal characters: use letters, digits and %|_.-")
-
-
-def check_topic_config(config: TopicConfig) -> None:
-    check_topic_name(config.topic)
-    for name in ("read_queue_nums", "write_queue_nums"):
-        value = getattr(config, name)
-        if not 1 <= value <= MAX_QUEUE_NUMS:
-            raise InvalidArgumentError(f"{name} of {config.topic!r} is {value}: it must be within 1..{MAX_QUEUE_NUMS}")
-    if config.perm & ~PERM_READ_WRITE or config.perm == 0:
-        raise InvalidArgumentError(f"perm of {config.topic!r} is {config.perm}: use 2 (write), 4 (read) or 6 (both)")
+from services.store.topics import TopicConfig, check_topic_config
 
 
 class TopicConfigManager:

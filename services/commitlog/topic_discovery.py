@@ -21,9 +21,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from services.commitlog.queue_offsets import QueueKey
-from services.commitlog.topic_config import MAX_QUEUE_NUMS, check_topic_name
 from services.store.errors import InvalidArgumentError
 from services.store.inspect_consumequeue import ConsumeQueueError, find_queues
+from services.store.names import MAX_QUEUE_NUMS, check_topic_name
 
 log = logging.getLogger(__name__)
 

@@ -9,11 +9,12 @@ from typing import Any
 from mqstore.v1 import query_pb2
 
 from services.query.lookup import KeyQueryResult
-from services.query.pull import PullQuery, PullResult
+from services.query.pull import PullResult
 from services.query.stored_message import StoredMessage
-from services.query.subscription import parse_subscription
 from services.store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 from services.store.message_id import MessageIdKind
+from services.store.pull_request import PullQuery
+from services.store.subscription import parse_subscription
 
 
 def add_messages(target: Any, messages: Sequence[StoredMessage]) -> None:

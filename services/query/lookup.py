@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from services.query.backends import CommitLogClient, IndexerClient, StoreInfo
 from services.query.errors import DataLossError, FailedPreconditionError
-from services.query.names import check_key, check_offset, check_topic_name
 from services.query.store_view import StoreView
 from services.query.stored_message import StoredMessage, record_size_at, stored_message
 from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
+from services.store.key_query import check_key_query
 from services.store.message import KEY_SEPARATOR
 from services.store.message_id import (
     MessageIdError,
@@ -27,12 +27,10 @@ from services.store.message_id import (
     check_message_id,
     parse_message_id,
 )
+from services.store.names import check_topic_name
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_NUM = 32
-# maxMsgsNumBatch: the index answers at most this many hits per query.
-MAX_NUM = 64
 INDEX_MAX_HITS = 64
 # The index stores store times in whole seconds from its file's start: widen its range by a second each
 # way, then compare the records' exact store times.
@@ -51,21 +49,6 @@ class KeyQueryResult:
     index_last_update_timestamp: int
     index_last_update_phy_offset: int
     index_hits: int
-
-
-def check_key_query(topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> tuple[int, int]:
-    """The arguments of a key query; returns (end ms, max num) with their defaults applied."""
-    check_topic_name(topic)
-    check_key(key)
-    check_offset("begin timestamp", begin_ms)
-    check_offset("end timestamp", end_ms)
-    end = end_ms or INT64_MAX
-    if begin_ms > end:
-        raise InvalidArgumentError(f"begin timestamp {begin_ms} is after end timestamp {end_ms}")
-    max_num = max_num or DEFAULT_MAX_NUM
-    if not 1 <= max_num <= MAX_NUM:
-        raise InvalidArgumentError(f"max num {max_num} must be within 0..{MAX_NUM} (0 means {DEFAULT_MAX_NUM})")
-    return end, max_num
 
 
 def has_key(message: StoredMessage, key: str) -> bool:

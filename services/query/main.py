@@ -24,7 +24,7 @@ from services.query.arrivals import ArrivalWatcher
 from services.query.backends import CommitLogClient, IndexerClient
 from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
 from services.query.lookup import MessageLookup
-from services.query.pull import DEFAULT_MAX_LONG_POLL_MS, Puller
+from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
 from services.query.servicer import SERVICE_NAME, QueryServicer
 from services.query.store_view import StoreView
@@ -43,6 +43,7 @@ from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.server.service_auth import load_service_token
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError, load_config
+from services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS
 from services.store.store_root import StoreLock, StoreLockedError
 
 log = logging.getLogger("services.query")

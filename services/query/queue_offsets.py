@@ -9,9 +9,9 @@ import struct
 
 from services.query.backends import CommitLogClient, IndexerClient
 from services.query.errors import DataLossError
-from services.query.names import check_offset, check_queue
 from services.query.stored_message import record_size_at
 from services.store.errors import NotFoundError, OutOfRangeError
+from services.store.names import check_offset, check_queue
 from services.store.record import IPV6_HOST_LENGTH, PHYSICAL_OFFSET_POS, SYSFLAG_POS, store_timestamp_pos
 
 # Enough of a record to reach STORETIMESTAMP even behind an IPv6 born host.

@@ -23,11 +23,11 @@ from services.query.convert import (
 )
 from services.query.errors import query_status_code
 from services.query.lookup import MessageLookup
-from services.query.names import check_group, check_offset, check_queue
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
 from services.store.errors import NotFoundError, StoreError, UnavailableError
 from services.store.message_id import message_id_kind
+from services.store.names import check_group, check_offset, check_queue
 
 SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
 # A long poll answers this much before the call's deadline, so the answer arrives in time.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class StoreError(Exception):
     """Base: the message says what the caller should fix."""
@@ -34,3 +36,7 @@ class AlreadyExistsError(StoreError):
 class DiskFullError(ResourceExhaustedError):
     """The store's disk is too full to take a write (RocketMQ's "disk full" refusal). Nothing of the
     refused write is on disk, so the caller may send again once space is freed."""
+
+
+#: How a batch error names its message ("message #i: "), for callers that map it back to their own.
+BATCH_POSITION = re.compile(r"message #(\d+): ")

@@ -16,10 +16,10 @@ import pytest
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
 
-from services.commitlog.convert import UNKNOWN_BORN_HOST, peer_address
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.commitlog.servicer import CommitLogServicer
 from services.server.logs import configure_logging
+from services.server.peer import UNKNOWN_BORN_HOST, peer_address
 from services.server.status import status_code_of
 from services.store import errors
 from services.store.message import Message

@@ -17,11 +17,11 @@ from mqstore.v1 import common_pb2
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.put_result import PutMessageError
-from services.commitlog.topic_config import TopicConfig
 from services.store.config import load_config
 from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.message import SCHEDULE_TOPIC, Message
 from services.store.record import decode_record
+from services.store.topics import TopicConfig
 from tests.commitlog.commitlog_process import StartCommitLog
 
 THREE_LEVELS = "1s 5s 10s"

@@ -15,11 +15,12 @@ import pytest
 from mqstore.v1 import commitlog_pb2, common_pb2
 
 from services.commitlog.commit_log import CommitLog
-from services.commitlog.topic_config import TopicConfig, TopicConfigManager
+from services.commitlog.topic_config import TopicConfigManager
 from services.store.config import load_config
 from services.store.errors import DiskFullError
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import Message
+from services.store.topics import TopicConfig
 from services.store.transient_store_pool import TransientStorePool
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.commitlog.small_disk import MIB, fill, small_filesystem

@@ -24,9 +24,20 @@ def rpc_error(call: object, request: object) -> grpc.RpcError:
     return error.value
 
 
+def indexed(up: UpProcess, topic: str, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until queue 0 of ``topic`` has ``count`` units: the indexer follows the commitlog by a few
+    milliseconds, and a pull before it catches up rightly answers what is indexed so far."""
+    deadline = time.monotonic() + timeout_s
+    request = query_pb2.GetQueueOffsetRangeRequest(topic=topic, queue_id=0)
+    while up.stub.GetQueueOffsets(request, timeout=10).max_offset < count:
+        assert time.monotonic() < deadline, f"{topic} queue 0 did not reach {count} units"
+        time.sleep(0.02)
+
+
 def test_pull_reads_what_was_sent_with_tag_filter_and_long_poll(up: UpProcess) -> None:
     sent(up, "pull", 3, TAGS="TagA")
     sent(up, "pull", 2, TAGS="TagB")
+    indexed(up, "pull", 5)
     response = up.stub.Pull(query_pb2.PullMessageRequest(topic="pull", queue_id=0, queue_offset=0,
                                                          subscription="TagB"), timeout=10)
     assert response.status == query_pb2.GET_MESSAGE_STATUS_FOUND
