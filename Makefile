@@ -55,6 +55,7 @@ $(NODE_DEPS): clients/node/package-lock.json clients/node/package.json
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
 	$(VENV)/bin/mypy services gateway pipeline mqstore_client
+	$(VENV)/bin/lint-imports
 
 bench: $(GENERATED)
 	$(PY) -m bench.append_engine
