@@ -182,43 +182,48 @@ def _serve_commitlog(args: argparse.Namespace) -> int:
 def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     inspect = commands.add_parser("inspect", help="decode store files offline")
     kinds = inspect.add_subparsers(dest="kind", required=True)
+    from services.store.geometry import add_geometry_arguments
+
     commitlog = kinds.add_parser("commitlog", help="decode every record of a commitlog directory")
-    commitlog.add_argument("dir", help="a commitlog directory (mqstore's or RocketMQ's)")
+    commitlog.add_argument("dir", help="a store root or its commitlog directory (mqstore's or RocketMQ's)")
     commitlog.add_argument("--from", dest="from_offset", type=int, default=None,
                            help="start at this commitlog offset (a record boundary)")
     commitlog.add_argument("--json", action="store_true", help="one JSON object per record")
+    add_geometry_arguments(commitlog, commitlog=True)
     commitlog.set_defaults(handler=_inspect_commitlog)
     consumequeue = kinds.add_parser("consumequeue", help="print the units of ConsumeQueue files")
-    consumequeue.add_argument("dir", help="a consumequeue directory, a topic's or a queue's directory")
+    consumequeue.add_argument("dir", help="a store root (mqstore's or RocketMQ's), a consumequeue directory, "
+                                          "a topic's or a queue's directory")
     consumequeue.add_argument("--json", action="store_true", help="one JSON object per unit")
+    add_geometry_arguments(consumequeue, consumequeue=True)
     consumequeue.set_defaults(handler=_inspect_consumequeue)
     index = kinds.add_parser("index", help="print an IndexFile: header, then entries")
     index.add_argument("file", help="one index file (mqstore's or RocketMQ's)")
     index.add_argument("--json", action="store_true", help="one JSON object per line")
     index.add_argument("--slots", action="store_true", help="also print the non-empty hash slots")
-    index.add_argument("--hash-slot-num", type=int, default=None,
-                       help="maxHashSlotNum (default: inferred from the file size)")
-    index.add_argument("--index-num", type=int, default=None,
-                       help="maxIndexNum (default: inferred from the file size)")
+    add_geometry_arguments(index, index=True)
     index.set_defaults(handler=_inspect_index)
 
 
 def _inspect_commitlog(args: argparse.Namespace) -> int:
+    from services.store.geometry import options_of
     from services.store.inspect_commitlog import main as inspect_main
 
-    return inspect_main(args.dir, args.from_offset, args.json)
+    return inspect_main(args.dir, args.from_offset, args.json, options_of(args))
 
 
 def _inspect_consumequeue(args: argparse.Namespace) -> int:
+    from services.store.geometry import options_of
     from services.store.inspect_consumequeue import main as inspect_main
 
-    return inspect_main(args.dir, args.json)
+    return inspect_main(args.dir, args.json, options_of(args))
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
+    from services.store.geometry import options_of
     from services.store.inspect_index import main as inspect_main
 
-    return inspect_main(args.file, args.json, args.slots, args.hash_slot_num, args.index_num)
+    return inspect_main(args.file, args.json, args.slots, options_of(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

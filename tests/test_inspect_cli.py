@@ -19,6 +19,7 @@ from services.store.commitlog_files import (
 from services.store.inspect_commitlog import main
 from tests.commitlog.commitlog_process import mqstore_command, run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
+from tests.pipeline.services_store import ServicesStore, write_services_store
 
 MIB = 1024 * 1024
 
@@ -78,9 +79,9 @@ def test_from_the_torn_record_prints_nothing(pristine_store: StoreFactory) -> No
     assert (result.returncode, result.stdout) == (0, b"")
 
 
-@pytest.mark.parametrize("where", ["missing", "store-root"])
-def test_a_bad_directory_exits_2(pristine_store: StoreFactory, tmp_path: Path, where: str) -> None:
-    path = tmp_path / "nope" if where == "missing" else pristine_store("normal-raw")
+@pytest.mark.parametrize("where", ["missing", "no-commitlog"])
+def test_a_bad_directory_exits_2(tmp_path: Path, where: str) -> None:
+    path = tmp_path / "nope" if where == "missing" else tmp_path
     result = run_cli(path)
     assert result.returncode == 2 and result.stdout == b""
     assert result.stderr.decode().count("\n") == 1
@@ -164,3 +165,67 @@ def test_a_walk_stopped_early_unmaps_cleanly(pristine_store: StoreFactory) -> No
     walk.close()
     assert [e.offset for e in entries] == [0, 161, 346]
     assert walk.end is None
+
+
+# --- both store layouts, and the geometry from the store's settings ---------------------------------
+
+@pytest.fixture(scope="module")
+def services_store(tmp_path_factory: pytest.TempPathFactory) -> ServicesStore:
+    """mqstore's layout, written by the real services (index files of 997 slots, 5000 entries)."""
+    return write_services_store(tmp_path_factory.mktemp("services"))
+
+
+def run_with_env(env: dict[str, str], *args: str | Path) -> subprocess.CompletedProcess[bytes]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
+    return subprocess.run([*mqstore_command(), *map(str, args)], capture_output=True, timeout=60,
+                          env={**environ, **env, "LC_ALL": "C", "PYTHONIOENCODING": ""}, check=False)
+
+
+def test_a_store_root_of_either_layout(pristine_store: StoreFactory, services_store: ServicesStore) -> None:
+    rocketmq = pristine_store("normal-raw")
+    assert run_cli(rocketmq, "--json").stdout == run_cli(rocketmq / "commitlog", "--json").stdout
+    records = [json.loads(line) for line in run_cli(services_store.root, "--json").stdout.splitlines()]
+    assert sum(row["type"] == "msg" for row in records) == services_store.messages
+    assert sum(row["type"] == "blank" for row in records) > 10  # 64 KiB files, rolled behind BLANK fillers
+    # ConsumeQueues: RocketMQ's under the root, mqstore's under indexer/ (inspect takes the root of either)
+    ours = run_mqstore("inspect", "consumequeue", services_store.root, "--json")
+    assert ours.returncode == 0, ours.stderr.decode()
+    units = [json.loads(line) for line in ours.stdout.splitlines()]
+    assert sorted(u["phyOffset"] for u in units) == sorted(r["commitLogOffset"] for r in records if r["type"] == "msg")
+    theirs = run_mqstore("inspect", "consumequeue", rocketmq, "--json")
+    assert theirs.stdout == run_mqstore("inspect", "consumequeue", rocketmq / "consumequeue", "--json").stdout != b""
+
+
+def test_consumequeue_file_size_from_the_settings(services_store: ServicesStore) -> None:
+    agreed = run_mqstore("inspect", "consumequeue", services_store.root, "--config", services_store.config)
+    assert agreed.returncode == 0 and agreed.stdout.decode().splitlines()[-1] == \
+        f"# {services_store.messages} units in 16 queues"
+    wrong = run_mqstore("inspect", "consumequeue", services_store.root, "--config", services_store.config,
+                        "--cq-file-size", "6000")  # the flag wins, and the files say otherwise
+    err = wrong.stderr.decode()
+    assert wrong.returncode == 2 and "differs from mappedFileSizeConsumeQueue 6000" in err and err.count("\n") == 1
+
+
+def test_index_geometry_from_the_settings(services_store: ServicesStore, tmp_path: Path) -> None:
+    """997 slots and 5000 entries make 104028-byte files, which no size-based guess can read: the
+    settings (file or environment) or the flags say it; without them, one line says what to give."""
+    index_dir = services_store.root / "indexer" / "index"
+    first = sorted(index_dir.iterdir())[0]
+    guessed = run_mqstore("inspect", "index", first)
+    err = guessed.stderr.decode()
+    assert guessed.returncode == 2 and guessed.stdout == b"" and err.count("\n") == 1
+    assert "104028-byte index file" in err and "--hash-slot-num" in err and "maxHashSlotNum" in err
+    expected = run_mqstore("inspect", "index", first, "--config", services_store.config, "--json")
+    assert expected.returncode == 0, expected.stderr.decode()
+    rows = [json.loads(line) for line in expected.stdout.splitlines()]
+    assert rows[0]["indexCount"] == 5000 and len(rows) == 5000  # full: header + 4999 entries
+    env = {"MQSTORE_MAX_HASH_SLOT_NUM": "997", "MQSTORE_MAX_INDEX_NUM": "5000"}
+    assert run_with_env(env, "inspect", "index", first, "--json").stdout == expected.stdout
+    assert run_mqstore("inspect", "index", first, "--hash-slot-num", "997", "--json").stdout == expected.stdout
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("maxHashSlotNum: 1000\nmaxIndexNum: 4000\n")
+    flags_win = run_mqstore("inspect", "index", first, "--config", wrong, "--hash-slot-num", "997",
+                            "--index-num", "5000", "--json")
+    assert flags_win.stdout == expected.stdout
+    mismatch = run_mqstore("inspect", "index", first, "--config", wrong)
+    assert mismatch.returncode == 2 and b"maxHashSlotNum of the settings" in mismatch.stderr

@@ -1,5 +1,9 @@
 """``mqstore inspect commitlog DIR [--from OFFSET] [--json]``: decode a commitlog directory offline.
 
+DIR is a store root (mqstore's or RocketMQ's layout) or its commitlog directory. The file size is
+mappedFileSizeCommitLog from ``--config``/``MQSTORE_*`` or ``--commitlog-file-size``, else the files'
+own (services.store.geometry).
+
 ``--json`` prints one object per record, field for field what the RocketMQ reference dumps hold
 (``msg`` and ``blank`` rows), so a store written by mqstore can be diffed against one written by
 RocketMQ. Without it a table for people. Only reads: safe on a directory a live store is using.
@@ -23,8 +27,10 @@ from services.store.commitlog_files import (
     RecordEntry,
     iter_commitlog,
 )
+from services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
 from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
 from services.store.message_id import make_message_id
+from services.store.store_layout import StoreLayoutError, resolve_store
 
 PROG = "mqstore inspect commitlog"
 
@@ -129,15 +135,15 @@ def _table_header() -> str:
 
 
 
-def main(dir: str, from_offset: int | None, as_json: bool) -> int:
-    """Print every entry of commitlog directory ``dir`` from ``from_offset`` (a record boundary) on.
-    Returns 0, or 2 after a one-line message on stderr for a bad directory or offset."""
-    path = Path(dir)
-    if path.is_dir() and (path / "commitlog").is_dir():
-        return usage_error(PROG, f"{dir} looks like a store root; pass {path / 'commitlog'}")
+def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOptions | None = None) -> int:
+    """Print every entry of the commitlog of ``dir`` (a store root or its commitlog directory) from
+    ``from_offset`` (a record boundary) on. Returns 0, or 2 after a one-line message on stderr for a
+    bad directory, geometry or offset."""
     try:
-        walk = iter_commitlog(path, from_offset)
-    except CommitLogError as exc:
+        commitlog = resolve_store(Path(dir)).require_commitlog()
+        walk = iter_commitlog(commitlog, from_offset,
+                              file_size=StoreGeometry(options).commitlog_file_size(commitlog))
+    except (CommitLogError, GeometryError, StoreLayoutError) as exc:
         return usage_error(PROG, str(exc))
     except OSError as exc:
         return usage_error(PROG, f"{dir}: {exc.strerror or exc}")

@@ -1,9 +1,12 @@
 """``mqstore inspect consumequeue DIR [--json]``: print the units of ConsumeQueue files offline.
 
-DIR is a ``consumequeue`` directory, one topic's directory or one queue's directory; mqstore's and
-RocketMQ's files are the same format. Files are only read, never written, so it is
-safe on a directory a live store is using. A queue's data ends at its first invalid unit
-(commitlog offset < 0 or size <= 0), the rule RocketMQ's recovery uses.
+DIR is a store root (mqstore's layout keeps the queues in ``indexer/consumequeue``, RocketMQ's in
+``consumequeue``: services.store.store_layout), a ``consumequeue`` directory, one topic's directory or
+one queue's directory; mqstore's and RocketMQ's files are the same format. Every file must be
+mappedFileSizeConsumeQueue bytes (``--config``/``MQSTORE_*`` or ``--cq-file-size``, else the size all
+files have: services.store.geometry). Files are only read, never written, so it is safe on a directory
+a live store is using. A queue's data ends at its first invalid unit (commitlog offset < 0 or size
+<= 0), the rule RocketMQ's recovery uses.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from services.store.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
+from services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
 from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
+from services.store.store_layout import StoreLayoutError, looks_like_store_root, resolve_store
 
 PROG = "mqstore inspect consumequeue"
 _FILE_NAME = re.compile(r"[0-9]{20}")
@@ -71,11 +76,14 @@ def _topic_queues(topic_dir: Path) -> list[QueueDir]:
 
 
 def find_queues(directory: Path) -> list[QueueDir]:
-    """The queues under ``directory`` (a consumequeue root, a topic or a queue), in dump order."""
+    """The queues under ``directory`` (a store root, a consumequeue root, a topic or a queue), in dump
+    order."""
     if not directory.is_dir():
         raise ConsumeQueueError(f"{directory}: no such directory")
-    if (directory / "consumequeue").is_dir():
-        raise ConsumeQueueError(f"{directory} looks like a store root; pass {directory / 'consumequeue'}")
+    if looks_like_store_root(directory):
+        directory = resolve_store(directory).consumequeue
+        if not directory.is_dir():
+            raise ConsumeQueueError(f"{directory}: no such directory (the store has no ConsumeQueue files)")
     children = list(directory.iterdir())
     if any(_FILE_NAME.fullmatch(child.name) for child in children):
         queue_id = _queue_id(directory)
@@ -90,29 +98,37 @@ def find_queues(directory: Path) -> list[QueueDir]:
 
 
 def _queue_files(queue: QueueDir) -> list[tuple[int, Path]]:
-    """The queue's files in offset order, checked to be one contiguous stream of equal-sized files."""
+    """The queue's files in offset order."""
     files: list[tuple[int, Path]] = []
     for path in queue.path.iterdir():
         if not (_FILE_NAME.fullmatch(path.name) and path.is_file()):
             raise ConsumeQueueError(f"{path}: not a ConsumeQueue file (expected names of 20 digits)")
         files.append((int(path.name), path))
-    files.sort()
-    if not files:
-        return files
-    size = files[0][1].stat().st_size
-    if size <= 0 or size % CQ_STORE_UNIT_SIZE:
-        raise ConsumeQueueError(f"{files[0][1]}: size {size} is not a multiple of {CQ_STORE_UNIT_SIZE}")
+    return sorted(files)
+
+
+def file_size_of(queues: list[QueueDir], where: Path, options: GeometryOptions | None = None) -> int:
+    """mappedFileSizeConsumeQueue for these queues (found under ``where``): given, else the size all
+    their files have."""
+    files = [path for queue in queues for _, path in _queue_files(queue)]
+    return StoreGeometry(options).cq_file_size(files, where)
+
+
+def _checked_files(queue: QueueDir, size: int) -> list[tuple[int, Path]]:
+    """The queue's files, checked to be one contiguous stream of ``size``-byte files."""
+    files = _queue_files(queue)
     for index, (start, path) in enumerate(files):
         if path.stat().st_size != size:
-            raise ConsumeQueueError(f"{path}: size {path.stat().st_size} differs from {size}")
+            raise ConsumeQueueError(f"{path}: size {path.stat().st_size} differs from mappedFileSizeConsumeQueue "
+                                    f"{size}")
         if start % size or (index and start != files[index - 1][0] + size):
             raise ConsumeQueueError(f"{path}: offset {start} does not follow the previous file (a gap)")
     return files
 
 
-def iter_units(queue: QueueDir) -> Iterator[CqUnit]:
+def iter_units(queue: QueueDir, file_size: int) -> Iterator[CqUnit]:
     """The queue's units from its first file on, up to the first invalid unit."""
-    for start, path in _queue_files(queue):
+    for start, path in _checked_files(queue, file_size):
         first = start // CQ_STORE_UNIT_SIZE
         for index, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(path.read_bytes())):
             if not is_valid_unit(offset, size):
@@ -137,13 +153,13 @@ def _line(unit: CqUnit, as_json: bool) -> str:
                         str(unit.size), str(unit.tags_code)))
 
 
-def _print(queues: list[QueueDir], as_json: bool) -> None:
+def _print(queues: list[QueueDir], file_size: int, as_json: bool) -> None:
     out = stdout_bytes()
     if not as_json:
         out.write((_table_line(tuple(name for name, _, _ in _COLUMNS)) + "\n").encode())
     count = 0
     for queue in queues:
-        for unit in iter_units(queue):
+        for unit in iter_units(queue, file_size):
             out.write((_line(unit, as_json) + "\n").encode())
             count += 1
     if not as_json:
@@ -153,15 +169,15 @@ def _print(queues: list[QueueDir], as_json: bool) -> None:
 
 
 
-def main(dir: str, as_json: bool) -> int:
+def main(dir: str, as_json: bool, options: GeometryOptions | None = None) -> int:
     """Print every unit under ``dir``. Returns 0, or 2 after a one-line message on stderr."""
     try:
         queues = find_queues(Path(dir))
-        _print(queues, as_json)
+        _print(queues, file_size_of(queues, Path(dir), options), as_json)
     except BrokenPipeError:
         silence_stdout()  # the reader went away (``| head``): not an error
         return 0
-    except ConsumeQueueError as exc:
+    except (ConsumeQueueError, GeometryError, StoreLayoutError) as exc:
         return usage_error(PROG, str(exc))
     except OSError as exc:
         return usage_error(PROG, f"{dir}: {exc.strerror or exc}")
