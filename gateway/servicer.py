@@ -34,6 +34,7 @@ from services.store.key_query import check_key_query
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from services.store.message_id import check_message_id, message_id_kind
 from services.store.names import check_group, check_offset, check_queue, check_topic_name
+from services.store.producer_message import check_producer_message
 from services.store.topics import check_topic_config
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,7 @@ class MessagingServicer:
         message = request.message
         check_topic_name(message.topic)
         _check_body(message, None)
+        _check_producer_fields(message, None)
         self.tokens.authorize(principal, Action.PRODUCE, message.topic)
         route = await self._route_for_send(message.topic, context)
         return route, self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
@@ -220,6 +222,7 @@ class MessagingServicer:
         check_topic_name(topic)
         for i, message in enumerate(messages):
             _check_body(message, i)
+            _check_producer_fields(message, i)
             if message.topic != topic:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
@@ -555,6 +558,11 @@ def _check_body(message: common_pb2.Message, index: int | None) -> None:
     if not message.body:
         where = "" if index is None else f"message #{index}: "
         raise InvalidArgumentError(f"{where}the message body is empty: give a body of at least one byte")
+
+
+def _check_producer_fields(message: common_pb2.Message, index: int | None) -> None:
+    check_producer_message(message.topic, message.properties, message.flag, message.sys_flag,
+                           message.born_timestamp, message.reconsume_times, message.prepared_transaction_offset, index)
 
 
 def _peer_host(context: Context) -> str:

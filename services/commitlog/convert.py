@@ -13,6 +13,7 @@ from services.commitlog.commit_log import StoreStats
 from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
 from services.store.message import Message
+from services.store.producer_message import check_producer_message
 from services.store.topics import TopicConfig
 
 # Domain status -> proto enum value, by name (the numbers match too, but names say what is meant).
@@ -24,21 +25,25 @@ _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {
 
 def message_from_proto(pb: common_pb2.Message, peer: str) -> Message:
     """A producer's message; an empty born_host becomes the caller's address (``peer``)."""
-    return _message(pb, pb.born_host or peer_address(peer))
+    return _message(pb, pb.born_host or peer_address(peer), None)
 
 
 def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str) -> list[Message]:
     """A batch's messages: the caller's address is worked out once, not per message."""
     host = peer_address(peer)
-    return [_message(pb, pb.born_host or host) for pb in pbs]
+    return [_message(pb, pb.born_host or host, i) for i, pb in enumerate(pbs)]
 
 
-def _message(pb: common_pb2.Message, born_host: str) -> Message:
+def _message(pb: common_pb2.Message, born_host: str, index: int | None) -> Message:
+    """A message that came over the wire: only what a producer may send (``producer_message.py``)."""
     # Runs once per appended message: positional arguments in Message's field order, and the properties
     # copied by iterating the map's keys in C (``dict(map)`` goes through a Python-level KeysView and
     # costs twice as much).
     props = pb.properties
-    return Message(pb.topic, pb.queue_id, pb.body, pb.flag, {k: props[k] for k in props}, pb.born_timestamp,
+    properties = {k: props[k] for k in props}
+    check_producer_message(pb.topic, properties, pb.flag, pb.sys_flag, pb.born_timestamp, pb.reconsume_times,
+                           pb.prepared_transaction_offset, index)
+    return Message(pb.topic, pb.queue_id, pb.body, pb.flag, properties, pb.born_timestamp,
                    born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
 
 

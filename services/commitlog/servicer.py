@@ -543,14 +543,18 @@ class _AppendStream:
 
     def _messages(self, seq: int,
                   requests: Sequence[commitlog_pb2.AppendRequest]) -> tuple[list[Message], _Failure | None]:
-        """The messages up to the first request without one (and the failure it causes)."""
-        pbs = [r.message for r in requests if r.HasField("message")]
-        if len(pbs) == len(requests):
-            return messages_from_proto(pbs, self._peer), None
-        missing = next(i for i, r in enumerate(requests) if not r.HasField("message"))
-        return messages_from_proto(pbs[:missing], self._peer), _Failure(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"message #{seq + missing} of the stream: AppendRequest.message is missing")
+        """The messages up to the first request without one or with one a producer may not send (and
+        the failure it causes)."""
+        messages: list[Message] = []
+        for i, request in enumerate(requests):
+            if not request.HasField("message"):
+                return messages, _Failure(grpc.StatusCode.INVALID_ARGUMENT,
+                                          f"message #{seq + i} of the stream: AppendRequest.message is missing")
+            try:
+                messages.append(message_from_proto(request.message, self._peer))
+            except StoreError as exc:
+                return messages, _Failure(status_code_of(exc), f"message #{seq + i} of the stream: {exc}")
+        return messages, None
 
     def _append_one_by_one(self, seq: int,
                            messages: Sequence[Message]) -> tuple[list[PutMessageResult], _Failure | None]:
