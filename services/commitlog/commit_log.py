@@ -27,10 +27,10 @@ from services.commitlog.queue_offsets import (
     advances_queue,
     replay_queue_offsets,
 )
-from services.commitlog.recovery import recover_abnormally, recover_normally
+from services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
 from services.commitlog.topic_config import TopicConfigManager
 from services.commitlog.topic_discovery import discover_queue_nums
-from services.server import tracing
+from services.server import metrics, tracing
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
 from services.store.disk_space import is_disk_full
@@ -142,6 +142,7 @@ class CommitLog:
         self._state_service: StoreStateService | None = None
         self.last_exit_ok = True
         self.recovered_offset = 0
+        self.recovery = RecoveryResult(0, 0, 0)  # what the last start's recovery found
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -159,12 +160,16 @@ class CommitLog:
         self.mfq.load()
         self.disk.refresh()
         cfg = self.config
+        walk_started = time.monotonic()
         if self.last_exit_ok:
-            end = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms)
+            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms)
         else:
             log.warning("abort file found in %s: the last stop was not clean, recovering abnormally", self.root)
-            end = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
-                                     cfg.message_index_enable and cfg.message_index_safe, self._delay_levels_ms)
+            self.recovery = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
+                                               cfg.message_index_enable and cfg.message_index_safe,
+                                               self._delay_levels_ms)
+        metrics.observe_recovery(self.recovery, time.monotonic() - walk_started)
+        end = self.recovery.end
         self.mfq.truncate_dirty_files(end)
         self.mfq.prefault_last_file()
         self.recovered_offset = end

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import REGISTRY, Counter, Histogram, Metric, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, Metric, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -45,6 +45,18 @@ FLUSH_LATENCY = Histogram(
 )
 READS = Counter("mqstore_commitlog_reads", "Read and ReadBatch calls answered", ["method"])
 READ_BYTES = Counter("mqstore_commitlog_read_bytes", "Record bytes sent by Read, ReadBatch and Tail", ["method"])
+
+# What the last start-up's recovery found (set once per start; see services/commitlog/recovery.py).
+RECOVERY_SECONDS = Gauge("mqstore_commitlog_recovery_seconds", "Duration of the last start-up's recovery walk")
+RECOVERY_SCANNED_BYTES = Gauge("mqstore_commitlog_recovery_scanned_bytes",
+                               "Commitlog bytes the last start-up's recovery walked")
+RECOVERY_DROPPED_BYTES = Gauge(
+    "mqstore_commitlog_recovery_dropped_bytes",
+    "Bytes the last recovery cut off at a torn or damaged record (to the end of the data found after it); "
+    "0 for a clean end of the log")
+RECOVERY_DROPPED_RECORDS = Gauge(
+    "mqstore_commitlog_recovery_dropped_records",
+    "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
 
 # Bound children: a labels() lookup per call is the expensive part of a prometheus update.
 _PUT_OK = PUTS.labels(status="PUT_OK")
@@ -77,6 +89,31 @@ def observe_append(results: Sequence[_Put], elapsed_s: float) -> None:
             PUTS.labels(status=result.status.name).inc()
     _PUT_OK.inc(ok)
     APPENDED_BYTES.inc(written)
+
+
+class _Damage(Protocol):
+    @property
+    def dropped_bytes(self) -> int: ...
+
+    @property
+    def intact_records(self) -> int: ...
+
+
+class _Recovery(Protocol):
+    @property
+    def scanned_bytes(self) -> int: ...
+
+    @property
+    def damage(self) -> _Damage | None: ...
+
+
+def observe_recovery(result: _Recovery, elapsed_s: float) -> None:
+    """Record what a start-up's recovery walked and what it cut off."""
+    RECOVERY_SECONDS.set(elapsed_s)
+    RECOVERY_SCANNED_BYTES.set(result.scanned_bytes)
+    damage = result.damage
+    RECOVERY_DROPPED_BYTES.set(damage.dropped_bytes if damage is not None else 0)
+    RECOVERY_DROPPED_RECORDS.set(damage.intact_records if damage is not None else 0)
 
 
 def observe_read(calls: Counter, read_bytes: Counter, size: int) -> None:
