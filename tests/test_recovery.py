@@ -237,3 +237,23 @@ def test_expired_files_are_deleted_and_reads_below_them_are_out_of_range(tmp_pat
         assert len(log.clean_expired_files(disk_used_ratio=0.95)) == min(10, len(files) - 4)
     with opened(tmp_path, small_config()) as log:
         assert log.queue_table == table
+
+
+def test_queue_offsets_rebuilt_from_the_log_match_the_writer(tmp_path: Path) -> None:
+    """The numpy rebuild (queue_offsets.replay_queue_offsets) against the writer's own table: topics of
+    1 to 127 bytes (several 8-byte words, equal lengths, shared prefixes), IPv6 born hosts, and
+    prepared transactions, which take no queue offset."""
+    topics = ["T", "TopicA", "TopicB", "TopicA-long-name-0123456789", "TopicA-long-name-0123456780",
+              "TopicA-long-name-0123456789-x", "%RETRY%g_1", "t" * 127]
+    with opened(tmp_path, small_config()) as log:
+        for i in range(1500):
+            topic = topics[i % len(topics)]
+            log.put_message(Message(topic, i // len(topics) % 3, b"x" * (i % 50), properties={"KEYS": f"k{i}"},
+                                    born_host="[::1]:9" if i % 7 == 0 else "127.0.0.1:9",
+                                    sys_flag=0x4 if i % 11 == 0 else 0))
+        table = dict(log.queue_table)
+        assert len(table) == len(topics) * 3 and len(log.mfq.files) > 3
+    (tmp_path / "config" / "queue_offsets.json").unlink()
+    (tmp_path / "config" / "queue_offsets.json.bak").unlink(missing_ok=True)
+    with opened(tmp_path, small_config()) as log:
+        assert log.queue_table == table
