@@ -65,5 +65,12 @@ bench: $(GENERATED)
 	$(PY) -m bench.query
 	$(PY) -m bench.gateway
 
+# The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
+# then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
+# or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES), SOAK_SEED=N repeats a run's random choices.
+.PHONY: soak
+soak: $(GENERATED) java
+	$(PY) -m tests.soak.soak
+
 clean:
 	rm -rf $(VENV) gen build *.egg-info

@@ -1,0 +1,288 @@
+"""A differential soak: write through the real system while killing its services, then compare every
+way of reading the store with every other (``tests/soak/divergence.py``).
+
+One *round* (:func:`run_round`): start commitlog, indexer, query and gateway as ``mqstore up`` does;
+produce through the gateway (bursts of batches and streams, single sends of nearly a whole file) while
+each service is killed with SIGKILL at random points and restarted; wait for the indexer to catch
+up; look every acknowledged message up through the gateway; stop everything cleanly; rebuild the
+indexes twice more, with ``mqstore pipeline reindex`` and with a fresh indexer on an empty root; run
+``pipeline export`` and ``pipeline verify``; compare.
+
+``tests/soak/test_differential_soak.py`` runs one short round in the small geometry. ``make soak``
+runs this module: rounds on one growing store for ``SOAK_MINUTES`` (default 60) in the default
+geometry (or ``SOAK_GEOMETRY=small``, or ``CL_BYTES,CQ_UNITS,SLOTS,ENTRIES``), printing every
+divergence; the exit code is 1 when there was one. ``SOAK_SEED`` repeats a run's random choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.runner import ChildSpec
+from tests.commitlog.commitlog_process import free_port, mqstore_command
+from tests.geometry import SMALL, GeometryPreset, geometry_named
+from tests.soak.divergence import (
+    Findings,
+    check_acknowledged,
+    check_lookups,
+    commitlog_records,
+    compare_consume_queues,
+    compare_indexes,
+    compare_records,
+    export_rows,
+    index_contents,
+)
+from tests.soak.workload import Ledger, Pace, SoakSystem, create_topics, run_workload, wait_caught_up
+
+#: The checks of a round, in the order a report lists them.
+CHECKS = ("workload", "caught-up", "clean-stop", "lookup-offset-id", "lookup-uniq-key", "lookup-key", "pull",
+          "fresh-indexer", "consumequeue", "index", "export", "acknowledged", "verify")
+#: Acknowledged messages of earlier rounds looked up again in a round.
+LOOKUP_SAMPLE_EARLIER = 2000
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    geometry: GeometryPreset = SMALL
+    seed: int = 0
+    #: Producers and chaos run this long (longer until the commitlog has min_files files).
+    workload_s: float = 40.0
+    min_files: int = 0
+    kills_per_service: int = 2
+    pace: Pace = field(default_factory=Pace)
+    catch_up_timeout_s: float = 60.0
+    pipeline_timeout_s: float = 600.0
+    spark_master: str = "local[2]"
+
+
+@dataclass
+class RoundOutcome:
+    findings: Findings
+    stats: dict[str, object]
+
+
+def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_id: int,
+              log: Log = print) -> RoundOutcome:
+    """One round on the store at ``root`` (new or left by an earlier round); scratch files in ``work``."""
+    findings = Findings()
+    stats: dict[str, object] = {"seed": options.seed, "round": run_id, "geometry": options.geometry.name}
+    timings: dict[str, float] = {}
+    rng = random.Random(f"{options.seed}/{run_id}")
+    system = SoakSystem(root, options.geometry, work / "logs")
+    earlier = list(ledger.acks.values())
+    started = time.monotonic()
+    try:
+        system.start_all()
+        create_topics(system.gateway)
+        log(f"round {run_id}: system up on {system.gateway} (store {root}); producing for "
+            f"{options.workload_s:.0f}s with kills")
+        result = run_workload(system, ledger, rng, options.workload_s, run_id, options.pace,
+                              options.kills_per_service, options.min_files, log=log)
+        timings["workload"] = result.seconds
+        findings.extend("workload", result.problems)
+        findings.extend("workload", (f"{uniq}: {why}" for uniq, why in ledger.unacknowledged))
+        findings.extend("workload", (f"unexpected receipt {r}" for r in ledger.strange_receipts))
+        stats.update(kills=[f"{at:.1f}s {service}" for at, service, _ in result.kills],
+                     send_failures=dict(ledger.failures))
+        mark = time.monotonic()
+        stuck = system.wait_indexer_caught_up(options.catch_up_timeout_s)
+        if stuck:
+            findings.add("caught-up", f"{stuck}\n{system.logs_tail('indexer')}")
+        timings["catch-up"] = time.monotonic() - mark
+        mark = time.monotonic()
+        # This round's acknowledged messages, and a sample of earlier rounds' (a long soak has many).
+        looked_up = list(ledger.acks.values())[len(earlier):]
+        looked_up += rng.sample(earlier, min(len(earlier), LOOKUP_SAMPLE_EARLIER))
+        for check, details in check_lookups(system.gateway, {a.uniq_key: a for a in looked_up}).items():
+            findings.extend(check, details)
+        timings["lookups"] = time.monotonic() - mark
+        codes = system.stop_all()
+        findings.extend("clean-stop", (f"{name} exited with {code} on SIGTERM:\n{system.logs_tail(name)}"
+                                       for name, code in codes.items() if code != 0))
+        findings.extend("clean-stop", (f"{path} left after a clean stop" for path in
+                                       (root / "abort", root / "indexer" / "abort", root / "query" / "abort")
+                                       if path.exists()))
+        offline_checks(system, work, options, ledger, findings, timings, log)
+    finally:
+        system.kill_all()
+    timings["round"] = time.monotonic() - started
+    stats.update(acknowledged=len(ledger.acks), attempted=len(ledger.attempted), retried=len(ledger.retried),
+                 commitlog_files=len(list((root / "commitlog").iterdir())),
+                 timings={k: round(v, 1) for k, v in timings.items()})
+    return RoundOutcome(findings, stats)
+
+
+def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger: Ledger, findings: Findings,
+                   timings: dict[str, float], log: Log) -> None:
+    """With the system stopped: the pipeline jobs and a fresh indexer run side by side, then compare."""
+    root, geometry = system.root, options.geometry
+    for name in ("reindex", "export", "fresh-indexer", "verify-report.json"):
+        path = work / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    mark = time.monotonic()
+    master = ["--master", options.spark_master]
+    jobs = {
+        "reindex": start_pipeline(work, geometry, "reindex", str(root), "--output", str(work / "reindex"),
+                                  *geometry.reindex_args(), *master),
+        "export": start_pipeline(work, geometry, "export", str(root), str(work / "export"), *master),
+        "verify": start_pipeline(work, geometry, "verify", str(root), "--report", str(work / "verify-report.json"),
+                                 *master),
+    }
+    fresh = work / "fresh-indexer"
+    try:
+        problem = rebuild_with_fresh_indexer(system, fresh, options.catch_up_timeout_s * 3)
+        if problem:
+            findings.add("fresh-indexer", problem)
+        timings["fresh-indexer"] = time.monotonic() - mark
+        outputs = {name: finish_pipeline(work, name, proc, options.pipeline_timeout_s) for name, proc in jobs.items()}
+    finally:
+        for proc in jobs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    timings["pipeline"] = time.monotonic() - mark
+    log(f"  offline rebuilds done in {timings['pipeline']:.0f}s; comparing")
+    for job, check in (("reindex", "consumequeue"), ("reindex", "index"), ("export", "export")):
+        failure = outputs[job]
+        if failure is not None:
+            findings.add(check, failure)
+
+    online = root / "indexer"
+    findings.extend("consumequeue", compare_consume_queues("online indexer", online / "consumequeue",
+                                                           "pipeline reindex", work / "reindex" / "consumequeue"))
+    findings.extend("consumequeue", compare_consume_queues("online indexer", online / "consumequeue",
+                                                           "fresh indexer", fresh / "consumequeue"))
+    online_index = index_contents(online / "index", geometry)
+    findings.extend("index", compare_indexes("online indexer", online_index, "pipeline reindex",
+                                             index_contents(work / "reindex" / "index", geometry)))
+    findings.extend("index", compare_indexes("online indexer", online_index, "fresh indexer",
+                                             index_contents(fresh / "index", geometry)))
+
+    records, end = commitlog_records(root)
+    if not end.startswith("all zero") and "ends with a BLANK" not in end:
+        findings.add("acknowledged", f"the commitlog walk ended on: {end}")
+    findings.extend("export", compare_records("commitlog", records, "pipeline export", export_rows(work / "export")))
+    findings.extend("acknowledged", check_acknowledged(records, ledger))
+    findings.extend("verify", verify_findings(work / "verify-report.json", outputs["verify"]))
+
+
+def start_pipeline(work: Path, geometry: GeometryPreset, job: str, *args: str) -> subprocess.Popen[bytes]:
+    """``mqstore pipeline JOB ARGS...`` with the store's settings in the environment, as the services had."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")} | geometry.env()
+    with open(work / f"pipeline-{job}.log", "wb") as out:
+        return subprocess.Popen([*mqstore_command(), "pipeline", job, *args], stdout=out, stderr=out, env=env,
+                                stdin=subprocess.DEVNULL)
+
+
+def finish_pipeline(work: Path, job: str, proc: subprocess.Popen[bytes], timeout_s: float) -> str | None:
+    """None when the job exited 0, else what it said."""
+    try:
+        code = proc.wait(timeout_s)
+        outcome = f"exited with {code}"
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code, outcome = -9, f"did not finish in {timeout_s:.0f}s"
+    if code == 0:
+        return None
+    lines = [line for line in (work / f"pipeline-{job}.log").read_text(errors="replace").splitlines()
+             if "WARN" not in line and "log level" not in line.lower()]
+    return f"mqstore pipeline {job} {outcome}: " + "\n".join(lines[-12:])
+
+
+def verify_findings(report_path: Path, failure: str | None) -> list[str]:
+    if not report_path.exists():
+        return [failure or f"pipeline verify wrote no report at {report_path}"]
+    report = json.loads(report_path.read_text())
+    if report.get("ok") and failure is None:
+        return []
+    found = [f"{check}: {count} problem(s), e.g. {report['problems'].get(check, [])[:3]}"
+             for check, count in report.get("problem_counts", {}).items() if count]
+    return found or [failure or "pipeline verify did not report ok"]
+
+
+def rebuild_with_fresh_indexer(system: SoakSystem, store: Path, timeout_s: float) -> str | None:
+    """Start the stopped system's commitlog again and a new indexer on the empty ``store``; stop both
+    once it has caught up. None on success, else what went wrong."""
+    commitlog = system.start("commitlog")
+    spec = system.specs["indexer"]
+    args = list(spec.args)
+    listen = f"127.0.0.1:{free_port()}"
+    args[args.index("--store") + 1] = str(store)
+    args[args.index("--listen") + 1] = listen
+    indexer = system.spawn(ChildSpec("indexer", args, listen))
+    try:
+        stuck = wait_caught_up(system.addresses.commitlog, listen, timeout_s)
+        if stuck:
+            return f"fresh indexer: {stuck}\n" + "\n".join(indexer.logs().splitlines()[-15:])
+        codes = {"fresh indexer": indexer.stop(60), "commitlog": commitlog.stop(60)}
+        bad = {name: code for name, code in codes.items() if code}
+        return f"unclean stop after the rebuild: {bad}" if bad else None
+    finally:
+        for handle in (indexer, commitlog):
+            if handle.running:
+                handle.kill9()
+
+
+# -- make soak -----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=float(os.environ.get("SOAK_MINUTES", "60")))
+    parser.add_argument("--geometry", default=os.environ.get("SOAK_GEOMETRY", "default"),
+                        help="small, default, or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES")
+    parser.add_argument("--seed", type=int, default=int(os.environ.get("SOAK_SEED", "0")) or None)
+    parser.add_argument("--round-minutes", type=float, default=float(os.environ.get("SOAK_ROUND_MINUTES", "10")),
+                        help="produce this long between two comparisons")
+    parser.add_argument("--dir", type=Path, default=None, help="store and scratch (default: a new temporary dir)")
+    args = parser.parse_args(argv)
+    try:
+        geometry = geometry_named(args.geometry)
+    except ValueError as exc:
+        print(f"make soak: {exc}", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
+    work = args.dir or Path(tempfile.mkdtemp(prefix="mqstore-soak-"))
+    # Large bodies are rare when files are large: the soak writes about 1 MB/s either way.
+    pace = Pace() if geometry.commitlog_file_size <= 4 << 20 else Pace(slow_large_share=0.02, batch_large_share=0.0)
+    round_s = args.round_minutes * 60
+    options = SoakOptions(geometry, seed, workload_s=min(round_s, args.minutes * 60),
+                          kills_per_service=max(1, int(round_s // 120)), pace=pace,
+                          catch_up_timeout_s=max(60.0, round_s / 4))
+    print(f"soak: seed {seed} (SOAK_SEED={seed} repeats it), geometry {geometry}, {args.minutes:g} min, "
+          f"work dir {work}", flush=True)
+    ledger = Ledger()
+    deadline = time.monotonic() + args.minutes * 60
+    diverged = False
+    run_id = 0
+    while run_id == 0 or time.monotonic() < deadline:
+        run_id += 1
+        outcome = run_round(work / "store", work / f"round-{run_id}", options, ledger, run_id,
+                            log=lambda line: print(line, flush=True))
+        print(json.dumps(outcome.stats), flush=True)
+        if outcome.findings:
+            diverged = True
+            print(outcome.findings.summary(*CHECKS), flush=True)
+        else:
+            print(f"round {run_id}: no divergence", flush=True)
+    print(f"soak: {'DIVERGED' if diverged else 'no divergence'} after {run_id} round(s); seed {seed}; "
+          f"work dir {work}", flush=True)
+    return 1 if diverged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Correct at any size: one differential soak round on a small geometry (tests/soak/soak.py).
+
+The real system (commitlog, indexer, query, gateway as ``mqstore up`` starts them) takes ~40 s of
+producers, fast (batches, streams) and slow (single messages, many nearly a whole 64 KiB commitlog
+file, so BLANK fillers end most files), while each service is killed with SIGKILL twice at random
+points and restarted. Then every way of reading the store must agree with every other. Each test
+below is one comparison of that one round; a failure prints the divergences and the seed
+(``SOAK_SEED=<seed>`` repeats the random choices). Select with ``-m soak``; ``make soak`` runs the
+long version.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests.geometry import SMALL
+from tests.soak.soak import RoundOutcome, SoakOptions, run_round
+from tests.soak.workload import Ledger
+
+#: The round takes about 3 minutes on 2 idle cores; the limit leaves room for a busy machine.
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(540)]
+
+MIN_COMMITLOG_FILES = 30
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory: pytest.TempPathFactory) -> RoundOutcome:
+    seed = int(os.environ.get("SOAK_SEED", "0")) or random.randrange(1, 2**31)
+    print(f"\nsoak seed {seed} (SOAK_SEED={seed} repeats it)")
+    work = tmp_path_factory.mktemp("soak")
+    options = SoakOptions(SMALL, seed, workload_s=40.0, min_files=MIN_COMMITLOG_FILES, kills_per_service=2,
+                          pipeline_timeout_s=240.0)
+    outcome = run_round(work / "store", work, options, Ledger(), run_id=1)
+    print(outcome.stats)
+    return outcome
+
+
+def divergences(outcome: RoundOutcome, *checks: str) -> str:
+    return f"seed {outcome.stats['seed']}, {outcome.stats}\n{outcome.findings.summary(*checks)}"
+
+
+def test_the_workload_ran_as_planned(soak: RoundOutcome) -> None:
+    """Every service killed and back, every send acknowledged in the end, ≥ 30 commitlog files, the
+    indexer caught up, and every service stopped cleanly by SIGTERM."""
+    assert not soak.findings.of("workload", "caught-up", "clean-stop"), \
+        divergences(soak, "workload", "caught-up", "clean-stop")
+    assert sorted(kill.split()[1] for kill in soak.stats["kills"]) == sorted(  # type: ignore[attr-defined]
+        ["commitlog", "indexer", "query", "gateway"] * 2)
+    assert soak.stats["commitlog_files"] >= MIN_COMMITLOG_FILES  # type: ignore[operator]
+
+
+def test_consume_queues_are_byte_identical_to_reindex_and_a_fresh_indexer(soak: RoundOutcome) -> None:
+    assert not soak.findings.of("consumequeue", "fresh-indexer"), divergences(soak, "consumequeue", "fresh-indexer")
+
+
+def test_index_entries_equal_reindex_and_a_fresh_indexer(soak: RoundOutcome) -> None:
+    assert not soak.findings.of("index", "fresh-indexer"), divergences(soak, "index", "fresh-indexer")
+
+
+def test_export_rows_are_the_commitlog_records(soak: RoundOutcome) -> None:
+    assert not soak.findings.of("export"), divergences(soak, "export")
+
+
+def test_the_commitlog_holds_every_acknowledged_message_and_only_sent_ones(soak: RoundOutcome) -> None:
+    assert not soak.findings.of("acknowledged"), divergences(soak, "acknowledged")
+
+
+def test_pipeline_verify_passes(soak: RoundOutcome) -> None:
+    assert not soak.findings.of("verify"), divergences(soak, "verify")
+
+
+@pytest.mark.parametrize("check", ["lookup-offset-id", "lookup-uniq-key", "lookup-key", "pull"])
+def test_every_acknowledged_message_is_found_through_the_gateway(soak: RoundOutcome, check: str) -> None:
+    assert not soak.findings.of(check), divergences(soak, check)
+
