@@ -189,6 +189,8 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     commitlog.add_argument("--from", dest="from_offset", type=int, default=None,
                            help="start at this commitlog offset (a record boundary)")
     commitlog.add_argument("--json", action="store_true", help="one JSON object per record")
+    commitlog.add_argument("--allow-corrupt", action="store_true",
+                           help="exit 0 even if the data ends at a damaged record with intact records after it")
     add_geometry_arguments(commitlog, commitlog=True)
     commitlog.set_defaults(handler=_inspect_commitlog)
     consumequeue = kinds.add_parser("consumequeue", help="print the units of ConsumeQueue files")
@@ -209,7 +211,7 @@ def _inspect_commitlog(args: argparse.Namespace) -> int:
     from services.store.geometry import options_of
     from services.store.inspect_commitlog import main as inspect_main
 
-    return inspect_main(args.dir, args.from_offset, args.json, options_of(args))
+    return inspect_main(args.dir, args.from_offset, args.json, options_of(args), allow_corrupt=args.allow_corrupt)
 
 
 def _inspect_consumequeue(args: argparse.Namespace) -> int:

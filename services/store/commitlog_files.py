@@ -3,7 +3,9 @@
 The walk follows the rules of RocketMQ's recovery: records one after another from the start of a
 file, a BLANK record ends a file's data (the walk moves to the next file), and the first position
 that is not a valid record (zeros of a preallocated file, a torn write) is the end of the data.
-Files are mapped read-only, so walking a 1 GiB file does not read it into memory.
+Where that end is not zero bytes, the walk's ``end`` also says what lies past it (a torn tail, or a
+damaged record with intact records after it: services.store.record_scan). Files are mapped
+read-only, so walking a 1 GiB file does not read it into memory.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from services.store.record import (
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POS,
     DispatchRequest,
-    RecordError,
     check_record,
     decode_record,
     read_size_and_magic,
 )
+from services.store.record_scan import Damage, Searchable, diagnose, survey
 
 FILE_NAME_DIGITS = 20
 _FILE_NAME = re.compile(r"[0-9]{20}")
@@ -121,10 +123,13 @@ CommitLogEntry = RecordEntry | BlankEntry
 
 @dataclass(frozen=True, slots=True)
 class WalkEnd:
-    """Where and why a walk stopped, so a tool can tell a clean end from a torn record."""
+    """Where and why a walk stopped, so a tool can tell a clean end from a torn record. ``damage`` is
+    None for a clean end (zero bytes, a final BLANK); else what lies past the bad record: nothing valid
+    (a torn tail) or intact records that a recovery would drop with it (record_scan.survey)."""
 
     offset: int
     reason: str
+    damage: Damage | None = None
 
 
 class CommitLogWalk(Iterator[CommitLogEntry]):
@@ -144,21 +149,24 @@ class CommitLogWalk(Iterator[CommitLogEntry]):
         """Unmap the current file early (a consumer that stops before the end)."""
         self._entries.close()
 
-    def _walk(self, files: list[CommitLogFile], index: int, position: int,
+    def _walk(self, files: list[CommitLogFile], first: int, position: int,
               check_crc: bool) -> Generator[CommitLogEntry, None, None]:
-        if index >= len(files):
+        if first >= len(files):
             self.end = WalkEnd(position, "no commitlog files")
             return
-        for file in files[index:]:
-            with _MappedFile(file) as view:
+        for index in range(first, len(files)):
+            file = files[index]
+            mapped = _MappedFile(file)
+            with mapped as view:
                 while True:
                     offset = file.start_offset + position
                     if position + END_FILE_MIN_BLANK_LENGTH > file.size:
-                        self.end = WalkEnd(offset, f"file {file.path.name} ends without a BLANK record")
+                        self.end = _stopped_at(files, index, mapped, position, check_crc,
+                                               f"file {file.path.name} ends without a BLANK record")
                         return
                     dispatch = check_record(view, position, check_crc)
                     if not dispatch.success:
-                        self.end = WalkEnd(offset, _why_invalid(view, position))
+                        self.end = _stopped_at(files, index, mapped, position, check_crc)
                         return
                     if dispatch.msg_size == 0:
                         size, magic = read_size_and_magic(view, position)
@@ -179,28 +187,33 @@ class _MappedFile:
     def __enter__(self) -> memoryview:
         try:
             with open(self._file.path, "rb") as handle:
-                self._map = mmap.mmap(handle.fileno(), self._file.size, access=mmap.ACCESS_READ)
+                self.map = mmap.mmap(handle.fileno(), self._file.size, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:  # ValueError: the file shrank below its listed size
             raise CommitLogError(f"{self._file.path}: cannot map {self._file.size} bytes ({exc})") from None
-        self._view = memoryview(self._map)
+        self._view = memoryview(self.map)
         return self._view
 
     def __exit__(self, *exc_info: object) -> None:
         self._view.release()
-        self._map.close()
+        self.map.close()
 
 
-def _why_invalid(view: memoryview, position: int) -> str:
-    size, magic = read_size_and_magic(view, position)
-    if size == 0 and magic == 0:
-        return "all zero bytes (end of data)"
-    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
-        return f"magic code {magic:#010x} is not a record (end of data)"
-    try:
-        decode_record(view, position)
-    except RecordError as exc:  # its text starts with the position in the file; the caller has the offset
-        return f"torn or garbled record ({str(exc).partition(': ')[2]})"
-    return "record fails its body CRC or DELAY check"
+def _stopped_at(files: list[CommitLogFile], index: int, mapped: _MappedFile, position: int, check_crc: bool,
+                reason: str | None = None) -> WalkEnd:
+    """The end of a walk at ``position`` of ``files[index]`` (``mapped``): why, and what lies past it."""
+    file = files[index]
+    stop = diagnose(mapped.map, position, file.start_offset, check_crc)
+    damage = survey(stop, _searchable(files, index, mapped), check_crc)
+    return WalkEnd(stop.offset, reason or stop.reason, damage)
+
+
+def _searchable(files: list[CommitLogFile], index: int, mapped: _MappedFile) -> Iterator[tuple[int, Searchable]]:
+    """``files[index]`` (already ``mapped``), then each later file mapped in turn."""
+    yield files[index].start_offset, mapped.map
+    for file in files[index + 1:]:
+        mapped = _MappedFile(file)
+        with mapped:
+            yield file.start_offset, mapped.map
 
 
 def iter_commitlog(directory: str | os.PathLike[str], from_offset: int | None = None, *,

@@ -7,12 +7,18 @@ own (services.store.geometry).
 ``--json`` prints one object per record, field for field what the RocketMQ reference dumps hold
 (``msg`` and ``blank`` rows), so a store written by mqstore can be diffed against one written by
 RocketMQ. Without it a table for people. Only reads: safe on a directory a live store is using.
+
+Where the data does not end cleanly (zero bytes, or a final BLANK), stderr says so in one line:
+a *torn* record (nothing valid after it: the write a crash cut short, which recovery drops) is a
+warning and the exit code stays 0; a *damaged* record with intact records after it (which a recovery
+would drop with it) is an error, exit 1, unless ``--allow-corrupt``. Exit 2 is a usage error.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import sys
 import unicodedata
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -33,6 +39,7 @@ from services.store.message_id import make_message_id
 from services.store.store_layout import StoreLayoutError, resolve_store
 
 PROG = "mqstore inspect commitlog"
+EXIT_DAMAGED = 1
 
 
 def _java_int(value: int) -> int:
@@ -135,9 +142,11 @@ def _table_header() -> str:
 
 
 
-def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOptions | None = None) -> int:
+def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOptions | None = None,
+         allow_corrupt: bool = False) -> int:
     """Print every entry of the commitlog of ``dir`` (a store root or its commitlog directory) from
-    ``from_offset`` (a record boundary) on. Returns 0, or 2 after a one-line message on stderr for a
+    ``from_offset`` (a record boundary) on. Returns 0, 1 after the data ends at a damaged record with
+    intact records after it (0 with ``allow_corrupt``), or 2 after a one-line message on stderr for a
     bad directory, geometry or offset."""
     try:
         commitlog = resolve_store(Path(dir)).require_commitlog()
@@ -157,7 +166,22 @@ def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOpti
         return usage_error(PROG, str(exc))
     finally:
         walk.close()
-    return 0
+    return _report_damage(walk, allow_corrupt)
+
+
+def _report_damage(walk: CommitLogWalk, allow_corrupt: bool) -> int:
+    """One line on stderr when the data does not end cleanly; the exit code (module docstring)."""
+    damage = walk.end.damage if walk.end is not None else None
+    if damage is None:
+        return 0
+    if damage.torn_tail:
+        print(f"{PROG}: warning: {damage.describe()}; recovery drops it", file=sys.stderr)
+        return 0
+    level = "warning" if allow_corrupt else "error"
+    hint = "" if allow_corrupt else " (--allow-corrupt to accept)"
+    print(f"{PROG}: {level}: {damage.describe()}; a recovery cuts the log there and drops them{hint}",
+          file=sys.stderr)
+    return 0 if allow_corrupt else EXIT_DAMAGED
 
 
 def _print(walk: CommitLogWalk, as_json: bool) -> None:
