@@ -4,6 +4,12 @@ Workers decode their split into Arrow record batches (columns are built per batc
 cross into the JVM) and Spark writes them. Incremental: a state file remembers where the last export
 ended, and a rerun starts there (``--from-offset`` overrides it). The schema is in docs/pipeline.md.
 
+Every record is written exactly once, or the export fails: Spark writes the run into a staging
+directory (``OUT/_mqstore_export_staging-<run>``, which Parquet readers skip), the driver reads the
+written Parquet back and compares its rows (count, distinct commitlog offsets, their sum) with what
+the tasks decoded, and only then moves the files into ``OUT``. The state file names a run that is
+being moved, so an export interrupted there is finished by the next one instead of written twice.
+
 Run as ``mqstore pipeline export STORE OUT`` or ``spark-submit pipeline/export.py STORE OUT``.
 """
 
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,26 +28,29 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pipeline.failures import JobError, run_job
 from pipeline.scan import (
     ScanSummary,
-    commitlog_dir,
+    StoreInput,
     decoded_records,
     no_conversion,
-    plan,
     splits_frame,
     splits_of_batches,
     summary_accumulator,
 )
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
+from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
 from services.store.message import COMPRESSED_FLAG, KEY_SEPARATOR
 from services.store.message_id import make_message_id
 from services.store.record import body_crc
+from services.store.store_root import write_atomically
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
     from pyspark.sql import SparkSession
 
 STATE_FILE_NAME = "_mqstore_export_state.json"
+STAGING_PREFIX = "_mqstore_export_staging-"
 BATCH_ROWS = 4096
 MS_PER_DAY = 86_400_000
 # sysFlag bits 8..10 name the compression type (RocketMQ 5 MessageSysFlag); 0 is a 4.x client's zlib.
@@ -96,7 +106,9 @@ def decompress_body(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
 
 
 class _Columns:
-    """Column lists of one Arrow batch."""
+    """Column lists of one Arrow batch. The lists are emptied in place after each batch (Arrow has
+    copied them), never replaced: the decoder appends through references to them, and a replaced
+    list would take the rows after the first batch nowhere."""
 
     def __init__(self) -> None:
         self.values: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
@@ -106,7 +118,8 @@ class _Columns:
 
     def batch(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_pydict(self.values, schema=SCHEMA)
-        self.values = {name: [] for name in SCHEMA.names}
+        for column in self.values.values():
+            column.clear()
         return batch
 
 
@@ -148,22 +161,37 @@ def decode_split(split: Split, decompress: bool, summary: ScanSummary,
         yield columns.batch()
 
 
-def _decoder(decompress: bool, accumulator: Accumulator[ScanSummary]
+def _decoder(decompress: bool, accumulator: Accumulator[ScanSummary], batch_rows: int
              ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for split in splits_of_batches(batches):
             summary = ScanSummary()
-            yield from decode_split(split, decompress, summary)
+            yield from decode_split(split, decompress, summary, batch_rows)
             accumulator.add(summary)
     return decode
 
 
-@dataclass
+class ExportError(JobError):
+    """What was written differs from what was decoded: the export is refused, OUT is left as it was."""
+
+
+@dataclass(frozen=True)
 class ExportResult:
     from_offset: int
     next_offset: int
-    summary: ScanSummary
+    summary: ScanSummary  # what the tasks decoded
     splits: int
+    written: int  # rows of this run, read back from the Parquet it wrote
+    resumed: int = 0  # rows of an interrupted earlier run, moved into place first
+
+
+@dataclass(frozen=True)
+class WrittenRows:
+    """What a Parquet directory holds, read back: rows, distinct commitlog offsets, their sum."""
+
+    rows: int
+    distinct_offsets: int
+    offset_sum: int
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -174,27 +202,147 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def export(spark: SparkSession, store: str | Path, output: str, *, from_offset: int | None = None,
-           state_file: Path | None = None, split_size: int = DEFAULT_SPLIT_SIZE,
-           decompress: bool = False) -> ExportResult:
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    state["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
+    write_atomically(path, (json.dumps(state, indent=2) + "\n").encode())
+
+
+def _child(output: str, name: str) -> str:
+    return output.rstrip("/") + "/" + name
+
+
+def written_rows(spark: SparkSession, path: str) -> WrittenRows:
+    """Count what the Parquet files under ``path`` hold (the files, not any task's tally)."""
+    from pyspark.sql import functions as F
+
+    frame = spark.read.schema(SPARK_SCHEMA).parquet(path)
+    row = frame.agg(F.count(F.lit(1)), F.countDistinct("commitlog_offset"),
+                    F.sum(F.col("commitlog_offset").cast("decimal(38,0)"))).first()
+    assert row is not None
+    return WrittenRows(int(row[0]), int(row[1]), int(row[2] or 0))
+
+
+def check_written(written: WrittenRows, summary: ScanSummary) -> None:
+    """ExportError unless the rows written are exactly the records decoded, each once."""
+    if written.rows != summary.records:
+        raise ExportError(f"wrote {written.rows} rows but decoded {summary.records} records: "
+                          f"{summary.records - written.rows} missing; nothing was exported")
+    if written.distinct_offsets != written.rows:
+        raise ExportError(f"wrote {written.rows} rows but only {written.distinct_offsets} distinct commitlog "
+                          "offsets (a record written twice); nothing was exported")
+    if written.offset_sum != summary.offset_sum:
+        raise ExportError("the commitlog offsets written differ from the records decoded; nothing was exported")
+
+
+class _HadoopFiles:
+    """The output's file system (any Hadoop-compatible URI) through the JVM: list, rename, delete."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        self._path_class: Any = jvm.org.apache.hadoop.fs.Path
+        self.fs: Any = self.path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def path(self, text: str) -> Any:
+        return self._path_class(text)
+
+    def exists(self, text: str) -> bool:
+        return bool(self.fs.exists(self.path(text)))
+
+    def delete(self, text: str) -> None:
+        self.fs.delete(self.path(text), True)
+
+    def children(self, text: str) -> list[str]:
+        """Names directly under ``text`` (none if it does not exist)."""
+        path = self.path(text)
+        if not self.fs.exists(path):
+            return []
+        return [str(status.getPath().getName()) for status in self.fs.listStatus(path)]
+
+    def move_tree(self, source: str, target: str) -> int:
+        """Move every data file under ``source`` to the same relative path under ``target`` (one
+        atomic rename each; a file already moved is simply no longer under ``source``), then delete
+        ``source``. Returns the number of files moved."""
+        src = self.fs.makeQualified(self.path(source))
+        dst = self.fs.makeQualified(self.path(target))
+        listing = self.fs.listFiles(src, True)
+        files = []
+        while listing.hasNext():
+            files.append(listing.next().getPath())
+        moved = 0
+        for path in files:
+            relative = src.toUri().relativize(path.toUri())
+            if any(part.startswith(("_", ".")) for part in str(relative.getPath()).split("/")):
+                continue  # _SUCCESS, checksum files
+            destination = self._path_class(dst, self._path_class(relative))
+            if self.fs.exists(destination):
+                raise ExportError(f"{destination} exists already: refusing to overwrite exported rows")
+            self.fs.mkdirs(destination.getParent())
+            if not self.fs.rename(path, destination):
+                raise ExportError(f"could not move {path} to {destination}")
+            moved += 1
+        self.fs.delete(src, True)
+        return moved
+
+
+def _finish_pending(spark: SparkSession, output: str, state_path: Path, state: dict[str, Any]) -> int:
+    """Complete a run whose rows were checked but not all moved into ``output`` (the last export
+    stopped there), and drop the staging directories of runs that stopped before their check (their
+    rows were never exported). Returns the completed run's row count (0 if there was none)."""
+    files = _HadoopFiles(spark, output)
+    pending = state.get("pending")
+    for name in files.children(output):
+        if name.startswith(STAGING_PREFIX) and (not pending or name != pending["staging"]):
+            files.delete(_child(output, name))
+    if not pending:
+        return 0
+    staging = _child(output, str(pending["staging"]))
+    if files.exists(staging):
+        files.move_tree(staging, output)
+    records = int(pending["records"])
+    state.pop("pending")
+    state["next_offset"] = int(pending["next_offset"])
+    state["exported_records"] = int(state.get("exported_records", 0)) + records
+    _write_state(state_path, state)
+    return records
+
+
+def export(spark: SparkSession, store: str | Path | StoreInput, output: str, *, from_offset: int | None = None,
+           state_file: Path | None = None, split_size: int = DEFAULT_SPLIT_SIZE, decompress: bool = False,
+           geometry: GeometryOptions | None = None, batch_rows: int = BATCH_ROWS) -> ExportResult:
     """Export every record from ``from_offset`` (default: where the state file says the last export
-    ended, else 0) to Parquet under ``output``, appending; then record the new end in the state file."""
+    ended, else 0) to Parquet under ``output``, appending; then record the new end in the state file.
+    Raises ExportError (and leaves ``output`` as it was) if the rows written are not the records
+    decoded. ``batch_rows`` bounds the rows of one Arrow batch (a task's memory)."""
+    source = StoreInput.open(store, geometry)
     state_path = state_file if state_file is not None else Path(output) / STATE_FILE_NAME
     state = read_state(state_path)
+    resumed = _finish_pending(spark, output, state_path, state)
     start = from_offset if from_offset is not None else int(state.get("next_offset", 0))
-    splits = plan(store, split_size, start)
+    splits = source.plan(split_size, start)
+    run = STAGING_PREFIX + uuid.uuid4().hex
+    staging = _child(output, run)
+    files = _HadoopFiles(spark, output)
     accumulator = summary_accumulator(spark)
-    frame = splits_frame(spark, splits).mapInArrow(_decoder(decompress, accumulator), SPARK_SCHEMA)
-    frame.write.mode("append").partitionBy(*PARTITION_COLUMNS).parquet(output)
-    summary = accumulator.value
+    try:
+        frame = splits_frame(spark, splits).mapInArrow(_decoder(decompress, accumulator, batch_rows), SPARK_SCHEMA)
+        frame.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
+        summary = accumulator.value
+        written = written_rows(spark, staging)
+        check_written(written, summary)
+    except BaseException:
+        files.delete(staging)
+        raise
     next_offset = max(summary.max_end, start)
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps({
-        "commitlog": str(commitlog_dir(store).resolve()), "next_offset": next_offset,
-        "exported_records": int(state.get("exported_records", 0)) + summary.records,
-        "updated": datetime.now(UTC).isoformat(timespec="seconds"),
-    }, indent=2) + "\n")
-    return ExportResult(start, next_offset, summary, len(splits))
+    state.update({"commitlog": str(source.layout.commitlog.resolve()),
+                  "pending": {"staging": run, "next_offset": next_offset, "records": written.rows}})
+    _write_state(state_path, state)
+    files.move_tree(staging, output)
+    state.pop("pending")
+    state["next_offset"] = next_offset
+    state["exported_records"] = int(state.get("exported_records", 0)) + written.rows
+    _write_state(state_path, state)
+    return ExportResult(start, next_offset, summary, len(splits), written.rows, resumed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -207,15 +355,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decompress", action="store_true", help="inflate zlib-compressed bodies")
     parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    add_geometry_arguments(parser, commitlog=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_job("mqstore pipeline export", _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pipeline.session import get_session
 
-    result = export(get_session(args.master), args.store, args.output, from_offset=args.from_offset,
+    source = StoreInput.open(args.store, options_of(args))
+    source.commitlog_files()  # a store that cannot be read is refused before Spark starts
+    result = export(get_session(args.master), source, args.output, from_offset=args.from_offset,
                     state_file=args.state_file, split_size=args.split_size, decompress=args.decompress)
     summary = result.summary
-    print(f"exported {summary.records} records ({summary.record_bytes} bytes) from offset {result.from_offset} "
+    if result.resumed:
+        print(f"finished an interrupted export first: {result.resumed} records moved into place")
+    print(f"exported {result.written} records ({summary.record_bytes} bytes) from offset {result.from_offset} "
           f"in {result.splits} splits; next export starts at {result.next_offset}")
     for problem in summary.problems():
         print(f"problem at offset {problem['offset']}: {problem['kind']}: {problem['reason']}", file=sys.stderr)

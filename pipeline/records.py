@@ -8,12 +8,11 @@ store's files against exactly what RocketMQ would have built.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from pipeline.scan import ScanSummary, decoded_records, plan, splits_frame, splits_of_batches, summary_accumulator
+from pipeline.scan import ScanSummary, StoreInput, decoded_records, splits_frame, splits_of_batches, summary_accumulator
 from pipeline.split_reader import Split
 from services.store.index_service import IndexService
 from services.store.message import KEY_SEPARATOR
@@ -82,9 +81,9 @@ def _facts(accumulator: Accumulator[ScanSummary]) -> Callable[[Iterator[pa.Recor
     return facts
 
 
-def records_frame(spark: SparkSession, store: str | Path, split_size: int
+def records_frame(spark: SparkSession, store: StoreInput, split_size: int
                   ) -> tuple[DataFrame, Accumulator[ScanSummary]]:
     """A DataFrame of record facts and the accumulator its scan fills (once an action ran)."""
     accumulator = summary_accumulator(spark)
-    frame = splits_frame(spark, plan(store, split_size)).mapInArrow(_facts(accumulator), SPARK_SCHEMA)
+    frame = splits_frame(spark, store.plan(split_size)).mapInArrow(_facts(accumulator), SPARK_SCHEMA)
     return frame, accumulator

@@ -9,6 +9,11 @@ from the item counts per split, which the driver adds up. The output is what the
 builds: ConsumeQueue files byte-identical, index files with identical headers and entries; index files
 are named from their begin timestamp (the online indexer names them by creation time).
 
+The output goes where the store keeps these files: ``indexer/`` in mqstore's layout, the root in
+RocketMQ's (services.store.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
+maxHashSlotNum, maxIndexNum) is the flags', else the settings' (``--config``, ``MQSTORE_*``), else
+that of the files being replaced, else the defaults (services.store.geometry).
+
 Files are written through the local file system (local mode, or a path every executor mounts).
 Run as ``mqstore pipeline reindex STORE`` or ``spark-submit pipeline/reindex.py STORE``.
 """
@@ -24,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.scan import commitlog_dir, plan, splits_rdd
+from pipeline.failures import run_job
+from pipeline.scan import StoreInput, splits_rdd
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, scan_split
-from services.store.consume_queue import DEFAULT_MAPPED_FILE_SIZE, ConsumeQueueStore
+from services.store.consume_queue import ConsumeQueueStore
+from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
 from services.store.index_file import (
-    DEFAULT_HASH_SLOT_NUM,
-    DEFAULT_INDEX_NUM,
     IndexFile,
     IndexHeader,
     index_file_name,
@@ -171,26 +176,59 @@ def build_index_file(file_number: int, pieces: Iterable[IndexPiece], directory: 
         index.close()
 
 
-def _prepare(directory: Path, force: bool) -> None:
-    if directory.exists() and any(directory.iterdir()):
-        if not force:
-            raise FileExistsError(f"{directory} is not empty: pass --force to replace it")
+def _is_occupied(directory: Path) -> bool:
+    return directory.exists() and any(directory.iterdir())
+
+
+def _prepare(directory: Path) -> None:
+    if _is_occupied(directory):
         shutil.rmtree(directory)
     directory.mkdir(parents=True, exist_ok=True)
 
 
-def reindex(spark: SparkSession, store: str | Path, output: str | Path | None = None, *,
-            split_size: int = DEFAULT_SPLIT_SIZE, cq_file_size: int = DEFAULT_MAPPED_FILE_SIZE,
-            hash_slot_num: int = DEFAULT_HASH_SLOT_NUM, index_num: int = DEFAULT_INDEX_NUM,
+@dataclass(frozen=True)
+class ReindexInputs:
+    """What reindex reads and where it writes, settled before Spark starts (a store that cannot be
+    read, geometry that cannot be settled, or output it may not replace is refused at once)."""
+
+    source: StoreInput
+    splits: list[Split]
+    cq_root: Path
+    index_dir: Path
+    cq_file_size: int
+    hash_slot_num: int
+    index_num: int
+
+    @classmethod
+    def of(cls, source: StoreInput, output: str | Path | None, split_size: int, force: bool) -> ReindexInputs:
+        layout, geometry = source.layout, source.geometry
+        splits = source.plan(split_size)
+        # The files being replaced tell the geometry when neither flags nor settings do.
+        cq_file_size = geometry.cq_file_size(layout.consume_queue_files(), layout.consumequeue)
+        hash_slot_num, index_num = geometry.index_geometry(layout.index_files())
+        target = Path(output) if output is not None else layout.logic_root
+        cq_root, index_dir = target / "consumequeue", target / "index"
+        for directory in (cq_root, index_dir):
+            if _is_occupied(directory) and not force:
+                raise FileExistsError(f"{directory} is not empty: pass --force to replace it")
+        return cls(source, splits, cq_root, index_dir, cq_file_size, hash_slot_num, index_num)
+
+
+def reindex(spark: SparkSession, store: str | Path | StoreInput | ReindexInputs, output: str | Path | None = None,
+            *, split_size: int = DEFAULT_SPLIT_SIZE, cq_file_size: int | None = None,
+            hash_slot_num: int | None = None, index_num: int | None = None, config_file: str | None = None,
             force: bool = False) -> ReindexResult:
-    """Rebuild ``OUTPUT/consumequeue`` and ``OUTPUT/index`` (OUTPUT defaults to the store root)."""
-    target = Path(output) if output is not None else Path(store)
-    if not commitlog_dir(store).is_dir():
-        raise FileNotFoundError(f"{store}: no commitlog directory")
-    cq_root, index_dir = target / "consumequeue", target / "index"
-    _prepare(cq_root, force)
-    _prepare(index_dir, force)
-    splits = plan(store, split_size)
+    """Rebuild ``OUTPUT/consumequeue`` and ``OUTPUT/index`` (OUTPUT defaults to where the store's
+    layout keeps them). Geometry values given here win over ``config_file`` and ``MQSTORE_*``."""
+    if isinstance(store, ReindexInputs):
+        inputs = store
+    else:
+        options = GeometryOptions(config_file, None, cq_file_size, hash_slot_num, index_num)
+        inputs = ReindexInputs.of(StoreInput.open(store, options), output, split_size, force)
+    splits, cq_root, index_dir = inputs.splits, inputs.cq_root, inputs.index_dir
+    cq_file_size, hash_slot_num, index_num = inputs.cq_file_size, inputs.hash_slot_num, inputs.index_num
+    _prepare(cq_root)
+    _prepare(index_dir)
     dispatched = splits_rdd(spark, splits).map(dispatch_split).cache()
     counts = dispatched.map(lambda d: (d.index, d.item_count, d.records, d.gaps)).collect()
     records = sum(c[2] for c in counts)
@@ -232,27 +270,25 @@ def _name_index_files(index_dir: Path, built: list[tuple[int, IndexHeader]]) -> 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("store", help="a store root (its commitlog/ is read)")
-    parser.add_argument("--output", default=None, help="write consumequeue/ and index/ here (default: STORE)")
+    parser.add_argument("store", help="a store root, mqstore's or RocketMQ's (its commitlog/ is read)")
+    parser.add_argument("--output", default=None,
+                        help="write consumequeue/ and index/ here (default: where the store keeps them, "
+                             "STORE/indexer for mqstore's layout, STORE for RocketMQ's)")
     parser.add_argument("--force", action="store_true", help="replace existing consumequeue/ and index/")
-    parser.add_argument("--cq-file-size", type=int, default=DEFAULT_MAPPED_FILE_SIZE,
-                        help="mappedFileSizeConsumeQueue (default 6000000)")
-    parser.add_argument("--hash-slot-num", type=int, default=DEFAULT_HASH_SLOT_NUM, help="maxHashSlotNum")
-    parser.add_argument("--index-num", type=int, default=DEFAULT_INDEX_NUM, help="maxIndexNum")
     parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    add_geometry_arguments(parser, commitlog=True, consumequeue=True, index=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_job("mqstore pipeline reindex", _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pipeline.session import get_session
 
-    try:
-        result = reindex(get_session(args.master), args.store, args.output, split_size=args.split_size,
-                         cq_file_size=args.cq_file_size, hash_slot_num=args.hash_slot_num,
-                         index_num=args.index_num, force=args.force)
-    except (FileExistsError, FileNotFoundError) as exc:
-        print(f"mqstore pipeline reindex: {exc}", file=sys.stderr)
-        return 2
+    inputs = ReindexInputs.of(StoreInput.open(args.store, options_of(args)), args.output, args.split_size, args.force)
+    result = reindex(get_session(args.master), inputs)
     print(f"reindexed {result.records} records: {result.cq_units} units in {result.queues} consume queues, "
           f"{len(result.index_files)} index files")
     for gap in result.gaps:

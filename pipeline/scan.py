@@ -1,9 +1,10 @@
-"""Spark plumbing shared by the jobs: splits as a DataFrame (one partition per split) and a summary
-accumulator through which workers report what is not a row (gaps, undecodable records, counts)."""
+"""Spark plumbing shared by the jobs: the store a job reads (layout and geometry, settled at the
+driver), splits as a DataFrame (one partition per split) and a summary accumulator through which
+workers report what is not a row (gaps, undecodable records, counts)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -11,8 +12,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pyspark.accumulators import AccumulatorParam
 
 from pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
+from services.store.commitlog_files import CommitLogFile, list_commitlog_files
+from services.store.geometry import GeometryOptions, StoreGeometry
 from services.store.message import MessageRecord
 from services.store.record import RecordError, decode_record
+from services.store.store_layout import StoreLayout, resolve_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -24,26 +28,64 @@ T = TypeVar("T")
 SPLIT_COLUMNS = "index INT, path STRING, file_offset BIGINT, file_size BIGINT, start BIGINT, end BIGINT"
 
 
-def commitlog_dir(store: str | Path) -> Path:
-    """A store root or its commitlog directory -> the commitlog directory."""
-    path = Path(store)
-    return path / "commitlog" if (path / "commitlog").is_dir() else path
+@dataclass(frozen=True)
+class StoreInput:
+    """The store a job reads: where its files are (either layout) and their geometry (flags, settings,
+    then the files), resolved once at the driver so tasks never guess."""
+
+    layout: StoreLayout
+    geometry: StoreGeometry
+
+    @classmethod
+    def open(cls, store: str | Path | StoreInput, options: GeometryOptions | None = None,
+             environ: Mapping[str, str] | None = None) -> StoreInput:
+        if isinstance(store, StoreInput):
+            return store
+        return cls(resolve_store(store), StoreGeometry(options, environ))
+
+    def commitlog_files(self) -> list[CommitLogFile]:
+        commitlog = self.layout.require_commitlog()
+        return list_commitlog_files(commitlog, self.geometry.commitlog_file_size(commitlog))
+
+    def plan(self, split_size: int, from_offset: int = 0) -> list[Split]:
+        return plan_splits(self.layout.commitlog, split_size, from_offset, self.commitlog_files())
+
+
+@dataclass(frozen=True, slots=True)
+class SplitTally:
+    """What one split decoded: records, their bytes, and the sum of their commitlog offsets (which a
+    job compares with what it wrote)."""
+
+    records: int = 0
+    record_bytes: int = 0
+    offset_sum: int = 0
 
 
 @dataclass
 class ScanSummary:
-    """Merged across tasks: records seen, their bytes, the end of the last record and the problems
-    (gaps and records that do not decode), deduplicated by offset since a task may run twice."""
+    """Merged across tasks: counts per split, the end of the last record and the problems (gaps and
+    records that do not decode). Everything is keyed (split index, offset), so a task that runs twice
+    (a retry, a recomputed stage) is counted once."""
 
-    records: int = 0
-    record_bytes: int = 0
+    splits: dict[int, SplitTally] = field(default_factory=dict)
     max_end: int = -1
     gaps: dict[int, Gap] = field(default_factory=dict)
     bad_records: dict[int, str] = field(default_factory=dict)
 
+    @property
+    def records(self) -> int:
+        return sum(tally.records for tally in self.splits.values())
+
+    @property
+    def record_bytes(self) -> int:
+        return sum(tally.record_bytes for tally in self.splits.values())
+
+    @property
+    def offset_sum(self) -> int:
+        return sum(tally.offset_sum for tally in self.splits.values())
+
     def merge(self, other: ScanSummary) -> ScanSummary:
-        self.records += other.records
-        self.record_bytes += other.record_bytes
+        self.splits.update(other.splits)
         self.max_end = max(self.max_end, other.max_end)
         self.gaps.update(other.gaps)
         self.bad_records.update(other.bad_records)
@@ -107,15 +149,13 @@ def splits_of_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[Split]:
             columns["start"], columns["end"], strict=True))
 
 
-def plan(store: str | Path, split_size: int, from_offset: int = 0) -> list[Split]:
-    return plan_splits(commitlog_dir(store), split_size, from_offset)
-
-
 def decoded_records(split: Split, summary: ScanSummary,
                     convert: Callable[[MessageRecord], T]) -> Iterator[tuple[int, MessageRecord, T]]:
     """(commitlog offset, record, ``convert(record)``) of every record the split owns. Gaps, and
     records that do not decode (or that ``convert`` refuses with ValueError), go to ``summary`` with
-    their offsets; the rest are counted there. The jobs' one way of walking a split."""
+    their offsets; the rest are counted there, under the split's index. The jobs' one way of walking a
+    split."""
+    records = record_bytes = offset_sum = 0
     with MappedSplit(split) as view:
         layout = scan_split(view, split)
         summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
@@ -127,10 +167,12 @@ def decoded_records(split: Split, summary: ScanSummary,
             except (RecordError, ValueError) as exc:
                 summary.bad_records[offset] = str(exc).partition(": ")[2] or str(exc)
                 continue
-            summary.records += 1
-            summary.record_bytes += record.store_size
+            records += 1
+            record_bytes += record.store_size
+            offset_sum += offset
             summary.max_end = max(summary.max_end, offset + record.store_size)
             yield offset, record, converted
+    summary.splits[split.index] = SplitTally(records, record_bytes, offset_sum)
 
 
 def no_conversion(record: MessageRecord) -> None:

@@ -14,8 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.failures import run_job
 from pipeline.records import records_frame
+from pipeline.scan import StoreInput
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE
+from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,12 +64,13 @@ def stats_tables(records: DataFrame) -> dict[str, DataFrame]:
             "top_producers": top_producers}
 
 
-def stats(spark: SparkSession, store: str | Path, output: str | Path,
-          split_size: int = DEFAULT_SPLIT_SIZE) -> StatsResult:
+def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Path,
+          split_size: int = DEFAULT_SPLIT_SIZE, geometry: GeometryOptions | None = None) -> StatsResult:
     from pipeline.report import write_report
 
     out = Path(output)
-    records, _ = records_frame(spark, store, split_size)
+    source = StoreInput.open(store, geometry)
+    records, _ = records_frame(spark, source, split_size)
     records = records.cache()
     count = records.count()
     tables = stats_tables(records)
@@ -77,7 +81,7 @@ def stats(spark: SparkSession, store: str | Path, output: str | Path,
         frame.write.mode("overwrite").parquet(paths[name])
         frames[name] = spark.read.parquet(paths[name]).toPandas()
     records.unpersist()
-    report = write_report(out / "report", str(store), count, frames)
+    report = write_report(out / "report", str(source.layout.root), count, frames)
     return StatsResult(count, paths, report)
 
 
@@ -86,12 +90,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("output", help="output directory: Parquet tables and report/index.html")
     parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    add_geometry_arguments(parser, commitlog=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_job("mqstore pipeline stats", _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pipeline.session import get_session
 
-    result = stats(get_session(args.master), args.store, args.output, args.split_size)
+    source = StoreInput.open(args.store, options_of(args))
+    source.commitlog_files()  # a store that cannot be read is refused before Spark starts
+    result = stats(get_session(args.master), source, args.output, args.split_size)
     print(f"{result.records} records; tables {', '.join(sorted(result.tables))} in {args.output}; "
           f"report {result.report}")
     return 0

@@ -8,6 +8,11 @@ Checks, each over the whole store in parallel:
 * every key the indexer would index (UNIQ_KEY and KEYS words) resolves through the index files to the
   record: its (hash, offset) is reachable from the hash slot, as a query walks it.
 
+The store is mqstore's (``indexer/consumequeue``, ``indexer/index``) or RocketMQ's (``consumequeue/``,
+``index/``), told apart by services.store.store_layout. The geometry (ConsumeQueue file size, the index
+files' hashSlotNum and indexNum) comes from ``--config``/``MQSTORE_*`` settings and flags, else from
+the files (services.store.geometry), settled at the driver: tasks are given it, never guess it.
+
 Run as ``mqstore pipeline verify STORE`` or ``spark-submit pipeline/verify.py STORE``.
 """
 
@@ -23,11 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.failures import run_job
 from pipeline.records import records_frame
+from pipeline.scan import StoreInput
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE
 from services.store.consume_queue import BLANK_UNIT, CQ_STORE_UNIT_SIZE, is_valid_unit
-from services.store.index_file import IndexFile, is_index_file_name
-from services.store.inspect_index import infer_geometry
+from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
+from services.store.index_file import IndexFile
 from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 
 if TYPE_CHECKING:
@@ -81,15 +88,20 @@ def list_queues(consumequeue: Path) -> list[QueueFiles]:
     return queues
 
 
-def queue_units(queue: QueueFiles) -> Iterator[tuple[str, int, int, int, int, int] | tuple[str, int, str]]:
+def queue_units(queue: QueueFiles, file_size: int
+                ) -> Iterator[tuple[str, int, int, int, int, int] | tuple[str, int, str]]:
     """(topic, queue id, cq offset, commitlog offset, size, tags code) of every unit up to the end of the
-    queue's data, then (topic, queue id, problem) for anything wrong: a missing file, or valid units
-    after the end of the data (a hole). Filler units (fillPreBlank) are skipped."""
+    queue's data, then (topic, queue id, problem) for anything wrong: a file that is not
+    ``file_size`` (mappedFileSizeConsumeQueue) bytes, a missing file, or valid units after the end of the
+    data (a hole). Filler units (fillPreBlank) are skipped."""
     previous_end: int | None = None
     ended_at: int | None = None
     for path in queue.paths:
         start = int(Path(path).name)
         data = Path(path).read_bytes()
+        if len(data) != file_size:
+            yield queue.topic, queue.queue_id, f"file {Path(path).name} is {len(data)} bytes, not " \
+                f"mappedFileSizeConsumeQueue {file_size}"
         if previous_end is not None and start != previous_end:
             yield queue.topic, queue.queue_id, f"file {Path(path).name} does not follow the previous file " \
                 f"(expected byte offset {previous_end})"
@@ -109,17 +121,10 @@ def queue_units(queue: QueueFiles) -> Iterator[tuple[str, int, int, int, int, in
             yield queue.topic, queue.queue_id, cq_offset, offset, size, tags_code
 
 
-def index_files(index_dir: Path) -> list[str]:
-    if not index_dir.is_dir():
-        return []
-    return sorted(str(p) for p in index_dir.iterdir() if p.is_file() and is_index_file_name(p.name))
-
-
-def reachable_entries(path: str) -> Iterator[tuple[int, int]]:
+def reachable_entries(path: str, hash_slot_num: int, index_num: int) -> Iterator[tuple[int, int]]:
     """(key hash, commitlog offset) of every entry a query can reach, walking each hash's chain with
     the library's own query code (slot, time and chain rules included)."""
-    geometry = infer_geometry(Path(path).stat().st_size)
-    index = IndexFile(Path(path), *geometry, read_only=True)
+    index = IndexFile(Path(path), hash_slot_num, index_num, read_only=True)
     try:
         for key_hash in sorted({entry.key_hash for entry in index.entries()}):
             for offset in set(index.select_by_hash(key_hash, 1 << 30, 0, JAVA_LONG_MAX)):
@@ -135,12 +140,39 @@ def _problems(frame: DataFrame, check: str, offset: str, detail: str) -> DataFra
                         F.expr(detail).cast("string").alias("detail"))
 
 
-def verify(spark: SparkSession, store: str | Path, split_size: int = DEFAULT_SPLIT_SIZE) -> VerifyReport:
+@dataclass(frozen=True)
+class VerifyInputs:
+    """What verify reads, settled before Spark starts: anything that refuses the store (no commitlog,
+    geometry that cannot be settled) does so in one line, at once."""
+
+    source: StoreInput
+    queues: list[QueueFiles]
+    cq_file_size: int
+    index_files: list[str]
+    hash_slot_num: int
+    index_num: int
+
+    @classmethod
+    def of(cls, source: StoreInput) -> VerifyInputs:
+        layout = source.layout
+        source.commitlog_files()
+        cq_file_size = source.geometry.cq_file_size(layout.consume_queue_files(), layout.consumequeue)
+        files = layout.index_files()
+        hash_slot_num, index_num = source.geometry.index_geometry(files)
+        return cls(source, list_queues(layout.consumequeue), cq_file_size, [str(f) for f in files], hash_slot_num,
+                   index_num)
+
+
+def verify(spark: SparkSession, store: str | Path | StoreInput | VerifyInputs, split_size: int = DEFAULT_SPLIT_SIZE,
+           geometry: GeometryOptions | None = None) -> VerifyReport:
     from pyspark.sql import functions as F
 
-    root = Path(store)
-    report = VerifyReport(str(root))
-    records, accumulator = records_frame(spark, root, split_size)
+    inputs = store if isinstance(store, VerifyInputs) else VerifyInputs.of(StoreInput.open(store, geometry))
+    source, queues, cq_file_size, files = inputs.source, inputs.queues, inputs.cq_file_size, inputs.index_files
+    hash_slot_num, index_num = inputs.hash_slot_num, inputs.index_num
+
+    report = VerifyReport(str(source.layout.root))
+    records, accumulator = records_frame(spark, source, split_size)
     records = records.cache()
     report.records = records.count()
     summary = accumulator.value
@@ -151,8 +183,8 @@ def verify(spark: SparkSession, store: str | Path, split_size: int = DEFAULT_SPL
     problems.append(_problems(records.where(~F.col("crc_ok")), "body-crc", "commitlog_offset",
                               "concat(topic, ' body CRC does not match')"))
 
-    queues = list_queues(root / "consumequeue")
-    unit_rdd = sc.parallelize(queues, max(len(queues), 1)).flatMap(queue_units).cache()
+    unit_rdd = sc.parallelize(queues, max(len(queues), 1)) \
+        .flatMap(lambda queue: queue_units(queue, cq_file_size)).cache()
     units = spark.createDataFrame(unit_rdd.filter(lambda row: len(row) == 6), CQ_SCHEMA).cache()
     report.cq_units = units.count()
     queue_faults = [(str(row[0]), int(row[1]), str(row[2]))
@@ -182,10 +214,10 @@ def verify(spark: SparkSession, store: str | Path, split_size: int = DEFAULT_SPL
                               "concat(topic, '/', queue_id, ': ', n, ' records with queue offsets ', lo, '..', hi, "
                               "' (', distinct, ' distinct)')"))
 
-    files = index_files(root / "index")
     report.index_files = len(files)
-    entries = spark.createDataFrame(sc.parallelize(files, max(len(files), 1)).flatMap(reachable_entries),
-                                    "key_hash INT, phy_offset BIGINT").distinct()
+    entries = spark.createDataFrame(
+        sc.parallelize(files, max(len(files), 1)).flatMap(lambda f: reachable_entries(f, hash_slot_num, index_num)),
+        "key_hash INT, phy_offset BIGINT").distinct()
     keyed = records.select("commitlog_offset", "topic", F.posexplode("index_hashes").alias("i", "key_hash"),
                            "index_keys")
     unresolved = keyed.join(entries, (keyed.key_hash == entries.key_hash)
@@ -217,16 +249,23 @@ def verify(spark: SparkSession, store: str | Path, split_size: int = DEFAULT_SPL
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("store", help="a store root (commitlog/, consumequeue/, index/)")
+    parser.add_argument("store", help="a store root, mqstore's (commitlog/, indexer/consumequeue/, indexer/index/) "
+                                      "or RocketMQ's (commitlog/, consumequeue/, index/)")
     parser.add_argument("--report", type=Path, default=Path("verify-report.json"), help="JSON report path")
     parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
+    add_geometry_arguments(parser, commitlog=True, consumequeue=True, index=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    return run_job("mqstore pipeline verify", _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pipeline.session import get_session
 
-    report = verify(get_session(args.master), args.store, args.split_size)
+    inputs = VerifyInputs.of(StoreInput.open(args.store, options_of(args)))
+    report = verify(get_session(args.master), inputs, args.split_size)
     args.report.write_text(json.dumps(report.as_json(), indent=2, ensure_ascii=False) + "\n")
     print(f"{report.store}: {report.records} records ({report.record_bytes} bytes), {report.cq_units} "
           f"consume queue units, {report.index_files} index files")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ from pyspark.sql import SparkSession
 from pipeline import verify as verify_job
 from pipeline.reindex import reindex
 from pipeline.verify import verify
+from services.cli import main as mqstore_main
 from services.store.index_file import INDEX_HEADER_SIZE, IndexHeader
 from tests.conftest import StoreFactory
+from tests.pipeline.services_store import ServicesStore
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -83,3 +86,35 @@ def test_reindex_then_verify_a_mqstore_store(spark: SparkSession, mqstore_store:
     assert result.records == 400 and len(result.index_files) > 5
     after = verify(spark, store, split_size=16384)
     assert after.ok, after.as_json()
+
+
+def test_verify_a_store_the_services_wrote(spark: SparkSession, services_store: ServicesStore, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """mqstore's own layout (indexer/consumequeue, indexer/index) is found without flags; the index
+    geometry comes from the settings the services ran with, and without them the job says so in one
+    line instead of failing inside Spark."""
+    report = tmp_path / "report.json"
+    args = ["pipeline", "verify", str(services_store.root), "--report", str(report)]
+    assert mqstore_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "104028-byte index file" in err[0] and "--hash-slot-num" in err[0], err
+    assert not report.exists()
+    assert mqstore_main([*args, "--config", str(services_store.config)]) == 0, capsys.readouterr()
+    written = json.loads(report.read_text())
+    assert written["ok"] and written["problem_counts"]["key-not-in-index"] == 0
+    assert (written["records"], written["cq_units"], written["index_files"]) == (services_store.messages,) * 2 + (2,)
+
+
+def test_reindex_into_the_mqstore_layout(spark: SparkSession, services_store: ServicesStore, tmp_path: Path) -> None:
+    """Without --output, reindex writes where the store keeps the files (indexer/ in mqstore's layout),
+    with the geometry of the store's settings: ConsumeQueue files equal the indexer's byte for byte."""
+    store = tmp_path / "store"
+    shutil.copytree(services_store.root, store)
+    assert mqstore_main(["pipeline", "reindex", str(store), "--config", str(services_store.config), "--force"]) == 0
+    online = services_store.root / "indexer"
+    assert files_under(store / "indexer" / "consumequeue") == files_under(online / "consumequeue")
+    ours, theirs = sorted((store / "indexer" / "index").iterdir()), sorted((online / "index").iterdir())
+    assert len(ours) == len(theirs) == 2
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert mine.read_bytes()[INDEX_HEADER_SIZE:] == reference.read_bytes()[INDEX_HEADER_SIZE:]
+    assert not (store / "consumequeue").exists() and not (store / "index").exists()
