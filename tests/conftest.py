@@ -11,13 +11,15 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.geometry import BOTH, GeometryPreset, drop_preallocated_files, geometry_id
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures" / "rocketmq-store"
 
@@ -141,3 +143,17 @@ def dump_lines() -> Callable[[str], tuple[str, ...]]:
 def putlog_rows() -> RowsLoader:
     """``putlog_rows(run) -> rows``: the put log of the ``normal`` or ``crash`` run."""
     return load_putlog
+
+
+@pytest.fixture(params=BOTH, ids=geometry_id)
+def store_geometry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[GeometryPreset]:
+    """A store test that takes this runs twice: in ``small`` geometry (64 KiB commitlog files, 300-unit
+    ConsumeQueue files, index files of 100 slots and 399 entries: a few hundred messages roll every
+    file kind) and in ``default`` (RocketMQ's sizes). See tests/geometry.py.
+
+    DEFAULT commitlog files are 1 GiB, allocated: at teardown the large files under ``tmp_path`` are
+    deleted. Put this fixture first in a test's arguments, so its teardown runs after the teardown of
+    the processes that write there. Pin one geometry with
+    ``@pytest.mark.parametrize("store_geometry", [SMALL], indirect=True)``."""
+    yield request.param
+    drop_preallocated_files(tmp_path)

@@ -14,13 +14,17 @@ pipeline reindex``. Tests take the ``store_geometry`` fixture (``tests/conftest.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from services.store.config import MessageStoreConfig, load_config
 from services.store.consume_queue import CQ_STORE_UNIT_SIZE
 
 KIB = 1024
+#: Files with at least this much disk allocated count as preallocated store files.
+LARGE_FILE_BYTES = 64 * KIB * KIB
 _DEFAULTS = MessageStoreConfig()
 
 
@@ -80,6 +84,25 @@ DEFAULT = GeometryPreset("default", commitlog_file_size=_DEFAULTS.mapped_file_si
                         cq_units_per_file=_DEFAULTS.mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE,
                         hash_slot_num=_DEFAULTS.max_hash_slot_num, index_num=_DEFAULTS.max_index_num)
 GEOMETRIES = {g.name: g for g in (SMALL, DEFAULT)}
+#: What a test parametrised over geometries runs in (ids "small" and "default").
+BOTH = (SMALL, DEFAULT)
+
+
+def geometry_id(geometry: GeometryPreset) -> str:
+    return geometry.name
+
+
+def drop_preallocated_files(root: Path) -> None:
+    """Delete the large allocated files under ``root`` once a test is done with them: in DEFAULT
+    geometry every commitlog file is 1 GiB, fallocated (the next one too, in the background), and a
+    test run keeps its temporary directories, so a few dozen stores would fill a disk. Sparse files
+    (index files) and small ones are left, for a look after a failure."""
+    if not root.is_dir():
+        return
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink() and path.stat().st_blocks * 512 >= LARGE_FILE_BYTES:
+                path.unlink()
 
 
 def geometry_named(name: str) -> GeometryPreset:

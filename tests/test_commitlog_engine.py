@@ -18,6 +18,7 @@ from services.store.message import SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, Me
 from services.store.message_id import decode_message_id
 from services.store.record import BLANK_MAGIC_CODE, decode_record, read_size_and_magic
 from services.store.topics import TopicConfig
+from tests.geometry import SMALL, GeometryPreset, geometry_id
 
 
 def make_log(root: Path, **overrides: Any) -> CommitLog:
@@ -29,8 +30,8 @@ def make_log(root: Path, **overrides: Any) -> CommitLog:
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> Iterator[CommitLog]:
-    commit_log = make_log(tmp_path)
+def log(store_geometry: GeometryPreset, tmp_path: Path) -> Iterator[CommitLog]:
+    commit_log = make_log(tmp_path, mapped_file_size_commit_log=store_geometry.commitlog_file_size)
     yield commit_log
     commit_log.shutdown()
 
@@ -83,6 +84,7 @@ def test_unknown_topic_without_auto_create_is_not_found(tmp_path: Path) -> None:
     assert (tmp_path / "config" / "topics.json.bak").exists()
 
 
+@pytest.mark.parametrize("store_geometry", [SMALL], ids=geometry_id, indirect=True)
 def test_batch_across_a_file_roll_writes_a_blank_and_continues(log: CommitLog) -> None:
     results = log.put_messages([Message("TopicR", i % 2, b"y" * 1000) for i in range(200)])
     file_size = log.config.mapped_file_size_commit_log
