@@ -39,6 +39,7 @@ from services.store.message import (
 from services.store.record import DispatchRequest, RecordError, decode_record
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
+from tests.geometry import GeometryPreset
 
 CQ_FILE_SIZE = 6000  # mappedFileSizeConsumeQueue of the fixtures: 300 units
 DISPATCH_CHUNK = 256
@@ -187,9 +188,9 @@ def test_truncate_deletes_files_past_the_cut(pristine_store: StoreFactory, tmp_p
         assert store.max_physic_offset() == 0  # RocketMQ: the truncation point when nothing is left
 
 
-def test_transaction_types_and_blanks_in_dispatch(tmp_path: Path) -> None:
+def test_transaction_types_and_blanks_in_dispatch(store_geometry: GeometryPreset, tmp_path: Path) -> None:
     """Only TRANSACTION_NOT_TYPE and TRANSACTION_COMMIT_TYPE records are queued; BLANKs are skipped."""
-    store = ConsumeQueueStore(tmp_path / "consumequeue", 20 * 7)
+    store = ConsumeQueueStore(tmp_path / "consumequeue", store_geometry.cq_file_size)
 
     def request(offset: int, queue_offset: int, sys_flag: int) -> DispatchRequest:
         return DispatchRequest(success=True, msg_size=100, topic="T", queue_id=0, commitlog_offset=offset,
@@ -409,9 +410,9 @@ def test_fill_pre_blank_and_min_offset(tmp_path: Path) -> None:
     reopened.shutdown()
 
 
-def test_gap_is_logged_and_appended_at_the_write_position(tmp_path: Path,
+def test_gap_is_logged_and_appended_at_the_write_position(store_geometry: GeometryPreset, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    queue = ConsumeQueue(tmp_path, "T", 0, 20 * 7)
+    queue = ConsumeQueue(tmp_path, "T", 0, store_geometry.cq_file_size)
     queue.put_batch([(0, 10, 0, 0), (10, 10, 0, 1)])
     with caplog.at_level(logging.ERROR, logger="services.store.consume_queue"):
         queue.put_batch([(20, 10, 0, 5)])
@@ -420,8 +421,9 @@ def test_gap_is_logged_and_appended_at_the_write_position(tmp_path: Path,
     queue.shutdown()
 
 
-def test_repeats_are_skipped_by_position_and_by_commitlog_offset(tmp_path: Path) -> None:
-    queue = ConsumeQueue(tmp_path, "T", 0, 20 * 7)
+def test_repeats_are_skipped_by_position_and_by_commitlog_offset(store_geometry: GeometryPreset,
+                                                                 tmp_path: Path) -> None:
+    queue = ConsumeQueue(tmp_path, "T", 0, store_geometry.cq_file_size)
     assert queue.put_batch([(0, 10, 1, 0), (10, 10, 2, 1), (20, 10, 3, 2)]) == 3
     assert queue.put_batch([(10, 10, 9, 1), (25, 10, 9, 1), (30, 10, 4, 3)]) == 1
     assert queue.get_units(0, 10) == [(0, 10, 1, 0), (10, 10, 2, 1), (20, 10, 3, 2), (30, 10, 4, 3)]

@@ -42,6 +42,7 @@ from services.store.message import (
 from services.store.record import DispatchRequest
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, StoreFactory
+from tests.geometry import GeometryPreset
 
 SLOTS, ENTRIES = 100, 400  # the fixtures' maxHashSlotNum / maxIndexNum
 LONG_MAX = 2**63 - 1
@@ -259,8 +260,8 @@ def test_delete_expired_keeps_the_last_file(pristine_store: StoreFactory, tmp_pa
 
 
 # -- building rules --------------------------------------------------------------------------------
-def test_uniq_key_first_then_each_nonempty_key(tmp_path: Path) -> None:
-    with_index = IndexService(tmp_path / "index", SLOTS, ENTRIES)
+def test_uniq_key_first_then_each_nonempty_key(store_geometry: GeometryPreset, tmp_path: Path) -> None:
+    with_index = IndexService(tmp_path / "index", store_geometry.hash_slot_num, store_geometry.index_num)
     with_index.build_index_batch([request(0, 5_000, keys="  a  b ", uniq="U"), request(100, 5_000, uniq="")])
     f = with_index.files[0]
     hashes = [e.key_hash for e in f.entries()]
@@ -269,8 +270,8 @@ def test_uniq_key_first_then_each_nonempty_key(tmp_path: Path) -> None:
     with_index.close()
 
 
-def test_transaction_types(tmp_path: Path) -> None:
-    service = IndexService(tmp_path / "index", SLOTS, ENTRIES)
+def test_transaction_types(store_geometry: GeometryPreset, tmp_path: Path) -> None:
+    service = IndexService(tmp_path / "index", store_geometry.hash_slot_num, store_geometry.index_num)
     service.build_index_batch([
         request(0, 1, "prepared", sys_flag=TRANSACTION_PREPARED_TYPE),
         request(100, 1, "commit", sys_flag=TRANSACTION_COMMIT_TYPE),
@@ -282,8 +283,8 @@ def test_transaction_types(tmp_path: Path) -> None:
     service.close()
 
 
-def test_redispatch_skips_below_end_phy_offset_but_not_at_it(tmp_path: Path) -> None:
-    service = IndexService(tmp_path / "index", SLOTS, ENTRIES)
+def test_redispatch_skips_below_end_phy_offset_but_not_at_it(store_geometry: GeometryPreset, tmp_path: Path) -> None:
+    service = IndexService(tmp_path / "index", store_geometry.hash_slot_num, store_geometry.index_num)
     batch = [request(o, 1_000, f"k{o}") for o in (0, 100, 200)]
     service.build_index_batch(batch)
     service.build_index_batch(batch)  # RocketMQ's test is commitLogOffset < endPhyOffset
