@@ -132,29 +132,46 @@ def index_contents(directory: Path, geometry: GeometryPreset) -> list[IndexConte
 
 def compare_indexes(expected_name: str, expected: Sequence[IndexContents], actual_name: str,
                     actual: Sequence[IndexContents]) -> list[str]:
-    """The decoded index files of two builds, file by file in name order."""
+    """The decoded index files of two builds. First the entries of all files together, as (key hash,
+    commitlog offset) counts: a lost or repeated entry is named once, not by every later file it
+    shifts. Then file by file in name order (headers, entries, hash slots), up to the first file that
+    differs when the entries already did."""
     if not expected:
         return [f"{expected_name} has no index files"]
-    problems = []
+    ours, theirs = Counter(_items(expected)), Counter(_items(actual))
+    problems = [f"index entry (key hash {h}, commitlog offset {o}): {ours[(h, o)]} in {expected_name}, "
+                f"{theirs[(h, o)]} in {actual_name}" for h, o in sorted((ours - theirs) + (theirs - ours))]
     if len(expected) != len(actual):
         problems.append(f"{actual_name} has {len(actual)} index files, {expected_name} {len(expected)}")
     for number, (a, b) in enumerate(zip(expected, actual, strict=False)):
         where = f"index file #{number} ({expected_name} {a.name}, {actual_name} {b.name})"
+        before = len(problems)
         if a.header != b.header:
-            problems.append(f"{where}: header {b.header} instead of {a.header}")
+            problems.append(f"{where}: header {a.header} in {expected_name}, {b.header} in {actual_name}")
         if a.entries != b.entries:
-            problems.append(f"{where}: {_first_entry_difference(a.entries, b.entries)}")
+            problems.append(f"{where}: {_first_entry_difference(expected_name, a.entries, actual_name, b.entries)}")
         elif a.slots != b.slots:
             slot = next((x, y) for x, y in zip(a.slots, b.slots, strict=False) if x != y)
-            problems.append(f"{where}: hash slots differ, first (slot, entry) {slot[1]} instead of {slot[0]}")
+            problems.append(f"{where}: hash slots differ, first (slot, entry) {slot[0]} in {expected_name}, "
+                            f"{slot[1]} in {actual_name}")
+        if len(problems) > before and ours != theirs:
+            problems.append("(later files differ as a consequence of the entries above)")
+            break
     return problems
 
 
-def _first_entry_difference(expected: Sequence[IndexEntry], actual: Sequence[IndexEntry]) -> str:
+def _items(files: Sequence[IndexContents]) -> Iterator[tuple[int, int]]:
+    for f in files:
+        for entry in f.entries:
+            yield entry.key_hash, entry.phy_offset
+
+
+def _first_entry_difference(expected_name: str, expected: Sequence[IndexEntry], actual_name: str,
+                            actual: Sequence[IndexEntry]) -> str:
     for a, b in zip(expected, actual, strict=False):
         if a != b:
-            return f"entry {a.number}: {b} instead of {a}"
-    return f"{len(actual)} entries instead of {len(expected)}"
+            return f"first differing entry: {a} in {expected_name}, {b} in {actual_name}"
+    return f"{len(expected)} entries in {expected_name}, {len(actual)} in {actual_name}"
 
 
 # -- messages: commitlog, export, acknowledgements -----------------------------------------------------
