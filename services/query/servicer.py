@@ -25,7 +25,7 @@ from services.query.errors import query_status_code
 from services.query.lookup import MessageLookup
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
-from services.store.errors import NotFoundError, StoreError, UnavailableError
+from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
 from services.store.message_id import message_id_kind
 from services.store.names import check_group, check_offset, check_queue
 
@@ -136,11 +136,21 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             check_group(request.consumer_group)
             check_queue(request.topic, request.queue_id)
             check_offset("offset", request.offset)
+            await self._check_committable(request.topic, request.queue_id, request.offset)
             self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
         except StoreError as exc:
             await _abort(context, "UpdateConsumerOffset", exc)
         metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
+
+    async def _check_committable(self, topic: str, queue_id: int, offset: int) -> None:
+        """A group consumes at most up to the queue's max offset (the next one to be written): an offset
+        past it names no message a consumer could have read, and would skip every message until the
+        queue caught up with it."""
+        _, max_offset = await self._offsets.offset_range(topic, queue_id)
+        if offset > max_offset:
+            raise OutOfRangeError(f"offset {offset} is past the max offset {max_offset} of {topic}/{queue_id}: "
+                                  "commit the offset after the last message consumed (at most the max offset)")
 
     async def QueryConsumerOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
                                   context: Context) -> query_pb2.QueryConsumerOffsetResponse:

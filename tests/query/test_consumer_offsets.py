@@ -13,12 +13,17 @@ import pytest
 from mqstore.v1 import query_pb2
 
 from tests.commitlog.commitlog_process import free_port, spawn_service
-from tests.query.query_process import PERSIST_INTERVAL_MS, System, running_system, wait_until
+from tests.query.query_process import PERSIST_INTERVAL_MS, System, message, running_system, wait_until
 
 
 @pytest.fixture
 def fresh(tmp_path: Path) -> Iterator[System]:
+    """A system whose queues hold the messages the tests commit offsets for (a commit past a queue's
+    max offset is refused)."""
     with running_system(tmp_path) as started:
+        for topic, queue_id, count in (("TopicA", 0, 100), ("TopicA", 3, 7), ("TopicB", 1, 12)):
+            started.append([message(topic, queue_id, f"{i}".encode()) for i in range(count)])
+        started.wait_dispatched()
         yield started
 
 
@@ -69,6 +74,16 @@ def test_offsets_survive_clean_restart_and_kill9(fresh: System) -> None:
     fresh.restart_query(kill=True)
     assert committed(fresh, "g1", "TopicA", 0) == 100
     assert committed(fresh, "g2", "TopicA", 0) == 5
+
+
+def test_a_commit_past_the_max_offset_is_refused(fresh: System) -> None:
+    for offset in (101, 2**63 - 1):
+        with pytest.raises(grpc.RpcError) as info:
+            commit(fresh, "g1", "TopicA", 0, offset)
+        assert info.value.code() == grpc.StatusCode.OUT_OF_RANGE
+        assert "past the max offset 100 of TopicA/0" in str(info.value.details())
+    commit(fresh, "g1", "TopicA", 0, 100)  # the max offset itself: everything consumed
+    assert committed(fresh, "g1", "TopicA", 0) == 100
 
 
 def test_a_damaged_file_falls_back_to_its_backup(fresh: System) -> None:
