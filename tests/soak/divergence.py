@@ -283,10 +283,16 @@ def check_lookups(gateway: str, acks: Mapping[str, Ack]) -> dict[str, list[str]]
             for (ack, key), answer in zip(keyed, answers, strict=True):
                 if isinstance(answer, MqstoreError):
                     problems["lookup-key"].append(f"{ack.uniq_key} by key {key!r}: {answer}")
-                elif _offset_of(ack) not in {m.commitlog_offset for m in answer.messages}:
+                    continue
+                offsets = Counter(m.commitlog_offset for m in answer.messages)
+                if _offset_of(ack) not in offsets:
                     problems["lookup-key"].append(
                         f"{ack.uniq_key} by key {key!r}: not among the {len(answer.messages)} answers "
                         f"({answer.index_hits} index hits)")
+                elif offsets[_offset_of(ack)] > 1:
+                    problems["lookup-key"].append(
+                        f"{ack.uniq_key} by key {key!r}: answered {offsets[_offset_of(ack)]} times (commitlog "
+                        f"offset {_offset_of(ack)})")
         problems["pull"] = _check_pulls(client, acks)
     return problems
 
