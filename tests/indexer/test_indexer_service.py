@@ -12,12 +12,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 
 from tests.commitlog.commitlog_process import StartCommitLog
+from tests.geometry import GeometryPreset
 from tests.indexer.indexer_process import start_indexer
 
 
-def test_arrivals_offset_by_time_and_reflection(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
-    commitlog = start_commitlog(tmp_path / "broker")
-    indexer = start_indexer(tmp_path / "indexer", commitlog.address)
+def test_arrivals_offset_by_time_and_reflection(store_geometry: GeometryPreset, start_commitlog: StartCommitLog,
+                                                tmp_path: Path) -> None:
+    commitlog = start_commitlog(tmp_path / "broker", store_geometry.env())
+    indexer = start_indexer(tmp_path / "indexer", commitlog.address, store_geometry.env())
     arrivals: queue.Queue[indexer_pb2.Arrival] = queue.Queue()
     watch = indexer.stub.WatchArrivals(indexer_pb2.WatchArrivalsRequest())
 
