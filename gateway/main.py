@@ -21,7 +21,7 @@ from gateway.servicer import MessagingServicer
 from gateway.settings import LATENCY, GatewaySettings, load_gateway_settings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
-from gateway.wire import SERVICE_NAME
+from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
@@ -108,4 +108,5 @@ async def _warm_up(routes: RouteTable, shards: list[ShardClient]) -> None:
 
 def _server_settings(settings: GatewaySettings) -> ServerSettings:
     return ServerSettings(listen=settings.listen, max_concurrent_rpcs=settings.max_concurrent_rpcs,
-                          max_receive_message_bytes=65 * MIB, max_send_message_bytes=128 * MIB)
+                          max_receive_message_bytes=TRANSPORT_MAX_REQUEST_BYTES,
+                          max_send_message_bytes=128 * MIB)

@@ -23,6 +23,12 @@ from services.store.subscription import parse_subscription
 from services.store.topics import TopicConfig
 
 SERVICE_NAME = "mqstore.v1.MessagingService"
+MIB = 1024 * 1024
+#: The largest request the gateway takes. A larger one is INVALID_ARGUMENT naming this limit (not
+#: RESOURCE_EXHAUSTED, which tells a client to back off and retry the same request forever): the
+#: transport accepts up to TRANSPORT_MAX_REQUEST_BYTES so that the decoder sees such a request.
+MAX_REQUEST_BYTES = 64 * MIB
+TRANSPORT_MAX_REQUEST_BYTES = 4 * MAX_REQUEST_BYTES
 Context = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Any, Context], Awaitable[Any]]
 
@@ -79,6 +85,9 @@ def decoder(request_type: Any) -> Callable[[bytes], Any]:
     name = request_type.DESCRIPTOR.full_name
 
     def decode(data: bytes) -> Any:
+        if len(data) > MAX_REQUEST_BYTES:
+            return Undecodable(f"the request is {len(data)} bytes, over the gateway's limit of {MAX_REQUEST_BYTES} "
+                               f"bytes ({MAX_REQUEST_BYTES // MIB} MiB): send fewer or smaller messages per call")
         try:
             return from_string(data)
         except Exception as exc:  # noqa: BLE001 - DecodeError and friends: any failure means bad bytes

@@ -27,7 +27,13 @@ class MqstoreError(Exception):
     @property
     def retryable(self) -> bool:
         """True when the same call may succeed later (the gateway or store is busy or restarting)."""
+        if self.code == "RESOURCE_EXHAUSTED" and self.message.startswith(TOO_LARGE_PREFIXES):
+            return False  # the transport's size limit: the same request would be refused again
         return self.code in ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+
+
+#: How gRPC words a message over a size limit (either side's): RESOURCE_EXHAUSTED, but not retryable.
+TOO_LARGE_PREFIXES = ("Received message larger than max", "Sent message larger than max")
 
 
 class InvalidArgumentError(MqstoreError):

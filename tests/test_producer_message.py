@@ -76,3 +76,19 @@ def test_what_a_producer_may_set_is_kept(system: UpProcess) -> None:
     allowed = message(sys_flag=0x301, flag=7, properties={"UNIQ_KEY": "0A0B0C0D0000AAAA0000000000000001"})
     result = system.stub.Send(gateway_pb2.SendRequest(message=allowed), timeout=10)
     assert result.msg_id == "0A0B0C0D0000AAAA0000000000000001"
+
+
+def test_a_request_over_the_limit_is_invalid_not_busy(system: UpProcess) -> None:
+    """RESOURCE_EXHAUSTED means "back off and retry": a client following it would resend forever."""
+    huge = [message(body=b"x" * (24 * 1024 * 1024)) for _ in range(3)]  # 72 MiB in one SendBatch
+    before = system.store_state()
+    detail = _refused(system.stub.SendBatch, gateway_pb2.SendBatchRequest(messages=huge))
+    assert "over the gateway's limit of 67108864 bytes (64 MiB)" in detail
+    assert system.store_state() == before
+
+
+def test_the_client_does_not_retry_a_size_limit() -> None:
+    from mqstore_client.errors import MqstoreError
+
+    assert not MqstoreError("RESOURCE_EXHAUSTED", "Received message larger than max (300 vs. 268435456)").retryable
+    assert MqstoreError("RESOURCE_EXHAUSTED", "disk full: ...").retryable
