@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -13,9 +14,21 @@ import pytest
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 
 from services.store.java_hash import java_string_hash
-from tests.query.query_process import System, message
+from tests.geometry import BOTH, drop_preallocated_files, geometry_id
+from tests.query.query_process import System, message, running_system
 
 Status = query_pb2.GetMessageStatus
+
+
+@pytest.fixture(scope="module", params=BOTH, ids=geometry_id)
+def system(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """The package's ``system`` fixture, once in each geometry (tests/geometry.py)."""
+    root = tmp_path_factory.mktemp("query-system")
+    try:
+        with running_system(root, request.param.env()) as started:
+            yield started
+    finally:
+        drop_preallocated_files(root)
 
 
 def pull(system: System, topic: str, offset: int, queue_id: int = 0, timeout: float = 10,
