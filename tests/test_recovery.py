@@ -19,6 +19,7 @@ from services.store.message import Message
 from services.store.record import decode_record
 from services.store.store_root import StoreLockedError
 from tests.conftest import StoreFactory
+from tests.geometry import GeometryPreset
 
 FIXTURE_FILE_SIZE = 1024 * 1024
 
@@ -144,24 +145,24 @@ def test_restart_keeps_queue_offsets_across_file_rolls(tmp_path: Path) -> None:
         assert result.queue_offset == table[("TopicT", 1)]
 
 
-def test_crash_without_snapshot_rebuilds_queue_offsets(tmp_path: Path) -> None:
-    with opened(tmp_path, small_config()) as log:
+def test_crash_without_snapshot_rebuilds_queue_offsets(store_geometry: GeometryPreset, tmp_path: Path) -> None:
+    with opened(tmp_path, store_geometry.config()) as log:
         put_many(log, 700)
         table = dict(log.queue_table)
     # A snapshot from an older point: start-up replays the records written after it.
     QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(QueueOffsetSnapshot(0, {}))
     (tmp_path / "abort").touch()
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         assert log.queue_table == table
     # A snapshot beyond the end of the log (the log lost data): rebuilt from the whole log.
     QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(
         QueueOffsetSnapshot(10**12, {("TopicT", 0): 10**6}))
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         assert log.queue_table == table
 
 
-def test_torn_tail_of_our_own_log_is_truncated(tmp_path: Path) -> None:
-    with opened(tmp_path, small_config()) as log:
+def test_torn_tail_of_our_own_log_is_truncated(store_geometry: GeometryPreset, tmp_path: Path) -> None:
+    with opened(tmp_path, store_geometry.config()) as log:
         ends = put_many(log, 300)
         last_file = log.mfq.files[-1]
         path, start = last_file.path, last_file.file_from_offset
@@ -170,17 +171,17 @@ def test_torn_tail_of_our_own_log_is_truncated(tmp_path: Path) -> None:
         f.seek(torn_at - start + 30)
         f.write(bytes(ends[-1] - torn_at - 30))
     (tmp_path / "abort").touch()
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         assert log.max_offset == torn_at
         assert log.queue_table[("TopicT", 299 % 4)] == 299 // 4
         again = log.put_message(Message("TopicT", 299 % 4, b"x"))
         assert again.commitlog_offset == torn_at and again.queue_offset == 299 // 4
 
 
-def test_stale_records_after_a_truncation_are_not_resurrected(tmp_path: Path) -> None:
+def test_stale_records_after_a_truncation_are_not_resurrected(store_geometry: GeometryPreset, tmp_path: Path) -> None:
     """After a truncation, new records overwrite the old ones; a later crash recovery must not walk on
     into the old records left behind them (they sit at their own offsets and have valid CRCs)."""
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         ends = put_many(log, 50)
     cut = ends[9]
     (tmp_path / "abort").touch()
@@ -188,14 +189,14 @@ def test_stale_records_after_a_truncation_are_not_resurrected(tmp_path: Path) ->
     with open(path, "r+b") as f:  # corrupt record #10: recovery truncates at its start
         f.seek(cut + 84 + 4 + 2)
         f.write(b"\xff\xff")
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         assert log.max_offset == cut
         # Same size as the record it replaces: the old record #11 now starts right where this ends.
         log.put_message(Message("TopicT", 10 % 4, b"body-10" * 20, properties={"KEYS": "k10"}))
         new_end = log.max_offset
         assert new_end == ends[10]
     (tmp_path / "abort").touch()
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, store_geometry.config()) as log:
         assert log.max_offset == new_end
 
 
