@@ -32,6 +32,7 @@ from services.server.logs import configure_logging
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
 from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import MessageStoreConfig
+from services.store.mapped_file_queue import FileSizeMismatchError
 from services.store.store_root import StoreLockedError
 
 log = logging.getLogger("services.commitlog")
@@ -74,6 +75,9 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     except StoreLockedError as exc:
         log.error("cannot start: %s", exc, extra={"store": store})
         return EXIT_STORE_LOCKED
+    except FileSizeMismatchError as exc:
+        log.error("bad settings: %s", exc, extra={"store": store})
+        return EXIT_BAD_SETTINGS
     metrics.bind_commitlog(engine.stats, config.mapped_file_size_commit_log, lambda: engine.disk_full)
     servicer = CommitLogServicer(engine)
     await servicer.start()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from services.store.config import ConfigError
 from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.mapped_file import MappedFile, file_name, parse_file_name
 from services.store.transient_store_pool import TransientStorePool
@@ -57,23 +58,22 @@ class MappedFileQueue:
 
     # -- loading -----------------------------------------------------------------------------
     def load(self) -> None:
-        """Map every file of the directory. A wrong-sized last file (a creation cut short) is removed."""
+        """Map every file of the directory. A last file that is shorter than the file size and holds no
+        data (its creation was cut short: data is written only into fully created files) is removed;
+        any other wrong-sized file means the store was written with another file size, and nothing is
+        touched (:class:`FileSizeMismatchError`)."""
         self.store_path.mkdir(parents=True, exist_ok=True)
         paths = sorted(p for p in self.store_path.iterdir() if p.is_file() and not p.name.startswith("."))
+        self._check_file_sizes(paths)
         files: list[MappedFile] = []
         for i, path in enumerate(paths):
             offset = parse_file_name(path)
-            if offset % self.mapped_file_size:
-                raise ValueError(f"{path} starts at {offset}, not a multiple of the file size "
-                                 f"{self.mapped_file_size}: is mappedFileSize set as when it was written?")
             size = path.stat().st_size
-            if size != self.mapped_file_size:
-                if i == len(paths) - 1:
-                    log.warning("removing %s: %d bytes instead of %d (file creation was cut short)",
-                                path, size, self.mapped_file_size)
-                    path.unlink()
-                    continue
-                raise ValueError(f"{path} is {size} bytes but mappedFileSize is {self.mapped_file_size}")
+            if size != self.mapped_file_size and i == len(paths) - 1:
+                log.warning("removing %s: %d bytes instead of %d and no data (its creation was cut short)",
+                            path, size, self.mapped_file_size)
+                path.unlink()
+                continue
             if files and offset != files[-1].file_tail_offset:
                 raise ValueError(f"{path} does not follow {files[-1].path.name}: a file is missing")
             mapped = MappedFile(path, self.mapped_file_size, create=False)
@@ -81,7 +81,24 @@ class MappedFileQueue:
             files.append(mapped)
         self._files = files
 
-    # -- lookup ------------------------------------------------------------------------------
+    def _check_file_sizes(self, paths: list[Path]) -> None:
+        """Refuse (before anything is changed) files written with another file size."""
+        size_setting = self.mapped_file_size
+        for i, path in enumerate(paths):
+            size = path.stat().st_size
+            offset = parse_file_name(path)
+            if size == size_setting and offset % size_setting == 0:
+                continue
+            if i == len(paths) - 1 and size < size_setting and offset % size_setting == 0 and _holds_no_data(path):
+                continue  # a creation cut short: load() removes it
+            written = _file_size_written(paths)
+            hint = f"start it with a file size of {written} bytes" if written else "check the file size setting"
+            raise FileSizeMismatchError(
+                f"{self.store_path} was written with another file size: {path.name} is {size} bytes and starts at "
+                f"{offset}, but the file size setting is {size_setting} bytes; nothing was changed: {hint} "
+                f"(mappedFileSizeCommitLog / mappedFileSizeConsumeQueue, as when the store was written)")
+
+    # -- lookup ----    # -- lookup ------------------------------------------------------------------------------
     @property
     def files(self) -> list[MappedFile]:
         return self._files
@@ -318,3 +335,20 @@ class MappedFileQueue:
                 self.pool.give_back(mapped.write_buffer)
                 mapped.write_buffer = None
             mapped.close()
+
+
+class FileSizeMismatchError(ConfigError):
+    """The files of a store were written with a file size other than the configured one."""
+
+
+def _holds_no_data(path: Path) -> bool:
+    """True if the file's first page is zeros: where a record or a BLANK would begin."""
+    with open(path, "rb") as file:
+        return not file.read(4096).strip(b"\0")
+
+
+def _file_size_written(paths: list[Path]) -> int | None:
+    """The size most files have: the store's real file size, to suggest."""
+    sizes = [p.stat().st_size for p in paths[:-1]] or [p.stat().st_size for p in paths]
+    common = max(set(sizes), key=sizes.count) if sizes else None
+    return common or None
