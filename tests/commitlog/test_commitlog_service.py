@@ -67,7 +67,8 @@ def fill_past_file_boundary(server: CommitLogProcess, topic: str, body_size: int
 
 def test_append_read_round_trip_decodes_every_field(module_commitlog: CommitLogProcess) -> None:
     server = module_commitlog
-    properties = {"KEYS": "order-1 order-2", "TAGS": "tagA", "UNIQ_KEY": "0A0B0C0D0000AAAA0000000000000001", "custom": "value ü"}
+    properties = {"KEYS": "order-1 order-2", "TAGS": "tagA", "UNIQ_KEY": "0A0B0C0D0000AAAA0000000000000001",
+                  "custom": "value ü"}
     sent = msg("RoundTrip", b"\x00\x01binary body\xff", queue_id=3, flag=7, properties=properties,
                born_timestamp=1_700_000_000_123, born_host="10.1.2.3:4567", sys_flag=0, reconsume_times=2,
                prepared_transaction_offset=99)

@@ -22,11 +22,27 @@ from tests.query.query_process import System, message
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 LEGAL = re.compile(r"^[%|a-zA-Z0-9_.\-]+$")
 
-legal_names = st.from_regex(r"[a-zA-Z0-9_%|.\-]{1,24}", fullmatch=True)
+# Names of dots only are refused everywhere: a name becomes a directory or a config key (issue 17).
+DOT_NAMES = st.sampled_from([".", "..", "..."])
+legal_names = st.from_regex(r"[a-zA-Z0-9_%|.\-]{1,24}", fullmatch=True).filter(
+    lambda t: set(t) != {"."} and not t.startswith(("%RETRY%", "%DLQ%", "RMQ_SYS_")))
 bad_names = st.one_of(st.just(""), st.text(min_size=1, max_size=30).filter(lambda t: not LEGAL.match(t)),
-                      st.integers(128, 300).map(lambda n: "T" * n))
+                      st.integers(128, 300).map(lambda n: "T" * n), DOT_NAMES)
 bad_groups = st.one_of(st.just(""), st.text(min_size=1, max_size=30).filter(lambda t: not LEGAL.match(t)),
-                       st.integers(256, 400).map(lambda n: "G" * n))
+                       st.integers(256, 400).map(lambda n: "G" * n), DOT_NAMES)
+#: What only the store's own flows may write (issue 17): (field, value) pairs of a producer's message.
+SYSTEM_TOPICS = st.sampled_from(["SCHEDULE_TOPIC_XXXX", "TBW102", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+                                 "%RETRY%fuzz", "%DLQ%fuzz"])
+producer_only_fields: st.SearchStrategy[dict[str, Any]] = st.one_of(
+    st.sampled_from([0x4, 0x8, 0xC, -1, 0x7FFFFFFF, 0x1000, 0x40]).map(lambda f: {"sys_flag": f}),
+    st.integers(-(2**31), -1).map(lambda f: {"flag": f}),
+    st.integers(-(2**31), -1).map(lambda r: {"reconsume_times": r}),
+    st.integers(-(2**63), -1).map(lambda o: {"prepared_transaction_offset": o}),
+    SYSTEM_TOPICS.map(lambda t: {"topic": t}),
+    st.text(alphabet="0123456789ABCDEFxyz-", max_size=80).filter(
+        lambda k: not (len(k) in (32, 56) and all(c in "0123456789ABCDEF" for c in k))).map(
+        lambda k: {"properties": {"UNIQ_KEY": k}}),
+)
 queues = st.integers(0, 1023)
 bad_queues = st.one_of(st.integers(-2**31, -1), st.integers(1024, 2**31 - 1))
 bad_offsets = st.integers(-2**63, -1)
