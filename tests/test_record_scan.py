@@ -8,9 +8,12 @@ record with intact ones after it, and count what a cut there drops.
 
 from __future__ import annotations
 
+import mmap
+import os
 import random
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +30,7 @@ from services.store.record import (
     encode_blank,
     encode_record_parts,
 )
-from services.store.record_scan import Stop, diagnose, record_positions, scan_file, survey
+from services.store.record_scan import FileView, Stop, diagnose, record_positions, scan_file, survey
 from services.store.socket_address import encode_address
 
 FILE_SIZE = 16 * 1024
@@ -180,7 +183,7 @@ def test_a_clean_end_is_no_damage() -> None:
     buf = build(specs, blank=False)
     stop = stop_of(buf)
     assert stop.clean and stop.reason == "all zero bytes (end of data)"
-    assert survey(stop, [(BASE, bytes(buf)), (BASE + FILE_SIZE, bytes(FILE_SIZE))]) is None
+    assert survey(stop, [FileView(BASE, bytes(buf)), FileView(BASE + FILE_SIZE, bytes(FILE_SIZE))]) is None
 
 
 def test_a_crc_failure_with_records_after_it_counts_them_all() -> None:
@@ -191,7 +194,7 @@ def test_a_crc_failure_with_records_after_it_counts_them_all() -> None:
     stop = stop_of(first)
     assert (stop.offset, stop.clean) == (BASE + ends[4], False)
     assert stop.reason.startswith("body CRC mismatch")
-    found = survey(stop, [(BASE, bytes(first)), (BASE + FILE_SIZE, bytes(second))])
+    found = survey(stop, [FileView(BASE, bytes(first)), FileView(BASE + FILE_SIZE, bytes(second))])
     assert found is not None and not found.torn_tail
     assert found.intact_records == 5 + 3
     assert found.dropped_bytes == BASE + FILE_SIZE + ends[3] - (BASE + ends[4])
@@ -204,7 +207,7 @@ def test_a_garbled_size_is_skipped_by_searching_for_the_next_record() -> None:
     buf[ends[2]:ends[2] + 4] = struct.pack(">i", 1 << 30)
     stop = stop_of(buf)
     assert stop.reason.startswith("bad TOTALSIZE 1073741824")
-    found = survey(stop, [(BASE, bytes(buf))])
+    found = survey(stop, [FileView(BASE, bytes(buf))])
     assert found is not None
     assert (found.intact_records, found.dropped_bytes) == (7, ends[10] - ends[2])
 
@@ -215,7 +218,7 @@ def test_a_torn_last_record_is_a_torn_tail() -> None:
     buf[ends[9] + 30:ends[10]] = bytes(ends[10] - ends[9] - 30)
     stop = stop_of(buf)
     assert stop.reason.startswith("torn or garbled record")
-    found = survey(stop, [(BASE, bytes(buf)), (BASE + FILE_SIZE, bytes(FILE_SIZE))])
+    found = survey(stop, [FileView(BASE, bytes(buf)), FileView(BASE + FILE_SIZE, bytes(FILE_SIZE))])
     assert found is not None and found.torn_tail
     assert (found.offset, found.dropped_bytes) == (BASE + ends[9], ends[10] - ends[9])
     assert "torn record" in found.describe()
@@ -225,7 +228,32 @@ def test_zeros_followed_by_a_file_with_records_is_a_gap() -> None:
     specs, ends = ten_records()
     first = build(specs[:2], blank=False)
     second = build(specs[:4], base=BASE + FILE_SIZE, blank=False)
-    found = survey(stop_of(first), [(BASE, bytes(first)), (BASE + FILE_SIZE, bytes(second))])
+    found = survey(stop_of(first), [FileView(BASE, bytes(first)), FileView(BASE + FILE_SIZE, bytes(second))])
     assert found is not None and found.intact_records == 4
     assert found.dropped_bytes == BASE + FILE_SIZE + ends[4] - (BASE + ends[2])
     assert "later files hold records" in found.reason
+
+
+def test_the_search_past_a_bad_record_skips_holes(tmp_path: Path) -> None:
+    """With a descriptor, survey jumps over a sparse file's holes (SEEK_DATA) and finds the same records."""
+    specs, ends = ten_records()
+    data = build(specs, blank=False)[:ends[10]]
+    data[ends[9] + 88 + 10] ^= 0x01  # the last record of the run fails its CRC
+    far = 512 * 1024
+    path = tmp_path / f"{BASE:020d}"
+    with open(path, "wb") as f:
+        f.write(data)
+        f.seek(far)
+        f.write(encode(specs[0], BASE + far))  # one intact record after a hole
+        f.truncate(1024 * 1024)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mapped:
+            stop = diagnose(mapped, scan_file(mapped, 0, BASE).end, BASE)
+            assert stop.offset == BASE + ends[9]
+            for view in (FileView(BASE, mapped, fd), FileView(BASE, mapped)):
+                found = survey(stop, [view])
+                assert found is not None
+                assert (found.intact_records, found.dropped_bytes) == (1, far + ends[1] - ends[9])
+    finally:
+        os.close(fd)

@@ -15,6 +15,7 @@ offset, the reason and the bytes the cut drops, and returned in the RecoveryResu
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from services.store.record import (
     SYSFLAG_POS,
     store_timestamp_pos,
 )
-from services.store.record_scan import Damage, Searchable, diagnose, scan_file, survey
+from services.store.record_scan import Damage, FileView, diagnose, scan_file, survey
 
 log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
@@ -112,6 +113,11 @@ def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels
     return RecoveryResult(end, start, records, damage)
 
 
-def _buffers(files: Sequence[MappedFile], index: int) -> Iterator[tuple[int, Searchable]]:
+def _buffers(files: Sequence[MappedFile], index: int) -> Iterator[FileView]:
+    """``files[index:]`` for survey, each with a descriptor of its own (to skip holes)."""
     for mapped in files[index:]:
-        yield mapped.file_from_offset, mapped.buffer
+        fd = os.open(mapped.path, os.O_RDONLY)
+        try:
+            yield FileView(mapped.file_from_offset, mapped.buffer, fd)
+        finally:
+            os.close(fd)

@@ -10,6 +10,7 @@ read-only, so walking a 1 GiB file does not read it into memory.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
@@ -30,7 +31,7 @@ from services.store.record import (
     decode_record,
     read_size_and_magic,
 )
-from services.store.record_scan import Damage, Searchable, diagnose, survey
+from services.store.record_scan import Damage, FileView, diagnose, survey
 
 FILE_NAME_DIGITS = 20
 _FILE_NAME = re.compile(r"[0-9]{20}")
@@ -207,13 +208,17 @@ def _stopped_at(files: list[CommitLogFile], index: int, mapped: _MappedFile, pos
     return WalkEnd(stop.offset, reason or stop.reason, damage)
 
 
-def _searchable(files: list[CommitLogFile], index: int, mapped: _MappedFile) -> Iterator[tuple[int, Searchable]]:
-    """``files[index]`` (already ``mapped``), then each later file mapped in turn."""
-    yield files[index].start_offset, mapped.map
-    for file in files[index + 1:]:
-        mapped = _MappedFile(file)
-        with mapped:
-            yield file.start_offset, mapped.map
+def _searchable(files: list[CommitLogFile], index: int, first: _MappedFile) -> Iterator[FileView]:
+    """``files[index]`` (already mapped as ``first``), then each later file mapped in turn; each with
+    a descriptor of its own, so the survey skips holes."""
+    for file in files[index:]:
+        mapped = first if file is files[index] else _MappedFile(file)
+        with contextlib.ExitStack() as stack:
+            if mapped is not first:
+                stack.enter_context(mapped)
+            fd = os.open(file.path, os.O_RDONLY)
+            stack.callback(os.close, fd)
+            yield FileView(file.start_offset, mapped.map, fd)
 
 
 def iter_commitlog(directory: str | os.PathLike[str], from_offset: int | None = None, *,

@@ -25,6 +25,7 @@ damaged record with intact data after it.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import zlib
 from array import array
@@ -292,24 +293,35 @@ class Damage:
 Searchable = bytes | bytearray | mmap.mmap
 
 
-def survey(stop: Stop, files: Iterable[tuple[int, Searchable]], check_crc: bool = True,
+@dataclass(frozen=True, slots=True)
+class FileView:
+    """One file for :func:`survey`: its commitlog offset, its bytes, and an open descriptor of it if
+    there is one, so that the search past a bad record skips the file's holes and unwritten extents
+    (SEEK_DATA) instead of faulting in up to a GiB of zero pages."""
+
+    base: int
+    buf: Searchable
+    fd: int | None = None
+
+
+def survey(stop: Stop, files: Iterable[FileView], check_crc: bool = True,
            delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> Damage | None:
     """What lies past ``stop``: None for a clean end, else the Damage.
 
-    ``files`` yields (commitlog offset, buffer) of the file holding the stop, then of every later
-    file. After a bad record its file is searched for the next record (MAGICCODE, and PHYSICALOFFSET
-    equal to its offset, and valid), and walked on; later files are walked from their start. Zero
-    bytes end a file's data: the preallocated rest of a file is not searched, so a clean end costs
-    nothing, and a clean end followed by data in later files is a Damage too (a gap)."""
+    ``files`` yields the file holding the stop, then every later file. After a bad record its file
+    is searched for the next record (MAGICCODE, and PHYSICALOFFSET equal to its offset, and valid),
+    and walked on; later files are walked from their start. Zero bytes end a file's data: the
+    preallocated rest of a file is not searched, so a clean end costs nothing, and a clean end
+    followed by data in later files is a Damage too (a gap)."""
     data_end = stop.offset + stop.size
     intact = 0
-    for index, (base, buf) in enumerate(files):
+    for index, view in enumerate(files):
         if index == 0:
             if stop.clean:
                 continue
-            records, end = _survey_file(buf, base, stop.offset - base + 1, True, check_crc, delay_levels_ms)
+            records, end = _survey_file(view, stop.offset - view.base + 1, True, check_crc, delay_levels_ms)
         else:
-            records, end = _survey_file(buf, base, 0, False, check_crc, delay_levels_ms)
+            records, end = _survey_file(view, 0, False, check_crc, delay_levels_ms)
         if records:
             intact += records
             data_end = max(data_end, end)
@@ -319,13 +331,14 @@ def survey(stop: Stop, files: Iterable[tuple[int, Searchable]], check_crc: bool 
     return Damage(stop.offset, reason, data_end - stop.offset, intact)
 
 
-def _survey_file(buf: Searchable, base: int, pos: int, search: bool, check_crc: bool,
+def _survey_file(view: FileView, pos: int, search: bool, check_crc: bool,
                  delay_levels_ms: Sequence[int]) -> tuple[int, int]:
     """(valid records from ``pos`` on, commitlog offset where the last one ends), skipping bad ones."""
+    buf, base = view.buf, view.base
     records = data_end = 0
     while True:
         if search:
-            found = _next_record(buf, pos, base, check_crc, delay_levels_ms)
+            found = _next_record(view, pos, check_crc, delay_levels_ms)
             if found is None:
                 break
             pos = found
@@ -339,14 +352,22 @@ def _survey_file(buf: Searchable, base: int, pos: int, search: bool, check_crc: 
     return records, data_end
 
 
-def _next_record(buf: Searchable, pos: int, base: int, check_crc: bool,
-                 delay_levels_ms: Sequence[int]) -> int | None:
+def _next_record(view: FileView, pos: int, check_crc: bool, delay_levels_ms: Sequence[int]) -> int | None:
     """The first position from ``pos`` holding a valid record that sits at its own offset."""
+    buf, base, fd = view.buf, view.base, view.fd
     length = len(buf)
-    while True:
-        found = buf.find(_MAGIC_PREFIX, pos + 4)
+    data_end = length if fd is None else 0  # the searched data region ends here (the next hole)
+    while pos < length:
+        if pos >= data_end and fd is not None:  # jump over the hole
+            try:
+                pos = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: nothing but holes from pos on
+                return None
+            data_end = min(length, os.lseek(fd, pos, os.SEEK_HOLE))
+        found = buf.find(_MAGIC_PREFIX, pos + 4, data_end)
         if found < 0:
-            return None
+            pos = data_end
+            continue
         candidate = found - 4
         pos = candidate + 1
         if candidate + PHYSICAL_OFFSET_POS + 8 > length:
@@ -356,3 +377,4 @@ def _next_record(buf: Searchable, pos: int, base: int, check_crc: bool,
             continue
         if check_record(buf, candidate, check_crc, delay_levels_ms).success:
             return candidate
+    return None
