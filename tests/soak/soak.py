@@ -43,7 +43,15 @@ from tests.soak.divergence import (
     export_rows,
     index_contents,
 )
-from tests.soak.workload import Ledger, Pace, SoakSystem, create_topics, run_workload, wait_caught_up
+from tests.soak.workload import (
+    Ledger,
+    Pace,
+    SoakSystem,
+    create_topics,
+    end_log_with_a_blank_file,
+    run_workload,
+    wait_caught_up,
+)
 
 #: The checks of a round, in the order a report lists them.
 CHECKS = ("workload", "caught-up", "clean-stop", "lookup-offset-id", "lookup-uniq-key", "lookup-key", "pull",
@@ -65,6 +73,8 @@ class SoakOptions:
     catch_up_timeout_s: float = 60.0
     pipeline_timeout_s: float = 600.0
     spark_master: str = "local[2]"
+    #: Start the round on a log that ends with a hand-built file BLANK from its first byte.
+    blank_file: bool = True
 
 
 @dataclass
@@ -83,6 +93,9 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
     system = SoakSystem(root, options.geometry, work / "logs")
     earlier = list(ledger.acks.values())
     started = time.monotonic()
+    if options.blank_file:
+        size = options.geometry.commitlog_file_size
+        stats["wholly_blank_file_at"] = end_log_with_a_blank_file(root / "commitlog", size) - size
     try:
         system.start_all()
         create_topics(system.gateway)

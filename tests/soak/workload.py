@@ -30,6 +30,8 @@ from mqstore_client.errors import MqstoreError
 from mqstore_client.models import OutgoingMessage, SendReceipt
 from services.runner import Addresses, ChildSpec, child_specs
 from services.server.channels import sync_channel
+from services.store.commitlog_files import commitlog_file_name, iter_commitlog
+from services.store.record import encode_blank
 from tests.commitlog.commitlog_process import CommitLogProcess, ServiceProcess, spawn_service
 from tests.geometry import GeometryPreset
 from tests.indexer.indexer_process import IndexerProcess
@@ -156,6 +158,30 @@ def wait_caught_up(commitlog: str, indexer: str, timeout_s: float) -> str | None
                         f"< commitlog max offset {end} (connected={status.connected}, "
                         f"dispatched {status.dispatched_records} records)")
             time.sleep(0.1)
+
+
+def end_log_with_a_blank_file(commitlog_dir: Path, file_size: int) -> int:
+    """Hand-build what RocketMQ's own writes never leave but a log may hold: the rest of the last file
+    BLANK, then a commitlog file BLANK from its first byte. Writes continue after it. Only on a stopped
+    store. Returns where the next record goes."""
+    commitlog_dir.mkdir(parents=True, exist_ok=True)
+    walk = iter_commitlog(commitlog_dir, file_size=file_size)
+    for _ in walk:
+        pass
+    end = walk.end.offset if walk.end else 0
+    position = end % file_size
+    if position:  # the rest of the file holding the end of the data
+        with open(commitlog_dir / commitlog_file_name(end - position), "r+b") as f:
+            f.seek(position)
+            f.write(encode_blank(file_size - position))
+        end += file_size - position
+    for later in commitlog_dir.iterdir():
+        if int(later.name) > end:
+            raise RuntimeError(f"{later}: a commitlog file after the end of the data {end}; is the store running?")
+    with open(commitlog_dir / commitlog_file_name(end), "wb") as f:  # sparse: only its first 8 bytes are written
+        f.write(encode_blank(file_size))
+        f.truncate(file_size)
+    return end + file_size
 
 
 # -- what producers send and what the store acknowledged ------------------------------------------------
