@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.commitlog.clean_commitlog import CommitLogCleaner
 from services.commitlog.disk_guard import DiskGuard
 from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
 from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
@@ -66,7 +67,6 @@ _SIZE_MAGIC = struct.Struct(">iI")
 _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
-DELETE_FILES_BATCH_MAX = 10
 _PENDING = StoreError("placeholder for a message not yet appended")
 
 
@@ -120,6 +120,7 @@ class CommitLog:
         self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
                                    prefault=config.prefault_mapped_file and not self.pool_enabled,
                                    space_check=self.disk.check_new_file)
+        self.cleaner = CommitLogCleaner(config, self.mfq, self.disk, self.root)
         self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
                                          len(self._delay_levels_ms))
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
@@ -554,17 +555,11 @@ class CommitLog:
         return self.topics.update(config)
 
     def clean_expired_files(self, disk_used_ratio: float) -> list[Path]:
-        """RocketMQ's CleanCommitLogService: at the ``deleteWhen`` hour, or whenever the disk is fuller
-        than ``diskMaxUsedSpaceRatio``, delete files older than ``fileReservedTime`` hours; when the
-        disk is past ``diskSpaceWarningLevelRatio``, delete the oldest files even if not expired."""
-        cfg = self.config
-        hours = {int(h) for h in cfg.delete_when.split(";") if h.strip().isdigit()}
-        due = time.localtime().tm_hour in hours or disk_used_ratio * 100 > cfg.disk_max_used_space_ratio
-        clean_at_once = disk_used_ratio > cfg.disk_space_warning_level_ratio
-        if not (due or clean_at_once):
-            return []
-        expired_before = time.time() - cfg.file_reserved_time * 3600
-        return self.mfq.delete_expired_files(expired_before, clean_at_once, DELETE_FILES_BATCH_MAX)
+        """One round of RocketMQ's CleanCommitLogService at ``disk_used_ratio`` (``clean_commitlog.py``):
+        expired files at the ``deleteWhen`` hour or above ``diskMaxUsedSpaceRatio``, the oldest files
+        even if not expired above diskSpaceCleanForciblyRatio (each a WARNING naming the consumer
+        groups that lose messages; held instead under ``protectUnconsumedData``)."""
+        return [mapped.path for mapped in self.cleaner.run(disk_used_ratio)]
 
     def flush_and_snapshot(self) -> None:
         """Persist the queue offset table at a point the flushed log covers."""

@@ -17,6 +17,11 @@ creation (ENOSPC). Here:
 
 Writes racing in from elsewhere (another tenant of the disk) are caught where the file is created
 (``MappedFileQueue``) and refused the same way.
+
+A *hold* refuses writes below that ratio too: with ``protectUnconsumedData`` the cleaner
+(``clean_commitlog.py``) holds the disk when it would have to delete a file consumer groups have not
+consumed. A hold lasts until it is released (the cleaner could delete the file after all) or a
+refresh finds the disk at or below the ratio it was set for (space was freed).
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ class DiskGuard:
         self._lock = threading.Lock()
         # A roll waits for a file that did not fit: full until a refresh finds room for it.
         self._file_needed = False
+        # A hold: (why, the used ratio it lasts above), or None.
+        self._hold: tuple[str, float] | None = None
         # The refusal while the disk is full, None while writes are accepted. Replaced whole, never
         # mutated, so the put path reads it without a lock.
         self._refusal: str | None = None
@@ -73,6 +80,26 @@ class DiskGuard:
         if reason is not None:
             raise DiskFullError(_refusal(reason, usage))
 
+    def hold(self, why: str, while_above: float, usage: DiskUsage) -> None:
+        """Refuse writes for ``why`` (it names what holds the space and how to free it) while the
+        disk stays more than ``while_above`` used, or until :meth:`release`."""
+        with self._lock:
+            self._hold = why, while_above
+            self._update(usage)
+
+    def release(self) -> None:
+        """End a hold (nothing if there is none)."""
+        with self._lock:
+            if self._hold is None:
+                return
+            self._hold = None
+            if self.usage is not None:
+                self._update(self.usage)
+
+    @property
+    def held(self) -> bool:
+        return self._hold is not None
+
     def refresh(self) -> DiskUsage | None:
         """Read the disk's usage and update the state; None (state kept) if it cannot be read."""
         usage = self._read_usage()
@@ -91,13 +118,20 @@ class DiskGuard:
             return None
 
     def _update(self, usage: DiskUsage) -> None:
-        """Under the lock: the refusal for ``usage`` (and the file the last roll needed, if any)."""
+        """Under the lock: the refusal for ``usage`` (and the file the last roll needed, if any, and
+        the hold, if any)."""
+        if self._hold is not None and usage.ratio <= self._hold[1]:
+            log.info("the hold on writes ends: %s, not above %.2f any more", usage.describe(), self._hold[1])
+            self._hold = None
         reason = self._ratio_reason(usage)
         if reason is None and self._file_needed:
             reason = self._file_reason(usage)
             if reason is None:
                 self._file_needed = False
-        refusal = None if reason is None else _refusal(reason, usage)
+        if self._hold is not None:
+            why, ratio = self._hold
+            reason = f"{reason or _held_reason(ratio, usage)}; {why}"
+        refusal = None if reason is None else _refusal(reason, usage, self._hold is not None)
         if (refusal is None) != (self._refusal is None):
             if refusal is not None:
                 log.error("refusing writes: %s", reason)
@@ -121,6 +155,11 @@ class DiskGuard:
         return None
 
 
-def _refusal(reason: str, usage: DiskUsage) -> str:
-    return (f"disk full: {reason}; nothing was written. Free space on {usage.mount_point} (or raise "
-            "diskSpaceWarningLevelRatio); writes resume by themselves once there is room")
+def _held_reason(ratio: float, usage: DiskUsage) -> str:
+    return f"{usage.describe()}, above diskSpaceCleanForciblyRatio {ratio:.2f}"
+
+
+def _refusal(reason: str, usage: DiskUsage, held: bool = False) -> str:
+    setting = "turn protectUnconsumedData off" if held else "raise diskSpaceWarningLevelRatio"
+    return (f"disk full: {reason}; nothing was written. Free space on {usage.mount_point} (or {setting}); "
+            "writes resume by themselves once there is room")

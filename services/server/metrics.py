@@ -58,6 +58,14 @@ RECOVERY_DROPPED_RECORDS = Gauge(
     "mqstore_commitlog_recovery_dropped_records",
     "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
 
+# Commitlog files deleted before fileReservedTime because the disk was past diskSpaceCleanForciblyRatio
+# (services/commitlog/clean_commitlog.py); each deletion is also a WARNING naming the file and the
+# consumer groups whose unconsumed messages it held.
+EARLY_DELETED_FILES = Counter("mqstore_commitlog_early_deleted_files",
+                              "Commitlog files deleted before fileReservedTime because the disk was too full")
+EARLY_DELETED_BYTES = Counter("mqstore_commitlog_early_deleted_bytes",
+                              "Bytes of commitlog files deleted before fileReservedTime because the disk was too full")
+
 # Bound children: a labels() lookup per call is the expensive part of a prometheus update.
 _PUT_OK = PUTS.labels(status="PUT_OK")
 TAIL_DATA_CHUNKS = TAIL_CHUNKS.labels(kind="data")
@@ -114,6 +122,12 @@ def observe_recovery(result: _Recovery, elapsed_s: float) -> None:
     damage = result.damage
     RECOVERY_DROPPED_BYTES.set(damage.dropped_bytes if damage is not None else 0)
     RECOVERY_DROPPED_RECORDS.set(damage.intact_records if damage is not None else 0)
+
+
+def observe_early_deletion(file_bytes: int) -> None:
+    """Record one commitlog file of ``file_bytes`` deleted before its reserved time."""
+    EARLY_DELETED_FILES.inc()
+    EARLY_DELETED_BYTES.inc(file_bytes)
 
 
 def observe_read(calls: Counter, read_bytes: Counter, size: int) -> None:

@@ -23,6 +23,8 @@ from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.mapped_file import MappedFile, file_name, parse_file_name
 from services.store.transient_store_pool import TransientStorePool
 
+#: Asked before an old file is deleted, with the file and whether it is past its reserved time: False keeps it.
+MayDelete = Callable[[MappedFile, bool], bool]
 #: Called before a file is created; raises DiskFullError to refuse it. Its argument says whether a
 #: writer waits for the file (a roll) rather than a background pre-allocation wanting it.
 SpaceCheck = Callable[[bool], None]
@@ -275,23 +277,30 @@ class MappedFileQueue:
             self._files = kept
         self.flushed_where = self.committed_where = offset
 
-    def delete_expired_files(self, expired_before_s: float, clean_at_once: bool, max_files: int) -> list[Path]:
+    def delete_expired_files(self, expired_before_s: float, clean_at_once: bool, max_files: int,
+                             may_delete: MayDelete | None = None) -> list[MappedFile]:
         """Delete the oldest files last modified before ``expired_before_s`` (any old file when
-        ``clean_at_once``), never the last file and never data that is not yet flushed."""
+        ``clean_at_once``), never the last file and never data that is not yet flushed; at most
+        ``max_files``. ``may_delete(file, expired)`` is asked in order, outside the files lock (it may
+        read other files), and may keep a file: deleting stops there. Returns the deleted files
+        (unmapped)."""
+        chosen: list[MappedFile] = []
+        for mapped in self._files[:-1]:
+            if len(chosen) >= max_files or mapped.file_tail_offset > self.flushed_where:
+                break
+            expired = mapped.path.stat().st_mtime < expired_before_s
+            if not (expired or clean_at_once) or (may_delete is not None and not may_delete(mapped, expired)):
+                break
+            chosen.append(mapped)
         with self._files_lock:
             files = self._files
-            count = 0
-            for mapped in files[:-1]:
-                if count >= max_files or mapped.file_tail_offset > self.flushed_where:
-                    break
-                if not clean_at_once and mapped.path.stat().st_mtime >= expired_before_s:
-                    break
+            count = 0  # the chosen files that are still the oldest ones (nothing else removes them)
+            while count < min(len(chosen), len(files) - 1) and files[count] is chosen[count]:
                 count += 1
             removed, self._files = files[:count], files[count:]
         for mapped in removed:
-            log.info("deleting expired commitlog file %s", mapped.path.name)
             self._discard(mapped)
-        return [m.path for m in removed]
+        return removed
 
     def delete_last_file(self) -> None:
         """Drop the newest file (a ConsumeQueue truncated below its start)."""
