@@ -7,7 +7,8 @@ The retry rule:
   * A send is retried only when the failure proves nothing was written: the connection to the
     commitlog could not be made (the request never left the gateway), the commitlog answered "not
     writable" (checked under the put lock, before any byte is appended), or it refused the call as busy
-    (RESOURCE_EXHAUSTED is decided before the append). A send that timed out or lost its connection
+    or its disk as full (RESOURCE_EXHAUSTED is decided before the append; a full disk is told as such,
+    not as "busy", and the retry goes to another shard when there is one). A send that timed out or lost its connection
     mid-call may have been stored, so it is never retried: the client gets DEADLINE_EXCEEDED or
     UNAVAILABLE and decides (the message keeps its UNIQ_KEY, so a duplicate can be recognised).
 """
@@ -26,6 +27,8 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 T = TypeVar("T")
 
 _NOT_SENT_MARKERS = ("failed to connect to all addresses", "commitlog is not writable")
+#: How every refusal of a store whose disk is full begins (services/store/disk_space.py, disk_guard.py).
+DISK_FULL_MARKER = "disk full: "
 
 
 @dataclass(slots=True)
@@ -52,6 +55,9 @@ def backend_error(what: str, exc: grpc.aio.AioRpcError) -> BackendError:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return BackendError(code, f"{what} did not answer in time ({details})")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if DISK_FULL_MARKER in details:
+            # Not "busy": backing off does not help, space on that disk (or consumers, see the details) does.
+            return BackendError(code, f"{what} refused the write because its disk is full ({details})", not_applied)
         return BackendError(code, f"{what} is busy ({details}); back off and retry", not_applied)
     return BackendError(code, details)
 
