@@ -4,7 +4,8 @@ The table lives in memory and is written whole, atomically (temp file, fsync, re
 file kept as ``.bak``), every persist interval when it changed and at a clean stop. A kill -9 loses
 at most the commits of the last interval (5 s by default, RocketMQ's flushConsumerOffsetInterval).
 The file has RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 12}}}``, with the queue ids
-quoted (RocketMQ's fastjson writes them bare, which is not JSON).
+quoted (RocketMQ's fastjson writes them bare, which is not JSON); its format is in
+``services/store/consumer_offsets_file.py``, which the commitlog service reads it with.
 """
 
 from __future__ import annotations
@@ -14,16 +15,13 @@ import logging
 import threading
 from pathlib import Path
 
+from services.store.consumer_offsets_file import FILE_NAME, TOPIC_GROUP_SEPARATOR, OffsetTable, parse_offset_table
 from services.store.errors import ResourceExhaustedError
 from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 
-FILE_NAME = "consumerOffset.json"
-TOPIC_GROUP_SEPARATOR = "@"
 MAX_ENTRIES = 100_000
-
-OffsetTable = dict[str, dict[int, int]]
 
 
 class OffsetFileError(RuntimeError):
@@ -56,7 +54,7 @@ class ConsumerOffsetTable:
             if not candidate.exists():
                 continue
             try:
-                self._table = _parse(candidate.read_bytes())
+                self._table = parse_offset_table(candidate.read_bytes())
             except (OSError, ValueError) as exc:
                 log.error("cannot read %s (%s)", candidate, exc)
                 continue
@@ -102,18 +100,3 @@ class ConsumerOffsetTable:
         if self.dirty:
             self.write(self.snapshot())
 
-
-def _parse(data: bytes) -> OffsetTable:
-    document = json.loads(data)
-    raw = document.get("offsetTable") if isinstance(document, dict) else None
-    if not isinstance(raw, dict):
-        raise ValueError("no offsetTable object")
-    table: OffsetTable = {}
-    for key, queues in raw.items():
-        if TOPIC_GROUP_SEPARATOR not in key or not isinstance(queues, dict):
-            raise ValueError(f"entry {key!r} is not topic@group: {{queue: offset}}")
-        parsed = {int(q): int(o) for q, o in queues.items()}
-        if any(q < 0 or o < 0 for q, o in parsed.items()):
-            raise ValueError(f"entry {key!r} has a negative queue id or offset")
-        table[key] = parsed
-    return table
