@@ -64,6 +64,7 @@ bench: $(GENERATED)
 	$(PY) -m bench.dispatch
 	$(PY) -m bench.query
 	$(PY) -m bench.gateway
+	$(PY) -m bench.recovery
 
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
 # then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
