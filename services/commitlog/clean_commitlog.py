@@ -70,11 +70,14 @@ class CommitLogCleaner:
             return []
         holders: dict[int, Holders] = {}
         kept: list[tuple[MappedFile, Holders]] = []
+        asked: dict[int, Holders] = {}
 
         def may_delete(mapped: MappedFile, expired: bool) -> bool:
             if expired:
                 return True
-            found = self.reader.holders(mapped.file_from_offset, mapped.file_tail_offset)
+            found = asked.get(mapped.file_from_offset)
+            if found is None:
+                found = self._ask(mapped, asked)
             if cfg.protect_unconsumed_data and found.holds:
                 kept.append((mapped, found))
                 return False
@@ -98,6 +101,15 @@ class CommitLogCleaner:
         if not kept:
             self._release()
         return deleted
+
+    def _ask(self, mapped: MappedFile, asked: dict[int, Holders]) -> Holders:
+        """Who holds ``mapped``, asked together with the files after it this round may delete too (one
+        pass over the ConsumeQueues for all of them); the answers go into ``asked``."""
+        later = [m for m in self.mfq.files[:-1] if m.file_from_offset > mapped.file_from_offset]
+        ranges = [(m.file_from_offset, m.file_tail_offset) for m in [mapped, *later[:DELETE_FILES_BATCH_MAX - 1]]]
+        for found in self.reader.holders_of(ranges):
+            asked[found.start] = found
+        return asked[mapped.file_from_offset]
 
     def _tell_early(self, mapped: MappedFile, found: Holders, disk_used_ratio: float) -> None:
         """The WARNING and the count of one file deleted before its reserved time."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,9 +178,13 @@ class QueueUnits:
                 high = middle
         return low
 
+    @property
+    def empty(self) -> bool:
+        return self._first_unit == self._end_unit
+
     def span(self, start: int, end: int) -> tuple[int, int]:
         """Queue offsets [first, end) of the queue's messages in commitlog offsets [start, end)."""
-        if self._first_unit == self._end_unit:
+        if self.empty:
             return 0, 0
         return self.first_at_or_after(start), self.first_at_or_after(end)
 
@@ -196,27 +200,33 @@ class UnconsumedReader:
 
     def holders(self, start: int, end: int) -> Holders:
         """Who has not consumed commitlog offsets [start, end)."""
+        return self.holders_of([(start, end)])[0]
+
+    def holders_of(self, ranges: Sequence[tuple[int, int]]) -> list[Holders]:
+        """:meth:`holders` of each commitlog range, every queue's ConsumeQueue opened once for all of
+        them (a cleaning round asks about up to 10 files)."""
         try:
             found = self._offsets()
         except (OSError, ValueError) as exc:
-            return Holders(start, end, unknown=f"the consumer offsets cannot be read: {exc}", looked_at=self.looked_at)
+            return self._unknown(ranges, f"the consumer offsets cannot be read: {exc}", None)
         if found is None:
-            return Holders(start, end, looked_at=self.looked_at)
+            return [Holders(start, end, looked_at=self.looked_at) for start, end in ranges]
         path, table = found
         try:
             consumequeue = resolve_store(self.store_root).consumequeue
         except StoreLayoutError as exc:
-            return Holders(start, end, unknown=f"no ConsumeQueue to read: {exc}", offsets_file=path,
-                           looked_at=self.looked_at)
+            return self._unknown(ranges, f"no ConsumeQueue to read: {exc}", path)
         if table and not consumequeue.is_dir():
-            return Holders(start, end, unknown=f"no ConsumeQueue at {consumequeue}", offsets_file=path,
-                           looked_at=self.looked_at)
+            return self._unknown(ranges, f"no ConsumeQueue at {consumequeue}", path)
         try:
-            holdings = tuple(_holdings(consumequeue, table, start, end))
+            holdings = _holdings(consumequeue, table, ranges)
         except (OSError, ValueError) as exc:
-            return Holders(start, end, unknown=f"the ConsumeQueue cannot be read: {exc}", offsets_file=path,
-                           looked_at=self.looked_at)
-        return Holders(start, end, holdings, offsets_file=path, looked_at=self.looked_at)
+            return self._unknown(ranges, f"the ConsumeQueue cannot be read: {exc}", path)
+        return [Holders(start, end, tuple(found_in), offsets_file=path, looked_at=self.looked_at)
+                for (start, end), found_in in zip(ranges, holdings, strict=True)]
+
+    def _unknown(self, ranges: Sequence[tuple[int, int]], why: str, path: Path | None) -> list[Holders]:
+        return [Holders(start, end, unknown=why, offsets_file=path, looked_at=self.looked_at) for start, end in ranges]
 
     def _offsets(self) -> tuple[Path, OffsetTable] | None:
         """The first consumer offsets file that exists (or whose .bak does), parsed; None if none does."""
@@ -245,9 +255,10 @@ def _signature(path: Path) -> tuple[Path, int, int, int] | None:
     return path, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-def _holdings(consumequeue: Path, table: OffsetTable, start: int, end: int) -> Iterator[Holding]:
-    """Every (group, queue) of ``table`` with unconsumed messages in [start, end): each queue's
-    ConsumeQueue is searched once, whatever the number of groups committed on it."""
+def _holdings(consumequeue: Path, table: OffsetTable, ranges: Sequence[tuple[int, int]]) -> list[list[Holding]]:
+    """For each range, every (group, queue) of ``table`` with unconsumed messages in it. Each queue's
+    ConsumeQueue is opened once and searched once per distinct range bound (adjacent files share
+    one), whatever the number of groups committed on it."""
     by_queue: dict[tuple[str, int], list[tuple[str, int]]] = {}
     for key, queues in table.items():
         topic, group = split_key(key)
@@ -257,12 +268,19 @@ def _holdings(consumequeue: Path, table: OffsetTable, start: int, end: int) -> I
             continue
         for queue_id, committed in queues.items():
             by_queue.setdefault((topic, queue_id), []).append((group, committed))
+    found: list[list[Holding]] = [[] for _ in ranges]
+    bounds = sorted({bound for pair in ranges for bound in pair})
     for (topic, queue_id), groups in sorted(by_queue.items()):
         with QueueUnits(consumequeue / topic / str(queue_id)) as units:
-            first, past = units.span(start, end)
-        if first == past:
-            continue
-        for group, committed in sorted(groups):
-            holding = Holding(group, topic, queue_id, committed, first, past)
-            if holding.unconsumed:
-                yield holding
+            if units.empty:
+                continue
+            at = {bound: units.first_at_or_after(bound) for bound in bounds}
+        for index, (start, end) in enumerate(ranges):
+            first, past = at[start], at[end]
+            if first == past:
+                continue
+            for group, committed in sorted(groups):
+                holding = Holding(group, topic, queue_id, committed, first, past)
+                if holding.unconsumed:
+                    found[index].append(holding)
+    return found

@@ -80,6 +80,9 @@ def test_groups_that_have_not_consumed_a_range_are_named_with_their_messages(roo
     assert {h.unconsumed for h in later.holdings} == {40}
 
     assert reader.holders(200_000, 210_000).groups == ["Other"]
+    ranges = [(0, 40_000), (40_000, 100_000), (100_000, 140_000), (200_000, 210_000)]
+    assert reader.holders_of(ranges) == [reader.holders(start, end) for start, end in ranges], \
+        "asked together (one pass over each ConsumeQueue), the answers are the same"
     consumed = reader.holders(150_000, 200_000)
     assert not consumed.holds and consumed.describe() == "none"
 
