@@ -261,9 +261,11 @@ def check_acknowledged(records: Sequence[StoredRecord], ledger: Ledger) -> list[
 # -- through the gateway -------------------------------------------------------------------------------
 
 
-def check_lookups(gateway: str, acks: Mapping[str, Ack]) -> dict[str, list[str]]:
-    """Each acknowledged message through the gateway: by offset msg id, by UNIQ_KEY, by each key, and
-    at its queue offset when its queue is pulled. Returns divergences by check."""
+def check_lookups(gateway: str, acks: Mapping[str, Ack],
+                  pulled: Mapping[str, Ack] | None = None) -> dict[str, list[str]]:
+    """Each acknowledged message through the gateway: by offset msg id, by UNIQ_KEY, by each key; and
+    each of ``pulled`` (default: ``acks``) at its queue offset when its queue is pulled, from the
+    lowest of their queue offsets on. Returns divergences by check."""
     problems: dict[str, list[str]] = {"lookup-offset-id": [], "lookup-uniq-key": [], "lookup-key": [], "pull": []}
     ordered = list(acks.values())
     with Client(gateway, timeout=30.0) as client:
@@ -293,7 +295,7 @@ def check_lookups(gateway: str, acks: Mapping[str, Ack]) -> dict[str, list[str]]
                     problems["lookup-key"].append(
                         f"{ack.uniq_key} by key {key!r}: answered {offsets[_offset_of(ack)]} times (commitlog "
                         f"offset {_offset_of(ack)})")
-        problems["pull"] = _check_pulls(client, acks)
+        problems["pull"] = _check_pulls(client, acks if pulled is None else pulled)
     return problems
 
 
@@ -320,14 +322,15 @@ def _found_as(ack: Ack, answer: object, how: str, exact_offset: bool) -> list[st
 
 
 def _check_pulls(client: Client, acks: Mapping[str, Ack]) -> list[str]:
-    """Pull every queue an ack names from offset 0 to its end; each ack must be at its queue offset."""
+    """Pull every queue an ack names, from its first ack's queue offset to its end; each ack must be at
+    its queue offset."""
     problems = []
     expected: dict[tuple[str, int], dict[int, Ack]] = {}
     for ack in acks.values():
         expected.setdefault((ack.topic, ack.queue_id), {})[ack.queue_offset] = ack
     for (topic, queue_id), wanted in sorted(expected.items()):
         try:
-            pulled = pull_queue(client, topic, queue_id)
+            pulled = pull_queue(client, topic, queue_id, min(wanted))
         except MqstoreError as exc:
             problems.append(f"pulling {topic}/{queue_id}: {exc}")
             continue
@@ -342,10 +345,9 @@ def _check_pulls(client: Client, acks: Mapping[str, Ack]) -> list[str]:
     return problems
 
 
-def pull_queue(client: Client, topic: str, queue_id: int) -> dict[int, StoredRecord]:
-    """Every message of one queue, by queue offset, pulled through the gateway from offset 0."""
+def pull_queue(client: Client, topic: str, queue_id: int, offset: int = 0) -> dict[int, StoredRecord]:
+    """The messages of one queue from ``offset`` to its end, by queue offset, pulled through the gateway."""
     pulled: dict[int, StoredRecord] = {}
-    offset = 0
     while True:
         response = client.connection.call("Pull", query_pb2.PullMessageRequest(
             topic=topic, queue_id=queue_id, queue_offset=offset, max_messages=1024, max_bytes=8 << 20))

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,9 +117,9 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
         timings["catch-up"] = time.monotonic() - mark
         mark = time.monotonic()
         # This round's acknowledged messages, and a sample of earlier rounds' (a long soak has many).
-        looked_up = list(ledger.acks.values())[len(earlier):]
-        looked_up += rng.sample(earlier, min(len(earlier), LOOKUP_SAMPLE_EARLIER))
-        for check, details in check_lookups(system.gateway, {a.uniq_key: a for a in looked_up}).items():
+        this_round = {a.uniq_key: a for a in list(ledger.acks.values())[len(earlier):]}
+        looked_up = this_round | {a.uniq_key: a for a in rng.sample(earlier, min(len(earlier), LOOKUP_SAMPLE_EARLIER))}
+        for check, details in check_lookups(system.gateway, looked_up, pulled=this_round).items():
             findings.extend(check, details)
         timings["lookups"] = time.monotonic() - mark
         codes = system.stop_all()
@@ -127,7 +128,7 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
         findings.extend("clean-stop", (f"{path} left after a clean stop" for path in
                                        (root / "abort", root / "indexer" / "abort", root / "query" / "abort")
                                        if path.exists()))
-        offline_checks(system, work, options, ledger, findings, timings, log)
+        offline_checks(system, work, options, ledger, findings, stats, timings, log)
     finally:
         system.kill_all()
     timings["round"] = time.monotonic() - started
@@ -138,10 +139,12 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
 
 
 def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger: Ledger, findings: Findings,
-                   timings: dict[str, float], log: Log) -> None:
+                   stats: dict[str, object], timings: dict[str, float], log: Log) -> None:
     """With the system stopped: the pipeline jobs and a fresh indexer run side by side, then compare."""
     root, geometry = system.root, options.geometry
-    for name in ("reindex", "export", "fresh-indexer", "verify-report.json"):
+    # Export is incremental: each round appends what is new to the Parquet of the rounds before.
+    export = root.parent / "export"
+    for name in ("reindex", "fresh-indexer", "verify-report.json"):
         path = work / name
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     mark = time.monotonic()
@@ -149,7 +152,7 @@ def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger:
     jobs = {
         "reindex": start_pipeline(work, geometry, "reindex", str(root), "--output", str(work / "reindex"),
                                   *geometry.reindex_args(), *master),
-        "export": start_pipeline(work, geometry, "export", str(root), str(work / "export"), *master),
+        "export": start_pipeline(work, geometry, "export", str(root), str(export), *master),
         "verify": start_pipeline(work, geometry, "verify", str(root), "--report", str(work / "verify-report.json"),
                                  *master),
     }
@@ -184,9 +187,12 @@ def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger:
                                              index_contents(fresh / "index", geometry)))
 
     records, end = commitlog_records(root)
+    per_file = Counter(r.commitlog_offset // geometry.commitlog_file_size for r in records)
+    stats["records"] = len(records)
+    stats["densest_file_records"] = max(per_file.values(), default=0)
     if not end.startswith("all zero") and "ends with a BLANK" not in end:
         findings.add("acknowledged", f"the commitlog walk ended on: {end}")
-    findings.extend("export", compare_records("commitlog", records, "pipeline export", export_rows(work / "export")))
+    findings.extend("export", compare_records("commitlog", records, "pipeline export", export_rows(export)))
     findings.extend("acknowledged", check_acknowledged(records, ledger))
     findings.extend("verify", verify_findings(work / "verify-report.json", outputs["verify"]))
 
@@ -270,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     seed = args.seed if args.seed is not None else random.randrange(1, 2**31)
     work = args.dir or Path(tempfile.mkdtemp(prefix="mqstore-soak-"))
-    # Large bodies are rare when files are large: the soak writes about 1 MB/s either way.
-    pace = Pace() if geometry.commitlog_file_size <= 4 << 20 else Pace(slow_large_share=0.02, batch_large_share=0.0)
+    # Bodies of up to 4 MiB (maxMessageSize) when files are large: about 1 MB/s, a few rolls an hour.
+    pace = Pace() if geometry.commitlog_file_size <= 4 << 20 else Pace(slow_large_share=0.05, batch_large_share=0.0)
     round_s = args.round_minutes * 60
     options = SoakOptions(geometry, seed, workload_s=min(round_s, args.minutes * 60),
                           kills_per_service=max(1, int(round_s // 120)), pace=pace,

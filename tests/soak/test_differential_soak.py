@@ -1,29 +1,35 @@
 """Correct at any size: one differential soak round on a small geometry (tests/soak/soak.py).
 
-The real system (commitlog, indexer, query, gateway as ``mqstore up`` starts them) takes ~40 s of
-producers, fast (batches, streams) and slow (single messages, many nearly a whole 64 KiB commitlog
-file, so BLANK fillers end most files), while each service is killed with SIGKILL twice at random
-points and restarted. Then every way of reading the store must agree with every other. Each test
-below is one comparison of that one round; a failure prints the divergences and the seed
+The real system (commitlog, indexer, query, gateway as ``mqstore up`` starts them) starts on a log
+whose first file is BLANK from its first byte and takes ~40 s of producers: fast (batches, streams),
+slow (single messages, many nearly a whole 1 MiB commitlog file, so BLANK fillers end most files),
+and once a file of thousands of tiny records; meanwhile each service is killed with SIGKILL twice at
+random points and restarted. Then every way of reading the store must agree with every other. Each
+test below is one comparison of that one round; a failure prints the divergences and the seed
 (``SOAK_SEED=<seed>`` repeats the random choices). Select with ``-m soak``; ``make soak`` runs the
 long version.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
 import pytest
 
+from pipeline.export import BATCH_ROWS
 from tests.geometry import SMALL
 from tests.soak.soak import RoundOutcome, SoakOptions, run_round
 from tests.soak.workload import Ledger
 
 #: The round takes about 3 minutes on 2 idle cores; the limit leaves room for a busy machine.
-pytestmark = [pytest.mark.soak, pytest.mark.timeout(540)]
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
 
 MIN_COMMITLOG_FILES = 30
+#: SMALL's ConsumeQueue and index files with 1 MiB commitlog files (the top of the small range), so that
+#: one file can hold more records than an export batch: "correct at any size" includes a dense file.
+GEOMETRY = dataclasses.replace(SMALL, name="small-1MiB", commitlog_file_size=1024 * 1024)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +37,8 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> RoundOutcome:
     seed = int(os.environ.get("SOAK_SEED", "0")) or random.randrange(1, 2**31)
     print(f"\nsoak seed {seed} (SOAK_SEED={seed} repeats it)")
     work = tmp_path_factory.mktemp("soak")
-    options = SoakOptions(SMALL, seed, workload_s=40.0, min_files=MIN_COMMITLOG_FILES, kills_per_service=2,
-                          pipeline_timeout_s=240.0)
+    options = SoakOptions(GEOMETRY, seed, workload_s=40.0, min_files=MIN_COMMITLOG_FILES, kills_per_service=2,
+                          pipeline_timeout_s=300.0)
     outcome = run_round(work / "store", work, options, Ledger(), run_id=1)
     print(outcome.stats)
     return outcome
@@ -50,6 +56,7 @@ def test_the_workload_ran_as_planned(soak: RoundOutcome) -> None:
     assert sorted(kill.split()[1] for kill in soak.stats["kills"]) == sorted(  # type: ignore[attr-defined]
         ["commitlog", "indexer", "query", "gateway"] * 2)
     assert soak.stats["commitlog_files"] >= MIN_COMMITLOG_FILES  # type: ignore[operator]
+    assert soak.stats["densest_file_records"] > BATCH_ROWS, soak.stats  # type: ignore[operator]
 
 
 def test_consume_queues_are_byte_identical_to_reindex_and_a_fresh_indexer(soak: RoundOutcome) -> None:

@@ -13,12 +13,13 @@ the checks can tell a legitimate duplicate (the message was retried) from a wron
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,8 +61,9 @@ _HANDLES: dict[str, type[ServiceProcess]] = {"commitlog": CommitLogProcess, "ind
 
 
 def commitlog_file_count(root: Path) -> int:
+    """Files holding data, so far (the preallocated next file, removed by a clean stop, not counted)."""
     directory = root / "commitlog"
-    return sum(1 for _ in directory.iterdir()) if directory.is_dir() else 0
+    return sum(1 for _ in directory.iterdir()) - 1 if directory.is_dir() else 0
 
 
 class SoakSystem:
@@ -264,6 +266,41 @@ class Ledger:
 # -- producers ---------------------------------------------------------------------------------------
 
 
+class Writers:
+    """Producers send at the same time (``shared``); a phase that must be the only writer of the log
+    (``exclusive``) waits for the sends in flight and holds off new ones."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._sending = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._exclusive)
+            self._sending += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._sending -= 1
+                self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._changed.wait_for(lambda: self._sending == 0)
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._exclusive = False
+                self._changed.notify_all()
+
+
 @dataclass(frozen=True)
 class Pace:
     """How hard the producers push; the defaults suit a test of about a minute on 2 cores."""
@@ -277,6 +314,9 @@ class Pace:
     slow_interval_s: tuple[float, float] = (0.1, 0.3)
     slow_large_share: float = 0.2
     batch_large_share: float = 0.002
+    #: Once, this long into the workload: a commitlog file of only tiny records, this many (0: never).
+    dense_file_messages: int = 4500
+    dense_file_after_s: float = 12.0
 
 
 class MessageFactory:
@@ -289,38 +329,37 @@ class MessageFactory:
         self.largest = geometry.largest_body
         self.count = 0
 
-    def next(self, topic: str, large_share: float) -> Outgoing:
+    def next(self, topic: str, large_share: float, size: int | None = None, keys: bool = True) -> Outgoing:
         rng, n = self.rng, self.count
         self.count += 1
         # RocketMQ's UNIQ_KEY shape: 32 upper-case hex digits (here: loopback ip, run, producer, counter).
         uniq = f"7F000001{self.run_id:08X}{self.producer:04X}{n:012X}"
-        roll = rng.random()
-        if roll < large_share:
-            size = rng.randint(self.largest // 2, self.largest)
-        elif roll < 0.3:
-            size = rng.randint(1, 64)  # a body of at least one byte: RocketMQ refuses an empty one
-        else:
-            size = rng.randint(65, 2000)
-        keys: list[str] = []
-        if rng.random() < 0.8:
-            keys.append(f"u-{uniq[-16:]}")
-        if rng.random() < 0.6:
-            keys.append(f"g{self.run_id:x}-{self.producer}-{n // KEY_GROUP}")
-        tags = rng.choice((None, "TagA", "TagB", "TagC"))
-        return Outgoing(uniq, topic, rng.randbytes(size), tuple(keys), tags)
+        if size is None:
+            roll = rng.random()
+            size = (rng.randint(self.largest // 2, self.largest) if roll < large_share
+                    else rng.randint(1, 64) if roll < 0.3  # at least one byte: RocketMQ refuses an empty body
+                    else rng.randint(65, 2000))
+        words: list[str] = []
+        if keys and rng.random() < 0.8:
+            words.append(f"u-{uniq[-16:]}")
+        if keys and rng.random() < 0.6:
+            words.append(f"g{self.run_id:x}-{self.producer}-{n // KEY_GROUP}")
+        tags = rng.choice((None, "TagA", "TagB", "TagC")) if keys else None
+        return Outgoing(uniq, topic, rng.randbytes(size), tuple(words), tags)
 
 
 class ProducerThread(threading.Thread):
     """Sends until ``stop`` is set; retries every failure but a refusal with the same messages."""
 
     def __init__(self, name: str, gateway: str, ledger: Ledger, factory: MessageFactory, pace: Pace,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, writers: Writers) -> None:
         super().__init__(name=name, daemon=True)
         self.gateway = gateway
         self.ledger = ledger
         self.factory = factory
         self.pace = pace
         self.stop_event = stop
+        self.writers = writers
         self.rng = factory.rng
         self.error: BaseException | None = None
 
@@ -389,15 +428,32 @@ class BurstProducer(ProducerThread):
 
     def produce(self, producer: Producer) -> None:
         pace = self.pace
+        dense_at = time.monotonic() + pace.dense_file_after_s if pace.dense_file_messages else float("inf")
         while not self.stop_event.is_set():
+            if time.monotonic() >= dense_at:
+                self.fill_a_file_with_tiny_records(producer)
+                dense_at = float("inf")
             burst_end = time.monotonic() + self.rng.uniform(*pace.burst_s)
             while time.monotonic() < burst_end and not self.stop_event.is_set():
                 topic = self.rng.choice(TOPICS)
                 batch = [self.factory.next(topic, pace.batch_large_share)
                          for _ in range(self.rng.randint(*pace.batch_size))]
-                self.deliver(producer, batch, "stream" if self.rng.random() < 0.3 else "batch")
+                with self.writers.shared():
+                    self.deliver(producer, batch, "stream" if self.rng.random() < 0.3 else "batch")
                 self.sleep(pace.pause_between_batches_s)
             self.sleep(pace.quiet_s)
+
+    def fill_a_file_with_tiny_records(self, producer: Producer) -> None:
+        """One message as large as a file can take (the next records start a new file), then thousands
+        of tiny ones, with nobody else writing: one commitlog file holds more records than any export
+        batch or ConsumeQueue file does."""
+        with self.writers.exclusive():
+            filler = self.factory.next(TOPICS[1], 1.0, size=self.factory.largest)
+            self.deliver(producer, [filler], "single")
+            tiny = [self.factory.next(TOPICS[1], 0.0, size=self.rng.randint(1, 16), keys=False)
+                    for _ in range(self.pace.dense_file_messages)]
+            for first in range(0, len(tiny), 1000):
+                self.deliver(producer, tiny[first:first + 1000], "batch")
 
 
 class TrickleProducer(ProducerThread):
@@ -406,7 +462,8 @@ class TrickleProducer(ProducerThread):
     def produce(self, producer: Producer) -> None:
         while not self.stop_event.is_set():
             message = self.factory.next(self.rng.choice(TOPICS), self.pace.slow_large_share)
-            self.deliver(producer, [message], "single")
+            with self.writers.shared():
+                self.deliver(producer, [message], "single")
             self.sleep(self.pace.slow_interval_s)
 
 
@@ -485,11 +542,12 @@ def run_workload(system: SoakSystem, ledger: Ledger, rng: random.Random, duratio
     """Producers and chaos for ``duration_s`` (longer until the commitlog has ``min_files`` files, up to
     ``max_s``). The system must be up; it is up again (every killed service restarted) on return."""
     stop = threading.Event()
+    writers = Writers()
     producers: list[ProducerThread] = [
         BurstProducer("burst", system.gateway, ledger, MessageFactory(random.Random(rng.random()), 1, run_id,
-                                                                      system.geometry), pace, stop),
+                                                                      system.geometry), pace, stop, writers),
         TrickleProducer("trickle", system.gateway, ledger, MessageFactory(random.Random(rng.random()), 2, run_id,
-                                                                          system.geometry), pace, stop),
+                                                                          system.geometry), pace, stop, writers),
     ]
     chaos = ChaosThread(system, kill_plan(random.Random(rng.random()), duration_s, kills_per_service), stop, log)
     start = time.monotonic()
