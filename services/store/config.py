@@ -22,7 +22,8 @@ import yaml
 ENV_PREFIX = "MQSTORE_"
 # MQSTORE_* variables that are not store settings.
 _NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # read by services/server
-                    "SERVICE_TOKEN", "SERVICE_TOKEN_FILE"}
+                    "SERVICE_TOKEN", "SERVICE_TOKEN_FILE",
+                    "MEMORY_REPORT_DIR", "MEMORY_REPORT_INTERVAL_S", "MEMORY_REPORT_TYPES_EVERY"}
 log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
