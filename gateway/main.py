@@ -22,7 +22,7 @@ from gateway.settings import LATENCY, GatewaySettings, load_gateway_settings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
-from services.server.gc_tuning import tune_gc
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -32,6 +32,7 @@ from services.server.grpc_server import (
     start_aio_service,
 )
 from services.server.logs import configure_logging
+from services.server.memory_debug import start_memory_report
 from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS
 from services.server.tracing import init_tracing, shutdown_tracing
@@ -47,7 +48,8 @@ def serve(config_file: str | None, listen: str | None = None, auth_file: str | N
     """Run the gateway until SIGTERM/SIGINT; returns the exit code. ``shard``: (commitlog, query)
     addresses of a single shard, instead of the settings file's shards."""
     configure_logging()
-    tune_gc()
+    tune_gc(RPC_SERVER_GEN0_THRESHOLD)
+    start_memory_report("gateway")
     init_tracing("gateway")
     overrides: dict[str, Any] = {"listen": listen, "auth_file": auth_file, "queue_selection": queue_selection,
                                  "default_topic_queue_nums": default_topic_queue_nums}

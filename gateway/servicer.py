@@ -29,6 +29,7 @@ from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
 from services.server.peer import peer_address
+from services.server.status import fail_call
 from services.store.errors import BATCH_POSITION, InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.key_query import check_key_query
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
@@ -262,7 +263,7 @@ class MessagingServicer:
         try:
             principal = self._principal(context)
         except AuthError as exc:
-            await context.abort(*(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
+            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
             return
         pending: asyncio.Queue[gateway_pb2.SendRequest | None] = asyncio.Queue(STREAM_WINDOW)
         reader = asyncio.create_task(self._read_stream(request_iterator, pending))
@@ -288,7 +289,7 @@ class MessagingServicer:
                 if error is not None:
                     code, details = error
                     metrics.observe_call("SendStream", code.name, time.perf_counter() - started)
-                    await context.abort(code, f"{details} (every message before it was stored, none after)")
+                    fail_call(context, code, f"{details} (every message before it was stored, none after)")
                     return
             if reader.done() and reader.exception() is not None:
                 raise reader.exception()  # type: ignore[misc]

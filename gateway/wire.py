@@ -16,7 +16,7 @@ from gateway import metrics
 from gateway.auth import AuthError, PermissionDeniedError
 from gateway.queue_selector import NoWritableQueueError
 from gateway.resilience import BackendError
-from services.server.status import status_code_of
+from services.server.status import fail_call, status_code_of
 from services.store.errors import InvalidArgumentError, StoreError
 from services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS, PullQuery
 from services.store.subscription import parse_subscription
@@ -63,7 +63,8 @@ def unary(method: Handler) -> Handler:
             if status is None:
                 raise
             metrics.observe_call(name, status[0].name, time.perf_counter() - started)
-            await context.abort(*status)
+            fail_call(context, *status)  # not context.abort(): see fail_call
+            return None
         metrics.observe_call(name, "OK", time.perf_counter() - started)
         return response
 

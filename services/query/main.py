@@ -28,7 +28,7 @@ from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
 from services.query.servicer import SERVICE_NAME, QueryServicer
 from services.query.store_view import StoreView
-from services.server.gc_tuning import tune_gc
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -38,6 +38,7 @@ from services.server.grpc_server import (
     use_blocking_executor,
 )
 from services.server.logs import configure_logging
+from services.server.memory_debug import start_memory_report
 from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.server.service_auth import load_service_token
@@ -71,7 +72,8 @@ class QueryOptions:
 def serve(options: QueryOptions) -> int:
     """Run the query service until SIGTERM/SIGINT; returns the exit code."""
     configure_logging()
-    tune_gc()
+    tune_gc(RPC_SERVER_GEN0_THRESHOLD)
+    start_memory_report("query")
     init_tracing("query")
     try:
         return asyncio.run(_serve(options))

@@ -8,7 +8,7 @@ thread, so thousands can wait at once.
 from __future__ import annotations
 
 import time
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 import grpc
 from mqstore.v1 import query_pb2, query_pb2_grpc
@@ -25,6 +25,7 @@ from services.query.errors import query_status_code
 from services.query.lookup import MessageLookup
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
+from services.server.status import fail_call
 from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
 from services.store.message_id import message_id_kind
 from services.store.names import check_group, check_offset, check_queue
@@ -37,11 +38,13 @@ Context = grpc.aio.ServicerContext[object, object]
 T = TypeVar("T")
 
 
-async def _abort(context: Context, method: str, exc: StoreError) -> NoReturn:
+def _fail(context: Context, method: str, exc: StoreError, empty: T) -> T:
+    """End the call with the error's status; ``empty`` is the answer the handler returns (discarded
+    by grpc: a failed call sends only its status). Not ``context.abort()``: see ``fail_call``."""
     code = query_status_code(exc)
     metrics.observe_error(method, code.name)
-    await context.abort(code, str(exc))
-    raise AssertionError("unreachable: abort raises")
+    fail_call(context, code, str(exc))
+    return empty
 
 
 class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
@@ -73,7 +76,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             result = await self._puller.pull(query, deadline)
         except StoreError as exc:
             metrics.PULL_LATENCY.observe(time.monotonic() - started)
-            await _abort(context, "PullMessage", exc)
+            return _fail(context, "PullMessage", exc, query_pb2.PullMessageResponse())
         metrics.observe_pull(result, time.monotonic() - started)
         return pull_result_to_proto(result)
 
@@ -84,7 +87,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             message, found_by = await self._lookup.view(request.msg_id, request.topic,
                                                         message_id_kind(request.kind))
         except StoreError as exc:
-            await _abort(context, "ViewMessage", exc)
+            return _fail(context, "ViewMessage", exc, query_pb2.ViewMessageResponse())
         metrics.VIEW_LOOKUPS.inc()
         metrics.LOOKUP_MESSAGES.inc()
         return view_response(message, found_by)
@@ -96,7 +99,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             result = await self._lookup.query(request.topic, request.key, request.begin_timestamp,
                                               request.end_timestamp, request.max_num)
         except StoreError as exc:
-            await _abort(context, "QueryMessage", exc)
+            return _fail(context, "QueryMessage", exc, query_pb2.QueryMessageResponse())
         metrics.KEY_LOOKUPS.inc()
         metrics.LOOKUP_MESSAGES.inc(len(result.messages))
         return query_response(result)
@@ -107,7 +110,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             offset = await self._offsets.offset_by_time(request.topic, request.queue_id, request.timestamp)
         except StoreError as exc:
-            await _abort(context, "SearchOffset", exc)
+            return _fail(context, "SearchOffset", exc, query_pb2.SearchOffsetResponse())
         return query_pb2.SearchOffsetResponse(offset=offset)
 
     async def GetQueueOffsetRange(self, request: query_pb2.GetQueueOffsetRangeRequest,
@@ -116,7 +119,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             min_offset, max_offset = await self._offsets.offset_range(request.topic, request.queue_id)
         except StoreError as exc:
-            await _abort(context, "GetQueueOffsetRange", exc)
+            return _fail(context, "GetQueueOffsetRange", exc, query_pb2.QueueOffsetRange())
         return query_pb2.QueueOffsetRange(topic=request.topic, queue_id=request.queue_id, min_offset=min_offset,
                                           max_offset=max_offset)
 
@@ -126,7 +129,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             self._check_running()
             stamp = await self._offsets.earliest_store_time(request.topic, request.queue_id)
         except StoreError as exc:
-            await _abort(context, "GetEarliestMsgStoreTime", exc)
+            return _fail(context, "GetEarliestMsgStoreTime", exc, query_pb2.GetEarliestMsgStoreTimeResponse())
         return query_pb2.GetEarliestMsgStoreTimeResponse(store_timestamp=stamp)
 
     async def UpdateConsumerOffset(self, request: query_pb2.UpdateConsumerOffsetRequest,
@@ -139,7 +142,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             await self._check_committable(request.topic, request.queue_id, request.offset)
             self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
         except StoreError as exc:
-            await _abort(context, "UpdateConsumerOffset", exc)
+            return _fail(context, "UpdateConsumerOffset", exc, query_pb2.UpdateConsumerOffsetResponse())
         metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
 
@@ -163,5 +166,5 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
                 raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "
                                     f"{request.topic}/{request.queue_id}")
         except StoreError as exc:
-            await _abort(context, "QueryConsumerOffset", exc)
+            return _fail(context, "QueryConsumerOffset", exc, query_pb2.QueryConsumerOffsetResponse())
         return query_pb2.QueryConsumerOffsetResponse(offset=offset)

@@ -10,8 +10,14 @@ from __future__ import annotations
 import gc
 
 GEN0_THRESHOLD = 200_000
+#: The grpc.aio servers (gateway, query service) take less: grpc.aio leaves a small reference cycle
+#: behind every call (the method lookup's closure in its Cython server holds the call's metadata),
+#: which only a collection frees. At 200,000 a service piled up the garbage of tens of thousands of
+#: calls between collections (the query service's RSS grew for minutes, then the allocator kept the
+#: pages); at 20,000 it is a few thousand calls' worth (docs/benchmarks.md, "Memory over 30 minutes").
+RPC_SERVER_GEN0_THRESHOLD = 20_000
 
 
-def tune_gc() -> None:
+def tune_gc(gen0_threshold: int = GEN0_THRESHOLD) -> None:
     _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
+    gc.set_threshold(gen0_threshold, gen1, gen2)
