@@ -3,8 +3,10 @@ chain rules as properties and the fast Java hash against the plain one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import struct
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from services.store.index_file import (
     index_file_size,
     next_index_file_name,
 )
-from services.store.index_service import IndexService
+from services.store.index_service import IndexService, IndexState, IndexStateMismatch
 from services.store.inspect_index import infer_geometry
 from services.store.java_hash import (
     MASK32,
@@ -543,3 +545,199 @@ def test_infer_geometry() -> None:
     assert infer_geometry(index_file_size(10, 7), index_num=7) == (10, 7)
     with pytest.raises(IndexFileError):
         infer_geometry(index_file_size(10, 7), hash_slot_num=11, index_num=7)
+
+
+# -- rewind: mqstore's crash recovery (RocketMQ drops whole files instead) -------------------------
+def build_in_chunks(service: IndexService, requests: list[DispatchRequest], chunk: int = 37) -> None:
+    """Dispatch as the indexer does: one build_index_batch per Tail chunk."""
+    for start in range(0, len(requests), chunk):
+        service.build_index_batch(requests[start:start + chunk])
+
+
+def decoded(files: list[IndexFile]) -> list[tuple[IndexHeader, list[tuple[int, int]], list[Any]]]:
+    return [(f.header, list(f.slots()), list(f.entries())) for f in files]
+
+
+@pytest.mark.parametrize("records_before_cut", [1, 798, 1234, 2999])
+def test_rewind_to_a_saved_state_then_redispatch_rebuilds_rocketmq_files(
+        records_before_cut: int, pristine_store: StoreFactory, tmp_path: Path,
+        close_after: Callable[..., IndexService]) -> None:
+    """The state saved after ``records_before_cut`` records; then every record indexed (several files
+    more); the rewind deletes the files created since and rewinds the saved one: the files are those of
+    a build that stopped there (headers exact, bytes equal), and re-dispatch from the saved reput
+    offset gives RocketMQ's files byte for byte: no entry lost, none doubled."""
+    store = pristine_store("normal-raw")
+    requests = dispatches(store / "commitlog")
+    cut = requests[records_before_cut].commitlog_offset
+    service = close_after(IndexService(tmp_path / "index", SLOTS, ENTRIES))
+    service.load(last_exit_ok=True)
+    build_in_chunks(service, requests[:records_before_cut])
+    saved = service.state()
+    build_in_chunks(service, requests[records_before_cut:])
+    assert len(service.files) == 16
+    stopped = close_after(IndexService(tmp_path / "stopped", SLOTS, ENTRIES))
+    build_in_chunks(stopped, requests[:records_before_cut])
+
+    result = service.rewind(cut, saved)
+    assert decoded(service.files) == decoded(stopped.files)
+    assert [f.body() for f in service.files] == [f.body() for f in stopped.files]
+    assert result.removed_entries == result.repaired_slots == 0  # the saved file had nothing past the cut
+    assert len(result.deleted_files) == 16 - len(stopped.files)
+    build_in_chunks(service, dispatches(store / "commitlog", cut))
+    assert_same_files(service.files, fixture_files(store / "index"))
+
+
+def write_header(f: IndexFile, header: IndexHeader) -> None:
+    f._mm[:40] = struct.pack(">qqqqii", header.begin_timestamp, header.end_timestamp, header.begin_phy_offset,
+                             header.end_phy_offset, header.hash_slot_count, header.index_count)
+
+
+def test_rewind_removes_what_a_kill_left_past_the_header(tmp_path: Path) -> None:
+    """kill -9 during a put: entries and slots are written, the header is not (it is written once per
+    put call). The saved state's header is trusted; what follows it goes, slots included."""
+    items = [(h % 13, 100 * (i // 2), 1_000 + 700 * i) for i, h in enumerate(range(0, 400, 7))]
+    kept = IndexFile(tmp_path / "20260101000000000", 5, 80, create=True)
+    assert kept.put_items(items[:30]) == 30
+    f = IndexFile(tmp_path / "20260101000000001", 5, 80, create=True)
+    f.put_items(items[:30])
+    saved = f.header
+    f.put_items(items[30:44])
+    lagging = f.header
+    f.put_items(items[44:])
+    write_header(f, lagging)  # the header of the last put never reached the file
+    f.close()
+    f = IndexFile(tmp_path / "20260101000000001", 5, 80)
+    assert f.header == lagging
+    result = f.rewind(items[30][1], saved, exact=saved)
+    assert (result.removed, result.repaired_slots, result.changed) == (0, 0, True)
+    assert f.header == f.stored_header() == kept.header and f.body() == kept.body()
+    f.close()
+    kept.close()
+
+
+def test_rewind_recomputes_slots_whose_chains_cross_lost_pages(tmp_path: Path) -> None:
+    """A power loss keeps any subset of the dirty pages: here the slot table's page reached the disk
+    and the entries after the saved state did not. Those slots cannot be walked back through the lost
+    entries; they are recomputed from the kept ones."""
+    items = [(i * 3 % 11, 50 * i, 5_000 + 10 * i) for i in range(60)]
+    kept = IndexFile(tmp_path / "20260101000000000", 7, 100, create=True)
+    kept.put_items(items[:25])
+    f = IndexFile(tmp_path / "20260101000000001", 7, 100, create=True)
+    f.put_items(items[:25])
+    saved = f.header
+    f.put_items(items[25:])
+    start = 40 + 7 * 4 + 26 * 20  # entry 26, the first one after the saved state
+    f._mm[start:start + 35 * 20] = bytes(35 * 20)  # the entries' pages were lost
+    result = f.rewind(items[25][1], saved, exact=saved)
+    assert result.repaired_slots == 7 and result.removed == 0
+    assert f.header == kept.header and f.body() == kept.body()
+    f.close()
+    kept.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(hashes=st.lists(st.integers(0, 40), min_size=1, max_size=30), slots=st.integers(1, 6),
+       saved_at=st.integers(0, 30), cut_at=st.integers(0, 30), written=st.integers(0, 30),
+       steps=st.lists(st.integers(0, 2_500), min_size=30, max_size=30))
+def test_rewind_equals_a_build_without_the_removed_entries(
+        tmp_path_factory: pytest.TempPathFactory, hashes: list[int], slots: int, saved_at: int, cut_at: int,
+        written: int, steps: list[int]) -> None:
+    """Any keys (colliding hashes, shared slots), two keys for some messages, a state saved after
+    ``saved_at`` items, ``written`` more items after it of which the header saw only some: rewinding to
+    a record boundary at or before the saved state leaves the bytes of a build of the kept items, and
+    the header too, endTimestamp exact at the saved state and else to the second."""
+    index_num = 24
+    items: list[tuple[int, int, int]] = []  # (key hash, commitlog offset, store time): two keys a message
+    ts = 1_000_000
+    for i, key_hash in enumerate(hashes[:index_num - 1]):
+        if i % 2 == 0:
+            ts += steps[i]
+        items.append((key_hash, 100 * (i - i % 2), ts))
+    saved_at = min(saved_at, len(items))
+    cut_at = min(cut_at, saved_at)
+    cut_at -= cut_at % 2  # a record boundary: never between the two keys of one message
+    cut = items[cut_at][1] if cut_at < len(items) else items[-1][1] + 100
+    directory = tmp_path_factory.mktemp("rewind")
+    kept = IndexFile(directory / "20260101000000000", slots, index_num, create=True)
+    kept.put_items(items[:cut_at])
+    f = IndexFile(directory / "20260101000000001", slots, index_num, create=True)
+    f.put_items(items[:saved_at])
+    saved = f.header
+    end = min(len(items), saved_at + written)
+    f.put_items(items[saved_at:(saved_at + end) // 2])
+    lagging = f.header
+    f.put_items(items[(saved_at + end) // 2:end])
+    write_header(f, lagging)
+    try:
+        f.rewind(cut, saved, exact=saved)
+        assert f.body() == kept.body()
+        if cut_at == 0:
+            assert f.index_count == 1
+            return
+        got, want = f.header, kept.header
+        assert 0 <= want.end_timestamp - got.end_timestamp < 1000
+        assert got.end_timestamp == want.end_timestamp or cut_at < saved_at
+        assert (got.begin_timestamp, got.begin_phy_offset, got.end_phy_offset, got.hash_slot_count,
+                got.index_count) == (want.begin_timestamp, want.begin_phy_offset, want.end_phy_offset,
+                                     want.hash_slot_count, want.index_count)
+    finally:
+        f.close()
+        kept.close()
+
+
+def test_rewind_refuses_a_state_the_files_do_not_hold(tmp_path: Path) -> None:
+    service = IndexService(tmp_path / "index", 3, 40)
+    service.build_index_batch([request(o * 100, 1_000 + o, f"k{o}") for o in range(10)])
+    saved = service.state()
+    assert saved.header is not None
+    other = IndexState(saved.file_name, IndexHeader(saved.header.begin_timestamp, saved.header.end_timestamp,
+                                                    777, saved.header.end_phy_offset, 3, 5))
+    before = service.files[0].body()
+    with pytest.raises(IndexStateMismatch, match="from commitlog offset 0, but the saved state has 4 from 777"):
+        service.rewind(500, other)
+    assert service.files[0].body() == before and service.files[0].index_count == 11
+    too_many = IndexState(saved.file_name, dataclasses.replace(saved.header, index_count=30))
+    with pytest.raises(IndexStateMismatch):
+        service.rewind(500, too_many)
+    service.close()
+
+
+def test_rewind_after_rocketmq_recovery_indexes_the_resume_record_once(
+        fixture_store: StoreFactory, pristine_store: StoreFactory, tmp_path: Path,
+        close_after: Callable[..., IndexService]) -> None:
+    """The crash fixture after RocketMQ's load (newer files dropped): rewinding to the last file's
+    endPhyOffset before re-dispatching from it takes that message's keys out first, so it is indexed
+    once (RocketMQ's recovered files hold it twice) and the files equal a fresh build."""
+    store = fixture_store("crash-raw")
+    checkpoint = StoreCheckpoint(store / "checkpoint")
+    try:
+        service = close_after(IndexService(store / "index", SLOTS, ENTRIES, checkpoint))
+        service.load(last_exit_ok=False)
+        resume = service.end_phy_offset
+        assert resume == 1954001
+        result = service.rewind(resume)
+        # its first key was the full 10th file's last entry (the others went to the dropped 11th)
+        assert result.removed_entries == 1 and result.deleted_files == [] and not service.files[-1].is_write_full
+        service.build_index_batch(dispatches(store / "commitlog", resume))
+    finally:
+        checkpoint.close()
+    assert service.query_offset("TopicA", "7F00000110921B6D35860001F99207C6", 64, 0, LONG_MAX).phy_offsets == \
+        [1954001]
+    fresh = close_after(rebuilt(store / "commitlog", tmp_path / "fresh"))
+    assert decoded(service.files) == decoded(fresh.files)
+    assert [f.body() for f in service.files] == [f.body() for f in fresh.files]
+
+
+@pytest.mark.parametrize("last_exit_ok", [True, False])
+def test_load_deletes_a_file_whose_creation_was_interrupted(tmp_path: Path, last_exit_ok: bool) -> None:
+    """kill -9 between creating a new index file and sizing it leaves 0 bytes: it never held an entry,
+    and opening it as an index file would fail the restart."""
+    service = IndexService(tmp_path / "index", 3, 8)
+    service.build_index_batch([request(o * 100, 1_000 + o, f"k{o}") for o in range(5)])
+    service.close()
+    interrupted = tmp_path / "index" / "29991231235959999"
+    interrupted.touch()
+    again = IndexService(tmp_path / "index", 3, 8)
+    assert interrupted.name in again.load(last_exit_ok)
+    assert not interrupted.exists() and len(again.files) == (1 if last_exit_ok else 0)
+    again.close()

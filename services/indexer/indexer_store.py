@@ -1,9 +1,13 @@
 """The indexer's store: ConsumeQueues and IndexFiles built from the commitlog, and the reput offset.
 
 It owns its own root (``consumequeue/``, ``index/``, ``checkpoint``, ``abort``, ``lock``,
-``config/reput.json``) and never writes the commitlog. Dispatch, truncation and reads of the file
-lists are serialised by one lock; dispatch is called with whole Tail chunks, so that lock is taken
-once per chunk, not per record.
+``config/reput.json``, ``config/dispatch_checkpoint.json``) and never writes the commitlog. Dispatch,
+truncation and reads of the file lists are serialised by one lock; dispatch is called with whole Tail
+chunks, so that lock is taken once per chunk, not per record.
+
+Recovery is bounded by the dispatch checkpoint (``dispatch_checkpoint.py``), taken every flush round
+and at a clean stop: the index is rewound to it and dispatch resumes from its reput offset, so a
+restart re-reads what was dispatched since the last flush round, whatever the size of the log.
 """
 
 from __future__ import annotations
@@ -11,14 +15,16 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import MessageStoreConfig
 from services.store.consume_queue import ConsumeQueue, ConsumeQueueStore
-from services.store.index_service import IndexService, QueryOffsetResult
+from services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
 from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, transaction_type
 from services.store.record import DispatchRequest
 from services.store.service_thread import LeastPages, ServiceThread
@@ -37,6 +43,19 @@ class ReputState:
     commitlog_incarnation: str
 
 
+@dataclass(slots=True, frozen=True)
+class RecoveryReport:
+    """How the last start-up recovered: the reput offset dispatch resumed from, the dispatch
+    checkpoint's (-1: none was used), what the index rewind removed, and how long it all took."""
+
+    clean: bool
+    resume_offset: int
+    checkpoint_offset: int
+    rewound_entries: int
+    deleted_index_files: tuple[str, ...]
+    seconds: float
+
+
 class IndexerStore:
     def __init__(self, config: MessageStoreConfig, root: str | Path) -> None:
         self.config = config
@@ -47,6 +66,13 @@ class IndexerStore:
         self._lock_file = StoreLock(self.root)
         self._abort = AbortFile(self.root)
         self._reput_state_path = self.root / "config" / "reput.json"
+        self._dispatch_checkpoint_file = DispatchCheckpointFile(self.root / "config" / "dispatch_checkpoint.json")
+        #: the last dispatch checkpoint saved; a rewind never goes past its reput offset's state
+        self.dispatch_checkpoint: DispatchCheckpoint | None = None
+        #: bumped by every rewind: a flush round's snapshot taken before one must not be saved after it
+        self._rewinds = 0
+        self._save_lock = threading.Lock()
+        self.recovery: RecoveryReport | None = None
         self._lock = threading.RLock()
         self.reput_offset = 0
         self.last_dispatched_store_timestamp = 0
@@ -68,30 +94,64 @@ class IndexerStore:
         self._flush_service.start()
 
     def _recover(self) -> None:
-        """RocketMQ's load + recover for the logic files: torn ConsumeQueue tails are cut, index
-        files newer than the checkpoint are dropped after a crash; dispatch resumes from the lowest
-        point either of them still needs."""
+        """RocketMQ's load + recover for the logic files (torn ConsumeQueue tails are cut), then the
+        index is rewound to where dispatch resumes: the dispatch checkpoint's reput offset, or without
+        one RocketMQ's rule (index files newer than indexMsgTimestamp dropped after a crash) and the
+        lower of the ConsumeQueues' end and the index's endPhyOffset."""
+        started = time.monotonic()
         self.last_exit_ok = not self._abort.exists()
         self._checkpoint = StoreCheckpoint(self.root / "checkpoint")
         self.consume_queues.load_all()
         cq_end = self.consume_queues.recover_all()
+        saved: DispatchCheckpoint | None = None
+        rewind = IndexRewind(0, [], 0)
         if self.config.message_index_enable:
-            self.index = IndexService(self.root / "index", self.config.max_hash_slot_num, self.config.max_index_num,
-                                      self._checkpoint)
-            self.index.load(self.last_exit_ok)
-        self.reput_offset = self._resume_offset(cq_end)
-        log.info("indexer recovered (%s stop): %d queues, reput offset %d",
-                 "clean" if self.last_exit_ok else "crashed", len(self.consume_queues.queues()), self.reput_offset)
+            saved, resume, rewind = self._recover_index(cq_end)
+        else:
+            resume = max(cq_end, 0)
+        self.reput_offset = resume
+        self._save_dispatch_checkpoint()
+        self.recovery = RecoveryReport(self.last_exit_ok, resume, saved.reput_offset if saved is not None else -1,
+                                       rewind.removed_entries, tuple(rewind.deleted_files),
+                                       time.monotonic() - started)
+        how = "clean" if self.last_exit_ok else "crashed"
+        source = f"dispatch checkpoint at {saved.reput_offset}" if saved is not None else "no dispatch checkpoint"
+        log.info("indexer recovered (%s stop): %d queues, reput offset %d (%s; index rewind removed %d entries, "
+                 "deleted files %s) in %.3f s", how, len(self.consume_queues.queues()), resume, source,
+                 rewind.removed_entries, rewind.deleted_files, self.recovery.seconds,
+                 extra={"resume_offset": resume, "checkpoint_offset": self.recovery.checkpoint_offset,
+                        "rewound_entries": rewind.removed_entries, "last_exit": how})
 
-    def _resume_offset(self, cq_end: int) -> int:
-        if cq_end < 0:
-            return 0
-        if self.index is None:
-            return cq_end
-        files = self.index.files
-        # Without index files the index is rebuilt from the start; otherwise re-dispatch from the
-        # last indexed record (the index skips what it has, the ConsumeQueue is idempotent).
-        return min(cq_end, self.index.end_phy_offset) if files else 0
+    def _recover_index(self, cq_end: int) -> tuple[DispatchCheckpoint | None, int, IndexRewind]:
+        """(the dispatch checkpoint used, the reput offset to resume from, what the rewind did)."""
+        saved = self._dispatch_checkpoint_file.load()
+        if saved is not None and saved.index is not None:
+            resume = saved.reput_offset
+            if cq_end < saved.consume_queue_end:
+                # The ConsumeQueues lost units they had at the checkpoint (they are not msync'd with it:
+                # a power loss): re-dispatch from their end, and rewind the index as far.
+                log.warning("the ConsumeQueues end at %d, below the %d they had at the dispatch checkpoint: "
+                            "resuming from there", cq_end, saved.consume_queue_end)
+                resume = max(cq_end, 0)
+            index = self._open_index(last_exit_ok=True)
+            try:
+                return saved, resume, index.rewind(resume, saved.index)
+            except IndexStateMismatch as exc:
+                log.warning("the dispatch checkpoint does not describe the index files (%s): recovering without "
+                            "it", exc)
+                index.close()
+        index = self._open_index(self.last_exit_ok)
+        # Re-dispatch from the last indexed record; the rewind takes its entries out first, so the
+        # index holds it once (RocketMQ indexes it a second time).
+        resume = min(cq_end, index.end_phy_offset) if cq_end >= 0 and index.files else 0
+        return None, resume, index.rewind(resume)
+
+    def _open_index(self, last_exit_ok: bool) -> IndexService:
+        assert self._checkpoint is not None
+        self.index = IndexService(self.root / "index", self.config.max_hash_slot_num, self.config.max_index_num,
+                                  self._checkpoint)
+        self.index.load(last_exit_ok)
+        return self.index
 
     def shutdown(self) -> None:
         if self._flush_service is not None:
@@ -106,6 +166,7 @@ class IndexerStore:
                     stamp = self.index.flush()
                     if stamp:
                         self._checkpoint.index_msg_timestamp = stamp
+                    self._save_dispatch_checkpoint()  # a clean restart resumes exactly here
                     self.index.close()
                 self._checkpoint.close()
                 self._checkpoint = None
@@ -138,16 +199,24 @@ class IndexerStore:
             self.reput_offset = offset
 
     def truncate(self, commitlog_offset: int) -> None:
-        """The commitlog now ends at ``commitlog_offset`` (a crash recovery cut it): drop every unit and
-        index file that points at or past it, and resume dispatch from what is left."""
+        """The commitlog now ends at ``commitlog_offset`` (a crash recovery cut it): drop every unit that
+        points at or past it, rewind the index to it (or to the dispatch checkpoint, if that is lower:
+        the rewind then lands on a state it knows exactly) and resume dispatch from there."""
         with self._lock:
             log.warning("commitlog truncated to %d under the indexer (reput offset %d): dropping what was "
                         "built from the lost records", commitlog_offset, self.reput_offset)
             self.consume_queues.truncate_dirty(commitlog_offset)
-            cq_end = self.consume_queues.max_physic_offset()
+            resume = commitlog_offset
+            saved = self.dispatch_checkpoint
             if self.index is not None:
-                self.index.truncate(commitlog_offset)
-            self.reput_offset = min(self._resume_offset(cq_end) if cq_end >= 0 else 0, commitlog_offset)
+                if saved is not None and saved.reput_offset <= commitlog_offset:
+                    resume = saved.reput_offset
+                with self._save_lock:
+                    self._rewinds += 1
+                    self.index.rewind(resume, saved.index if saved is not None and resume == saved.reput_offset
+                                      else None)
+            self.reput_offset = min(self.reput_offset, resume)
+            self._save_dispatch_checkpoint()
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         with self._lock:
@@ -177,10 +246,18 @@ class IndexerStore:
 
     # -- flush -------------------------------------------------------------------------------
     def flush(self, least_pages: int) -> None:
-        """Flush the ConsumeQueues and the index, then checkpoint the store times they now cover."""
+        """Flush the ConsumeQueues and the index, then checkpoint: the store times they now cover, and
+        (the index msync'd first) the dispatch checkpoint a crash restart will resume from."""
         logics_stamp = self.consume_queues.logics_msg_timestamp
         self.consume_queues.flush_all(least_pages)
+        with self._lock:
+            snapshot, rewinds = self._dispatch_snapshot(), self._rewinds
         index_stamp = self.index.flush() if self.index is not None else 0
+        if snapshot != self.dispatch_checkpoint:
+            with self._save_lock:
+                if rewinds == self._rewinds:  # else a rewind since the snapshot saved its own state
+                    self._dispatch_checkpoint_file.save(snapshot)
+                    self.dispatch_checkpoint = snapshot
         checkpoint = self._checkpoint
         if checkpoint is None:
             return
@@ -193,6 +270,22 @@ class IndexerStore:
             changed = True
         if changed:
             checkpoint.flush()
+
+    def _dispatch_snapshot(self) -> DispatchCheckpoint:
+        """Where dispatch stands now (under the dispatch lock, so the three agree)."""
+        return DispatchCheckpoint(self.reput_offset, self.consume_queues.max_physic_offset(),
+                                  self.index.state() if self.index is not None else None)
+
+    def _save_dispatch_checkpoint(self) -> None:
+        """msync the index, then save where dispatch stands (the caller holds the dispatch lock or runs
+        alone: start-up, shutdown)."""
+        if self.index is None:
+            return
+        with self._save_lock:
+            self.index.flush()
+            snapshot = self._dispatch_snapshot()
+            self._dispatch_checkpoint_file.save(snapshot)
+            self.dispatch_checkpoint = snapshot
 
 
 def _arrivals(requests: Sequence[DispatchRequest]) -> dict[QueueKey, int]:

@@ -17,6 +17,14 @@ CONNECTED = Gauge("mqstore_indexer_commitlog_connected", "1 while the Tail strea
 CONSUME_QUEUES = Gauge("mqstore_indexer_consume_queues", "ConsumeQueues (topic, queue id) in this indexer")
 INDEX_FILES = Gauge("mqstore_indexer_index_files", "IndexFiles on disk")
 INDEX_ENTRIES = Gauge("mqstore_indexer_index_entries", "Key entries in the IndexFiles (UNIQ_KEY and KEYS)")
+CHECKPOINT_OFFSET = Gauge("mqstore_indexer_dispatch_checkpoint_offset",
+                          "Reput offset of the last dispatch checkpoint: a crash restart re-dispatches from here")
+RECOVERY_RESUME_OFFSET = Gauge("mqstore_indexer_recovery_resume_offset",
+                               "Reput offset the last start-up resumed dispatch from")
+RECOVERY_REWOUND_ENTRIES = Gauge("mqstore_indexer_recovery_rewound_entries",
+                                 "Index entries the last start-up removed to re-dispatch them")
+RECOVERY_SECONDS = Gauge("mqstore_indexer_recovery_seconds",
+                         "Time the last start-up took to recover the ConsumeQueues and rewind the index")
 QUEUE_READS = Counter("mqstore_indexer_queue_entry_reads", "GetQueueEntries calls answered (one per pull)")
 QUEUE_UNITS_SERVED = Counter("mqstore_indexer_queue_units_served", "ConsumeQueue units returned by GetQueueEntries")
 
@@ -41,3 +49,9 @@ def bind(store: IndexerStore, reput: ReputService) -> None:
     CONSUME_QUEUES.set_function(lambda: len(store.consume_queues.queues()))
     INDEX_FILES.set_function(lambda: len(store.index.files) if store.index is not None else 0)
     INDEX_ENTRIES.set_function(lambda: _index_entries(store))
+    CHECKPOINT_OFFSET.set_function(lambda: store.dispatch_checkpoint.reput_offset if store.dispatch_checkpoint else -1)
+    recovery = store.recovery
+    if recovery is not None:
+        RECOVERY_RESUME_OFFSET.set(recovery.resume_offset)
+        RECOVERY_REWOUND_ENTRIES.set(recovery.rewound_entries)
+        RECOVERY_SECONDS.set(recovery.seconds)

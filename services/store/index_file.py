@@ -10,6 +10,10 @@ Layout (all big-endian), byte-compatible with RocketMQ 4.9.8 (see docs/formats.m
 Entry 0 is never used: indexCount starts at 1, so a full file holds indexNum - 1 entries. Each slot
 heads a chain through prevIndex, newest first. Only key hashes are stored: callers check the real key
 against the message. The file is sparse, so a 420 MB index file costs disk only as it fills.
+
+Entries are appended in commitlog order, so the entries of the records from some commitlog offset on
+are a suffix of the file: :meth:`IndexFile.rewind` removes such a suffix and leaves the bytes a file
+built without it would have (RocketMQ has no such operation; mqstore's indexer recovers with it).
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ import sys
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 from services.store.java_hash import index_key_hash_fast
 
@@ -39,6 +46,10 @@ NAME_FORMAT_LENGTH = 17  # yyyyMMddHHmmssSSS
 _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+_ENTRY_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("time_diff", ">i4"), ("prev_index", ">i4")])
+#: Entries zeroed per step when a rewind clears what follows the kept ones.
+_ZERO_CHUNK_ENTRIES = 4096
 
 #: (keyHash, commitlog offset, store timestamp): one key of one message, ready to put.
 IndexItem = tuple[int, int, int]
@@ -81,6 +92,16 @@ class IndexHeader:
     @classmethod
     def read(cls, buf: bytes | mmap.mmap) -> IndexHeader:
         return cls(*_HEADER.unpack_from(buf, 0))
+
+
+class RewindResult(NamedTuple):
+    """What :meth:`IndexFile.rewind` did. ``removed`` counts trusted entries (below the trusted
+    header's indexCount) that pointed at or past the cut; ``repaired_slots`` counts slots whose chain
+    ran through entries that were not readable (lost pages) and were recomputed from the kept ones."""
+
+    removed: int
+    repaired_slots: int
+    changed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +239,145 @@ class IndexFile:
             self.end_phy_offset, self.end_timestamp = phy_offset, store_timestamp
             self._write_header()
         return pos
+
+    # -- rewinding -----------------------------------------------------------------------------
+    def rewind(self, cut_offset: int, trusted: IndexHeader | None = None,
+               exact: IndexHeader | None = None) -> RewindResult:
+        """Remove every entry whose commitlog offset is ``>= cut_offset``, leaving the file as if they
+        had never been put: header, hash slots and entry bytes.
+
+        ``trusted`` is a header whose entries 1 .. indexCount-1 are known to be in the file (the state a
+        checkpoint saw after an msync; by default the file's own header). Entries past it may be there
+        too (a kill during a put writes entries and slots before the header) or may be lost (a power
+        loss keeps any subset of the dirty pages); either way they are after the cut, so they go.
+
+        - The kept entries are those below the cut: a prefix, found by binary search (offsets are
+          non-decreasing in a file).
+        - A hash slot that names a removed entry is set back to what it held before the oldest removed
+          entry of its chain was put: walking the chain from the slot head, newest first, through the
+          removed entries' prevIndex to the first one below the cut (0 if none). A step through an
+          unreadable entry (wrong hash for the slot, offset below the cut, prevIndex not older: a lost
+          page reads as zeros) cannot be followed: such a slot is recomputed from the kept entries
+          (the newest one with that slot).
+        - hashSlotCount loses one for each removed trusted entry whose prevIndex is 0 (its put found
+          the slot empty); indexCount is the first removed entry's number; endPhyOffset is the last kept
+          entry's offset. endTimestamp is ``exact``'s when the file lands on exactly that state (a
+          checkpoint), else the last kept entry's store time to the second (beginTimestamp + timeDiff;
+          the milliseconds are not stored): the next put overwrites it with the exact value.
+        - The removed entries' bytes are zeroed, as far as non-zero entries follow.
+
+        A file left with no entry gets indexCount 1 and should be deleted by its owner (its begin
+        values are the previous file's end, which only the owner knows).
+        """
+        if self._read_only:
+            raise IndexFileError(f"{self.path}: opened read-only")
+        state = trusted if trusted is not None else self.header
+        trusted_count = min(max(state.index_count, 1), self.index_num)
+        keep = self._first_entry_at_or_past(cut_offset, trusted_count)
+        entries = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=self.index_num, offset=self._entries_pos)
+        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            removed_trusted = entries[keep:trusted_count]
+            emptied = int(np.count_nonzero(removed_trusted["prev_index"] == INVALID_INDEX))
+            slots_changed, repaired = self._restore_slots(slots, entries, keep, cut_offset)
+            del removed_trusted
+        finally:
+            del entries, slots  # views must go before the mapping can be closed
+        zeroed = self._zero_entries_from(keep)
+        if keep <= 1:
+            header = IndexHeader(state.begin_timestamp, state.end_timestamp, state.begin_phy_offset,
+                                 state.end_phy_offset, 0, 1)
+        elif keep == trusted_count:
+            header = state
+        else:
+            _, last_offset, last_diff, _ = _ENTRY.unpack_from(self._mm,
+                                                              self._entries_pos + (keep - 1) * INDEX_ENTRY_SIZE)
+            end_timestamp = state.begin_timestamp if keep == 2 else state.begin_timestamp + last_diff * 1000
+            header = IndexHeader(state.begin_timestamp, end_timestamp, state.begin_phy_offset, last_offset,
+                                 state.hash_slot_count - emptied, keep)
+        if exact is not None and keep > 1 and replace(header, end_timestamp=exact.end_timestamp) == exact:
+            header = exact
+        changed = header != self.stored_header() or slots_changed or zeroed
+        if changed or header != self.header:
+            self.begin_timestamp, self.end_timestamp = header.begin_timestamp, header.end_timestamp
+            self.begin_phy_offset, self.end_phy_offset = header.begin_phy_offset, header.end_phy_offset
+            self.hash_slot_count, self.index_count = header.hash_slot_count, header.index_count
+            self._write_header()
+        return RewindResult(trusted_count - keep, repaired, changed)
+
+    def _first_entry_at_or_past(self, cut_offset: int, count: int) -> int:
+        """The number of the first entry in 1 .. count-1 whose offset is >= ``cut_offset`` (``count``
+        if none): a binary search reading log2(count) entries, not the whole file."""
+        low, high = 1, count
+        read, base = _I64.unpack_from, self._entries_pos + 4
+        while low < high:
+            middle = (low + high) // 2
+            if read(self._mm, base + middle * INDEX_ENTRY_SIZE)[0] < cut_offset:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def _restore_slots(self, slots: np.ndarray, entries: np.ndarray, keep: int, cut_offset: int) -> tuple[bool, int]:
+        """Point every slot that names an entry numbered ``>= keep`` (or holds garbage) at the newest
+        kept entry of its chain. An entry on the way must look like one the rewind removes: its key
+        hash in this slot, its offset at or past the cut, its prevIndex older (a lost page reads as
+        zeros). Returns (whether any slot changed, how many had to be recomputed)."""
+        stale = np.flatnonzero((slots >= keep) | (slots < 0))
+        if stale.size == 0:
+            return False, 0
+        values = slots[stale].astype(np.int64)
+        values[values < 0] = INVALID_INDEX
+        broken = np.zeros(stale.size, dtype=bool)
+        for _ in range(self.index_num):  # a chain visits each entry at most once
+            walking = np.flatnonzero((values >= keep) & ~broken)
+            if walking.size == 0:
+                break
+            current = values[walking]
+            readable = current < self.index_num
+            at = np.where(readable, current, 0)
+            step = entries[at]
+            prev = step["prev_index"].astype(np.int64)
+            ok = readable & (step["key_hash"].astype(np.int64) % self.hash_slot_num == stale[walking]) \
+                & (step["phy_offset"] >= cut_offset) & (prev >= 0) & (prev < current)
+            values[walking] = np.where(ok, prev, INVALID_INDEX)
+            broken[walking[~ok]] = True
+        repaired = int(np.count_nonzero(broken))
+        if repaired:
+            values[broken] = self._newest_kept(entries, keep, stale[broken])
+        slots[stale] = values
+        return True, repaired
+
+    def _newest_kept(self, entries: np.ndarray, keep: int, wanted: np.ndarray) -> np.ndarray:
+        """For each slot in ``wanted``, the number of the newest entry below ``keep`` hashed to it (0:
+        none). Reads every kept entry: only for chains a lost page broke."""
+        heads = np.zeros(wanted.size, dtype=np.int64)
+        if keep <= 1:
+            return heads
+        slot_of = entries["key_hash"][1:keep].astype(np.int64) % self.hash_slot_num
+        newest = np.full(self.hash_slot_num, INVALID_INDEX, dtype=np.int64)
+        newest[slot_of] = np.arange(1, keep, dtype=np.int64)  # numbers ascend: the last write wins
+        heads[:] = newest[wanted]
+        return heads
+
+    def _zero_entries_from(self, first: int) -> bool:
+        """Zero entries from ``first`` on, a chunk at a time, until a chunk that is already all zero (a
+        sparse file's untouched tail is never written). Returns whether anything was zeroed."""
+        zeroed = False
+        number = first
+        while number < self.index_num:
+            count = min(_ZERO_CHUNK_ENTRIES, self.index_num - number)
+            start = self._entries_pos + number * INDEX_ENTRY_SIZE
+            chunk = np.frombuffer(self._mm, dtype=np.uint32, count=count * INDEX_ENTRY_SIZE // 4, offset=start)
+            try:
+                if not chunk.any():
+                    break
+                chunk[:] = 0
+            finally:
+                del chunk
+            zeroed = True
+            number += count
+        return zeroed
 
     # -- reading -------------------------------------------------------------------------------
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int,

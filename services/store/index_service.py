@@ -13,6 +13,12 @@ RocketMQ 4.9.8 semantics (IndexService.java), which the reference fixtures confi
   file is flushed and, being complete, its endTimestamp becomes the checkpoint's indexMsgTimestamp.
 - On load after an abnormal exit, files whose endTimestamp is newer than indexMsgTimestamp are deleted;
   the caller re-dispatches from :attr:`IndexService.end_phy_offset` to rebuild them.
+
+Beyond RocketMQ, :meth:`IndexService.rewind` removes the entries of the records from a commitlog
+offset on, in place, so that re-dispatch from that offset rebuilds exactly what was removed. With an
+:class:`IndexState` taken after an msync (the indexer's dispatch checkpoint), it is how the indexer
+recovers from a crash without dropping whole files: recovery costs what was dispatched since the
+checkpoint, not the whole log.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,6 +36,7 @@ from services.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     IndexFile,
+    IndexHeader,
     IndexItem,
     index_file_name,
     is_index_file_name,
@@ -62,6 +70,33 @@ class QueryOffsetResult(NamedTuple):
     index_last_update_phy_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class IndexState:
+    """The last index file's name and header at one moment (``file_name`` None: there was no file).
+    Once that file has been msync'd, its entries below the header's indexCount are durable: a later
+    :meth:`IndexService.rewind` trusts them, and treats files created after it as holding nothing older."""
+
+    file_name: str | None
+    header: IndexHeader | None
+
+
+class IndexStateMismatch(ValueError):
+    """The index files do not hold what an :class:`IndexState` describes (replaced or damaged)."""
+
+
+class IndexRewind(NamedTuple):
+    """What :meth:`IndexService.rewind` did: entries removed from the files it kept, whole files
+    deleted, and hash slots that had to be recomputed (a chain through lost pages)."""
+
+    removed_entries: int
+    deleted_files: list[str]
+    repaired_slots: int
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.removed_entries or self.deleted_files or self.repaired_slots)
+
+
 class IndexService:
     """Owns ``index_dir``. Thread-safe: one lock serialises building, queries and file-list changes."""
 
@@ -82,7 +117,8 @@ class IndexService:
     def load(self, last_exit_ok: bool) -> list[str]:
         """Open the index files in name order. After an abnormal exit, delete those whose endTimestamp
         is newer than the checkpoint's indexMsgTimestamp (no checkpoint: all), as RocketMQ does; they
-        hold entries that may not have reached the disk. Returns the names deleted."""
+        hold entries that may not have reached the disk. A 0-byte file (a kill between its creation and
+        its sizing) is deleted whatever the exit. Returns the names deleted."""
         self.index_dir.mkdir(parents=True, exist_ok=True)
         safe_until = self.checkpoint.index_msg_timestamp if self.checkpoint is not None else 0
         dropped: list[str] = []
@@ -92,6 +128,12 @@ class IndexService:
             for path in sorted(self.index_dir.iterdir()):
                 if not (path.is_file() and is_index_file_name(path.name)):
                     log.warning("ignoring %s: not an index file name", path)
+                    continue
+                if path.stat().st_size == 0:
+                    # A crash between creating a file and sizing it (one ftruncate): it never held an entry.
+                    log.warning("deleting %s: an empty index file, its creation was interrupted", path)
+                    path.unlink()
+                    dropped.append(path.name)
                     continue
                 f = IndexFile(path, self.hash_slot_num, self.index_num)
                 if not last_exit_ok and f.end_timestamp > safe_until:
@@ -109,6 +151,12 @@ class IndexService:
         """A snapshot of the files, oldest first."""
         with self._lock:
             return list(self._files)
+
+    def state(self) -> IndexState:
+        """The last file's name and header now (see :class:`IndexState`)."""
+        with self._lock:
+            last = self._files[-1] if self._files else None
+            return IndexState(last.name, last.header) if last is not None else IndexState(None, None)
 
     @property
     def end_phy_offset(self) -> int:
@@ -254,6 +302,72 @@ class IndexService:
                 self.checkpoint.index_msg_timestamp = min(self.checkpoint.index_msg_timestamp, covered)
                 self.checkpoint.flush()
             return last.end_phy_offset if last is not None else 0
+
+    def rewind(self, cut_offset: int, saved: IndexState | None = None) -> IndexRewind:
+        """Remove every entry that points at or past ``cut_offset``, in place (:meth:`IndexFile.rewind`),
+        so that re-dispatch from ``cut_offset`` (a record boundary) puts each of them back once: no
+        entry lost, none doubled, and the files' bytes those of a build that never had them.
+
+        Newest file first: a file left empty is deleted, the first one that keeps an entry ends the walk.
+        With ``saved`` (taken after the msync of its file), files created after it are deleted unread
+        (they can hold only records from its time on, and after a power loss not even a trustworthy
+        header), and its file trusts the saved header rather than its own: entries past it may be
+        missing or half written. ``cut_offset`` must not be past where dispatch stood when ``saved``
+        was taken. Older files are complete (each was msync'd when it filled). Without ``saved`` each
+        file trusts its own header (the process's own files, or a clean or checkpointed stop).
+
+        Raises :class:`IndexStateMismatch`, changing nothing, when ``saved``'s file is not what it
+        describes. The checkpoint's indexMsgTimestamp is lowered to the new last file's end, as
+        :meth:`truncate` does."""
+        with self._lock:
+            saved_name = saved.file_name if saved is not None else None
+            saved_file = next((f for f in self._files if f.name == saved_name), None)
+            if saved is not None and saved_file is not None:
+                self._check_state(saved_file, saved)
+            removed = repaired = 0
+            deleted: list[str] = []
+            while self._files:
+                f = self._files[-1]
+                if saved is not None and (saved_name is None or f.name > saved_name):
+                    deleted.append(self._delete_last())
+                    continue
+                trusted = saved.header if saved is not None and f is saved_file else None
+                result = f.rewind(cut_offset, trusted, exact=trusted)
+                removed += result.removed
+                repaired += result.repaired_slots
+                if f.index_count <= 1:
+                    deleted.append(self._delete_last())
+                    continue  # the file before may hold entries past the cut too
+                if result.changed:
+                    f.flush()
+                break  # this file keeps an entry below the cut: every older one lies below it
+            outcome = IndexRewind(removed, deleted, repaired)
+            if outcome.changed and self.checkpoint is not None:
+                last = self._files[-1] if self._files else None
+                covered = last.end_timestamp if last is not None else 0
+                if self.checkpoint.index_msg_timestamp > covered:
+                    self.checkpoint.index_msg_timestamp = covered
+                    self.checkpoint.flush()
+        if outcome.changed:
+            log.info("index rewound to commitlog offset %d: %d entries removed, files deleted %s%s", cut_offset,
+                     removed, deleted, f", {repaired} hash slots recomputed (unreadable entries)" if repaired else "")
+        return outcome
+
+    @staticmethod
+    def _check_state(f: IndexFile, saved: IndexState) -> None:
+        header, stored = saved.header, f.header
+        if header is None:
+            raise IndexStateMismatch(f"{f.path}: the saved index state has a file name but no header")
+        if stored.index_count < header.index_count or (header.index_count > 1 and (
+                stored.begin_phy_offset, stored.begin_timestamp) != (header.begin_phy_offset, header.begin_timestamp)):
+            raise IndexStateMismatch(
+                f"{f.path}: holds {stored.index_count - 1} entries from commitlog offset {stored.begin_phy_offset}, "
+                f"but the saved state has {header.index_count - 1} from {header.begin_phy_offset}")
+
+    def _delete_last(self) -> str:
+        f = self._files.pop()
+        f.destroy()
+        return f.name
 
     def delete_expired(self, min_phy_offset: int) -> list[str]:
         """RocketMQ's deleteExpiredFile: delete the oldest files, never the last one, while their whole
