@@ -187,13 +187,14 @@ class StoredRecord:
     queue_id: int
     queue_offset: int
     body_crc: int = 0
+    store_host: str = ""
 
 
 def commitlog_records(root: Path) -> tuple[list[StoredRecord], str]:
     """Every record of ``root/commitlog`` (recovery's walk rules) and why the walk ended."""
     walk = iter_commitlog(root / "commitlog")
     records = [StoredRecord(e.offset, e.record.uniq_key or "", e.record.topic, e.record.queue_id,
-                            e.record.queue_offset, zlib.crc32(e.record.body))
+                            e.record.queue_offset, zlib.crc32(e.record.body), e.record.store_host)
                for e in walk if isinstance(e, RecordEntry) and _queueable(e.record.sys_flag)]
     return records, walk.end.reason if walk.end else "?"
 

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.runner import ChildSpec
 from tests.commitlog.commitlog_process import free_port, mqstore_command
@@ -81,14 +82,14 @@ class SoakOptions:
 @dataclass
 class RoundOutcome:
     findings: Findings
-    stats: dict[str, object]
+    stats: dict[str, Any]
 
 
 def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_id: int,
               log: Log = print) -> RoundOutcome:
     """One round on the store at ``root`` (new or left by an earlier round); scratch files in ``work``."""
     findings = Findings()
-    stats: dict[str, object] = {"seed": options.seed, "round": run_id, "geometry": options.geometry.name}
+    stats: dict[str, Any] = {"seed": options.seed, "round": run_id, "geometry": options.geometry.name}
     timings: dict[str, float] = {}
     rng = random.Random(f"{options.seed}/{run_id}")
     system = SoakSystem(root, options.geometry, work / "logs")
@@ -139,7 +140,7 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
 
 
 def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger: Ledger, findings: Findings,
-                   stats: dict[str, object], timings: dict[str, float], log: Log) -> None:
+                   stats: dict[str, Any], timings: dict[str, float], log: Log) -> None:
     """With the system stopped: the pipeline jobs and a fresh indexer run side by side, then compare."""
     root, geometry = system.root, options.geometry
     # Export is incremental: each round appends what is new to the Parquet of the rounds before.
@@ -190,6 +191,7 @@ def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger:
     per_file = Counter(r.commitlog_offset // geometry.commitlog_file_size for r in records)
     stats["records"] = len(records)
     stats["densest_file_records"] = max(per_file.values(), default=0)
+    stats["store_hosts"] = sorted({r.store_host for r in records})
     if not end.startswith("all zero") and "ends with a BLANK" not in end:
         findings.add("acknowledged", f"the commitlog walk ended on: {end}")
     findings.extend("export", compare_records("commitlog", records, "pipeline export", export_rows(export)))

@@ -40,6 +40,9 @@ from tests.query.query_process import QueryProcess
 
 #: Start order (``mqstore up``'s); a clean stop goes the other way.
 SERVICES = ("commitlog", "indexer", "query", "gateway")
+#: The store host (brokerIP1, listenPort) each commitlog start writes into its records, in turn: a
+#: broker whose address changed (a rescheduled pod), and an IPv6 one (other record layout, 56-digit ids).
+STORE_HOSTS = (("127.0.0.1", 10911), ("::1", 10911), ("127.0.0.1", 10999))
 #: Topics the producers write: the first is created up front with 3 queues, the others by their first send.
 TOPICS = ("SoakCreated", "SoakAuto", "SoakAutoToo")
 CREATED_TOPIC_QUEUES = 3
@@ -85,8 +88,12 @@ class SoakSystem:
     def gateway(self) -> str:
         return self.addresses.gateway
 
-    def env(self) -> dict[str, str]:
-        return {**self.geometry.env(), "MQSTORE_LOG_LEVEL": "INFO"}
+    def env(self, service: str) -> dict[str, str]:
+        env = {**self.geometry.env(), "MQSTORE_LOG_LEVEL": "INFO"}
+        if service == "commitlog":  # each start writes its records under the next store host
+            host, port = STORE_HOSTS[(self.starts[service] - 1) % len(STORE_HOSTS)]
+            env |= {"MQSTORE_BROKER_IP": host, "MQSTORE_LISTEN_PORT": str(port)}
+        return env
 
     def start(self, name: str, timeout_s: float = 90.0) -> ServiceProcess:
         """Start (or restart) one service on its address; returns once it reports SERVING."""
@@ -99,7 +106,7 @@ class SoakSystem:
         self.starts[spec.name] += 1
         log_path = self.log_dir / f"{spec.name}-{self.starts[spec.name]}.log"
         port = int(spec.listen.rpartition(":")[2])
-        handle = _HANDLES[spec.name](self.root, port, spawn_service(spec.args, self.env(), log_path), log_path)
+        handle = _HANDLES[spec.name](self.root, port, spawn_service(spec.args, self.env(spec.name), log_path), log_path)
         try:
             handle.wait_serving(timeout_s)
         except BaseException:
