@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 # RocketMQ MQFaultStrategy: latencyMax (ms) and notAvailableDuration (ms).
 LATENCY_MAX_MS = (50, 100, 550, 1000, 2000, 3000, 15000)
 NOT_AVAILABLE_MS = (0, 0, 30000, 60000, 120000, 180000, 600000)
+#: Round-robin positions are kept for at most this many topics; past it the table starts over (every
+#: topic's rotation restarts at a queue: harmless). Unbounded, every topic name a client ever sent to,
+#: refused sends to topics that never came to exist included, kept an entry for the process's life.
+MAX_ROUND_ROBIN_TOPICS = 65_536
 
 
 class NoWritableQueueError(Exception):
@@ -87,14 +91,22 @@ class FaultTable:
 
 
 class QueueSelector:
-    def __init__(self, latency_aware: bool, faults: FaultTable) -> None:
+    def __init__(self, latency_aware: bool, faults: FaultTable, max_topics: int = MAX_ROUND_ROBIN_TOPICS) -> None:
         self.latency_aware = latency_aware
         self.faults = faults
+        self._max_topics = max_topics
         self._counters: dict[str, Iterator[int]] = {}
+
+    @property
+    def topics_tracked(self) -> int:
+        """Topics with a round-robin position now (at most ``max_topics``)."""
+        return len(self._counters)
 
     def _next(self, topic: str) -> int:
         counter = self._counters.get(topic)
         if counter is None:
+            if len(self._counters) >= self._max_topics:
+                self._counters.clear()
             counter = self._counters[topic] = itertools.count()
         return next(counter)
 

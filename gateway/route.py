@@ -41,9 +41,12 @@ class TopicRoute:
     topic: str
     queues: tuple[QueueRoute, ...]
     writable: tuple[QueueRoute, ...]
+    #: A route made up for a topic no shard has yet (auto-create): a send under it creates the topic.
+    provisional: bool = False
 
     @classmethod
-    def build(cls, topic: str, per_shard: Sequence[tuple[ShardClient, common_pb2.TopicConfig]]) -> TopicRoute:
+    def build(cls, topic: str, per_shard: Sequence[tuple[ShardClient, common_pb2.TopicConfig]],
+              provisional: bool = False) -> TopicRoute:
         queues: list[QueueRoute] = []
         for shard, config in per_shard:
             for shard_queue_id in range(max(config.read_queue_nums, config.write_queue_nums)):
@@ -51,7 +54,7 @@ class TopicRoute:
                     len(queues), shard, shard_queue_id,
                     writable=bool(config.perm & PERM_WRITE) and shard_queue_id < config.write_queue_nums,
                     readable=bool(config.perm & PERM_READ) and shard_queue_id < config.read_queue_nums))
-        return cls(topic, tuple(queues), tuple(q for q in queues if q.writable))
+        return cls(topic, tuple(queues), tuple(q for q in queues if q.writable), provisional)
 
 
 class RouteTable:

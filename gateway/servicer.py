@@ -57,7 +57,8 @@ class MessagingServicer:
         self.retry = RetryPolicy(settings.retry_attempts, settings.retry_initial_backoff_ms / 1000,
                                  settings.retry_max_backoff_ms / 1000)
         self._backend_timeout_s = settings.backend_timeout_ms / 1000
-        self._provisional: set[str] = set()
+        # Topics being created on every shard right now (an entry lives only during its creation).
+        self._creating: set[str] = set()
         self._batchers = [SendBatcher(shard, self._backend_timeout_s) for shard in self.shards]
         self.finder = MessageFinder(self.shards, self.retry)
 
@@ -89,25 +90,31 @@ class MessagingServicer:
     async def _route_for_send(self, topic: str, context: Context) -> TopicRoute:
         """An unknown topic gets a provisional route (RocketMQ's producer sends by the default topic's
         route): the commitlog creates the topic with the first *valid* message, so a rejected send
-        creates nothing. :meth:`_created` then adds it to the other shards."""
+        creates nothing. :meth:`_created` then adds it to the other shards. Nothing is remembered per
+        topic: the route says it is provisional (a set of such topics grew with every name a refused
+        send used, issue 17)."""
         route = await self.routes.route(topic)
         if route is not None:
             return route
         if not self.settings.auto_create_topic:
             raise NotFoundError(f"topic {topic!r} does not exist and auto-create is off: create it first "
                                 "(mqstore topics create)")
-        self._provisional.add(topic)
         nums = self.settings.default_topic_queue_nums
         config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
-        return TopicRoute.build(topic, [(shard, config) for shard in self.shards])
+        return TopicRoute.build(topic, [(shard, config) for shard in self.shards], provisional=True)
 
     async def _created(self, topic: str, context: Context) -> None:
-        """After a send under a provisional route: the topic now exists on one shard; create it on all."""
-        if topic in self._provisional:
-            self._provisional.discard(topic)
+        """After a send under a provisional route: the topic now exists on one shard; create it on all
+        (once for concurrent first sends; the route table is read again afterwards)."""
+        if topic in self._creating:
+            return
+        self._creating.add(topic)
+        try:
             nums = self.settings.default_topic_queue_nums
             config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
             await self._create_on_shards(config, context, tolerate_existing=True)
+        finally:
+            self._creating.discard(topic)
 
     @staticmethod
     def _queue(route: TopicRoute, queue_id: int) -> QueueRoute:
@@ -205,7 +212,7 @@ class MessagingServicer:
             return result
 
         queue, result = await self._append(route, sharding_key, explicit, send)
-        if self._provisional:
+        if route.provisional:
             await self._created(topic, context)
         metrics.SENT_MESSAGES.inc()
         return self._result(result, queue, topic, uniq_key)
@@ -245,7 +252,7 @@ class MessagingServicer:
                                                   timeout)
 
         queue, response = await self._append(route, sharding_key, explicit, send)
-        if self._provisional:
+        if route.provisional:
             await self._created(topic, context)
         metrics.SENT_MESSAGES.inc(len(uniq_keys))
         answer = gateway_pb2.SendBatchResponse()
@@ -313,6 +320,7 @@ class MessagingServicer:
         stream, naming the first bad message by its stream sequence number (``sequence`` is the
         group's first)."""
         picks: list[tuple[QueueRoute, str, str]] = []
+        provisional: set[str] = set()
         born_host = _peer_host(context)
         error: tuple[grpc.StatusCode, str] | None = None
         for i, request in enumerate(group):
@@ -323,6 +331,8 @@ class MessagingServicer:
                 topic = message.topic
                 route, explicit = await self._send_route(principal, request, context)
                 queue = self.selector.select(route, request.sharding_key, explicit)
+                if route.provisional:
+                    provisional.add(topic)
             except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
                 code, details = status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
                 error = code, f"message #{sequence + i} of the stream: {details}"
@@ -332,7 +342,16 @@ class MessagingServicer:
             picks.append((queue, topic, self._prepare(message, born_host)))
             request.ClearField("sharding_key")
             request.ClearField("queue_id")
-        timeout = self._timeout(context)
+        results, append_error = await self._append_runs(picks, group, sequence, self._timeout(context))
+        for topic in provisional & {topic for _, topic, _ in picks[:len(results)]}:
+            await self._created(topic, context)  # stored under a provisional route: it exists now
+        return results, append_error or error
+
+    async def _append_runs(self, picks: list[tuple[QueueRoute, str, str]], group: list[gateway_pb2.SendRequest],
+                           sequence: int, timeout: float
+                           ) -> tuple[list[gateway_pb2.SendResult], tuple[grpc.StatusCode, str] | None]:
+        """One AppendBatch per run of ``group`` that goes to the same shard, in stream order: the results
+        of the messages stored, and the error that stopped the runs."""
         results: list[gateway_pb2.SendResult] = []
         start = 0
         while start < len(group):
@@ -360,10 +379,7 @@ class MessagingServicer:
             for (queue, topic, uniq_key), r in zip(picks[start:end], response.results, strict=True):
                 results.append(self._result(r, queue, topic, uniq_key))
             start = end
-        if self._provisional:
-            for topic in {topic for _, topic, _ in picks}:
-                await self._created(topic, context)
-        return results, error
+        return results, None
 
     async def _append_run(self, shard: ShardClient, requests: list[gateway_pb2.SendRequest],
                           timeout: float) -> commitlog_pb2.AppendBatchResponse:
