@@ -73,5 +73,12 @@ bench: $(GENERATED)
 soak: $(GENERATED) java
 	$(PY) -m tests.soak.soak
 
+# Memory over a long run (not in CI; bench/memory_soak.py): mqstore up under 64 clients for
+# SOAK_MEMORY_MINUTES, every service's RSS sampled into .bench-tmp/memory-soak.csv, a verdict per service.
+SOAK_MEMORY_MINUTES ?= 30
+.PHONY: soak-memory
+soak-memory: $(GENERATED)
+	$(PY) -m bench.memory_soak --minutes $(SOAK_MEMORY_MINUTES)
+
 clean:
 	rm -rf $(VENV) gen build *.egg-info
