@@ -209,12 +209,15 @@ class IndexerStore:
             resume = commitlog_offset
             saved = self.dispatch_checkpoint
             if self.index is not None:
-                if saved is not None and saved.reput_offset <= commitlog_offset:
-                    resume = saved.reput_offset
                 with self._save_lock:
                     self._rewinds += 1
-                    self.index.rewind(resume, saved.index if saved is not None and resume == saved.reput_offset
-                                      else None)
+                    try:
+                        if saved is not None and saved.reput_offset <= commitlog_offset:
+                            self.index.rewind(saved.reput_offset, saved.index)
+                            resume = saved.reput_offset
+                    except IndexStateMismatch as exc:  # its file expired meanwhile: the files are ours anyway
+                        log.info("rewinding to the commitlog's end instead of the dispatch checkpoint: %s", exc)
+                    self.index.rewind(resume)
             self.reput_offset = min(self.reput_offset, resume)
             self._save_dispatch_checkpoint()
 

@@ -316,13 +316,15 @@ class IndexService:
         was taken. Older files are complete (each was msync'd when it filled). Without ``saved`` each
         file trusts its own header (the process's own files, or a clean or checkpointed stop).
 
-        Raises :class:`IndexStateMismatch`, changing nothing, when ``saved``'s file is not what it
-        describes. The checkpoint's indexMsgTimestamp is lowered to the new last file's end, as
+        Raises :class:`IndexStateMismatch`, changing nothing, when ``saved``'s file is gone or is not
+        what it describes. The checkpoint's indexMsgTimestamp is lowered to the new last file's end, as
         :meth:`truncate` does."""
         with self._lock:
             saved_name = saved.file_name if saved is not None else None
             saved_file = next((f for f in self._files if f.name == saved_name), None)
-            if saved is not None and saved_file is not None:
+            if saved is not None and saved_name is not None:
+                if saved_file is None:
+                    raise IndexStateMismatch(f"{self.index_dir}: the saved state's file {saved_name} is gone")
                 self._check_state(saved_file, saved)
             removed = repaired = 0
             deleted: list[str] = []
