@@ -109,7 +109,7 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
         findings.extend("workload", result.problems)
         findings.extend("workload", (f"{uniq}: {why}" for uniq, why in ledger.unacknowledged))
         findings.extend("workload", (f"unexpected receipt {r}" for r in ledger.strange_receipts))
-        stats.update(kills=[f"{at:.1f}s {service}" for at, service, _ in result.kills],
+        stats.update(kills=[f"{at:.1f}s {service} (up again in {up:.1f}s)" for at, service, _, up in result.kills],
                      send_failures=dict(ledger.failures))
         mark = time.monotonic()
         stuck = system.wait_indexer_caught_up(options.catch_up_timeout_s)

@@ -502,7 +502,8 @@ class ChaosThread(threading.Thread):
         self.plan = plan
         self.stop_event = stop
         self.log = log
-        self.done: list[tuple[float, str, int]] = []
+        #: (planned at, service, commitlog end when killed, seconds until SERVING again)
+        self.done: list[tuple[float, str, int, float]] = []
         self.error: str | None = None
 
     def run(self) -> None:
@@ -517,6 +518,7 @@ class ChaosThread(threading.Thread):
             self.system.kill9(kill.service)
             self.log(f"  {time.monotonic() - start:6.1f}s kill -9 {kill.service} (commitlog end {end})")
             time.sleep(kill.downtime_s)
+            restarted = time.monotonic()
             try:
                 self.system.start(kill.service)
             except Exception as exc:
@@ -524,7 +526,7 @@ class ChaosThread(threading.Thread):
                               f"{self.system.logs_tail(kill.service)}")
                 self.stop_event.set()
                 return
-            self.done.append((kill.at_s, kill.service, end))
+            self.done.append((kill.at_s, kill.service, end, time.monotonic() - restarted))
 
 
 # -- one workload --------------------------------------------------------------------------------------
@@ -533,7 +535,7 @@ class ChaosThread(threading.Thread):
 @dataclass
 class WorkloadResult:
     seconds: float
-    kills: list[tuple[float, str, int]]
+    kills: list[tuple[float, str, int, float]]
     problems: list[str]
 
 
