@@ -46,12 +46,14 @@ def msg_rows(dump_rows: Callable[..., list[dict[str, Any]]], run: str) -> list[d
     return dump_rows(run, "msg")
 
 
+@pytest.mark.parametrize("mode", ["quarantine", "cut"])  # a torn tail is cut in both recoverCorruptionModes
 def test_crash_store_recovers_to_the_offset_real_rocketmq_reached(
-        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]], mode: str) -> None:
     store = fixture_store("crash-raw")
     assert (store / "abort").exists()
     assert len(commitlog_files(store)) == 3  # the preallocated, all-zero third file
-    with opened(store) as log:
+    with opened(store, fixture_config(recover_corruption_mode=mode)) as log:
+        assert log.quarantine.ranges == ()
         assert log.last_exit_ok is False
         assert log.max_offset == 2034195
         rows = msg_rows(dump_rows, "crash")
@@ -68,11 +70,12 @@ def test_crash_store_recovers_to_the_offset_real_rocketmq_reached(
     assert not (store / "abort").exists()
 
 
+@pytest.mark.parametrize("mode", ["quarantine", "cut"])  # a torn tail is cut in both recoverCorruptionModes
 def test_torn_record_is_truncated(fixture_store: StoreFactory,
-                                  dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+                                  dump_rows: Callable[..., list[dict[str, Any]]], mode: str) -> None:
     store = fixture_store("torn-raw")
-    with opened(store) as log:
-        assert log.max_offset == 2033918
+    with opened(store, fixture_config(recover_corruption_mode=mode)) as log:
+        assert log.max_offset == 2033918 and log.quarantine.ranges == ()
         assert log.queue_table[("Topic-Long-Name_with.chars", 0)] == 210
         last = msg_rows(dump_rows, "torn")[-1]
         assert last["commitLogOffset"] + last["storeSize"] == 2033918
@@ -97,6 +100,8 @@ def test_clean_store_recovers_from_the_last_three_files(
 
 def test_corrupt_body_crc_stops_abnormal_recovery_at_that_record(
         fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    """recoverCorruptionMode: cut (RocketMQ's rule); quarantine mode keeps the records after it
+    (tests/commitlog/test_recovery_quarantine.py)."""
     store = fixture_store("crash-raw")
     victim = next(r for r in msg_rows(dump_rows, "crash")
                   if r["commitLogOffset"] > 1_200_000 and r["bodyLen"] > 10)
@@ -107,7 +112,7 @@ def test_corrupt_body_crc_stops_abnormal_recovery_at_that_record(
         byte = f.read(1)
         f.seek(body_pos)
         f.write(bytes([byte[0] ^ 0xFF]))
-    with opened(store) as log:
+    with opened(store, fixture_config(recover_corruption_mode="cut")) as log:
         assert log.max_offset == victim["commitLogOffset"]
 
 
@@ -180,8 +185,10 @@ def test_torn_tail_of_our_own_log_is_truncated(store_geometry: GeometryPreset, t
 
 def test_stale_records_after_a_truncation_are_not_resurrected(store_geometry: GeometryPreset, tmp_path: Path) -> None:
     """After a truncation, new records overwrite the old ones; a later crash recovery must not walk on
-    into the old records left behind them (they sit at their own offsets and have valid CRCs)."""
-    with opened(tmp_path, store_geometry.config()) as log:
+    into the old records left behind them (they sit at their own offsets and have valid CRCs).
+    recoverCorruptionMode: cut, the mode that truncates at a damaged record with records after it."""
+    config = store_geometry.config(recover_corruption_mode="cut")
+    with opened(tmp_path, config) as log:
         ends = put_many(log, 50)
     cut = ends[9]
     (tmp_path / "abort").touch()
@@ -189,14 +196,14 @@ def test_stale_records_after_a_truncation_are_not_resurrected(store_geometry: Ge
     with open(path, "r+b") as f:  # corrupt record #10: recovery truncates at its start
         f.seek(cut + 84 + 4 + 2)
         f.write(b"\xff\xff")
-    with opened(tmp_path, store_geometry.config()) as log:
+    with opened(tmp_path, config) as log:
         assert log.max_offset == cut
         # Same size as the record it replaces: the old record #11 now starts right where this ends.
         log.put_message(Message("TopicT", 10 % 4, b"body-10" * 20, properties={"KEYS": "k10"}))
         new_end = log.max_offset
         assert new_end == ends[10]
     (tmp_path / "abort").touch()
-    with opened(tmp_path, store_geometry.config()) as log:
+    with opened(tmp_path, config) as log:
         assert log.max_offset == new_end
 
 

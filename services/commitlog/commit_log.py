@@ -36,6 +36,7 @@ from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
 from services.store.disk_space import is_disk_full
 from services.store.errors import (
+    DataLossError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -47,6 +48,7 @@ from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
 from services.store.names import check_topic_name
+from services.store.quarantine import QUARANTINE, QuarantineTable
 from services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -74,10 +76,12 @@ _PENDING = StoreError("placeholder for a message not yet appended")
 class TailChunk:
     """Whole records from ``start_offset``; the next chunk starts at ``next_offset``.
 
-    Three kinds: records (``record_count`` > 0; ``next_offset`` is their end, or the next file's start
+    Four kinds: records (``record_count`` > 0; ``next_offset`` is their end, or the next file's start
     when they reach a BLANK); a BLANK skip (no records, ``next_offset`` is the next file's start:
-    ``start_offset`` is a BLANK end of file, or a file BLANK from its first byte); the end of the log
-    (no records, ``next_offset == start_offset``)."""
+    ``start_offset`` is a BLANK end of file, or a file BLANK from its first byte); a quarantine skip
+    (no records, ``start_offset`` inside a quarantined range, ``next_offset`` its end: see
+    ``services/store/quarantine.py``); the end of the log (no records, ``next_offset == start_offset``).
+    Records chunks stop at a quarantined range's start."""
 
     start_offset: int
     data: bytes
@@ -86,7 +90,8 @@ class TailChunk:
 
     @property
     def skips_blank(self) -> bool:
-        """The chunk ends at a BLANK: ``next_offset`` jumps over the rest of a file to the next one."""
+        """The chunk ends at a BLANK or is a quarantine skip: ``next_offset`` jumps over bytes that hold
+        no record (the rest of a file, or a quarantined range)."""
         return self.next_offset != self.start_offset + len(self.data)
 
 
@@ -124,6 +129,7 @@ class CommitLog:
         self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
                                          len(self._delay_levels_ms))
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
+        self.quarantine = QuarantineTable(self.root)
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
                                       config.mapped_file_size_commit_log, len(self._delay_levels_ms))
         self.queue_table: dict[QueueKey, int] = {}
@@ -162,15 +168,21 @@ class CommitLog:
         self.disk.refresh()
         cfg = self.config
         walk_started = time.monotonic()
+        quarantine = cfg.recover_corruption_mode == QUARANTINE
+        self.quarantine.load()
         if self.last_exit_ok:
-            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms)
+            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms, quarantine)
         else:
             log.warning("abort file found in %s: the last stop was not clean, recovering abnormally", self.root)
             self.recovery = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
                                                cfg.message_index_enable and cfg.message_index_safe,
-                                               self._delay_levels_ms)
-        metrics.observe_recovery(self.recovery, time.monotonic() - walk_started)
+                                               self._delay_levels_ms, quarantine)
         end = self.recovery.end
+        self.quarantine.reconcile(self.recovery.quarantined, self.mfq.min_offset, end)
+        for bad in self.quarantine.ranges:
+            log.warning("commitlog offsets %s are QUARANTINED: reads of them answer DATA_LOSS", bad.describe())
+        metrics.observe_recovery(self.recovery, time.monotonic() - walk_started)
+        metrics.COMMITLOG_QUARANTINED_BYTES.set(self.quarantine.total_bytes)
         self.mfq.truncate_dirty_files(end)
         self.mfq.prefault_last_file()
         self.recovered_offset = end
@@ -194,7 +206,8 @@ class CommitLog:
         elif snapshot is not None:
             log.warning("queue offset snapshot at %d is outside the log [%d, %d]: rebuilding from the log",
                         snapshot.commitlog_offset, self.mfq.min_offset, end)
-        replayed = replay_queue_offsets(self.mfq, start, end, table)
+        replayed = replay_queue_offsets(self.mfq, start, end, table,
+                                        [(r.start, r.end) for r in self.quarantine.ranges])
         log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
         self.queue_table = table
         self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
@@ -453,6 +466,7 @@ class CommitLog:
         if size <= 0 or size > MAX_READ_BYTES:
             raise InvalidArgumentError(f"size {size} must be within 1..{MAX_READ_BYTES}")
         self._check_offset_range(offset, offset + size)
+        self._check_not_quarantined(offset, offset + size)
         mapped = self.mfq.find_by_offset(offset)
         if mapped is None:
             raise OutOfRangeError(f"offset {offset} is not in the log [{self.min_offset}, {self.max_offset})")
@@ -464,6 +478,12 @@ class CommitLog:
             return mapped.read(position, size)
         except ValueError as exc:  # deleted or not yet readable meanwhile
             raise OutOfRangeError(str(exc)) from None
+
+    def _check_not_quarantined(self, start: int, end: int) -> None:
+        bad = self.quarantine.overlapping(start, end)
+        if bad is not None:
+            raise DataLossError(f"[{start}, {end}) reaches into the QUARANTINED commitlog range {bad.describe()}: "
+                                "recovery found those bytes damaged, no record there can be read")
 
     def _check_offset_range(self, start: int, end: int) -> None:
         if start < 0:
@@ -479,6 +499,9 @@ class CommitLog:
         within one file. A BLANK ends the chunk and ``next_offset`` is then the next file's start, also
         when the BLANK is at ``offset`` (no records: the caller is told of the skip, never silently moved
         on). A chunk with no records and ``next_offset == offset`` means the end of the log."""
+        bad = self.quarantine.overlapping(offset, offset + 1)
+        if bad is not None and offset >= self.min_offset:  # never a record boundary: skip it, announced
+            return TailChunk(offset, b"", bad.end, 0)
         self._check_tail_start(offset)
         mapped = self.mfq.find_by_offset(offset)
         if mapped is None:  # offset == max offset on a file boundary, or an empty log
@@ -486,6 +509,9 @@ class CommitLog:
         buf = mapped.buffer
         start = pos = offset - mapped.file_from_offset
         readable = mapped.read_position
+        next_bad = self.quarantine.next_start(offset)
+        if next_bad is not None:
+            readable = min(readable, next_bad - mapped.file_from_offset)
         count = 0
         next_offset = -1
         while pos + 8 <= readable:

@@ -12,6 +12,7 @@ import json
 import logging
 import struct
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,9 +87,10 @@ class QueueOffsetStore:
         write_atomically(self.path, snapshot.to_json(), keep_backup=True)
 
 
-def replay_queue_offsets(mfq: MappedFileQueue, start: int, end: int,
-                         table: dict[QueueKey, int]) -> int:
-    """Advance ``table`` over the records in [start, end) (already validated by recovery).
+def replay_queue_offsets(mfq: MappedFileQueue, start: int, end: int, table: dict[QueueKey, int],
+                         skip: Sequence[tuple[int, int]] = ()) -> int:
+    """Advance ``table`` over the records in [start, end) (already validated by recovery), stepping
+    over the quarantined ranges ``skip`` (sorted [start, end) pairs: damaged bytes, no records).
     Returns the number of records seen.
 
     Per file: one loop step per record finds the record starts (TOTALSIZE only); the fields are then
@@ -96,14 +98,19 @@ def replay_queue_offsets(mfq: MappedFileQueue, start: int, end: int,
     string (:func:`_last_per_queue`). Rebuilding from a whole 1 GiB file takes about a second."""
     seen = 0
     offset = start
+    pending = [pair for pair in skip if pair[1] > start]
     while offset < end:
+        if pending and pending[0][0] <= offset:
+            offset = max(offset, pending.pop(0)[1])
+            continue
+        stop_at = min(end, pending[0][0]) if pending else end
         mapped = mfq.find_by_offset(offset)
         if mapped is None:
             raise ValueError(f"no commitlog file holds offset {offset}")
         buf = mapped.buffer
         base = mapped.file_from_offset
         try:
-            starts, stop, blank = record_positions(buf, offset - base, min(mapped.file_size, end - base))
+            starts, stop, blank = record_positions(buf, offset - base, min(mapped.file_size, stop_at - base))
         except RecordError as exc:
             raise ValueError(f"commitlog file {mapped.path.name}: {exc}") from None
         for key, next_offset in _last_per_queue(buf, starts).items():

@@ -10,6 +10,13 @@ The walk is :func:`services.store.record_scan.scan_file` (about 1 s of CPU per G
 records). An end that is not zero bytes is looked past (:func:`services.store.record_scan.survey`):
 a torn last record, or a damaged one with intact records after it, is logged as a WARNING with its
 offset, the reason and the bytes the cut drops, and returned in the RecoveryResult.
+
+What happens at a damaged record with intact records after it depends on ``recoverCorruptionMode``:
+``cut`` ends the log there (RocketMQ's rule: every later record is lost and new sends overwrite them);
+``quarantine`` (the default) resynchronises on the next valid record (MAGICCODE, PHYSICALOFFSET equal to
+its own offset, and check_record's checks), returns the range [bad record, next valid record) in
+``RecoveryResult.quarantined`` and walks on from there. A torn tail (nothing valid after the bad
+record) is cut in both modes, so stores whose last write was cut short by a crash end where they did.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from dataclasses import dataclass
 from services.store.checkpoint import StoreCheckpoint
 from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
+from services.store.quarantine import QuarantinedRange
 from services.store.record import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     SYSFLAG_POS,
     store_timestamp_pos,
 )
-from services.store.record_scan import Damage, FileView, diagnose, scan_file, survey
+from services.store.record_scan import Damage, FileView, diagnose, next_record, scan_file, survey
 
 log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
@@ -39,12 +47,14 @@ _I64 = struct.Struct(">q")
 
 @dataclass(frozen=True, slots=True)
 class RecoveryResult:
-    """Where the valid log ends, what the walk covered, and the damage it stopped at (None: a clean end)."""
+    """Where the valid log ends, what the walk covered, the damage it stopped at (None: a clean end),
+    and the damaged ranges it stepped over (quarantine mode)."""
 
     end: int
     start: int
     records: int
     damage: Damage | None = None
+    quarantined: tuple[QuarantinedRange, ...] = ()
 
     @property
     def scanned_bytes(self) -> int:
@@ -52,15 +62,17 @@ class RecoveryResult:
         return self.end - self.start
 
 
-def recover_normally(mfq: MappedFileQueue, check_crc: bool, delay_levels_ms: Sequence[int]) -> RecoveryResult:
+def recover_normally(mfq: MappedFileQueue, check_crc: bool, delay_levels_ms: Sequence[int],
+                     quarantine: bool = False) -> RecoveryResult:
     files = mfq.files
     if not files:
         return RecoveryResult(0, 0, 0)
-    return _walk(files, max(0, len(files) - 3), check_crc, delay_levels_ms)
+    return _walk(files, max(0, len(files) - 3), check_crc, delay_levels_ms, quarantine)
 
 
 def recover_abnormally(mfq: MappedFileQueue, checkpoint: StoreCheckpoint, check_crc: bool,
-                       include_index: bool, delay_levels_ms: Sequence[int]) -> RecoveryResult:
+                       include_index: bool, delay_levels_ms: Sequence[int],
+                       quarantine: bool = False) -> RecoveryResult:
     files = mfq.files
     if not files:
         return RecoveryResult(0, 0, 0)
@@ -71,7 +83,7 @@ def recover_abnormally(mfq: MappedFileQueue, checkpoint: StoreCheckpoint, check_
             start = index
             break
     log.info("abnormal recovery starts at %s (checkpoint minimum %d)", files[start].path.name, min_timestamp)
-    return _walk(files, start, check_crc, delay_levels_ms)
+    return _walk(files, start, check_crc, delay_levels_ms, quarantine)
 
 
 def _matches_checkpoint(mapped: MappedFile, min_timestamp: int) -> bool:
@@ -83,22 +95,39 @@ def _matches_checkpoint(mapped: MappedFile, min_timestamp: int) -> bool:
     return store_timestamp != 0 and store_timestamp <= min_timestamp
 
 
-def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels_ms: Sequence[int]) -> RecoveryResult:
-    """Walk the valid records starting at ``files[index]``; a BLANK record moves on to the next file."""
+def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels_ms: Sequence[int],
+          quarantine: bool) -> RecoveryResult:
+    """Walk the valid records starting at ``files[index]``; a BLANK record moves on to the next file.
+    With ``quarantine``, a damaged record with intact records after it is stepped over."""
     start = files[index].file_from_offset
     records = 0
+    pos = 0
+    quarantined: list[QuarantinedRange] = []
     while True:
         mapped = files[index]
-        scan = scan_file(mapped.buffer, 0, mapped.file_from_offset, check_crc, delay_levels_ms)
+        scan = scan_file(mapped.buffer, pos, mapped.file_from_offset, check_crc, delay_levels_ms)
         records += scan.records
-        if not scan.blank or index + 1 >= len(files):
-            break
-        index += 1
-    end = mapped.file_from_offset + scan.end
-    damage = None
-    if not scan.blank:
+        if scan.blank:
+            if index + 1 >= len(files):
+                damage = None
+                break
+            index, pos = index + 1, 0
+            continue
         stop = diagnose(mapped.buffer, scan.end, mapped.file_from_offset, check_crc, delay_levels_ms)
         damage = survey(stop, _buffers(files, index), check_crc, delay_levels_ms)
+        if damage is None or damage.torn_tail or not quarantine:
+            break
+        resume = _resynchronise(files, index, scan.end + 1, check_crc, delay_levels_ms)
+        if resume is None:  # survey saw intact records the search cannot reach: cut, as RocketMQ
+            break
+        index, pos = resume
+        bad = QuarantinedRange(damage.offset, files[index].file_from_offset + pos, damage.reason)
+        quarantined.append(bad)
+        log.warning("recovery QUARANTINED offsets %s: a damaged record with %d intact records after it; the "
+                    "walk goes on at offset %d (reads of the range answer DATA_LOSS; "
+                    "recoverCorruptionMode: cut would have dropped everything from offset %d)",
+                    bad.describe(), damage.intact_records, bad.end, bad.start)
+    end = mapped.file_from_offset + scan.end
     if damage is None:
         log.info("recovery walked %d records from offset %d; the log ends at %d", records, start, end)
     elif damage.torn_tail:
@@ -110,7 +139,19 @@ def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels
                     "%d intact records after it lost (%d records walked from offset %d)",
                     end, damage.reason, damage.dropped_bytes, end + damage.dropped_bytes,
                     damage.intact_records, records, start)
-    return RecoveryResult(end, start, records, damage)
+    return RecoveryResult(end, start, records, damage, tuple(quarantined))
+
+
+def _resynchronise(files: Sequence[MappedFile], index: int, pos: int, check_crc: bool,
+                   delay_levels_ms: Sequence[int]) -> tuple[int, int] | None:
+    """(file index, position) of the first valid record at or after ``pos`` of ``files[index]``,
+    searching on in later files (from their first byte) if the file has none."""
+    for view in _buffers(files, index):
+        found = next_record(view, pos, check_crc, delay_levels_ms)
+        if found is not None:
+            return index, found
+        index, pos = index + 1, 0
+    return None
 
 
 def _buffers(files: Sequence[MappedFile], index: int) -> Iterator[FileView]:

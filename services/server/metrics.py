@@ -47,6 +47,9 @@ READS = Counter("mqstore_commitlog_reads", "Read and ReadBatch calls answered", 
 READ_BYTES = Counter("mqstore_commitlog_read_bytes", "Record bytes sent by Read, ReadBatch and Tail", ["method"])
 
 # What the last start-up's recovery found (set once per start; see services/commitlog/recovery.py).
+COMMITLOG_QUARANTINED_BYTES = Gauge(
+    "mqstore_commitlog_quarantined_bytes",
+    "Commitlog bytes in quarantined ranges: damaged records recovery stepped over (reads answer DATA_LOSS)")
 RECOVERY_SECONDS = Gauge("mqstore_commitlog_recovery_seconds", "Duration of the last start-up's recovery walk")
 RECOVERY_SCANNED_BYTES = Gauge("mqstore_commitlog_recovery_scanned_bytes",
                                "Commitlog bytes the last start-up's recovery walked")

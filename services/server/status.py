@@ -8,6 +8,7 @@ import grpc
 
 from services.store.errors import (
     AlreadyExistsError,
+    DataLossError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -23,6 +24,7 @@ _ERROR_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (DataLossError, grpc.StatusCode.DATA_LOSS),
 )
 
 

@@ -60,6 +60,10 @@ class MessageStoreConfig:
     flush_consume_queue_thorough_interval: int = 60_000
     max_message_size: int = 1024 * 1024 * 4
     check_crc_on_recover: bool = True
+    # Not in RocketMQ: what recovery does with a damaged record that has intact records after it.
+    # "quarantine" steps over it (services/store/quarantine.py: reads of it answer DATA_LOSS, the
+    # records after it stay); "cut" ends the log there as RocketMQ does. A torn tail is cut either way.
+    recover_corruption_mode: str = "quarantine"
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     max_hash_slot_num: int = 5_000_000
     max_index_num: int = 5_000_000 * 4
@@ -97,6 +101,9 @@ class MessageStoreConfig:
     def validate(self) -> None:
         if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise ConfigError(f"flushDiskType must be {ASYNC_FLUSH} or {SYNC_FLUSH}, not {self.flush_disk_type!r}")
+        if self.recover_corruption_mode not in ("quarantine", "cut"):
+            raise ConfigError("recoverCorruptionMode must be quarantine or cut, not "
+                              f"{self.recover_corruption_mode!r}")
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
         for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout"):

@@ -33,6 +33,11 @@ class AlreadyExistsError(StoreError):
     pass
 
 
+class DataLossError(StoreError):
+    """The bytes asked for were found damaged by recovery and quarantined (services/store/quarantine.py):
+    the record there is lost, the records around it are not. Retrying does not help."""
+
+
 class DiskFullError(ResourceExhaustedError):
     """The store's disk is too full to take a write (RocketMQ's "disk full" refusal). Nothing of the
     refused write is on disk, so the caller may send again once space is freed."""

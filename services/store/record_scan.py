@@ -338,7 +338,7 @@ def _survey_file(view: FileView, pos: int, search: bool, check_crc: bool,
     records = data_end = 0
     while True:
         if search:
-            found = _next_record(view, pos, check_crc, delay_levels_ms)
+            found = next_record(view, pos, check_crc, delay_levels_ms)
             if found is None:
                 break
             pos = found
@@ -352,8 +352,10 @@ def _survey_file(view: FileView, pos: int, search: bool, check_crc: bool,
     return records, data_end
 
 
-def _next_record(view: FileView, pos: int, check_crc: bool, delay_levels_ms: Sequence[int]) -> int | None:
-    """The first position from ``pos`` holding a valid record that sits at its own offset."""
+def next_record(view: FileView, pos: int, check_crc: bool = True,
+                delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> int | None:
+    """The first position from ``pos`` holding a valid record that sits at its own offset (MAGICCODE,
+    PHYSICALOFFSET and the checks of check_record): where a walk resynchronises past a bad record."""
     buf, base, fd = view.buf, view.base, view.fd
     length = len(buf)
     data_end = length if fd is None else 0  # the searched data region ends here (the next hole)

@@ -1,5 +1,8 @@
 """A damaged commitlog is never cut silently (issue 15, defect 7).
 
+These run under ``recoverCorruptionMode: cut`` (RocketMQ's rule) where the damage has intact records
+after it; quarantine mode (the default) is tested in test_recovery_quarantine.py.
+
 Recovery that stops at a bad record logs a WARNING with the offset, the reason and the bytes the cut
 drops (intact records after it included, in later files too), and says so in its result and metrics;
 a clean end of the log (zeros after the last record) stays INFO. ``mqstore inspect commitlog``
@@ -72,7 +75,7 @@ def test_a_crc_failure_in_normal_recovery_warns_with_offset_reason_and_dropped_b
     cut = ends[victim - 1]
     flip(tmp_path, cut + 84 + 4 + 10)  # a byte of its body
     caplog.set_level(logging.INFO)
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, small_config(recover_corruption_mode="cut")) as log:
         assert log.last_exit_ok and log.max_offset == cut
         damage = log.recovery.damage
         assert damage is not None and not damage.torn_tail
@@ -101,7 +104,7 @@ def test_abnormal_recovery_names_the_damage(tmp_path: Path, caplog: pytest.LogCa
     patch(tmp_path, cut + field, value)
     crash(tmp_path)
     caplog.set_level(logging.INFO)
-    with opened(tmp_path, small_config()) as log:
+    with opened(tmp_path, small_config(recover_corruption_mode="cut")) as log:
         assert not log.last_exit_ok and log.max_offset == cut
         assert len(log.mfq.files) == 1  # the later files went with the cut
         damage = log.recovery.damage
