@@ -14,6 +14,7 @@ from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
 from services.store.message import Message
 from services.store.producer_message import check_producer_message
+from services.store.quarantine import QuarantinedRange
 from services.store.topics import TopicConfig
 
 # Domain status -> proto enum value, by name (the numbers match too, but names say what is meant).
@@ -83,8 +84,10 @@ def topic_config_to_proto(config: TopicConfig) -> common_pb2.TopicConfig:
 
 def store_info_to_proto(stats: StoreStats, *, flush_disk_type: str, transient_store_pool_enable: bool,
                         mapped_file_size: int, store_root: str, incarnation: str,
-                        store_host: str) -> commitlog_pb2.StoreInfo:
-    """StoreStats plus the settings a caller needs to interpret them (file size, flush mode)."""
+                        store_host: str,
+                        quarantined: Sequence[QuarantinedRange] = ()) -> commitlog_pb2.StoreInfo:
+    """StoreStats plus the settings a caller needs to interpret them (file size, flush mode), and
+    the quarantined ranges a Tail may skip."""
     return commitlog_pb2.StoreInfo(
         min_offset=stats.min_offset,
         max_offset=stats.max_offset,
@@ -101,4 +104,6 @@ def store_info_to_proto(stats: StoreStats, *, flush_disk_type: str, transient_st
         incarnation=incarnation,
         store_host=store_host,
         recovered_offset=stats.recovered_offset,
+        quarantined_ranges=[commitlog_pb2.QuarantinedRange(start_offset=r.start, end_offset=r.end, reason=r.reason)
+                            for r in quarantined],
     )

@@ -379,13 +379,14 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             except StoreError as exc:
                 await _abort(context, "Tail", status_code_of(exc), str(exc))
             if chunk.record_count or chunk.skips_blank:
-                # Records, or a BLANK skipped to the next file's start with none: either way the
-                # client is told where the next chunk starts, so its offset never jumps unannounced.
+                # Records, or a BLANK or quarantined range skipped with none: either way the client is
+                # told where the next chunk starts, so its offset never jumps unannounced.
                 if chunk.record_count:
                     metrics.TAIL_DATA_CHUNKS.inc()
                     metrics.READ_BYTES_TAIL.inc(len(chunk.data))
                 else:
-                    metrics.TAIL_CHUNKS.labels(kind="blank_skip").inc()
+                    quarantined = engine.quarantine.overlapping(chunk.start_offset, chunk.start_offset + 1)
+                    metrics.TAIL_CHUNKS.labels(kind="quarantine_skip" if quarantined else "blank_skip").inc()
                 await context.write(commitlog_pb2.TailChunk(
                     start_offset=chunk.start_offset, data=chunk.data, next_offset=chunk.next_offset,
                     max_offset=engine.max_offset, record_count=chunk.record_count,
@@ -418,7 +419,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             engine.stats(), flush_disk_type=config.flush_disk_type,
             transient_store_pool_enable=engine.pool_enabled,
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
-            incarnation=engine.incarnation, store_host=config.store_host)
+            incarnation=engine.incarnation, store_host=config.store_host,
+            quarantined=engine.quarantine.ranges)
 
     async def CreateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
         return await self._change_topic(request, context, "CreateTopic")

@@ -12,6 +12,7 @@ import logging
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -156,7 +157,8 @@ class ReputService:
             self.lag.commitlog_incarnation = info.incarnation
             self.lag.commitlog_max_offset = info.max_offset
             try:
-                self._tail(stub, info.mapped_file_size)
+                self._tail(stub, info.mapped_file_size,
+                           [(r.start_offset, r.end_offset) for r in info.quarantined_ranges])
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                     raise Resync(exc.details()) from None
@@ -187,10 +189,12 @@ class ReputService:
         self._store.truncate(min_offset)
         self._store.skip_to(min_offset)
 
-    def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int) -> None:
+    def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int,
+              quarantined: Sequence[tuple[int, int]] = ()) -> None:
         """Dispatch the chunks of one Tail stream. Each chunk is checked against the reput offset
         first (``tail_protocol``): a chunk that skips a BLANK to the next file's start is taken only
-        once the BLANK is read back from the commitlog, so no skip can hide lost records."""
+        once the BLANK is read back from the commitlog, and a quarantine skip only over a range this
+        commitlog incarnation's GetStoreInfo listed, so no skip can hide records unannounced."""
         store = self._store
         request = commitlog_pb2.TailRequest(from_offset=store.reput_offset, max_chunk_bytes=self._chunk_bytes,
                                             poll_wait_ms=self._poll_wait_ms)
@@ -203,11 +207,15 @@ class ReputService:
                 self.lag.commitlog_max_offset = chunk.max_offset
                 try:
                     step = check_chunk(chunk.start_offset, len(chunk.data), chunk.record_count, chunk.next_offset,
-                                       store.reput_offset, file_size)
+                                       store.reput_offset, file_size, quarantined)
                 except ChunkMismatch as exc:
                     raise Resync(str(exc)) from None
                 if step.blank_offset >= 0:
                     self._check_blank(stub, step)
+                if step.quarantined is not None:
+                    log.warning("skipping the commitlog's QUARANTINED range [%d, %d) (damaged at its recovery): "
+                                "the records there are lost, dispatch continues at %d", *step.quarantined,
+                                step.next_offset)
                 if chunk.record_count:
                     try:
                         requests = parse_dispatch_requests(chunk.data, chunk.start_offset)

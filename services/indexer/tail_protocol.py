@@ -4,12 +4,19 @@ A chunk must start at the reput offset. Its ``next_offset`` is then one of: the 
 (records back to back, or an empty heartbeat at the end of the log), or, when the data stops at a
 BLANK end of file, the start of the next commitlog file. The BLANK case includes a chunk with no
 records at all: the reader stood on the BLANK (a caught-up reader waits exactly there when the writer
-rolls), or on a file that is BLANK from its first byte. Any other jump would skip records and leave
-holes in the ConsumeQueues, so it is refused.
+rolls), or on a file that is BLANK from its first byte.
+
+A quarantine skip: a chunk with no records that starts inside a range the commitlog quarantined at
+recovery (damaged bytes it stepped over, services/store/quarantine.py) and whose ``next_offset`` is
+that range's end. It is taken only for a range GetStoreInfo lists (``quarantined_ranges``): the
+records it skips are lost, and saying so is the commitlog's call, never the stream's.
+
+Any other jump would skip records and leave holes in the ConsumeQueues, so it is refused.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -24,6 +31,8 @@ class ChunkStep:
 
     next_offset: int
     blank_offset: int = -1
+    #: The quarantined range [start, end) a quarantine skip steps over, or None.
+    quarantined: tuple[int, int] | None = None
 
 
 def next_file_start(offset: int, file_size: int) -> int:
@@ -32,9 +41,10 @@ def next_file_start(offset: int, file_size: int) -> int:
 
 
 def check_chunk(start_offset: int, data_size: int, record_count: int, next_offset: int, reput_offset: int,
-                file_size: int) -> ChunkStep:
+                file_size: int, quarantined: Sequence[tuple[int, int]] = ()) -> ChunkStep:
     """The step a chunk makes from ``reput_offset``; ChunkMismatch if it is not one the log allows.
-    ``file_size`` is the commitlog's mappedFileSizeCommitLog (from GetStoreInfo)."""
+    ``file_size`` is the commitlog's mappedFileSizeCommitLog and ``quarantined`` its quarantined
+    ranges as [start, end) pairs (both from GetStoreInfo)."""
     if start_offset != reput_offset:
         raise ChunkMismatch(f"chunk starts at {start_offset}, reput offset is {reput_offset}")
     if (record_count > 0) != (data_size > 0):
@@ -42,6 +52,10 @@ def check_chunk(start_offset: int, data_size: int, record_count: int, next_offse
     data_end = start_offset + data_size
     if next_offset == data_end:
         return ChunkStep(next_offset)
+    if not data_size:
+        for low, high in quarantined:
+            if low <= start_offset < high and next_offset == high:
+                return ChunkStep(next_offset, quarantined=(low, high))
     if file_size <= 0:
         raise ChunkMismatch(f"chunk at {start_offset} skips from {data_end} to {next_offset}, but the "
                             "commitlog reported no file size to check that against")

@@ -16,7 +16,7 @@ import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2, indexer_pb2_grpc
 
 from services.server.channels import aio_channel
-from services.store.errors import OutOfRangeError, StoreError, UnavailableError
+from services.store.errors import DataLossError, OutOfRangeError, StoreError, UnavailableError
 
 MIB = 1024 * 1024
 CALL_TIMEOUT_S = 5.0
@@ -87,6 +87,8 @@ def _translate(service: str, address: str, exc: grpc.aio.AioRpcError) -> StoreEr
         return UnavailableError(f"{text}; retry")
     if code == grpc.StatusCode.OUT_OF_RANGE:
         return OutOfRangeError(text)
+    if code == grpc.StatusCode.DATA_LOSS:  # a quarantined commitlog range: passed through as DATA_LOSS
+        return DataLossError(text)
     return StoreError(text)
 
 

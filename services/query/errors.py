@@ -5,11 +5,11 @@ from __future__ import annotations
 import grpc
 
 from services.server.status import status_code_of
-from services.store.errors import StoreError
+from services.store.errors import DataLossError, StoreError
 
-
-class DataLossError(StoreError):
-    """Bytes read back are not the record their ConsumeQueue unit or message id promised."""
+# Raised here too when bytes read back are not the record their ConsumeQueue unit or message id
+# promised; the commitlog answers it (DATA_LOSS) for a quarantined range.
+__all__ = ["DataLossError", "FailedPreconditionError", "query_status_code"]
 
 
 class FailedPreconditionError(StoreError):

@@ -71,6 +71,7 @@ class MessageLookup:
         if topic:
             check_topic_name(topic)
         misses: list[str] = []
+        lost: DataLossError | None = None
         if kind is not MessageIdKind.UNIQ_KEY:
             try:
                 offset_id = parse_message_id(msg_id)
@@ -79,7 +80,13 @@ class MessageLookup:
                     raise InvalidArgumentError(str(exc)) from None
                 misses.append(str(exc))
             else:
-                found = await self._by_offset_id(offset_id, topic)
+                try:
+                    found = await self._by_offset_id(offset_id, topic)
+                except DataLossError as exc:  # the offset lies in a quarantined commitlog range
+                    if kind is MessageIdKind.OFFSET:
+                        raise
+                    lost = exc
+                    found = f"the commitlog lost the record there ({exc})"
                 if isinstance(found, StoredMessage):
                     return found, MessageIdKind.OFFSET
                 misses.append(f"no message at commitlog offset {offset_id.commitlog_offset} of store host "
@@ -89,6 +96,8 @@ class MessageLookup:
             if by_key is not None:
                 return by_key, MessageIdKind.UNIQ_KEY
             misses.append(f"no message has UNIQ_KEY {msg_id} " + (f"in topic {topic!r}" if topic else "in any topic"))
+        if lost is not None:
+            raise DataLossError("; ".join(misses))
         raise NotFoundError("; ".join(misses))
 
     async def _by_offset_id(self, offset_id: OffsetMessageId, topic: str) -> StoredMessage | str:
@@ -117,7 +126,10 @@ class MessageLookup:
                     f"[{info.min_offset}, {info.max_offset})")
         limit = _read_limit(offset, info)
         try:
-            data = await self._commitlog.read(offset, min(GUESSED_RECORD_BYTES, limit))
+            try:
+                data = await self._commitlog.read(offset, min(GUESSED_RECORD_BYTES, limit))
+            except DataLossError:  # the guess reaches into a quarantined range: read the head alone
+                data = await self._commitlog.read(offset, 8)  # DATA_LOSS again if the record is in it
             size = record_size_at(data)
             if size is None or size > limit:
                 return "no record starts there"

@@ -171,20 +171,34 @@ class Puller:
             status = GetMessageStatus.NO_MATCHED_MESSAGE
         return PullResult(status, next_offset, entries.min_offset, entries.max_offset, messages)
 
-    async def _read(self, units: Sequence[QueueUnit]) -> list[bytes]:
+    async def _read(self, units: Sequence[QueueUnit]) -> list[bytes | DataLossError]:
         if not units:
             return []
-        return await self._commitlog.read_batch([(u.commitlog_offset, u.size) for u in units])
+        try:
+            return list(await self._commitlog.read_batch([(u.commitlog_offset, u.size) for u in units]))
+        except DataLossError:
+            # A unit points into a range the commitlog quarantined (DATA_LOSS): read one by one, so the
+            # records before it are still returned and the pull stops at it, as at a damaged record.
+            data: list[bytes | DataLossError] = []
+            for unit in units:
+                try:
+                    data.append(await self._commitlog.read(unit.commitlog_offset, unit.size))
+                except DataLossError as exc:
+                    data.append(exc)
+                    break
+            return data
 
 
-def _collect(query: PullQuery, selection: Selection, data: Sequence[bytes],
+def _collect(query: PullQuery, selection: Selection, data: Sequence[bytes | DataLossError],
              offset: int) -> tuple[list[StoredMessage], int]:
     """Check each record against its unit and keep those whose real TAGS match. A bad record ends the
     batch before it (its queue offset is the next begin offset); as the first one it is an error."""
     messages: list[StoredMessage] = []
     matches_tags = query.subscription.matches_tags
-    for unit, raw in zip(selection.units, data, strict=True):
+    for unit, raw in zip(selection.units, data, strict=False):  # ``data`` stops at a quarantined unit
         try:
+            if isinstance(raw, DataLossError):
+                raise raw
             message = stored_message(raw, unit.commitlog_offset)
             _check_unit(query, unit, message)
         except DataLossError as exc:

@@ -17,6 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from services.commitlog.commit_log import CommitLog
+from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.store.errors import DataLossError
 from services.store.message import Message
 from services.store.quarantine import QuarantinedRange
@@ -133,3 +134,14 @@ def test_a_torn_tail_is_cut_in_quarantine_mode(tmp_path: Path) -> None:
 def test_an_unknown_mode_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="recoverCorruptionMode must be quarantine or cut, not 'skip'"):
         small_config(recover_corruption_mode="skip")
+
+
+def test_the_tail_protocol_takes_a_quarantine_skip_only_over_a_listed_range() -> None:
+    listed = [(1000, 1400)]
+    assert check_chunk(1000, 0, 0, 1400, 1000, FILE_SIZE, listed) == ChunkStep(1400, quarantined=(1000, 1400))
+    with pytest.raises(ChunkMismatch):  # not listed by GetStoreInfo
+        check_chunk(1000, 0, 0, 1400, 1000, FILE_SIZE)
+    with pytest.raises(ChunkMismatch):  # past the range's end: would hide records
+        check_chunk(1000, 0, 0, 1500, 1000, FILE_SIZE, listed)
+    with pytest.raises(ChunkMismatch):  # records and a skip in one chunk
+        check_chunk(900, 100, 1, 1400, 900, FILE_SIZE, listed)
