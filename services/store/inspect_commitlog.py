@@ -12,6 +12,11 @@ Where the data does not end cleanly (zero bytes, or a final BLANK), stderr says 
 a *torn* record (nothing valid after it: the write a crash cut short, which recovery drops) is a
 warning and the exit code stays 0; a *damaged* record with intact records after it (which a recovery
 would drop with it) is an error, exit 1, unless ``--allow-corrupt``. Exit 2 is a usage error.
+
+The store's quarantined ranges (``config/quarantine.json``: damaged records a recovery stepped over
+under ``recoverCorruptionMode: quarantine``) are listed on stderr, one warning line each. A damaged
+record at the start of a quarantined range is one the store already keeps the later records past:
+a warning naming ``--from`` for the records after it, exit 0.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from services.store.commitlog_files import (
 from services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
 from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
 from services.store.message_id import make_message_id
+from services.store.quarantine import QuarantineTable
 from services.store.store_layout import StoreLayoutError, resolve_store
 
 PROG = "mqstore inspect commitlog"
@@ -149,13 +155,19 @@ def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOpti
     intact records after it (0 with ``allow_corrupt``), or 2 after a one-line message on stderr for a
     bad directory, geometry or offset."""
     try:
-        commitlog = resolve_store(Path(dir)).require_commitlog()
+        layout = resolve_store(Path(dir))
+        commitlog = layout.require_commitlog()
+        quarantine = QuarantineTable(layout.root)
+        quarantine.load()
         walk = iter_commitlog(commitlog, from_offset,
                               file_size=StoreGeometry(options).commitlog_file_size(commitlog))
-    except (CommitLogError, GeometryError, StoreLayoutError) as exc:
+    except (CommitLogError, GeometryError, StoreLayoutError, ValueError) as exc:  # ValueError: quarantine.json
         return usage_error(PROG, str(exc))
     except OSError as exc:
         return usage_error(PROG, f"{dir}: {exc.strerror or exc}")
+    for bad in quarantine.ranges:
+        print(f"{PROG}: warning: QUARANTINED range {bad.describe()}: the store answers DATA_LOSS there "
+              "and keeps the records after it", file=sys.stderr)
     try:
         _print(walk, as_json)
     except BrokenPipeError:
@@ -166,21 +178,26 @@ def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOpti
         return usage_error(PROG, str(exc))
     finally:
         walk.close()
-    return _report_damage(walk, allow_corrupt)
+    return _report_damage(walk, allow_corrupt, quarantine)
 
 
-def _report_damage(walk: CommitLogWalk, allow_corrupt: bool) -> int:
+def _report_damage(walk: CommitLogWalk, allow_corrupt: bool, quarantine: QuarantineTable) -> int:
     """One line on stderr when the data does not end cleanly; the exit code (module docstring)."""
     damage = walk.end.damage if walk.end is not None else None
     if damage is None:
+        return 0
+    known = quarantine.overlapping(damage.offset, damage.offset + 1)
+    if known is not None:
+        print(f"{PROG}: warning: the listing stops at the QUARANTINED range {known.describe()}; "
+              f"--from {known.end} lists the records after it", file=sys.stderr)
         return 0
     if damage.torn_tail:
         print(f"{PROG}: warning: {damage.describe()}; recovery drops it", file=sys.stderr)
         return 0
     level = "warning" if allow_corrupt else "error"
     hint = "" if allow_corrupt else " (--allow-corrupt to accept)"
-    print(f"{PROG}: {level}: {damage.describe()}; a recovery cuts the log there and drops them{hint}",
-          file=sys.stderr)
+    print(f"{PROG}: {level}: {damage.describe()}; a recovery quarantines it and keeps them "
+          f"(recoverCorruptionMode: cut would cut the log there and drop them){hint}", file=sys.stderr)
     return 0 if allow_corrupt else EXIT_DAMAGED
 
 

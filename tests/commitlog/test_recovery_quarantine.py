@@ -22,6 +22,7 @@ from services.store.errors import DataLossError
 from services.store.message import Message
 from services.store.quarantine import QuarantinedRange
 from services.store.record import decode_record
+from tests.commitlog.commitlog_process import run_mqstore
 from tests.commitlog.test_recovery_corruption import FILE_SIZE, crash, flip, recovery_warnings, write_store
 from tests.test_recovery import opened, small_config
 
@@ -145,3 +146,22 @@ def test_the_tail_protocol_takes_a_quarantine_skip_only_over_a_listed_range() ->
         check_chunk(1000, 0, 0, 1500, 1000, FILE_SIZE, listed)
     with pytest.raises(ChunkMismatch):  # records and a skip in one chunk
         check_chunk(900, 100, 1, 1400, 900, FILE_SIZE, listed)
+
+
+def test_inspect_lists_the_quarantine_and_the_records_after_it(tmp_path: Path) -> None:
+    ends = write_store(tmp_path, 400)
+    victim = 150
+    bad_start, bad_end = ends[victim - 1], ends[victim]
+    flip(tmp_path, bad_start + BODY)
+    with opened(tmp_path, small_config()) as log:
+        assert [(r.start, r.end) for r in log.quarantine.ranges] == [(bad_start, bad_end)]
+    done = run_mqstore("inspect", "commitlog", tmp_path, "--json")
+    lines = done.stderr.decode().splitlines()
+    assert done.returncode == 0, lines
+    assert lines[0].startswith(f"mqstore inspect commitlog: warning: QUARANTINED range [{bad_start}, {bad_end}) "
+                               f"({bad_end - bad_start} bytes: body CRC mismatch")
+    assert f"--from {bad_end} lists the records after it" in lines[1]
+    after = run_mqstore("inspect", "commitlog", tmp_path, "--json", "--from", str(bad_end))
+    assert after.returncode == 0
+    rows = [json.loads(line) for line in after.stdout.decode().splitlines()]
+    assert [r["commitLogOffset"] for r in rows if "commitLogOffset" in r][:2] == [bad_end, ends[victim + 1]]
