@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -24,7 +26,8 @@ from services.store.quarantine import QuarantinedRange
 from services.store.record import decode_record
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.commitlog.test_recovery_corruption import FILE_SIZE, crash, flip, recovery_warnings, write_store
-from tests.test_recovery import opened, small_config
+from tests.conftest import StoreFactory
+from tests.test_recovery import FIXTURE_FILE_SIZE, fixture_config, opened, small_config
 
 BODY = 84 + 4 + 10  # a byte inside a record's body: a CRC mismatch
 
@@ -165,3 +168,26 @@ def test_inspect_lists_the_quarantine_and_the_records_after_it(tmp_path: Path) -
     assert after.returncode == 0
     rows = [json.loads(line) for line in after.stdout.decode().splitlines()]
     assert [r["commitLogOffset"] for r in rows if "commitLogOffset" in r][:2] == [bad_end, ends[victim + 1]]
+
+
+def test_a_flipped_byte_in_the_crash_fixture_is_quarantined(
+        fixture_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
+    """RocketMQ's own crashed store (tests/fixtures/rocketmq-store): the same damage that cut mode cuts
+    at (tests/test_recovery.py) costs one record here; the torn tail still ends the log where it did."""
+    store = fixture_store("crash-raw")
+    rows = dump_rows("crash", "msg")
+    index, victim = next((i, r) for i, r in enumerate(rows)
+                         if r["commitLogOffset"] > 1_200_000 and r["bodyLen"] > 10)
+    path = store / "commitlog" / f"{FIXTURE_FILE_SIZE:020d}"
+    with open(path, "r+b") as f:
+        f.seek(victim["commitLogOffset"] - FIXTURE_FILE_SIZE + BODY)
+        byte = f.read(1)[0]
+        f.seek(victim["commitLogOffset"] - FIXTURE_FILE_SIZE + BODY)
+        f.write(bytes([byte ^ 0xFF]))
+    with opened(store, fixture_config()) as log:
+        assert log.max_offset == 2034195
+        assert [(r.start, r.end) for r in log.quarantine.ranges] == \
+            [(victim["commitLogOffset"], victim["commitLogOffset"] + victim["storeSize"])]
+        for row in rows[index + 1:]:
+            record = decode_record(log.read(row["commitLogOffset"], row["storeSize"]))
+            assert (record.queue_offset, record.body_crc) == (row["queueOffset"], row["bodyCRC"])
