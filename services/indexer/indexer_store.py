@@ -110,7 +110,7 @@ class IndexerStore:
         else:
             resume = max(cq_end, 0)
         self.reput_offset = resume
-        self._save_dispatch_checkpoint()
+        self._save_dispatch_checkpoint(after_rewind=True)
         self.recovery = RecoveryReport(self.last_exit_ok, resume, saved.reput_offset if saved is not None else -1,
                                        rewind.removed_entries, tuple(rewind.deleted_files),
                                        time.monotonic() - started)
@@ -219,7 +219,7 @@ class IndexerStore:
                         log.info("rewinding to the commitlog's end instead of the dispatch checkpoint: %s", exc)
                     self.index.rewind(resume)
             self.reput_offset = min(self.reput_offset, resume)
-            self._save_dispatch_checkpoint()
+            self._save_dispatch_checkpoint(after_rewind=True)
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         with self._lock:
@@ -279,15 +279,23 @@ class IndexerStore:
         return DispatchCheckpoint(self.reput_offset, self.consume_queues.max_physic_offset(),
                                   self.index.state() if self.index is not None else None)
 
-    def _save_dispatch_checkpoint(self) -> None:
+    def _save_dispatch_checkpoint(self, after_rewind: bool = False) -> None:
         """msync the index, then save where dispatch stands (the caller holds the dispatch lock or runs
-        alone: start-up, shutdown)."""
+        alone: start-up, shutdown). ``after_rewind``: the index may now be behind the saved checkpoint,
+        which would then describe entries that are gone; if the new one cannot be saved (a full disk),
+        the old one is deleted, and a crash restart recovers without one."""
         if self.index is None:
             return
         with self._save_lock:
             self.index.flush()
             snapshot = self._dispatch_snapshot()
-            self._dispatch_checkpoint_file.save(snapshot)
+            try:
+                self._dispatch_checkpoint_file.save(snapshot)
+            except OSError:
+                if after_rewind:
+                    self._dispatch_checkpoint_file.path.unlink(missing_ok=True)
+                    self.dispatch_checkpoint = None
+                raise
             self.dispatch_checkpoint = snapshot
 
 

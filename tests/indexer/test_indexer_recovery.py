@@ -169,6 +169,10 @@ def kill_under_load(start_commitlog: StartCommitLog, tmp_path: Path, env: dict[s
             indexer.kill9()
             kill_max = max_offset(commitlog)
             kills.append({"cycle": cycle, "checkpoint": floor, "reput": reput, "commitlog": kill_max})
+    except BaseException:
+        if indexer is not None and indexer.running:
+            indexer.kill9()  # the commitlog fixture stops the commitlog
+        raise
     finally:
         stop.set()
         producer.join(30)
