@@ -156,9 +156,11 @@ class ReputService:
             self.lag.connected = True
             self.lag.commitlog_incarnation = info.incarnation
             self.lag.commitlog_max_offset = info.max_offset
+            quarantined = [(r.start_offset, r.end_offset) for r in info.quarantined_ranges]
+            # A queue whose record was lost in one gets filler units for its cq offset (ConsumeQueue.put_batch).
+            self._store.consume_queues.lost_ranges = tuple(quarantined)
             try:
-                self._tail(stub, info.mapped_file_size,
-                           [(r.start_offset, r.end_offset) for r in info.quarantined_ranges])
+                self._tail(stub, info.mapped_file_size, quarantined)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                     raise Resync(exc.details()) from None

@@ -18,6 +18,7 @@ from services.query.backends import CommitLogClient, IndexerClient, QueueEntries
 from services.query.errors import DataLossError
 from services.query.store_view import StoreView
 from services.query.stored_message import StoredMessage, stored_message
+from services.store.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
 from services.store.errors import OutOfRangeError, UnavailableError
 from services.store.pull_request import PullQuery
 from services.store.subscription import Subscription
@@ -82,7 +83,9 @@ def select_units(units: Sequence[QueueUnit], subscription: Subscription, max_mes
     chosen: list[QueueUnit] = []
     total_bytes = walked = removed = 0
     for unit in units:
-        if unit.commitlog_offset < commitlog_min_offset:
+        if unit.commitlog_offset < commitlog_min_offset or unit.size == FILLER_UNIT_SIZE:
+            # Deleted, or a filler unit (fillPreBlank's, or a record lost in a quarantined range): skipped
+            # as RocketMQ's getMessage skips a unit whose record it cannot select.
             walked += 1
             removed += 1
             continue

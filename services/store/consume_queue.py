@@ -259,7 +259,8 @@ class ConsumeQueue:
         self.put_batch(((commitlog_offset, size, tags_code, cq_offset),), (store_timestamp,))
         return True
 
-    def put_batch(self, units: Sequence[Unit], store_timestamps: Sequence[int] | None = None) -> int:
+    def put_batch(self, units: Sequence[Unit], store_timestamps: Sequence[int] | None = None,
+                  lost: Sequence[tuple[int, int]] = ()) -> int:
         """Put units in dispatch order with putMessagePositionInfo's rules, one append per run of
         consecutive units in a file. Returns how many were written. ``store_timestamps`` (one per
         unit, 0 for unknown) are the records' store times, for the files' mtimes.
@@ -268,7 +269,10 @@ class ConsumeQueue:
           position, was written before: skipped (re-dispatch changes nothing);
         - a queue's first file that starts past cq offset 0 gets filler units before the first one;
         - a gap (cq offset past the write position) is logged as an error and the unit is still
-          appended at the write position, as RocketMQ does.
+          appended at the write position, as RocketMQ does; except when one of the ``lost`` commitlog
+          ranges (quarantined by the commitlog's recovery: their records are gone) lies between the
+          queue's last unit and this one: the gap is the lost records' cq offsets, filled with filler
+          units (a pull skips them) so the later units keep their own cq offsets.
         """
         written = skipped = 0
         index, count = 0, len(units)
@@ -285,6 +289,9 @@ class ConsumeQueue:
                 skipped += 1
                 index += 1
                 continue
+            if cq_offset != 0 and expected > current and self._lost_before(lost, commitlog_offset):
+                self._fill_gap((expected - current) // CQ_STORE_UNIT_SIZE, current)
+                continue  # this unit again, now at its place
             if cq_offset != 0 and expected != current:
                 log.error("[BUG]logic queue order maybe wrong, expectLogicOffset: %d currentLogicOffset: %d "
                           "Topic: %s QID: %d Diff: %d", expected, current, self.topic, self.queue_id,
@@ -300,6 +307,19 @@ class ConsumeQueue:
             log.info("%s/%d: %d units were already built (maybe a repeated dispatch), skipped",
                      self.topic, self.queue_id, skipped)
         return written
+
+    def _lost_before(self, lost: Sequence[tuple[int, int]], commitlog_offset: int) -> bool:
+        return any(self.max_physic_offset <= start and end <= commitlog_offset for start, end in lost)
+
+    def _fill_gap(self, count: int, position: int) -> None:
+        log.warning("%s/%d: %d queue offsets from %d belong to records lost in a quarantined commitlog range: "
+                    "filled with filler units", self.topic, self.queue_id, count, position // CQ_STORE_UNIT_SIZE)
+        while count:
+            mapped = self._file_for(position // CQ_STORE_UNIT_SIZE)
+            here = min(count, mapped.remaining // CQ_STORE_UNIT_SIZE)
+            mapped.append(BLANK_UNIT * here)
+            count -= here
+            position += here * CQ_STORE_UNIT_SIZE
 
     @staticmethod
     def _run_end(units: Sequence[Unit], start: int, room: int) -> int:
@@ -530,6 +550,9 @@ class ConsumeQueueStore:
         self.mapped_file_size = mapped_file_size
         self._table: dict[str, dict[int, ConsumeQueue]] = {}
         self._lock = threading.Lock()
+        #: Commitlog ranges the commitlog quarantined ([start, end), from GetStoreInfo): a queue gap across
+        #: one is filled with filler units (put_batch).
+        self.lost_ranges: tuple[tuple[int, int], ...] = ()
         #: store timestamp of the last record put into a queue: the checkpoint's logicsMsgTimestamp
         #: once the queues are flushed.
         self.logics_msg_timestamp = 0
@@ -614,7 +637,7 @@ class ConsumeQueueStore:
         written = 0
         for (topic, queue_id), queued in grouped.items():
             units = [(r.commitlog_offset, r.msg_size, r.tags_code, r.queue_offset) for r in queued]
-            written += self.find_or_create(topic, queue_id).put_batch(units, _StoreTimes(queued))
+            written += self.find_or_create(topic, queue_id).put_batch(units, _StoreTimes(queued), self.lost_ranges)
         if last is not None:
             self.logics_msg_timestamp = last.store_timestamp
         return written

@@ -9,6 +9,7 @@ log, and a restart keeps the quarantine. Under ``cut`` (RocketMQ's rule) the lat
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import grpc
@@ -58,8 +59,13 @@ def flip(store: Path, offset: int) -> None:
         f.write(bytes([byte ^ 0x5A]))
 
 
-@pytest.mark.parametrize("mode", ["quarantine", "cut"])
+@pytest.mark.parametrize("mode", ["quarantine", "quarantine-reindexed", "cut"])
 def test_a_flipped_byte_costs_one_record_not_every_later_one(tmp_path: Path, mode: str) -> None:
+    """``quarantine-reindexed``: the indexer's root is lost with the crash, so it rebuilds from the
+    start and crosses the quarantine skip: the lost record's queue offset gets a filler unit (a pull
+    skips it), no unit points into the range."""
+    reindexed = mode == "quarantine-reindexed"
+    mode = mode.partition("-")[0]
     env = {**ENV, "MQSTORE_RECOVER_CORRUPTION_MODE": mode}
     bodies = [f"m{i:04d}-".encode() * 8 for i in range(COUNT)]
     system = System.start(tmp_path, env)
@@ -72,6 +78,8 @@ def test_a_flipped_byte_costs_one_record_not_every_later_one(tmp_path: Path, mod
         system.kill_all()
         bad = acks[VICTIM]
         flip(system.commitlog.store_dir, bad.commitlog_offset + BODY)
+        if reindexed:
+            shutil.rmtree(system.indexer.store_dir)
         system = System.start(tmp_path, env)
         system.wait_dispatched()
         info = system.commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
@@ -88,12 +96,15 @@ def test_a_flipped_byte_costs_one_record_not_every_later_one(tmp_path: Path, mod
         assert (bad_range.start_offset, bad_range.end_offset) == \
             (bad.commitlog_offset, acks[VICTIM + 1].commitlog_offset)
         assert bad_range.reason.startswith("body CRC mismatch")
-        # Pull: everything before the damaged record, DATA_LOSS at it, everything after it.
-        before, stopped_at, error = pull_all(system, 0, COUNT)
-        assert before == bodies[:VICTIM] and stopped_at == VICTIM
-        assert error is not None and error.code() == grpc.StatusCode.DATA_LOSS
-        after, _, error = pull_all(system, VICTIM + 1, COUNT)
-        assert error is None and after == bodies[VICTIM + 1:]
+        if reindexed:  # the lost record's queue offset is a filler unit: a pull skips it
+            pulled, _, error = pull_all(system, 0, COUNT)
+            assert error is None and pulled == bodies[:VICTIM] + bodies[VICTIM + 1:]
+        else:  # the unit built before the crash points into the range: DATA_LOSS at it
+            before, stopped_at, error = pull_all(system, 0, COUNT)
+            assert before == bodies[:VICTIM] and stopped_at == VICTIM
+            assert error is not None and error.code() == grpc.StatusCode.DATA_LOSS
+            after, _, error = pull_all(system, VICTIM + 1, COUNT)
+            assert error is None and after == bodies[VICTIM + 1:]
         # By offset msg id: every later record is found; the damaged one answers DATA_LOSS.
         for i in (VICTIM - 1, VICTIM + 1, VICTIM + 2, COUNT // 2 + 500, COUNT - 1):
             assert view(system, acks[i].msg_id).message.body == bodies[i]
