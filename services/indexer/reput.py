@@ -159,6 +159,8 @@ class ReputService:
             quarantined = [(r.start_offset, r.end_offset) for r in info.quarantined_ranges]
             # A queue whose record was lost in one gets filler units for its cq offset (ConsumeQueue.put_batch).
             self._store.consume_queues.lost_ranges = tuple(quarantined)
+            if quarantined:  # units built before the damage was found must not point at it
+                self._store.consume_queues.void_units(quarantined)
             try:
                 self._tail(stub, info.mapped_file_size, quarantined)
             except grpc.RpcError as exc:

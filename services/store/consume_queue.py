@@ -308,6 +308,36 @@ class ConsumeQueue:
                      self.topic, self.queue_id, skipped)
         return written
 
+    def void_units(self, start: int, end: int) -> int:
+        """Turn the units pointing into commitlog [start, end) (a range the commitlog quarantined: their
+        records are lost) into filler units, so that none points at damaged bytes and a pull skips them.
+        Units are in commitlog order, so the search runs from the last unit back to the first one
+        below ``start``: it costs the units past the range. The change is msync'd at once. Returns the
+        number of units changed."""
+        changed = 0
+        if self.max_physic_offset > start:
+            changed = self._void_units_from_the_end(start, end)
+        if changed:
+            log.warning("%s/%d: %d units pointed into the quarantined commitlog range [%d, %d) (records lost): "
+                        "now filler units", self.topic, self.queue_id, changed, start, end)
+        return changed
+
+    def _void_units_from_the_end(self, start: int, end: int) -> int:
+        changed = 0
+        for mapped in reversed(self.mapped_file_queue.files):
+            buf = mapped.buffer
+            for position in range(mapped.read_position - CQ_STORE_UNIT_SIZE, -1, -CQ_STORE_UNIT_SIZE):
+                offset, size, tags_code = _UNIT.unpack_from(buf, position)
+                if _is_filler(offset, size, tags_code) or offset >= end:
+                    continue
+                if offset < start:
+                    return changed
+                buf[position:position + CQ_STORE_UNIT_SIZE] = BLANK_UNIT
+                page = position - position % OS_PAGE_SIZE
+                buf.flush(page, min(OS_PAGE_SIZE, mapped.file_size - page))
+                changed += 1
+        return changed
+
     def _lost_before(self, lost: Sequence[tuple[int, int]], commitlog_offset: int) -> bool:
         return any(self.max_physic_offset <= start and end <= commitlog_offset for start, end in lost)
 
@@ -613,6 +643,10 @@ class ConsumeQueueStore:
         """The commitlog now ends at ``commitlog_offset``: drop units pointing at or past it."""
         for queue in self.queues():
             queue.truncate_dirty_logic_files(commitlog_offset)
+
+    def void_units(self, ranges: Sequence[tuple[int, int]]) -> int:
+        """ConsumeQueue.void_units over every queue for every [start, end) of ``ranges``."""
+        return sum(queue.void_units(start, end) for queue in self.queues() for start, end in ranges)
 
     # -- dispatch ------------------------------------------------------------------------------
     def dispatch_batch(self, requests: Iterable[DispatchRequest]) -> int:

@@ -15,7 +15,8 @@ from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, 
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_crash import all_units
 
-ENV = {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(1024 * 1024)}
+# recoverCorruptionMode: cut: the damaged record stands for a crash that lost the records from it on.
+ENV = {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(1024 * 1024), "MQSTORE_RECOVER_CORRUPTION_MODE": "cut"}
 
 
 def append(commitlog: CommitLogProcess, first: int, count: int, body_size: int) -> list[commitlog_pb2.AppendResult]:
