@@ -48,7 +48,7 @@ from services.store.mapped_file import MappedFile
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
 from services.store.names import check_topic_name
-from services.store.quarantine import QUARANTINE, QuarantineTable
+from services.store.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
 from services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -56,6 +56,8 @@ from services.store.record import (
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POS,
     QUEUE_OFFSET_POS,
+    RecordError,
+    decode_record,
     encode_blank,
 )
 from services.store.service_thread import ServiceThread
@@ -208,9 +210,31 @@ class CommitLog:
                         snapshot.commitlog_offset, self.mfq.min_offset, end)
         replayed = replay_queue_offsets(self.mfq, start, end, table,
                                         [(r.start, r.end) for r in self.quarantine.ranges])
+        for bad in self.quarantine.ranges:
+            self._keep_lost_queue_offset(bad, table)
         log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
         self.queue_table = table
         self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
+
+    def _keep_lost_queue_offset(self, bad: QuarantinedRange, table: dict[QueueKey, int]) -> None:
+        """A quarantined record that was the last of its queue must not have its queue offset handed out
+        again: the indexer may hold a (voided) unit there, and a second record at that offset would be
+        skipped as already built. When the damage left the record's fields readable (a flipped body
+        byte: a CRC mismatch), its queue offset is kept used; otherwise a WARNING says it may be reused."""
+        mapped = self.mfq.find_by_offset(bad.start)
+        try:
+            if mapped is None:
+                raise RecordError("no file holds it")
+            record = decode_record(mapped.buffer, bad.start - mapped.file_from_offset)
+            if record.commitlog_offset != bad.start:
+                raise RecordError(f"it claims offset {record.commitlog_offset}")
+        except RecordError as exc:
+            log.warning("the queue of the record lost at quarantined offset %d is unknown (%s): if it was the "
+                        "last of its queue, its queue offset is handed out again", bad.start, exc)
+            return
+        if advances_queue(record.sys_flag):
+            key = (record.topic, record.queue_id)
+            table[key] = max(table.get(key, 0), record.queue_offset + 1)
 
     def _discover_topics(self) -> None:
         """Topics the store's data holds but topics.json lacks (a RocketMQ store, a lost file) join the

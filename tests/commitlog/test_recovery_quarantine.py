@@ -191,3 +191,17 @@ def test_a_flipped_byte_in_the_crash_fixture_is_quarantined(
         for row in rows[index + 1:]:
             record = decode_record(log.read(row["commitLogOffset"], row["storeSize"]))
             assert (record.queue_offset, record.body_crc) == (row["queueOffset"], row["bodyCRC"])
+
+
+def test_the_queue_offset_of_a_lost_last_record_of_its_queue_is_not_handed_out_again(tmp_path: Path) -> None:
+    ends = write_store(tmp_path, 400)
+    victim = len(ends) - 2  # the last record of its queue; the next record (another queue) is intact
+    queue = victim % 4
+    flip(tmp_path, ends[victim - 1] + BODY)
+    crash(tmp_path)
+    for snapshot in (tmp_path / "config").glob("queue_offsets.json*"):  # the table is rebuilt from the log
+        snapshot.unlink()
+    with opened(tmp_path, small_config()) as log:
+        assert [(r.start, r.end) for r in log.quarantine.ranges] == [(ends[victim - 1], ends[victim])]
+        assert log.queue_table[("TopicT", queue)] == len(range(queue, len(ends), 4))
+        assert log.put_message(Message("TopicT", queue, b"next")).queue_offset == len(range(queue, len(ends), 4))
