@@ -39,7 +39,7 @@ from services.store.commitlog_files import CommitLogError, list_commitlog_files
 from services.store.index_file import IndexFileError
 from services.store.inspect_index import infer_geometry
 from services.store.message import SCHEDULE_TOPIC
-from services.store.store_root import ABORT_FILE, LOCK_FILE
+from services.store.store_root import ABORT_FILE, LOCK_FILE, fsync_dir
 
 INDEXER_DIR = "indexer"
 QUERY_DIR = "query"
@@ -276,7 +276,7 @@ def _write(source: SourceStore, dest: Path, transfers: list[_Transfer], copy: bo
     summary.delay_levels = _write_delay_offsets(dest)
     summary.settings = _settings(transfers)
     for directory in sorted({(dest / t.target).parent for t in transfers} | {dest, dest / CONFIG_DIR}):
-        _fsync_dir(directory)
+        fsync_dir(directory)
     reporter.finish()
 
 
@@ -449,14 +449,6 @@ def _remove_partial(dest: Path, created: bool) -> None:
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 child.unlink(missing_ok=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Reporter:

@@ -60,14 +60,15 @@ class AbortFile:
 
     def create(self) -> None:
         self.path.touch()
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a created, renamed or removed file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -99,4 +100,4 @@ def _write_and_rename(path: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)

@@ -17,22 +17,14 @@ from mqstore.v1 import common_pb2
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.put_result import PutMessageError
-from services.store.config import load_config
 from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.message import SCHEDULE_TOPIC, Message
 from services.store.record import decode_record
 from services.store.topics import TopicConfig
 from tests.commitlog.commitlog_process import StartCommitLog
+from tests.test_commitlog_engine import make_log
 
 THREE_LEVELS = "1s 5s 10s"
-
-
-def make_log(root: Path, **overrides: Any) -> CommitLog:
-    settings: dict[str, Any] = {"mapped_file_size_commit_log": 64 * 1024, "max_message_size": 16 * 1024}
-    settings.update(overrides)
-    log = CommitLog(load_config(environ={}, **settings), root)
-    log.start()
-    return log
 
 
 @pytest.fixture
