@@ -10,6 +10,7 @@ from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
 from services.store.message_id import make_message_id
 from tests.gateway.system_process import UpProcess
+from tests.waiting import eventually_found
 
 
 def sent(up: UpProcess, topic: str, count: int, **properties: str) -> list[gateway_pb2.SendResult]:
@@ -51,7 +52,8 @@ def test_pull_reads_what_was_sent_with_tag_filter_and_long_poll(up: UpProcess) -
 
 def test_get_message_by_either_id_kind(up: UpProcess) -> None:
     result = sent(up, "lookup", 1)[0]
-    by_uniq = up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=result.msg_id), timeout=10)
+    by_uniq = eventually_found(
+        lambda: up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=result.msg_id), timeout=10))
     by_offset = up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=result.offset_msg_id), timeout=10)
     assert by_uniq.message == by_offset.message
     assert by_uniq.found_by == query_pb2.MESSAGE_ID_KIND_UNIQ_KEY

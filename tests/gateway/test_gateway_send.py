@@ -51,7 +51,8 @@ def test_every_message_gets_a_uniq_key_in_the_client_layout(up: UpProcess) -> No
     assert first.ip == "127.0.0.1"
     assert [decode_uniq_key(i).counter for i in ids] == [first.counter + k for k in range(5)]
     # The message is stored with it: found by the id its producer got back.
-    found = up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=ids[2]), timeout=10).message
+    found = eventually_found(
+        lambda: up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=ids[2]), timeout=10)).message
     assert found.uniq_key == ids[2] and found.msg_id == results[2].offset_msg_id
 
 
