@@ -11,7 +11,16 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2, query_pb2_grpc
+from mqstore.v1 import (
+    commitlog_pb2,
+    commitlog_pb2_grpc,
+    common_pb2,
+    gateway_pb2,
+    indexer_pb2,
+    indexer_pb2_grpc,
+    query_pb2,
+    query_pb2_grpc,
+)
 
 from services.store.errors import InvalidArgumentError
 from services.store.names import check_group, check_producer_topic, check_topic_name
@@ -70,6 +79,10 @@ def test_every_edge_refuses_dot_names(system: UpProcess, name: str, tmp_path: Pa
     with grpc.insecure_channel(system.commitlog, options=CHANNEL_OPTIONS) as channel:
         commitlog = commitlog_pb2_grpc.CommitLogServiceStub(channel)
         _invalid(commitlog.Append, commitlog_pb2.AppendRequest(message=message))
+    with grpc.insecure_channel(system.indexer, options=CHANNEL_OPTIONS) as channel:
+        indexer = indexer_pb2_grpc.IndexerServiceStub(channel)
+        _invalid(indexer.GetQueueOffsets, indexer_pb2.GetQueueOffsetsRequest(topic=name, queue_id=0))
+        _invalid(indexer.QueryByKey, indexer_pb2.QueryByKeyRequest(topic=name, key="k"))
     with grpc.insecure_channel(system.query, options=CHANNEL_OPTIONS) as channel:
         query = query_pb2_grpc.QueryServiceStub(channel)
         _invalid(query.PullMessage, query_pb2.PullMessageRequest(topic=name))

@@ -17,6 +17,7 @@ from services.indexer.reput import ReputService
 from services.server.status import status_code_of
 from services.store.consume_queue import ConsumeQueue
 from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+from services.store.names import check_key, check_queue, check_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +71,9 @@ def _abort(context: grpc.ServicerContext, exc: StoreError) -> NoReturn:
 
 
 def _check_queue_args(topic: str, queue_id: int) -> None:
-    if not topic:
-        raise InvalidArgumentError("topic is empty: give the topic of the queue")
-    if queue_id < 0:
-        raise InvalidArgumentError(f"queue id {queue_id} is negative")
+    """The same rules as every other edge (``services/store/names.py``): a name of dots only, or any
+    other illegal topic, is refused before it can name a directory."""
+    check_queue(topic, queue_id)
 
 
 class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[misc]
@@ -139,8 +139,8 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
         end = request.end_timestamp or INT64_MAX
         max_num = request.max_num or DEFAULT_MAX_NUM
         try:
-            if not request.topic or not request.key:
-                raise InvalidArgumentError("topic and key must both be given")
+            check_topic_name(request.topic)
+            check_key(request.key)
             if request.begin_timestamp < 0 or request.begin_timestamp > end:
                 raise InvalidArgumentError(f"begin_timestamp {request.begin_timestamp} must be within 0..end "
                                            f"timestamp {end}")
