@@ -54,10 +54,11 @@ def check_producer_message(topic: str, properties: Mapping[str, str], flag: int,
             f"{_where(index)}sys_flag {sys_flag:#x} sets bits a producer may not set "
             f"({sys_flag & ~PRODUCER_SYS_FLAGS:#x}): allowed are compression 0x1 with its type 0x700, "
             "multiple tags 0x2 and IPv6 born host 0x10; transaction bits come from the transaction flow")
-    for name, value in (("flag", flag), ("reconsume_times", reconsume_times),
-                        ("prepared_transaction_offset", prepared_transaction_offset)):
-        if value < 0:
-            raise InvalidArgumentError(f"{_where(index)}{name} {value} is negative")
+    if flag < 0 or reconsume_times < 0 or prepared_transaction_offset < 0:  # one test on the put path
+        name, value = next((n, v) for n, v in (("flag", flag), ("reconsume_times", reconsume_times),
+                                               ("prepared_transaction_offset", prepared_transaction_offset))
+                           if v < 0)
+        raise InvalidArgumentError(f"{_where(index)}{name} {value} is negative")
     if born_timestamp < 0:
         raise InvalidArgumentError(f"{_where(index)}born_timestamp {born_timestamp} is negative: give milliseconds "
                                    "since the epoch, or 0 for the store's clock")

@@ -10,9 +10,11 @@ import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 MIB = 1024 * 1024
@@ -72,3 +74,16 @@ def fill(path: Path, leave_bytes: int) -> int:
         except OSError:
             pass  # a full disk: as full as it gets
     return want
+
+
+def until_accepted(call: Callable[[], object], timeout_s: float) -> None:
+    """Repeat ``call`` while the store still refuses it as full (it sees freed space within a second
+    or so); any other error, or a refusal past the timeout, fails."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            call()
+            return
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, exc
+            time.sleep(0.1)

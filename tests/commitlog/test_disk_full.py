@@ -23,7 +23,7 @@ from services.store.message import Message
 from services.store.topics import TopicConfig
 from services.store.transient_store_pool import TransientStorePool
 from tests.commitlog.commitlog_process import StartCommitLog
-from tests.commitlog.small_disk import MIB, fill, small_filesystem
+from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
 
 FILE_SIZE = 2 * MIB
 BODY = b"d" * 30_000
@@ -236,14 +236,7 @@ def test_the_service_answers_resource_exhausted_then_resumes(disk: Path, start_c
     assert_refusal(refused.value.details() or "", disk)
     assert set(store_files(disk / "commitlog").values()) == {FILE_SIZE}
     (disk / "ballast").unlink()
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            server.stub.AppendBatch(batch, timeout=10)
-            break
-        except grpc.RpcError as exc:
-            assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, exc
-            time.sleep(0.1)
+    until_accepted(lambda: server.stub.AppendBatch(batch, timeout=10), timeout_s=10)
     logs = server.logs()
     assert "Traceback" not in logs and "Errno 28" not in logs, logs[-3000:]
     assert "refusing writes" in logs and "accepting writes again" in logs

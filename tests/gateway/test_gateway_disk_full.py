@@ -4,14 +4,13 @@ succeed again once space is freed."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import grpc
 import pytest
 from mqstore.v1 import common_pb2, gateway_pb2
 
-from tests.commitlog.small_disk import MIB, fill, small_filesystem
+from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
 from tests.gateway.system_process import start_up
 
 FILE_SIZE = 2 * MIB
@@ -42,14 +41,7 @@ def test_sends_on_a_full_disk_are_resource_exhausted_then_resume(tmp_path: Path)
             files = {p.name: p.stat().st_size for p in (disk / "commitlog").iterdir()}
             assert set(files.values()) == {FILE_SIZE}, f"no half-created file: {files}"
             (disk / "ballast").unlink()
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    up.stub.SendBatch(batch, timeout=10)
-                    break
-                except grpc.RpcError as exc:
-                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline, exc
-                    time.sleep(0.1)
+            until_accepted(lambda: up.stub.SendBatch(batch, timeout=10), timeout_s=15)
             assert "Errno 28" not in up.logs() and "Traceback" not in up.logs(), up.logs()[-5000:]
             assert up.stop() == 0, up.logs()[-5000:]
         finally:
