@@ -361,7 +361,37 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         except InvalidArgumentError as exc:
             await _abort(context, "Tail", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         async with self._stream_slot(context, "Tail"):
-            await self._tail(request.from_offset, max_bytes, poll_wait_ms / 1000, context)
+            if request.positions_only:
+                await self._tail_positions(request.from_offset, poll_wait_ms / 1000, context)
+            else:
+                await self._tail(request.from_offset, max_bytes, poll_wait_ms / 1000, context)
+
+    async def _tail_positions(self, offset: int, poll_wait_s: float, context: Context) -> None:
+        """POSITIONS mode: only the readable end (``engine.max_offset``: the committed position with a
+        transient store pool), for a tailer reading the files itself. No record is read here and no
+        thread is used: one small chunk per growth the loop sees, so growths during a write coalesce."""
+        engine = self.engine
+        if not engine.min_offset <= offset <= engine.max_offset:
+            await _abort(context, "Tail", grpc.StatusCode.OUT_OF_RANGE,
+                         f"offset {offset} is outside the log [{engine.min_offset}, {engine.max_offset}]: "
+                         "it may have been truncated by a crash recovery, or its files deleted")
+        sent = -1
+        while True:
+            if self.stopping:
+                await _abort(context, "Tail", grpc.StatusCode.UNAVAILABLE,
+                             "the commitlog service is stopping: resume the tail once it is back")
+            end = engine.max_offset
+            if end != sent:
+                kind = metrics.TAIL_POSITION_CHUNKS
+            elif not await self._wait_for_data(end, poll_wait_s) and not self.stopping:
+                kind = metrics.TAIL_HEARTBEATS
+            else:
+                continue
+            kind.inc()
+            end = engine.max_offset
+            await context.write(commitlog_pb2.TailChunk(start_offset=end, next_offset=end, max_offset=end,
+                                                        incarnation=engine.incarnation))
+            sent = end
 
     async def _tail(self, offset: int, max_bytes: int, poll_wait_s: float, context: Context) -> None:
         engine = self.engine

@@ -73,6 +73,7 @@ EARLY_DELETED_BYTES = Counter("mqstore_commitlog_early_deleted_bytes",
 _PUT_OK = PUTS.labels(status="PUT_OK")
 TAIL_DATA_CHUNKS = TAIL_CHUNKS.labels(kind="data")
 TAIL_HEARTBEATS = TAIL_CHUNKS.labels(kind="heartbeat")
+TAIL_POSITION_CHUNKS = TAIL_CHUNKS.labels(kind="position")  # Tail positions_only
 READ_CALLS = READS.labels(method="Read")
 READ_BATCH_CALLS = READS.labels(method="ReadBatch")
 READ_BYTES_READ = READ_BYTES.labels(method="Read")
