@@ -60,6 +60,8 @@ class ServerSettings:
     # every call, and without one refuses to listen beyond loopback. The gateway is public: False.
     internal: bool = False
     service_token: str | None = None
+    # SO_REUSEPORT: only a gateway worker sets it, so that its siblings share the port (gateway/workers.py).
+    reuse_port: bool = False
 
     def as_internal(self) -> ServerSettings:
         """These settings for an internal service, with the service credential from the environment
@@ -86,8 +88,9 @@ def _channel_options(settings: ServerSettings) -> list[tuple[str, int]]:
     return [
         ("grpc.max_receive_message_length", settings.max_receive_message_bytes),
         ("grpc.max_send_message_length", settings.max_send_message_bytes),
-        # Without this a second server on the same port binds silently and steals connections.
-        ("grpc.so_reuseport", 0),
+        # Without this a second server on the same port binds silently and steals connections; gateway
+        # workers turn it on on purpose (their supervisor first checks that the port is free).
+        ("grpc.so_reuseport", int(settings.reuse_port)),
         ("grpc.keepalive_time_ms", settings.keepalive_time_ms),
         ("grpc.keepalive_timeout_ms", settings.keepalive_timeout_ms),
     ]
