@@ -404,7 +404,8 @@ class MessagingServicer:
         shard = queue.shard
         data: bytes = await self.retry.read(lambda: shard.on_query(shard.pull_bytes, request, timeout))
         metrics.PULLED_BYTES.inc(len(data))
-        if not queue.base:
+        if not queue.base or request.raw_records:
+            # A raw answer's records keep the shard's queue id: the client uses the one it asked for.
             return data
         response = query_pb2.PullMessageResponse.FromString(data)
         for message in response.messages:
