@@ -46,9 +46,15 @@ def pull_query_from_proto(request: query_pb2.PullMessageRequest, max_long_poll_m
 
 
 def pull_result_to_proto(result: PullResult) -> query_pb2.PullMessageResponse:
+    """Decoded messages, or a raw pull's record bytes (set only when there are some, so an empty raw
+    answer is byte for byte the decoded one)."""
     response = query_pb2.PullMessageResponse(status=result.status.value, next_begin_offset=result.next_begin_offset,
                                              min_offset=result.min_offset, max_offset=result.max_offset)
-    add_messages(response.messages, result.messages)
+    if result.record_count:
+        response.records = result.records
+        response.record_count = result.record_count
+    else:
+        add_messages(response.messages, result.messages)
     return response
 
 

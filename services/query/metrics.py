@@ -42,6 +42,9 @@ def observe_pull(result: PullResult, elapsed_s: float) -> None:
     if messages:
         PULLED_MESSAGES.inc(len(messages))
         PULLED_BYTES.inc(sum([m.store_size for m in messages]))
+    elif result.record_count:
+        PULLED_MESSAGES.inc(result.record_count)
+        PULLED_BYTES.inc(len(result.records))
 
 
 def observe_error(method: str, code: str) -> None:

@@ -4,6 +4,11 @@ One pull is one GetQueueEntries (the indexer) and at most one ReadBatch (the com
 are filtered by tags code and cut to the batch limits before any record is read, so only records
 that will be returned (or that collide on the tags code) are fetched. Statuses and next begin
 offsets are those of a 4.9.8 master (``nextOffsetCorrection`` always takes the corrected offset).
+
+A raw pull (RocketMQ's zero-copy pull) answers with the record bytes as read, joined once: each record
+is checked against its unit as cheaply as its fixed header allows (:func:`checked_raw`), and only a
+record that is not the common layout, or fails a check, is decoded - by the same code as a decoded
+pull, so a bad record ends both kinds of pull alike.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from services.query.arrivals import ArrivalWatcher, QueueKey
 from services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
 from services.query.errors import DataLossError
 from services.query.store_view import StoreView
-from services.query.stored_message import StoredMessage, stored_message
+from services.query.stored_message import StoredMessage, checked_raw, stored_message
 from services.store.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
 from services.store.errors import OutOfRangeError, UnavailableError
 from services.store.pull_request import PullQuery
@@ -44,6 +49,14 @@ class PullResult:
     min_offset: int
     max_offset: int
     messages: list[StoredMessage] = field(default_factory=list)
+    #: A raw pull's answer instead of ``messages``: the records as stored, concatenated in queue order.
+    records: bytes = b""
+    record_count: int = 0
+
+    @property
+    def count(self) -> int:
+        """Messages returned, in either form."""
+        return len(self.messages) or self.record_count
 
 
 @dataclass(slots=True)
@@ -100,7 +113,7 @@ def select_units(units: Sequence[QueueUnit], subscription: Subscription, max_mes
 
 def waits_for_arrival(result: PullResult, offset: int) -> bool:
     """Nothing to return and nothing more to scan: the broker would suspend this pull (PULL_NOT_FOUND)."""
-    if result.messages:
+    if result.messages or result.record_count:
         return False
     status = result.status
     return (status is GetMessageStatus.OFFSET_OVERFLOW_ONE
@@ -117,9 +130,10 @@ class Puller:
         self._arrivals = arrivals
         self._cq_file_size = mapped_file_size_consume_queue
 
-    async def pull(self, query: PullQuery, deadline_s: float | None = None) -> PullResult:
+    async def pull(self, query: PullQuery, deadline_s: float | None = None, raw: bool = False) -> PullResult:
         """Pull once; when there is nothing to return, wait (at most ``long_poll_ms`` and until
-        ``deadline_s``, a monotonic time) for an arrival in the queue and pull again."""
+        ``deadline_s``, a monotonic time) for an arrival in the queue and pull again. ``raw``: answer
+        with the stored record bytes (``records``) instead of decoded messages."""
         key: QueueKey = (query.topic, query.queue_id)
         wait_until = time.monotonic() + query.long_poll_ms / 1000
         if deadline_s is not None:
@@ -127,7 +141,7 @@ class Puller:
         offset = query.queue_offset
         while True:
             token = self._arrivals.token(key)
-            result = await self.pull_once(query, offset)
+            result = await self.pull_once(query, offset, raw)
             remaining = wait_until - time.monotonic()
             if remaining <= 0 or not waits_for_arrival(result, offset) or self._arrivals.stopping:
                 break
@@ -138,7 +152,7 @@ class Puller:
             result.status = GetMessageStatus.NO_MATCHED_MESSAGE
         return result
 
-    async def pull_once(self, query: PullQuery, offset: int) -> PullResult:
+    async def pull_once(self, query: PullQuery, offset: int, raw: bool = False) -> PullResult:
         entries = await self._indexer.queue_entries(query.topic, query.queue_id, offset, query.scan_units)
         outside = offset_status(offset, entries.min_offset, entries.max_offset)
         if outside is not None:
@@ -147,9 +161,9 @@ class Puller:
         if not entries.units:
             return PullResult(GetMessageStatus.OFFSET_FOUND_NULL, roll_next_file(offset, self._cq_file_size),
                               entries.min_offset, entries.max_offset)
-        return await self._read_selection(query, offset, entries)
+        return await self._read_selection(query, offset, entries, raw)
 
-    async def _read_selection(self, query: PullQuery, offset: int, entries: QueueEntries) -> PullResult:
+    async def _read_selection(self, query: PullQuery, offset: int, entries: QueueEntries, raw: bool) -> PullResult:
         info = self._store.cached or await self._store.info()
         selection = select_units(entries.units, query.subscription, query.max_messages, query.max_bytes,
                                  info.min_offset)
@@ -165,14 +179,19 @@ class Puller:
                                        f"commitlog's end {info.max_offset} (it is catching up with a truncation); "
                                        "retry") from None
             data = await self._read(selection.units)
-        messages, next_offset = _collect(query, selection, data, offset)
-        if messages:
-            status = GetMessageStatus.FOUND
-        elif selection.removed and selection.removed == selection.walked:
-            status = GetMessageStatus.MESSAGE_WAS_REMOVING
+        if raw:
+            records, next_offset = _collect_raw(query, selection, data, offset)
+            result = PullResult(GetMessageStatus.FOUND, next_offset, entries.min_offset, entries.max_offset,
+                                records=b"".join(records), record_count=len(records))
         else:
-            status = GetMessageStatus.NO_MATCHED_MESSAGE
-        return PullResult(status, next_offset, entries.min_offset, entries.max_offset, messages)
+            messages, next_offset = _collect(query, selection, data, offset)
+            result = PullResult(GetMessageStatus.FOUND, next_offset, entries.min_offset, entries.max_offset, messages)
+        if not result.count:
+            if selection.removed and selection.removed == selection.walked:
+                result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            else:
+                result.status = GetMessageStatus.NO_MATCHED_MESSAGE
+        return result
 
     async def _read(self, units: Sequence[QueueUnit]) -> list[bytes | DataLossError]:
         if not units:
@@ -211,6 +230,34 @@ def _collect(query: PullQuery, selection: Selection, data: Sequence[bytes | Data
         if matches_tags(message.tags):
             messages.append(message)
     return messages, offset + selection.walked
+
+
+def _collect_raw(query: PullQuery, selection: Selection, data: Sequence[bytes | DataLossError],
+                 offset: int) -> tuple[list[bytes], int]:
+    """:func:`_collect` for a raw pull: the records themselves, not messages. A record the cheap check
+    does not pass is decoded as :func:`_collect` decodes it, which raises the same error at the same
+    place (or accepts a record in a rarer layout: IPv6 hosts, v2 magic)."""
+    records: list[bytes] = []
+    matches_tags = query.subscription.matches_tags
+    with_tags = not query.subscription.takes_all
+    topic, queue_id = query.topic.encode(), query.queue_id
+    for unit, raw in zip(selection.units, data, strict=False):  # ``data`` stops at a quarantined unit
+        try:
+            if isinstance(raw, DataLossError):
+                raise raw
+            tags = checked_raw(raw, unit.commitlog_offset, topic, queue_id, unit.queue_offset, with_tags) \
+                if len(raw) == unit.size else None
+            if tags is None:
+                message = stored_message(raw, unit.commitlog_offset)
+                _check_unit(query, unit, message)
+                tags = message.tags
+        except DataLossError as exc:
+            if records:
+                return records, unit.queue_offset
+            raise DataLossError(f"{query.topic}/{query.queue_id} queue offset {unit.queue_offset}: {exc}") from None
+        if matches_tags(tags):
+            records.append(raw)
+    return records, offset + selection.walked
 
 
 def _check_unit(query: PullQuery, unit: QueueUnit, message: StoredMessage) -> None:

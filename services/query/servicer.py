@@ -73,7 +73,7 @@ class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
             query = pull_query_from_proto(request, self._max_long_poll_ms)
             remaining = context.time_remaining()
             deadline = None if remaining is None else started + remaining - DEADLINE_MARGIN_S
-            result = await self._puller.pull(query, deadline)
+            result = await self._puller.pull(query, deadline, request.raw_records)
         except StoreError as exc:
             metrics.PULL_LATENCY.observe(time.monotonic() - started)
             return _fail(context, "PullMessage", exc, query_pb2.PullMessageResponse())

@@ -34,6 +34,7 @@ from services.store.record import (
     IPV4_HOST_LENGTH,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    Buffer,
     RecordError,
     decode_record,
     host_lengths,
@@ -154,6 +155,51 @@ def _general(data: bytes, commitlog_offset: int) -> StoredMessage:
                          record.properties, record.born_timestamp, record.born_host, record.store_timestamp,
                          record.store_host, record.reconsume_times, record.sys_flag, record.flag, body, record.body_crc,
                          record.store_size, record.prepared_transaction_offset, compressed)
+
+
+# The fields a raw pull checks, IPv4 v1 layout: TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, (FLAG), QUEUEOFFSET,
+# PHYSICALOFFSET, SYSFLAG, (BORNTIMESTAMP .. PREPARED TRANSACTION OFFSET), BODYLENGTH: no host bytes copied.
+_RAW_CHECK = struct.Struct(">iIii4xqqi44xi")
+_NO_TAGS = ""
+
+
+def checked_raw(data: Buffer, commitlog_offset: int, topic: bytes, queue_id: int, queue_offset: int,
+                with_tags: bool) -> str | None:
+    """The cheap check of a raw pull: ``data`` is the whole v1 IPv4-host record of (``topic``,
+    ``queue_id``, ``queue_offset``) written at ``commitlog_offset``, its fields add up, its topic and
+    properties are UTF-8 and its body matches its CRC - everything :func:`stored_message` and the unit
+    check accept, without building a message. Returns the record's TAGS (``with_tags``; None when it has
+    none) or "" - or None when the record is not that common layout or fails a check, so the caller takes
+    the decoding path, which accepts it or raises the precise error (both modes fail alike)."""
+    if len(data) < _IPV4_HEAD.size:
+        return None
+    size, magic, crc, record_queue_id, record_queue_offset, physical_offset, sys_flag, body_length = \
+        _RAW_CHECK.unpack_from(data)
+    if (magic != MESSAGE_MAGIC_CODE or sys_flag & _V6_BITS or size != len(data) or physical_offset != commitlog_offset
+            or record_queue_id != queue_id or record_queue_offset != queue_offset or body_length < 0):
+        return None
+    p = _IPV4_HEAD.size + body_length
+    if p >= size:
+        return None
+    topic_end = p + 1 + data[p]
+    if topic_end + 2 > size or data[p + 1:topic_end] != topic:
+        return None
+    properties_start = topic_end + 2
+    properties_length = (data[topic_end] << 8) | data[topic_end + 1]
+    if properties_length > 0x7FFF or properties_start + properties_length != size:
+        return None
+    if zlib.crc32(memoryview(data)[_IPV4_HEAD.size:p]) & _CRC_MASK != crc:
+        return None
+    properties = bytes(data[properties_start:size])
+    if properties.isascii() and not with_tags:
+        return _NO_TAGS
+    try:
+        text = properties.decode()
+    except UnicodeDecodeError:
+        return None
+    if not with_tags:
+        return _NO_TAGS
+    return string_to_properties(text).get(PROPERTY_TAGS, _NO_TAGS) if text else _NO_TAGS
 
 
 def _check_place(size: int, available: int, physical_offset: int, commitlog_offset: int) -> None:
