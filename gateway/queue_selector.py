@@ -91,10 +91,15 @@ class FaultTable:
 
 
 class QueueSelector:
-    def __init__(self, latency_aware: bool, faults: FaultTable, max_topics: int = MAX_ROUND_ROBIN_TOPICS) -> None:
+    def __init__(self, latency_aware: bool, faults: FaultTable, max_topics: int = MAX_ROUND_ROBIN_TOPICS,
+                 worker: tuple[int, int] = (0, 1)) -> None:
+        """``worker``: (index, count) of this gateway worker (gateway/workers.py). Each worker keeps its
+        own rotation; worker i starts a topic's at the queue i/count of the way round, so that workers
+        that each see a few sends still spread them over different queues instead of all over queue 0."""
         self.latency_aware = latency_aware
         self.faults = faults
         self._max_topics = max_topics
+        self._worker_index, self._worker_count = worker
         self._counters: dict[str, Iterator[int]] = {}
 
     @property
@@ -102,12 +107,12 @@ class QueueSelector:
         """Topics with a round-robin position now (at most ``max_topics``)."""
         return len(self._counters)
 
-    def _next(self, topic: str) -> int:
+    def _next(self, topic: str, queues: int) -> int:
         counter = self._counters.get(topic)
         if counter is None:
             if len(self._counters) >= self._max_topics:
                 self._counters.clear()
-            counter = self._counters[topic] = itertools.count()
+            counter = self._counters[topic] = itertools.count(self._worker_index * queues // self._worker_count)
         return next(counter)
 
     def select(self, route: TopicRoute, sharding_key: str = "", queue_id: int | None = None,
@@ -123,13 +128,13 @@ class QueueSelector:
         if sharding_key:
             return writable[abs(_java_rem(java_string_hash(sharding_key), len(writable)))]
         if not self.latency_aware and avoid_shard is None:
-            return writable[self._next(route.topic) % len(writable)]
+            return writable[self._next(route.topic, len(writable)) % len(writable)]
         now = self.faults.now()
         candidates = [q for q in writable if q.shard.name != avoid_shard
                       and (not self.latency_aware or self.faults.available(q.shard.name, now))]
         if not candidates:
             candidates = list(writable)
-        return candidates[self._next(route.topic) % len(candidates)]
+        return candidates[self._next(route.topic, len(writable)) % len(candidates)]
 
 
 def _java_rem(value: int, modulus: int) -> int:
