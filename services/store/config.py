@@ -23,6 +23,7 @@ ENV_PREFIX = "MQSTORE_"
 # MQSTORE_* variables that are not store settings.
 _NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # read by services/server
                     "SERVICE_TOKEN", "SERVICE_TOKEN_FILE",
+                    "INDEXER_REPUT_SOURCE", "INDEXER_COMMITLOG_DIR",  # read by services/indexer/main.py
                     "MEMORY_REPORT_DIR", "MEMORY_REPORT_INTERVAL_S", "MEMORY_REPORT_TYPES_EVERY"}
 log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
