@@ -23,6 +23,7 @@ last file, when the queue shuts down. Files this process did not write keep thei
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -42,6 +43,8 @@ DEFAULT_MAPPED_FILE_SIZE = 300_000 * CQ_STORE_UNIT_SIZE
 JAVA_INT_MAX = 0x7FFF_FFFF
 
 _UNIT = struct.Struct(">qiq")
+#: a unit's layout, for readers of the files (services/query/local_files.py)
+UNIT = _UNIT
 _OFFSET_AND_SIZE = struct.Struct(">qi")
 #: fillPreBlank's filler: commitlog offset 0, size Integer.MAX_VALUE, tags code 0.
 BLANK_UNIT = _UNIT.pack(0, JAVA_INT_MAX, 0)
@@ -116,6 +119,43 @@ def stamp_store_time(path: Path, store_timestamp_ms: int) -> None:
         os.utime(path, ns=(os.stat(path).st_atime_ns, store_timestamp_ms * 1_000_000))
     except OSError as exc:
         log.warning("cannot set the mtime of %s to store time %d: %s", path, store_timestamp_ms, exc)
+
+
+def offset_in_file_by_time(buffer: bytes | mmap.mmap, file_from_offset: int, read_position: int,
+                           min_logic_offset: int, timestamp: int, store_time_of: StoreTimeOf,
+                           min_physic_offset: int = 0) -> int:
+    """getOffsetInQueueByTime's search of one file (its units below ``read_position``): binary search
+    by the records' store time, the cq offset of the nearest unit (a tie goes to the earlier one), 0
+    for an unreadable record. Shared by the indexer and the query service's read-only file reader."""
+    low = max(min_logic_offset - file_from_offset, 0)
+    high = read_position - CQ_STORE_UNIT_SIZE
+    target = left = right = -1
+    left_time = right_time = -1
+    while high >= low:
+        middle = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+        offset, size = _OFFSET_AND_SIZE.unpack_from(buffer, middle)
+        if offset < min_physic_offset:
+            low, left = middle + CQ_STORE_UNIT_SIZE, middle
+            continue
+        store_time = store_time_of(offset, size)
+        if store_time < 0:
+            return 0
+        if store_time == timestamp:
+            target = middle
+            break
+        if store_time > timestamp:
+            high, right, right_time = middle - CQ_STORE_UNIT_SIZE, middle, store_time
+        else:
+            low, left, left_time = middle + CQ_STORE_UNIT_SIZE, middle, store_time
+    if target != -1:
+        position = target
+    elif left_time == -1:
+        position = right
+    elif right_time == -1:
+        position = left
+    else:
+        position = right if abs(timestamp - left_time) > abs(timestamp - right_time) else left
+    return _java_div(file_from_offset + position, CQ_STORE_UNIT_SIZE)
 
 
 class ConsumeQueue:
@@ -481,36 +521,8 @@ class ConsumeQueue:
         mapped = self._file_by_time(timestamp)
         if mapped is None or mapped.read_position <= 0:
             return 0
-        buffer = mapped.buffer
-        low = max(self.min_logic_offset - mapped.file_from_offset, 0)
-        high = mapped.read_position - CQ_STORE_UNIT_SIZE
-        target = left = right = -1
-        left_time = right_time = -1
-        while high >= low:
-            middle = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
-            offset, size = _OFFSET_AND_SIZE.unpack_from(buffer, middle)
-            if offset < min_physic_offset:
-                low, left = middle + CQ_STORE_UNIT_SIZE, middle
-                continue
-            store_time = store_time_of(offset, size)
-            if store_time < 0:
-                return 0
-            if store_time == timestamp:
-                target = middle
-                break
-            if store_time > timestamp:
-                high, right, right_time = middle - CQ_STORE_UNIT_SIZE, middle, store_time
-            else:
-                low, left, left_time = middle + CQ_STORE_UNIT_SIZE, middle, store_time
-        if target != -1:
-            position = target
-        elif left_time == -1:
-            position = right
-        elif right_time == -1:
-            position = left
-        else:
-            position = right if abs(timestamp - left_time) > abs(timestamp - right_time) else left
-        return _java_div(mapped.file_from_offset + position, CQ_STORE_UNIT_SIZE)
+        return offset_in_file_by_time(mapped.buffer, mapped.file_from_offset, mapped.read_position,
+                                      self.min_logic_offset, timestamp, store_time_of, min_physic_offset)
 
     def _file_by_time(self, timestamp: int) -> MappedFile | None:
         """MappedFileQueue.getMappedFileByTime: by file mtime, not by the data in the file."""

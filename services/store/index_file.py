@@ -163,8 +163,22 @@ class IndexFile:
         self.index_count = 1
         self._write_header()
 
+    def reload_header(self) -> None:
+        """Re-read the header a writer in another process keeps moving (a read-only reader, before
+        each lookup). Read twice until two reads agree, so a header the writer is rewriting at that
+        moment is not taken half old, half new."""
+        first = IndexHeader.read(self._mm)
+        for _ in range(8):
+            again = IndexHeader.read(self._mm)
+            if again == first:
+                break
+            first = again
+        self._set_header(first)
+
     def _load_header(self) -> None:
-        h = IndexHeader.read(self._mm)
+        self._set_header(IndexHeader.read(self._mm))
+
+    def _set_header(self, h: IndexHeader) -> None:
         self.begin_timestamp, self.end_timestamp = h.begin_timestamp, h.end_timestamp
         self.begin_phy_offset, self.end_phy_offset = h.begin_phy_offset, h.end_phy_offset
         self.hash_slot_count = h.hash_slot_count
@@ -390,9 +404,14 @@ class IndexFile:
         """Walk the slot's chain newest first, appending to ``phy_offsets`` (until it holds ``max_num``)
         the offsets of entries with this key hash whose store time (beginTimestamp + timeDiff s) is in
         [begin, end]. As RocketMQ's selectPhyOffset, the walk stops at an entry older than ``begin``,
-        a negative timeDiff, or a prevIndex that is 0, out of range or a self-loop."""
+        a negative timeDiff, or a prevIndex that is 0, out of range or a self-loop.
+
+        Opened read-only (a reader in another process than the writer), the walk also follows entries
+        past the header's indexCount: a put writes the entry, then the slot, then (once per batch) the
+        header, so a slot the reader sees always names a complete entry, while the header may lag."""
         out = [] if phy_offsets is None else phy_offsets
-        mm, count, begin_ts = self._mm, self.index_count, self.begin_timestamp
+        mm, begin_ts = self._mm, self.begin_timestamp
+        count = self.index_num - 1 if self._read_only else self.index_count
         slot_value = _I32.unpack_from(mm, INDEX_HEADER_SIZE + (key_hash % self.hash_slot_num) * HASH_SLOT_SIZE)[0]
         if slot_value <= INVALID_INDEX or slot_value > count or count <= 1:
             return out
