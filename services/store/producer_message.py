@@ -66,3 +66,14 @@ def check_producer_message(topic: str, properties: Mapping[str, str], flag: int,
     if uniq_key is not None and not (len(uniq_key) in UNIQ_KEY_LENGTHS and is_hex_digits(uniq_key)):
         raise InvalidArgumentError(f"{_where(index)}UNIQ_KEY {uniq_key[:60]!r} must be 32 (IPv4 producer) or 56 "
                                    "(IPv6) hex digits, as RocketMQ clients make them; leave it out to get one")
+
+
+def check_blob_entry(flag: int, uniq_key: str, index: int) -> None:
+    """The per-message rules for an entry of a batch blob (``batch_codec.py``): its topic, sys_flag and
+    born timestamp are the request's, checked once by :func:`check_producer_message`; ``uniq_key`` is ""
+    when the entry has none."""
+    if flag < 0:
+        raise InvalidArgumentError(f"message #{index}: flag {flag} is negative")
+    if uniq_key and not (len(uniq_key) in UNIQ_KEY_LENGTHS and is_hex_digits(uniq_key)):
+        raise InvalidArgumentError(f"message #{index}: UNIQ_KEY {uniq_key[:60]!r} must be 32 (IPv4 producer) or 56 "
+                                   "(IPv6) hex digits, as RocketMQ clients make them; leave it out to get one")

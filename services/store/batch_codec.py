@@ -1,0 +1,213 @@
+"""RocketMQ's batch encoding (MessageDecoder.encodeMessages): many messages as one bytes blob.
+
+A batch travels from producer to commitlog as these bytes instead of one protobuf object per message:
+the gateway checks the blob in one pass (:func:`scan_blob`) and forwards it untouched, and only the
+commitlog builds messages from it (:func:`decode_blob`). Per entry, big-endian::
+
+    int32 total size | int32 magic (0) | int32 body CRC (0) | int32 flag | int32 body length | body
+    | int16 properties length | properties (UTF-8, name \\x01 value pairs separated by \\x02)
+
+Only flag, body and properties are per message; topic, queue, born time and host and sys_flag are the
+request's, as in RocketMQ's batch send. Every entry is checked against the producer rules
+(:mod:`services.store.producer_message`) with its index, so an error names "message #i" and nothing
+of the batch is stored. The rules on properties are the engine's: no empty names or values, no
+separator inside a name or value (on the blob: exactly one \\x01 per pair), at most 32,767 bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from services.store.errors import InvalidArgumentError
+from services.store.message import (
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    Message,
+)
+from services.store.producer_message import check_blob_entry
+
+HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body length
+PROPERTIES_LENGTH = struct.Struct(">h")
+#: An entry without body and properties.
+ENTRY_OVERHEAD = HEAD.size + PROPERTIES_LENGTH.size
+#: The int16 properties length.
+MAX_PROPERTIES_BYTES = 32767
+_PAIR = NAME_VALUE_SEPARATOR.encode()
+_ITEM = PROPERTY_SEPARATOR.encode()
+_UNIQ = _ITEM + PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode() + _PAIR
+
+
+def properties_bytes(properties: Mapping[str, str]) -> bytes:
+    """messageProperties2String as UTF-8 (no trailing separator, as RocketMQ 4.9.8 stores them)."""
+    return PROPERTY_SEPARATOR.join([f"{k}{NAME_VALUE_SEPARATOR}{v}" for k, v in properties.items()]).encode()
+
+
+def encode_entry(body: bytes, flag: int = 0, properties: bytes = b"") -> bytes:
+    """One entry of a blob; ``properties`` already encoded (:func:`properties_bytes`)."""
+    size = ENTRY_OVERHEAD + len(body) + len(properties)
+    return b"".join((HEAD.pack(size, 0, 0, flag, len(body)), body, PROPERTIES_LENGTH.pack(len(properties)),
+                     properties))
+
+
+def encode_blob(messages: Iterable[tuple[bytes, int, Mapping[str, str]]]) -> bytes:
+    """``(body, flag, properties)`` per message."""
+    return b"".join([encode_entry(body, flag, properties_bytes(props)) for body, flag, props in messages])
+
+
+@dataclass(slots=True)
+class BlobEntry:
+    """Where one entry's parts are in the blob (the gateway's view: nothing is copied)."""
+
+    start: int
+    end: int
+    properties_start: int
+    #: The UNIQ_KEY the producer gave, or "" (the gateway adds one).
+    uniq_key: str
+
+
+def _fail(index: int, detail: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"message #{index}: {detail}")
+
+
+def _check_properties(props: bytes, index: int) -> str:
+    """The entry's properties checked as the engine would check its dict; returns its UNIQ_KEY or ""."""
+    if not props:
+        return ""
+    if props.endswith(_ITEM):  # RocketMQ 4.9 clients before 4.9.8 end every pair with \x02
+        props = props[:-1]
+    pairs = props.count(_ITEM) + 1
+    if props.count(_PAIR) != pairs or props[:1] in (_ITEM, _PAIR) or props.endswith(_PAIR) or \
+            _ITEM + _ITEM in props or _PAIR + _ITEM in props or _ITEM + _PAIR in props or _PAIR + _PAIR in props:
+        raise _fail(index, "properties must be name \\x01 value pairs separated by \\x02, with names and values "
+                           "non-empty and free of \\x01 and \\x02")
+    try:
+        props.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _fail(index, f"properties are not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    at = (_ITEM + props).find(_UNIQ)
+    if at < 0:
+        return ""
+    begin = at + len(_UNIQ) - 1
+    end = props.find(_ITEM, begin)
+    if (_ITEM + props).find(_UNIQ, at + 1) >= 0:
+        raise _fail(index, "the UNIQ_KEY property appears twice: give it once")
+    return props[begin:end if end >= 0 else len(props)].decode("ascii", "replace")
+
+
+def _frame(blob: bytes, pos: int, index: int) -> tuple[int, int, int, int]:
+    """Entry ``index`` at ``pos``: (its end, flag, body start, properties start), its framing checked."""
+    size = len(blob)
+    if size - pos < ENTRY_OVERHEAD:
+        raise _fail(index, f"the blob ends {size - pos} bytes into this entry, shorter than an entry's "
+                           f"{ENTRY_OVERHEAD}-byte frame: the blob is truncated")
+    total, _magic, _crc, flag, body_length = HEAD.unpack_from(blob, pos)
+    end = pos + total
+    if total < ENTRY_OVERHEAD or end > size:
+        raise _fail(index, f"total size {total} at blob byte {pos} must be at least {ENTRY_OVERHEAD} and "
+                           f"within the blob's {size} bytes (is the blob truncated?)")
+    body_at = pos + HEAD.size
+    props_at = body_at + body_length
+    if body_length < 0 or props_at + PROPERTIES_LENGTH.size > end:
+        raise _fail(index, f"body length {body_length} does not fit the entry's total size {total}")
+    if body_length == 0:
+        raise _fail(index, "the message body is empty: give a body of at least one byte")
+    (props_length,) = PROPERTIES_LENGTH.unpack_from(blob, props_at)
+    props_start = props_at + PROPERTIES_LENGTH.size
+    if props_length < 0 or props_start + props_length != end:
+        raise _fail(index, f"properties length {props_length} and body length {body_length} do not add up to "
+                           f"the entry's total size {total} (total = {ENTRY_OVERHEAD} + body + properties, "
+                           f"properties at most {MAX_PROPERTIES_BYTES} bytes)")
+    return end, flag, body_at, props_start
+
+
+def _too_many(max_messages: int) -> InvalidArgumentError:
+    return InvalidArgumentError(f"the batch has more than {max_messages} messages, the limit: split it")
+
+
+def scan_blob(blob: bytes, max_messages: int) -> list[BlobEntry]:
+    """The gateway's pass: every entry of ``blob`` checked (framing, producer rules) without copying its
+    body; InvalidArgumentError names the first bad one. An empty blob or more than ``max_messages``
+    entries is refused too."""
+    entries: list[BlobEntry] = []
+    pos = index = 0
+    size = len(blob)
+    while pos < size:
+        if index >= max_messages:
+            raise _too_many(max_messages)
+        end, flag, _, props_start = _frame(blob, pos, index)
+        uniq_key = _check_properties(blob[props_start:end], index)
+        check_blob_entry(flag, uniq_key, index)
+        entries.append(BlobEntry(pos, end, props_start, uniq_key))
+        pos = end
+        index += 1
+    if not entries:
+        raise InvalidArgumentError("the batch is empty: give at least one message")
+    return entries
+
+
+def with_uniq_keys(blob: bytes, entries: list[BlobEntry], keys: Mapping[int, str]) -> bytes:
+    """``blob`` with a UNIQ_KEY added to entry i for each ``keys[i]`` (only those entries re-encoded)."""
+    parts: list[bytes] = []
+    done = 0
+    for i, key in keys.items():
+        entry = entries[i]
+        props = blob[entry.properties_start:entry.end]
+        if props and not props.endswith(_ITEM):
+            props += _ITEM
+        props += _UNIQ[1:] + key.encode()
+        if len(props) > MAX_PROPERTIES_BYTES:
+            raise _fail(i, f"properties are {len(props)} bytes with the UNIQ_KEY the gateway adds, more than "
+                           f"{MAX_PROPERTIES_BYTES}")
+        _, _, _, flag, body_length = HEAD.unpack_from(blob, entry.start)
+        body_at = entry.start + HEAD.size
+        parts += (blob[done:entry.start], encode_entry(blob[body_at:body_at + body_length], flag, props))
+        done = entry.end
+    parts.append(blob[done:])
+    return b"".join(parts)
+
+
+def decode_blob(blob: bytes, topic: str, queue_id: int, born_timestamp: int, born_host: str, sys_flag: int,
+                max_messages: int) -> list[Message]:
+    """The commitlog's pass: messages for the engine, every entry checked as :func:`scan_blob` checks it
+    (the topic-wide fields are the caller's to check)."""
+    messages: list[Message] = []
+    pos = index = 0
+    size = len(blob)
+    item_sep, pair_sep, uniq_name = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+    while pos < size:
+        if index >= max_messages:
+            raise _too_many(max_messages)
+        end, flag, body_at, props_start = _frame(blob, pos, index)
+        properties: dict[str, str] = {}
+        if props_start < end:
+            try:
+                text = blob[props_start:end].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _fail(index, f"properties are not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            items = text.split(item_sep)
+            if not items[-1]:  # a trailing \x02 (RocketMQ clients before 4.9.8)
+                items.pop()
+            for item in items:
+                name, _, value = item.partition(pair_sep)
+                if not name or not value or pair_sep in value:
+                    raise _fail(index, "properties must be name \\x01 value pairs separated by \\x02, with names "
+                                       "and values non-empty and free of \\x01 and \\x02")
+                properties[name] = value
+            if len(properties) != len(items):
+                raise _fail(index, "a property name appears twice: give each once")
+        check_blob_entry(flag, properties.get(uniq_name, ""), index)
+        messages.append(Message(topic, queue_id, blob[body_at:props_start - PROPERTIES_LENGTH.size], flag,
+                                properties, born_timestamp, born_host, sys_flag, 0, 0))
+        pos = end
+        index += 1
+    if not messages:
+        raise InvalidArgumentError("the batch is empty: give at least one message")
+    return messages
+
+
+def uniq_keys_of(blob: bytes, max_messages: int) -> list[str]:
+    """Each entry's UNIQ_KEY ("" where none): for answers that list every message."""
+    return [entry.uniq_key for entry in scan_blob(blob, max_messages)]
