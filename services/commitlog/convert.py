@@ -12,6 +12,7 @@ from mqstore.v1 import commitlog_pb2, common_pb2
 from services.commitlog.commit_log import StoreStats
 from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
+from services.store.batch_codec import decode_blob
 from services.store.message import Message
 from services.store.producer_message import check_producer_message
 from services.store.quarantine import QuarantinedRange
@@ -70,6 +71,32 @@ def append_batch_response(results: Sequence[PutMessageResult]) -> commitlog_pb2.
             queue_offset=r.queue_offset, store_timestamp=r.store_timestamp, wrote_bytes=r.wrote_bytes,
             topic=r.topic, queue_id=r.queue_id)
     return response
+
+
+def blob_messages_from_proto(request: commitlog_pb2.AppendBatchRequest, peer: str,
+                              max_messages: int) -> list[Message]:
+    """A blob batch's messages (``batch_codec.py``): the request-wide fields checked once, every entry in
+    the decoding pass."""
+    topic = request.topic
+    check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
+    return decode_blob(request.encoded_messages, topic, request.queue_id, request.born_timestamp,
+                       request.born_host or peer_address(peer), request.sys_flag, max_messages)
+
+
+def append_blob_response(results: Sequence[PutMessageResult], topic: str,
+                         queue_id: int) -> commitlog_pb2.AppendBatchResponse:
+    """One receipt when every message was stored alike (same status and store time, ``topic`` /
+    ``queue_id``, consecutive queue offsets); else a result per message (DELAY messages go to
+    SCHEDULE_TOPIC_XXXX queues of their own)."""
+    first = results[0]
+    status, timestamp, queue_offset = first.status, first.store_timestamp, first.queue_offset
+    for i, r in enumerate(results):
+        if r.status is not status or r.store_timestamp != timestamp or r.queue_offset != queue_offset + i or \
+                r.topic != topic or r.queue_id != queue_id:
+            return append_batch_response(results)
+    return commitlog_pb2.AppendBatchResponse(receipt=commitlog_pb2.AppendBatchReceipt(
+        status=_STATUS_TO_PROTO[status], store_timestamp=timestamp, first_queue_offset=queue_offset,
+        commitlog_offsets=[r.commitlog_offset for r in results], offset_msg_id_prefix=first.store_host.hex().upper()))
 
 
 def topic_config_from_proto(pb: common_pb2.TopicConfig) -> TopicConfig:

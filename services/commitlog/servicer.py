@@ -29,7 +29,9 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.convert import (
     append_batch_response,
+    append_blob_response,
     append_result_to_proto,
+    blob_messages_from_proto,
     message_from_proto,
     messages_from_proto,
     store_info_to_proto,
@@ -283,20 +285,30 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
     async def AppendBatch(self, request: commitlog_pb2.AppendBatchRequest,
                           context: Context) -> commitlog_pb2.AppendBatchResponse:
         count = len(request.messages)
-        if count == 0:
+        blob = request.encoded_messages
+        if count == 0 and not blob:
             await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         "AppendBatchRequest has no messages: send at least one")
+                         "AppendBatchRequest has no messages: send at least one (messages or encoded_messages)")
+        if count and blob:
+            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
+                         "AppendBatchRequest has both messages and encoded_messages: send one form")
         if count > MAX_BATCH_MESSAGES:
             await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
                          f"the batch has {count} messages, more than the limit of {MAX_BATCH_MESSAGES}: split it")
-        size = request.ByteSize()
+        size = len(blob) if blob else request.ByteSize()
         if size > MAX_BATCH_BYTES:
             await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
                          f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: split it")
         try:
-            results = await self.put_messages(messages_from_proto(request.messages, context.peer()), size)
+            if blob:
+                messages = blob_messages_from_proto(request, context.peer(), MAX_BATCH_MESSAGES)
+            else:
+                messages = messages_from_proto(request.messages, context.peer())
+            results = await self.put_messages(messages, size)
         except StoreError as exc:
             await _abort(context, "AppendBatch", status_code_of(exc), str(exc))
+        if blob:
+            return append_blob_response(results, request.topic, request.queue_id)
         return append_batch_response(results)
 
     async def AppendStream(self, request_iterator: AsyncIterable[commitlog_pb2.AppendRequest],
