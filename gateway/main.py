@@ -4,24 +4,26 @@ The gateway keeps no state on disk: the route table is read from the shards, tok
 file. It starts even when a shard is down (calls routed there fail UNAVAILABLE until it is back).
 
 Exit codes: 0 after a clean stop, 2 for bad settings (including tokens missing on a non-loopback
-address) or an address it cannot listen on.
+address) or an address it cannot listen on. With ``--workers N`` (N > 1) this process is the
+supervisor of N gateway processes on the same port: see gateway/workers.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import os
 
-from gateway.auth import load_token_table
+from gateway.auth import TokenTable, load_token_table
 from gateway.queue_selector import FaultTable, QueueSelector
 from gateway.registration import add_to_server
 from gateway.route import RouteTable
 from gateway.servicer import MessagingServicer
-from gateway.settings import LATENCY, GatewaySettings, load_gateway_settings
+from gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
+from gateway.workers import WorkerIdentity, supervise, workers_from_env
 from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,
@@ -42,44 +44,54 @@ log = logging.getLogger("gateway")
 MIB = 1024 * 1024
 
 
-def serve(config_file: str | None, listen: str | None = None, auth_file: str | None = None,
-          queue_selection: str | None = None, shard: tuple[str, str] | None = None,
-          default_topic_queue_nums: int | None = None) -> int:
-    """Run the gateway until SIGTERM/SIGINT; returns the exit code. ``shard``: (commitlog, query)
-    addresses of a single shard, instead of the settings file's shards."""
+def serve(options: GatewayOptions) -> int:
+    """Run the gateway until SIGTERM/SIGINT; returns the exit code. With more than one worker (the
+    ``--workers`` flag, else MQSTORE_GATEWAY_WORKERS, else the settings file's ``workers``), this
+    process supervises that many gateway processes on the same port (gateway/workers.py)."""
     configure_logging()
+    try:
+        settings, tokens = _checked_settings(options)
+        identity = WorkerIdentity.from_env()
+        metrics_port = metrics_port_from_env()
+    except (ConfigError, ValueError) as exc:
+        log.error("bad settings: %s", exc)
+        return EXIT_BAD_SETTINGS
+    if identity is None and settings.workers > 1:
+        return supervise(options, settings, settings.workers, metrics_port)
     tune_gc(RPC_SERVER_GEN0_THRESHOLD)
     start_memory_report("gateway")
     init_tracing("gateway")
-    overrides: dict[str, Any] = {"listen": listen, "auth_file": auth_file, "queue_selection": queue_selection,
-                                 "default_topic_queue_nums": default_topic_queue_nums}
-    if shard is not None:
-        overrides["shards"] = [{"name": "shard-0", "commitlog": shard[0], "query": shard[1]}]
     try:
-        return asyncio.run(_serve(config_file, overrides))
+        return asyncio.run(_serve(settings, tokens, identity, metrics_port))
     finally:
         shutdown_tracing()
 
 
-async def _serve(config_file: str | None, overrides: dict[str, Any]) -> int:
+def _checked_settings(options: GatewayOptions) -> tuple[GatewaySettings, TokenTable]:
+    """Settings (file < MQSTORE_GATEWAY_WORKERS < flags) and tokens, or ConfigError saying what to fix."""
+    overrides = options.overrides()
+    if overrides["workers"] is None:
+        overrides["workers"] = workers_from_env()
+    settings = load_gateway_settings(options.config_file, **overrides)
+    tokens = load_token_table(settings.auth_file)
+    if not tokens.enabled and not is_loopback(settings.listen) and not settings.allow_insecure:
+        raise ConfigError(f"the gateway would listen on {settings.listen} without tokens: give auth_file "
+                          "(see README, 'Authentication'), listen on loopback, or set allow_insecure: true")
+    return settings, tokens
+
+
+async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: WorkerIdentity | None,
+                 metrics_port: int | None) -> int:
     signals = ShutdownSignal()
     signals.install_on_loop()
-    try:
-        settings = load_gateway_settings(config_file, **overrides)
-        tokens = load_token_table(settings.auth_file)
-        metrics_port = metrics_port_from_env()
-        if not tokens.enabled and not is_loopback(settings.listen) and not settings.allow_insecure:
-            raise ConfigError(f"the gateway would listen on {settings.listen} without tokens: give auth_file "
-                              "(see README, 'Authentication'), listen on loopback, or set allow_insecure: true")
-    except (ConfigError, ValueError) as exc:
-        log.error("bad settings: %s", exc)
-        return EXIT_BAD_SETTINGS
     shards = [ShardClient(i, s) for i, s in enumerate(settings.shards)]
     routes = RouteTable(shards, settings.route_refresh_ms / 1000, settings.backend_timeout_ms / 1000)
     faults = FaultTable(settings.fault_initial_backoff_ms / 1000, settings.fault_max_backoff_ms / 1000)
-    selector = QueueSelector(settings.queue_selection == LATENCY, faults)
+    worker = (0, 1) if identity is None else (identity.index, identity.count)
+    selector = QueueSelector(settings.queue_selection == LATENCY, faults, worker=worker)
     servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
-    server = AioGrpcServer(_server_settings(settings), [SERVICE_NAME], lambda s: add_to_server(servicer, s))
+    server = AioGrpcServer(_server_settings(settings, reuse_port=identity is not None), [SERVICE_NAME],
+                           lambda s: add_to_server(servicer, s))
 
     async def stopped() -> None:
         await servicer.close()
@@ -90,10 +102,11 @@ async def _serve(config_file: str | None, overrides: dict[str, Any]) -> int:
     if bound is None:
         return EXIT_BAD_SETTINGS
     await _warm_up(routes, shards)
-    log.info("gateway listening on %s; shards %s; queue selection %s; auth %s", bound,
+    log.info("gateway%s listening on %s; shards %s; queue selection %s; auth %s",
+             "" if identity is None else f" worker {identity.index}/{identity.count} (pid {os.getpid()})", bound,
              ", ".join(f"{s.name} (commitlog {s.settings.commitlog}, query {s.settings.query})" for s in shards),
              settings.queue_selection, f"{len(tokens)} tokens" if tokens.enabled else "off",
-             extra={"listen": bound})
+             extra={"listen": bound, "worker": None if identity is None else identity.index})
     return await serve_aio_until_signal(server, signals, on_stopping=lambda: None, on_stopped=stopped)
 
 
@@ -108,7 +121,7 @@ async def _warm_up(routes: RouteTable, shards: list[ShardClient]) -> None:
         log.warning("warm-up: %s (shards are asked again on demand)", exc)
 
 
-def _server_settings(settings: GatewaySettings) -> ServerSettings:
+def _server_settings(settings: GatewaySettings, reuse_port: bool = False) -> ServerSettings:
     return ServerSettings(listen=settings.listen, max_concurrent_rpcs=settings.max_concurrent_rpcs,
                           max_receive_message_bytes=TRANSPORT_MAX_REQUEST_BYTES,
-                          max_send_message_bytes=128 * MIB)
+                          max_send_message_bytes=128 * MIB, reuse_port=reuse_port)

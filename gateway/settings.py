@@ -8,6 +8,7 @@ runs the embedded default: one shard made of the services ``mqstore up`` starts 
       - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}
     queue_selection: round_robin        # or latency (avoid queues whose sends were slow or failing)
     auth_file: tokens.yaml              # bearer tokens; without it every call is allowed
+    workers: 2                          # gateway processes sharing the port (gateway/workers.py)
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from services.store.config import ConfigError
 DEFAULT_LISTEN = "127.0.0.1:9876"
 ROUND_ROBIN = "round_robin"
 LATENCY = "latency"
+# More processes than this on one port is a typo, not a plan (a bigger host runs more pods).
+MAX_WORKERS = 256
 
 
 @dataclass(slots=True, frozen=True)
@@ -59,6 +62,9 @@ class GatewaySettings:
     fault_initial_backoff_ms: int = 1_000
     fault_max_backoff_ms: int = 60_000
     max_concurrent_rpcs: int = 4096
+    # Gateway processes sharing the listen port with SO_REUSEPORT (gateway/workers.py). The command
+    # line (--workers) and MQSTORE_GATEWAY_WORKERS come before this.
+    workers: int = 1
 
     def validate(self) -> None:
         if not self.shards:
@@ -69,9 +75,35 @@ class GatewaySettings:
         if self.queue_selection not in (ROUND_ROBIN, LATENCY):
             raise ConfigError(f"queue_selection must be {ROUND_ROBIN!r} or {LATENCY!r}, got {self.queue_selection!r}")
         for name in ("backend_timeout_ms", "retry_attempts", "route_refresh_ms", "default_topic_queue_nums",
-                     "fault_initial_backoff_ms", "fault_max_backoff_ms", "max_concurrent_rpcs"):
+                     "fault_initial_backoff_ms", "fault_max_backoff_ms", "max_concurrent_rpcs", "workers"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.workers > MAX_WORKERS:
+            raise ConfigError(f"workers must be at most {MAX_WORKERS}, got {self.workers}")
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayOptions:
+    """What the command line gave ``mqstore gateway`` (None: not given). A worker group passes them on
+    to each worker, so every worker loads the same settings."""
+
+    config_file: str | None = None
+    listen: str | None = None
+    auth_file: str | None = None
+    queue_selection: str | None = None
+    # (commitlog, query) addresses of a single shard, instead of the settings file's shards.
+    shard: tuple[str, str] | None = None
+    default_topic_queue_nums: int | None = None
+    workers: int | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings these options override (None values are ignored by load_gateway_settings)."""
+        values: dict[str, Any] = {"listen": self.listen, "auth_file": self.auth_file,
+                                  "queue_selection": self.queue_selection,
+                                  "default_topic_queue_nums": self.default_topic_queue_nums, "workers": self.workers}
+        if self.shard is not None:
+            values["shards"] = [{"name": "shard-0", "commitlog": self.shard[0], "query": self.shard[1]}]
+        return values
 
 
 def load_gateway_settings(path: str | Path | None, **overrides: Any) -> GatewaySettings:

@@ -90,6 +90,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                         help="Prometheus /metrics of commitlog, indexer, query, gateway on the next four ports "
                              "(default 9910: 9911..9914)")
         up.add_argument("--no-metrics", action="store_true", help="no /metrics endpoints")
+        up.add_argument("--gateway-workers", type=int, default=None, metavar="N",
+                        help="gateway processes sharing its port (default: $MQSTORE_GATEWAY_WORKERS, else 1); "
+                             "worker i serves /metrics on the gateway's metrics port + i")
         up.set_defaults(handler=_run)
 
     serve = commands.add_parser("serve", help="run one service alone: commitlog, indexer, query or gateway")
@@ -138,6 +141,10 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
         gateway.add_argument("--default-topic-queue-nums", type=int, default=None,
                              help="queues of a topic created by its first send; must match the store's "
                                   "defaultTopicQueueNums (default 8)")
+        gateway.add_argument("--workers", type=int, default=None, metavar="N",
+                             help="gateway processes sharing the listen port with SO_REUSEPORT; worker i serves "
+                                  "/metrics on MQSTORE_METRICS_PORT + i (default: $MQSTORE_GATEWAY_WORKERS, else the "
+                                  "settings file's workers, else 1; see gateway/workers.py)")
         gateway.set_defaults(handler=_serve_gateway)
 
 
@@ -145,18 +152,21 @@ def _run(args: argparse.Namespace) -> int:
     from services.runner import run
 
     return run(store=args.store, config_file=args.config, base_port=args.base_port, auth_file=args.auth_file,
-               metrics_base_port=None if args.no_metrics else args.metrics_base_port)
+               metrics_base_port=None if args.no_metrics else args.metrics_base_port,
+               gateway_workers=args.gateway_workers)
 
 
 def _serve_gateway(args: argparse.Namespace) -> int:
     from gateway.main import serve
+    from gateway.settings import GatewayOptions
 
     if (args.commitlog is None) != (args.query is None):
         print("mqstore gateway: give both --commitlog and --query (one shard), or neither", file=sys.stderr)
         return 2
-    return serve(args.config, listen=args.listen, auth_file=args.auth_file, queue_selection=args.queue_selection,
-                 shard=None if args.commitlog is None else (args.commitlog, args.query),
-                 default_topic_queue_nums=args.default_topic_queue_nums)
+    return serve(GatewayOptions(config_file=args.config, listen=args.listen, auth_file=args.auth_file,
+                                queue_selection=args.queue_selection,
+                                shard=None if args.commitlog is None else (args.commitlog, args.query),
+                                default_topic_queue_nums=args.default_topic_queue_nums, workers=args.workers))
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:

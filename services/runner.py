@@ -26,8 +26,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
+from gateway.workers import workers_from_env
 from services.query import DEFAULT_LISTEN as QUERY_LISTEN
-from services.store.config import load_config
+from services.store.config import ConfigError, load_config
 
 log = logging.getLogger("services.runner")
 STOP_TIMEOUT_S = 30.0
@@ -59,12 +60,17 @@ class Addresses:
 
 
 def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth_file: str | None = None,
-                metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT) -> list[ChildSpec]:
+                metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT,
+                gateway_workers: int | None = None) -> list[ChildSpec]:
+    """``gateway_workers``: gateway processes on the gateway's port (its worker i serves /metrics on the
+    gateway's metrics port + i); None leaves it to the gateway (MQSTORE_GATEWAY_WORKERS, else 1)."""
     extra = ["--config", config_file] if config_file else []
     # A topic created by its first send gets the store's defaultTopicQueueNums: the gateway's provisional
     # route must offer no more queues than that.
     auth = ["--auth-file", auth_file] if auth_file else []
     auth += ["--default-topic-queue-nums", str(load_config(config_file).default_topic_queue_nums)]
+    if gateway_workers is not None:
+        auth += ["--workers", str(gateway_workers)]
     a = addresses
     specs = [
         ("commitlog", ["commitlog", "--store", str(store), "--listen", a.commitlog, *extra], a.commitlog),
@@ -106,8 +112,14 @@ def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) 
 
 
 def run(store: str, config_file: str | None, base_port: int | None = None, auth_file: str | None = None,
-        metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT) -> int:
+        metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT, gateway_workers: int | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if gateway_workers is None:
+        try:
+            gateway_workers = workers_from_env()
+        except ConfigError as exc:
+            log.error("%s", exc)
+            return 2
     root = Path(store)
     root.mkdir(parents=True, exist_ok=True)
     addresses = Addresses.of(config_file, base_port)
@@ -121,7 +133,7 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     exit_code = 0
-    for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port):
+    for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port, gateway_workers):
         env = dict(os.environ)
         if spec.metrics_port is not None:
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
@@ -139,7 +151,7 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
             break
         log.info("%s is SERVING on %s", spec.name, spec.listen)
     if not stop_requested:
-        _print_welcome(addresses.gateway, root, metrics_base_port)
+        _print_welcome(addresses.gateway, root, metrics_base_port, gateway_workers or 1)
     while not stop_requested:
         for spec, proc in children:
             if proc.poll() is not None:
@@ -161,13 +173,15 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
     return exit_code
 
 
-def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None) -> None:
+def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None, gateway_workers: int = 1) -> None:
     target = "" if gateway == GATEWAY_LISTEN else f" --gateway {gateway}"
     metrics = ("" if metrics_base_port is None else
-               f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 4}/metrics")
+               f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 3 + gateway_workers}"
+               "/metrics")
+    workers = "" if gateway_workers == 1 else f" ({gateway_workers} workers)"
     mqstore, grpcurl = _command("mqstore"), _command("grpcurl")
     print(f"""
-mqstore is up. Gateway: {gateway} (store {root.resolve()}){metrics}
+mqstore is up. Gateway: {gateway}{workers} (store {root.resolve()}){metrics}
   try:      {mqstore} send{target} --topic demo "hello, mqstore"
             {mqstore} pull{target} --topic demo
             {grpcurl} -plaintext {gateway} list
