@@ -17,6 +17,7 @@ from mqstore_client.connection import DEFAULT_ADDRESS, Connection
 from mqstore_client.consumer import PullConsumer
 from mqstore_client.errors import (
     AlreadyExistsError,
+    DataLossError,
     DeadlineExceededError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -41,7 +42,7 @@ from mqstore_client.models import (
 from mqstore_client.producer import Producer
 
 __all__ = [
-    "DEFAULT_ADDRESS", "AlreadyExistsError", "Client", "Connection", "DeadlineExceededError",
+    "DEFAULT_ADDRESS", "AlreadyExistsError", "Client", "Connection", "DataLossError", "DeadlineExceededError",
     "FailedPreconditionError", "InvalidArgumentError", "Message", "MqstoreError", "NotFoundError",
     "OutOfRangeError", "OutgoingMessage", "PermissionDeniedError", "Producer", "PullConsumer", "QueryResult",
     "QueueOffsets", "QueueRoute", "ResourceExhaustedError", "SendReceipt", "TopicConfig", "TopicRoute",

@@ -159,10 +159,10 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, raw_records: bool = True) -> None:
         super().__init__(address, token, connection, DEFAULT_TIMEOUT_S)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
-                        commit_interval_s, from_latest, start_offsets, timeout)
+                        commit_interval_s, from_latest, start_offsets, timeout, raw_records)
 
     async def start(self) -> OffsetTracker:
         """Reads the route and the starting offsets (poll() does it on first use)."""

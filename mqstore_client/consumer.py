@@ -24,6 +24,7 @@ from mqstore_client.connection import Connection, Endpoint
 from mqstore_client.errors import InvalidArgumentError, MqstoreError
 from mqstore_client.models import Message, TopicRoute
 from mqstore_client.offsets import start_offsets
+from mqstore_client.records import decode_records
 
 #: How long one pull waits for messages by default; the query service allows up to 15 s.
 DEFAULT_LONG_POLL_MS = 10_000
@@ -79,7 +80,7 @@ class OffsetTracker:
         if state.fetch_offset != fetch_offset or state.buffered:
             return 0
         state.max_offset = response.max_offset
-        messages = [Message.from_proto(m) for m in response.messages] if response.status == FOUND else []
+        messages = pulled_messages(response, queue_id) if response.status == FOUND else []
         state.fetch_offset = response.next_begin_offset
         if messages:
             state.buffered.extend(messages)
@@ -129,9 +130,19 @@ class OffsetTracker:
 
 
 def pull_request(topic: str, queue_id: int, offset: int, batch: int, subscription: str, long_poll_ms: int,
-                 max_bytes: int) -> Any:
+                 max_bytes: int, raw_records: bool = True) -> Any:
     return query_pb2.PullMessageRequest(topic=topic, queue_id=queue_id, queue_offset=offset, max_messages=batch,
-                                        max_bytes=max_bytes, subscription=subscription, long_poll_ms=long_poll_ms)
+                                        max_bytes=max_bytes, subscription=subscription, long_poll_ms=long_poll_ms,
+                                        raw_records=raw_records)
+
+
+def pulled_messages(response: Any, queue_id: int) -> list[Message]:
+    """A pull answer's messages, in either form: raw records (decoded here; they carry the shard's queue
+    id, so the route queue id asked for replaces it) or decoded messages (a gateway or store that
+    predates raw records answers so whatever was asked)."""
+    if response.record_count:
+        return decode_records(response.records, queue_id)
+    return [Message.from_proto(m) for m in response.messages]
 
 
 def max_long_poll_of(error: MqstoreError) -> int | None:
@@ -153,6 +164,7 @@ class PullOptions:
     commit_interval_s: float
     from_latest: bool
     timeout: float | None
+    raw_records: bool
     _queue_ids: list[int] | None
     _explicit: dict[int, int]
     _tracker: OffsetTracker | None
@@ -161,7 +173,8 @@ class PullOptions:
 
     def _configure(self, group: str | None, topic: str, queue_ids: Sequence[int] | None, subscription: str,
                    long_poll_ms: int, batch_size: int, max_bytes: int, auto_commit: bool, commit_interval_s: float,
-                   from_latest: bool, start_offsets: Mapping[int, int] | None, timeout: float | None) -> None:
+                   from_latest: bool, start_offsets: Mapping[int, int] | None, timeout: float | None,
+                   raw_records: bool = True) -> None:
         if not 1 <= batch_size <= MAX_BATCH:
             raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
         if long_poll_ms < 0:
@@ -176,6 +189,7 @@ class PullOptions:
         self.commit_interval_s = commit_interval_s
         self.from_latest = from_latest
         self.timeout = timeout
+        self.raw_records = raw_records
         self._queue_ids = list(queue_ids) if queue_ids is not None else None
         self._explicit = dict(start_offsets or {})
         self._tracker: OffsetTracker | None = None
@@ -204,7 +218,7 @@ class PullOptions:
     def _request(self, tracker: OffsetTracker, queue_id: int, long_poll_ms: int) -> tuple[int, Any]:
         offset = tracker.queues[queue_id].fetch_offset
         return offset, pull_request(self.topic, queue_id, offset, self.batch_size, self.subscription, long_poll_ms,
-                                    self.max_bytes)
+                                    self.max_bytes, self.raw_records)
 
 
 class PullConsumer(PullOptions, Endpoint):
@@ -216,6 +230,10 @@ class PullConsumer(PullOptions, Endpoint):
     every ``commit_interval_s`` (checked in poll) and at close: a message counts as consumed once
     the next poll is made. ``group=None`` reads without committing. Not thread-safe: one consumer
     per thread; several consumers of one group should split the queues with ``queue_ids``.
+
+    Pulls ask for the stored record bytes (``raw_records``, RocketMQ's zero-copy pull) and decode them
+    here, which spares the store a protobuf message per record; ``raw_records=False`` asks the store to
+    decode (the messages are equal either way).
     """
 
     def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
@@ -223,10 +241,10 @@ class PullConsumer(PullOptions, Endpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None) -> None:
+                 timeout: float | None = None, raw_records: bool = True) -> None:
         super().__init__(address, token, connection=connection)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
-                        commit_interval_s, from_latest, start_offsets, timeout)
+                        commit_interval_s, from_latest, start_offsets, timeout, raw_records)
 
     # -- set-up ------------------------------------------------------------------------------------
 

@@ -76,11 +76,18 @@ class DeadlineExceededError(MqstoreError):
     status = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class DataLossError(MqstoreError):
+    """Stored data that cannot be read back as written: the store's answer, or raw records that are
+    not whole records or fail their body CRC in the client."""
+
+    status = grpc.StatusCode.DATA_LOSS
+
+
 _BY_STATUS: dict[grpc.StatusCode, type[MqstoreError]] = {
     cls.status: cls for cls in (
         InvalidArgumentError, NotFoundError, AlreadyExistsError, OutOfRangeError, UnauthenticatedError,
         PermissionDeniedError, FailedPreconditionError, ResourceExhaustedError, UnavailableError,
-        DeadlineExceededError)
+        DeadlineExceededError, DataLossError)
     if cls.status is not None
 }
 
