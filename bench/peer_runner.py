@@ -1,0 +1,154 @@
+"""Client processes of the peer harness (bench/peers.py): one job, ``procs`` spawned processes.
+
+Every system's client module (bench.peer_redis, bench.peer_nats, bench.peer_mqstore) offers
+``async def prepare(job) -> Session``; a Session's ``worker(index, deadline_ns, tally)`` coroutines run
+``job.concurrency`` to a process, started together across the processes by a barrier (after every
+connection is up and every request is built), and ``close()`` ends it. The processes are spawned,
+never forked, so each client has its own GIL and no inherited gRPC or event-loop state, as in
+bench/gateway.py. Only what a worker counted as done (acknowledged, found, read and checked) is in the
+rate; failures are counted apart and the first few errors reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from bench.peer_table import Measure
+from bench.report import CpuMeter, percentile
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the client processes of one case do (picklable: it crosses to spawned processes)."""
+
+    system: str  # redis | nats | mqstore: the module bench.peer_<system>
+    op: str
+    target: str  # host:port
+    duration_s: float
+    concurrency: int = 1  # coroutines per process
+    batch: int = 1  # messages per call (pipeline, batch)
+    proc: int = 0
+    procs: int = 1
+    data: tuple[Any, ...] = ()  # ids, timestamps, depths: whatever the op needs
+    mode: str = ""  # the label of what ran, for the table
+
+
+@dataclass
+class Tally:
+    """One worker's counts: ``ok`` operations (messages) done and checked, ``failed`` ones, and one
+    latency sample (ns) per call."""
+
+    ok: int = 0
+    failed: int = 0
+    latencies: array[int] = field(default_factory=lambda: array("q"))
+    errors: list[str] = field(default_factory=list)
+
+    def error(self, exc: BaseException, count: int = 1) -> None:
+        self.failed += count
+        if len(self.errors) < 3:
+            self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+
+class Session(Protocol):
+    async def worker(self, index: int, deadline_ns: int, tally: Tally) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def _child(job: Job, ready: Any) -> dict[str, Any]:
+    module = importlib.import_module(f"bench.peer_{job.system}")
+    session: Session = await module.prepare(job)
+    try:
+        tallies = [Tally() for _ in range(job.concurrency)]
+        await asyncio.get_running_loop().run_in_executor(None, ready.wait, 300)
+        started = time.monotonic_ns()
+        deadline = started + int(job.duration_s * 1e9)
+        await asyncio.gather(*(session.worker(i, deadline, t) for i, t in enumerate(tallies)))
+        ended = time.monotonic_ns()
+    finally:
+        await session.close()
+    return {"ok": sum(t.ok for t in tallies), "failed": sum(t.failed for t in tallies),
+            "errors": [e for t in tallies for e in t.errors], "started": started, "ended": ended,
+            "latencies": b"".join(t.latencies.tobytes() for t in tallies)}
+
+
+def _child_main(job: Job, ready: Any, results: Any) -> None:
+    try:
+        report = asyncio.run(_child(job, ready))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        with contextlib.suppress(Exception):
+            ready.abort()
+        report = {"fatal": f"{job.system} client {job.proc}: {exc!r}"}
+    results.put(report)
+
+
+def run_job(job: Job, procs: int, server_pids: Sequence[int] = ()) -> tuple[Measure, dict[str, Any]]:
+    """Run ``job`` in ``procs`` client processes; the Measure of what they did, and extras (CPU, errors)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Barrier(procs + 1)
+    results = ctx.Queue()
+    children = [ctx.Process(target=_child_main, args=(replace(job, proc=p, procs=procs), ready, results),
+                            name=f"peer-client-{job.system}-{p}", daemon=True) for p in range(procs)]
+    for child in children:
+        child.start()
+    reports: list[dict[str, Any]] = []
+    try:
+        try:
+            ready.wait(timeout=300)
+        except threading.BrokenBarrierError:
+            fatal = [r.get("fatal") for r in _drain(results, procs)]
+            raise RuntimeError(f"a client failed before the start: {fatal or 'no report'}") from None
+        meter = CpuMeter([*server_pids, *(c.pid for c in children if c.pid)])
+        server = CpuMeter(list(server_pids), include_self=False)
+        started = time.monotonic()
+        while len(reports) < procs:
+            try:
+                reports.append(results.get(timeout=0.5))
+            except queue.Empty:
+                if any(c.exitcode not in (None, 0) for c in children):
+                    raise RuntimeError(f"a {job.system} client process died without a report") from None
+                if time.monotonic() - started > job.duration_s + 300:
+                    raise RuntimeError(f"the {job.system} clients did not finish") from None
+        cpu = {**meter.stop(), "cpuServer": server.stop()["cpuOurs"]}
+    finally:
+        for child in children:
+            child.join(timeout=30)
+            if child.is_alive() and child.pid:
+                os.kill(child.pid, signal.SIGKILL)
+                child.join()
+    fatal = [r["fatal"] for r in reports if "fatal" in r]
+    if fatal:
+        raise RuntimeError(fatal[0])
+    return measure(job, reports), {**cpu, "errors": [e for r in reports for e in r["errors"]][:3]}
+
+
+def measure(job: Job, reports: Sequence[dict[str, Any]]) -> Measure:
+    ok = sum(r["ok"] for r in reports)
+    seconds = (max(r["ended"] for r in reports) - min(r["started"] for r in reports)) / 1e9
+    latencies: array[int] = array("q")
+    for r in reports:
+        latencies.frombytes(r["latencies"])
+    ordered = sorted(latencies)
+    return Measure(rate=ok / seconds if seconds > 0 else 0.0, p50_ms=percentile(ordered, 50) / 1e6 if ordered else None,
+                   p99_ms=percentile(ordered, 99) / 1e6 if ordered else None, mode=job.mode,
+                   failed=sum(r["failed"] for r in reports), ops=ok)
+
+
+def _drain(results: Any, count: int) -> list[dict[str, Any]]:
+    drained: list[dict[str, Any]] = []
+    with contextlib.suppress(queue.Empty):
+        for _ in range(count):
+            drained.append(results.get(timeout=5))
+    return drained

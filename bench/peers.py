@@ -1,0 +1,463 @@
+"""mqstore side by side with Redis Streams and NATS JetStream, in one run (issue 10's table).
+
+    make bench-peers                                   # every row, 5 s per case (about 10-15 min)
+    python -m bench.peers --quick                      # every row tiny: checks the harness (~3 min)
+    python -m bench.peers --only produce,pull --reps 3 # some rows, medians of 3 reps
+    python -m bench.peers --json                       # also one JSON line with every row
+
+What it does, in order:
+
+1. Installs what is missing: Debian's ``redis-server`` and ``nats-server`` (apt-get, when the binary is
+   absent) and the Python clients pinned in bench/requirements-peers.txt (into this .venv).
+2. mqstore: a fresh ``mqstore up`` per flush mode (as bench/gateway.py does), its produce cases taken
+   from bench/gateway.py (SendBatch 256 and 64, SendStream, one Send at a time; SYNC_FLUSH with 64
+   producers: SendBatch 64 and one message per Send), then a third system for the reads: 200,000
+   messages preloaded (untimed), ~1M keys indexed for the key rows, and pull / get by offset msg id /
+   query by key / SearchOffset through the gateway (bench/peer_mqstore.py).
+3. Redis Streams: a private ``redis-server`` (AOF, appendfsync everysec) for the async and read rows and
+   another (appendfsync always) for the durable row (bench/peer_redis.py).
+4. NATS JetStream: a private ``nats-server -js`` with a file-storage stream (bench/peer_nats.py).
+5. The engine in-process append (bench/append_engine.py, single and batch 64) and the crash recovery
+   of a 2 GiB commitlog (bench/recovery.py, abnormal), each as a child process.
+
+Every server is ours: started on free loopback ports with data dirs under .bench-tmp/peers-*, and
+stopped by PID at the end, on failure and on Ctrl-C or SIGTERM. Clients are separate (spawned)
+processes on the peers' Python clients or grpc.aio; only what was acknowledged (or found and checked)
+counts. The same workload everywhere: 1 KiB random bodies with UNIQ_KEY + CLUSTER, topic TopicTest with
+8 queues (8 Redis streams, 8 NATS subjects). The table's ratios are mqstore's figure over the peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.peer_servers import NatsServer, RedisServer, ensure_installed, server_version
+from bench.peer_table import GROUPS, Measure, Row, issue_rows, render, select, to_json
+from bench.report import progress
+from bench.workload import REPO, print_machine, scratch_dir
+
+PROG = "python -m bench.peers"
+
+
+class Run:
+    """The run's settings and what has been measured so far: row key -> system -> one Measure per rep."""
+
+    def __init__(self, args: argparse.Namespace, rows: Sequence[Row]) -> None:
+        self.args = args
+        self.rows = list(rows)
+        self.wanted = {r.key for r in rows}
+        self.measures: dict[str, dict[str, list[Measure]]] = {}
+        self.notes: dict[str, list[str]] = {}
+
+    def want(self, *keys: str) -> bool:
+        return any(k in self.wanted for k in keys)
+
+    def add(self, key: str, system: str, measure: Measure) -> None:
+        self.measures.setdefault(key, {}).setdefault(system, []).append(measure)
+        rate = f"{measure.rate:,.0f}/s" if measure.rate is not None else ""
+        latency = f"p50 {measure.p50_ms:.2f} p99 {measure.p99_ms:.2f} ms" if measure.p50_ms is not None else ""
+        seconds = f"{measure.seconds:.2f} s" if measure.seconds is not None else ""
+        failed = f", {measure.failed:,} FAILED" if measure.failed else ""
+        progress(f"  {key} {system}: {' '.join(x for x in (rate, latency, seconds) if x)} [{measure.mode}]{failed}")
+
+    def note(self, key: str, text: str) -> None:
+        if key in self.wanted and text not in self.notes.setdefault(key, []):
+            self.notes[key].append(text)
+
+    def filled(self) -> list[Row]:
+        for row in self.rows:
+            got = self.measures.get(row.key, {})
+            for system in ("mqstore", "redis", "nats"):
+                if got.get(system):
+                    setattr(row, system, Measure.median(got[system]))
+            row.notes = self.notes.get(row.key, [])
+        return self.rows
+
+
+# -- mqstore -----------------------------------------------------------------------------------------------
+def _gateway_args(run: Run) -> argparse.Namespace:
+    from bench import gateway
+
+    a = run.args
+    gargs = gateway.build_parser().parse_args([
+        "--duration", str(a.duration), "--reps", "1", "--quiet", "--wait-quiet", str(a.wait_quiet),
+        "--settle", str(a.settle), "--preload", str(a.preload), "--pull-max", "1024"])
+    gargs.settings = {}
+    return gargs
+
+
+def _from_rep(result: Any, mode: str) -> Measure:
+    return Measure(rate=result.msgs_per_s, p50_ms=result.call_p50_us / 1000, p99_ms=result.call_p99_us / 1000,
+                   mode=mode, failed=result.failed, ops=result.msgs)
+
+
+def _gateway_mode_note(run: Run) -> str:
+    """Which of the faster modes this checkout has (other helpers add them; the harness works either way)."""
+    from mqstore.v1 import gateway_pb2
+
+    from bench.peer_mqstore import pull_mode
+
+    batch_fields = sorted(f.name for f in gateway_pb2.SendBatchRequest.DESCRIPTOR.fields
+                          if f.type == f.TYPE_BYTES)
+    service = gateway_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+    streamed = sorted(m.name for m in service.methods if m.name not in ("SendStream",) and "Stream" in m.name)
+    workers = ("mqstore up --gateway-workers exists (bench.gateway starts its default)"
+               if _gateway_workers_supported() else "not available")
+    return (f"pull: {pull_mode()}; SendBatch bytes fields: {', '.join(batch_fields) or 'none (messages)'}; "
+            f"streamed-batch RPCs: {', '.join(streamed) or 'none'}; gateway workers: {workers}")
+
+
+def _gateway_workers_supported() -> bool:
+    from bench.services import mqstore_command
+
+    try:
+        out = subprocess.run([mqstore_command(), "up", "--help"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--gateway-workers" in out.stdout
+
+
+def mqstore_produce(run: Run) -> None:
+    """The produce rows through bench/gateway.py's own cases and reps (one system per flush mode)."""
+    from bench import gateway
+
+    gargs = _gateway_args(run)
+    async_cases: list[tuple[str, Any, str]] = []
+    if run.want("produce-batch256"):
+        async_cases.append(("produce-batch256", gateway.Case("batch256 2x4", "batch", "batch", 2, 4, 256),
+                            "SendBatch 256, 2 procs x 4 in flight"))
+    if run.want("produce-batch64"):
+        async_cases.append(("produce-batch64", gateway.Case("batch64 2x4", "batch", "batch", 2, 4, 64),
+                            "SendBatch 64, 2 procs x 4 in flight"))
+    if run.want("produce-stream"):
+        async_cases.append(("produce-stream", gateway.Case("stream w512 2x1", "stream", "stream", 2, 1, window=512),
+                            "SendStream, window 512, 2 procs"))
+    if run.want("send-latency"):
+        async_cases.append(("send-latency", gateway.Case("send 1x1", "send", "unary", 1, 1), "Send, one at a time"))
+    sync_cases: list[tuple[str, Any, str]] = []
+    if run.want("durable-batch64"):
+        sync_cases.append(("durable-batch64", gateway.Case("sync batch64 2x32", "sync", "batch", 2, 32, 64),
+                           "SYNC_FLUSH SendBatch 64, 64 producers"))
+    if run.want("durable-send"):
+        sync_cases.append(("durable-send", gateway.Case("sync send 2x32", "sync", "unary", 2, 32),
+                           "SYNC_FLUSH Send, 64 producers"))
+    for flush, cases in (("ASYNC_FLUSH", async_cases), ("SYNC_FLUSH", sync_cases)):
+        if not cases:
+            continue
+        progress(f"mqstore: starting mqstore up ({flush}) for {', '.join(k for k, _, _ in cases)} ...")
+        with gateway.running_system({"MQSTORE_FLUSH_DISK_TYPE": flush}, run.args.keep_store) as system:
+            gateway.create_topic(system.gateway, gateway.TOPIC)
+            gateway.warm_up(system, gateway.TOPIC)
+            for key, case, mode in cases:
+                for rep in range(1, run.args.reps + 1):
+                    result = gateway.run_rep(case, rep, gargs, system, gateway.TOPIC)
+                    run.add(key, "mqstore", _from_rep(result, mode))
+                    if "catchUpSec" in result.extra:
+                        run.note(key, f"mqstore dispatch catch-up after the last ack: {result.extra['catchUpSec']} s")
+
+
+def mqstore_reads(run: Run) -> None:
+    """Pull, get by id, query by key and offset by time through the gateway, on a preloaded store."""
+    from bench import gateway
+    from bench.peer_mqstore import preload_keys, pull_mode, sample_pulled
+    from bench.peer_runner import Job
+
+    if not run.want("pull", "get-1", "get-n", "key-1", "key-n", "time"):
+        return
+    a = run.args
+    progress("mqstore: starting mqstore up (ASYNC_FLUSH) for the reads ...")
+    with gateway.running_system({"MQSTORE_FLUSH_DISK_TYPE": "ASYNC_FLUSH"}, a.keep_store) as system:
+        per_queue = gateway.preload(system, a.preload, True)
+        sample = sample_pulled(system.gateway, per_queue, random.Random(1))
+        key_messages = a.key_messages
+        if run.want("key-1", "key-n"):
+            seconds = preload_keys(system.gateway, key_messages)
+            progress(f"mqstore: {key_messages:,} messages with 3 KEYS each ({key_messages * 3:,} keys) sent and "
+                     f"indexed in {seconds:.1f} s")
+            run.note("key-n", f"{key_messages * 3:,} keys indexed (plus every message's UNIQ_KEY)")
+        jobs = [
+            ("pull", Job("mqstore", "pull", system.gateway, a.duration, 4, 1024, data=(per_queue,),
+                         mode=pull_mode()), 2),
+            ("get-1", Job("mqstore", "get", system.gateway, a.duration, 1, data=(tuple(sample["ids"]),),
+                          mode="GetMessage by offset msg id"), 1),
+            ("get-n", Job("mqstore", "get", system.gateway, a.duration, a.concurrency, data=(tuple(sample["ids"]),),
+                          mode=f"GetMessage by offset msg id, 2x{a.concurrency} in flight"), 2),
+            ("key-1", Job("mqstore", "key", system.gateway, a.duration, 1, data=(key_messages,), mode="QueryByKey"), 1),
+            ("key-n", Job("mqstore", "key", system.gateway, a.duration, a.concurrency, data=(key_messages,),
+                          mode=f"QueryByKey, 2x{a.concurrency} in flight"), 2),
+            ("time", Job("mqstore", "time", system.gateway, a.duration, a.concurrency,
+                         data=((sample["first_ms"], sample["last_ms"]), per_queue),
+                         mode=f"SearchOffset, 2x{a.concurrency} in flight"), 2),
+        ]
+        _run_jobs(run, "mqstore", jobs, system.pids)
+
+
+def _run_jobs(run: Run, system_name: str, jobs: Sequence[tuple[str, Any, int]], pids: Sequence[int]) -> None:
+    from bench.peer_runner import run_job
+    from bench.report import wait_quiet
+
+    for key, job, procs in jobs:
+        if not run.want(key):
+            continue
+        for _ in range(run.args.reps):
+            if run.args.wait_quiet > 0:
+                wait_quiet(run.args.wait_quiet)
+            measure, extra = run_job(job, procs, pids)
+            if extra["errors"]:
+                progress(f"warning: {key} {system_name}: errors, first: {extra['errors'][0]}")
+            run.add(key, system_name, measure)
+
+
+# -- the peers --------------------------------------------------------------------------------------------
+def redis_rows(run: Run, scratch: Path) -> None:
+    from bench import peer_redis
+    from bench.peer_runner import Job
+
+    a = run.args
+    if run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency",
+                "pull", "get-1", "get-n", "time"):
+        with RedisServer(scratch / "redis-everysec", "everysec") as server:
+            progress(f"redis: {server.target} (pid {server.pid}, appendfsync everysec)")
+            produce = Job("redis", "xadd", server.target, a.duration, 4, 256, mode="XADD pipelined 256, 2x4, everysec")
+            for key in ("produce-batch256", "produce-batch64", "produce-stream"):
+                if run.want(key):  # one Redis figure for every mqstore batched path
+                    _run_jobs(run, "redis", [(key, produce, 2)], [server.pid])
+                    break
+            _copy_peer(run, "redis", "produce-batch256", ("produce-batch64", "produce-stream"))
+            _run_jobs(run, "redis", [("send-latency", Job("redis", "xadd", server.target, a.duration, 1, 1,
+                                                          mode="XADD one at a time"), 1)], [server.pid])
+            if run.want("pull", "get-1", "get-n", "time"):
+                peer_redis.flush(server.target)
+                loaded = peer_redis.preload(server.target, a.preload)
+                progress(f"redis: preloaded {loaded['per_queue'] * 8:,} entries in {loaded['seconds']:.1f} s")
+                samples = tuple(tuple(s) for s in loaded["samples"])
+                ids = tuple(loaded["ids"])
+                _run_jobs(run, "redis", [
+                    ("pull", Job("redis", "xrange", server.target, a.duration, 4, 1024, data=(samples,),
+                                 mode="XRANGE COUNT 1024"), 2),
+                    ("get-1", Job("redis", "get", server.target, a.duration, 1, data=(ids,), mode="XRANGE id id"), 1),
+                    ("get-n", Job("redis", "get", server.target, a.duration, a.concurrency, data=(ids,),
+                                  mode=f"XRANGE id id, 2x{a.concurrency}"), 2),
+                    ("time", Job("redis", "time", server.target, a.duration, a.concurrency,
+                                 data=((loaded["first_ms"], loaded["last_ms"]),), mode="XRANGE <ms> + COUNT 1"), 2),
+                ], [server.pid])
+    if run.want("durable-batch64", "durable-send"):
+        with RedisServer(scratch / "redis-always", "always") as server:
+            progress(f"redis: {server.target} (pid {server.pid}, appendfsync always)")
+            job = Job("redis", "xadd", server.target, a.duration, 32, 64,
+                      mode="XADD pipelined 64, appendfsync always, 64 producers")
+            key = "durable-batch64" if run.want("durable-batch64") else "durable-send"
+            _run_jobs(run, "redis", [(key, job, 2)], [server.pid])
+            _copy_peer(run, "redis", "durable-batch64", ("durable-send",))
+
+
+def nats_rows(run: Run, scratch: Path) -> None:
+    import asyncio
+
+    from bench import peer_nats
+    from bench.peer_runner import Job
+
+    a = run.args
+    if not run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency", "durable-batch64",
+                    "durable-send", "pull", "get-1", "get-n", "time"):
+        return
+    with NatsServer(scratch / "nats") as server:
+        progress(f"nats: {server.target} (pid {server.pid}, JetStream, file storage)")
+        pids = [server.pid]
+        asyncio.run(peer_nats.create_stream(server.target))
+        for key in ("produce-batch256", "produce-batch64", "produce-stream"):
+            if run.want(key):
+                _run_jobs(run, "nats", [(key, Job("nats", "publish-async", server.target, a.duration, 4, 256,
+                                                  mode="async publish, 256 per ack wait, 2x4"), 2)], pids)
+                break
+        _copy_peer(run, "nats", "produce-batch256", ("produce-batch64", "produce-stream"))
+        _run_jobs(run, "nats", [("send-latency", Job("nats", "publish", server.target, a.duration, 1,
+                                                     mode="sync publish, one at a time"), 1)], pids)
+        durable = Job("nats", "publish", server.target, a.duration, 32,
+                      mode="sync publish, 64 producers (acked before fsync)")
+        key = "durable-batch64" if run.want("durable-batch64") else "durable-send"
+        _run_jobs(run, "nats", [(key, durable, 2)], pids)
+        _copy_peer(run, "nats", "durable-batch64", ("durable-send",))
+        run.note("durable-batch64", "NATS 2.9 acknowledges a publish once written, fsyncing on its own schedule: "
+                 "not durable per ack as mqstore SYNC_FLUSH and Redis appendfsync always are")
+        if run.want("pull", "get-1", "get-n", "time"):
+            loaded = peer_nats.preload(server.target, a.preload)
+            progress(f"nats: preloaded {loaded['per_queue'] * 8:,} messages in {loaded['seconds']:.1f} s")
+            times = (loaded["first_ms"], loaded["last_ms"])
+            _run_jobs(run, "nats", [
+                ("pull", Job("nats", "ordered", server.target, a.duration, 4, data=(loaded["per_queue"],),
+                             mode="ordered push consumer per subject, 2x4"), 2),
+                ("get-1", Job("nats", "get", server.target, a.duration, 1, data=(loaded["last_seq"],),
+                              mode="direct get by sequence"), 1),
+                ("get-n", Job("nats", "get", server.target, a.duration, a.concurrency, data=(loaded["last_seq"],),
+                              mode=f"direct get by sequence, 2x{a.concurrency}"), 2),
+                ("time", Job("nats", "time", server.target, a.duration, a.concurrency, data=(times,),
+                             mode=f"pull consumer by start time, fetch 1, 2x{a.concurrency}"), 2),
+            ], pids)
+
+
+def _copy_peer(run: Run, system: str, source: str, targets: Sequence[str]) -> None:
+    """One peer figure stands beside several mqstore rows (every batched path is held to the same peer)."""
+    for key in (source, *targets):
+        if got := run.measures.get(key, {}).get(system):
+            for target in (source, *targets):
+                if target in run.wanted and target != key:
+                    run.measures.setdefault(target, {})[system] = list(got)
+            return
+
+
+# -- engine and recovery (child processes of their own benchmarks) ---------------------------------------
+def _child(args: Sequence[str], timeout_s: float) -> str:
+    command = [sys.executable, "-m", *args]
+    progress(f"running {' '.join(command[2:])} ...")
+    with subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited with {proc.returncode}")
+    return out
+
+
+def engine_rows(run: Run) -> None:
+    if not run.want("engine-single", "engine-batch"):
+        return
+    a = run.args
+    out = _child(["bench.append_engine", "--messages", str(a.engine_messages), "--reps", str(a.reps),
+                  "--wait-quiet", str(a.wait_quiet), "--json"], 1800)
+    for line in out.splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        key = "engine-single" if " single " in f" {record['case']} " else "engine-batch"
+        for rep in record["reps"]:
+            run.add(key, "mqstore", Measure(rate=rep["msgsPerSec"], mode=f"{record['case']}, "
+                                            f"{a.engine_messages:,} msgs", failed=rep["failed"], ops=rep["ok"]))
+
+
+RECOVERY_LINE = re.compile(r"^\| abnormal \| \d+ \| ([\d.]+) \|", re.MULTILINE)
+RECOVERY_REP = re.compile(r"^\| abnormal \| \d+ \| ([\d.]+) \| ([\d,]+) \| ([\d.]+) \|", re.MULTILINE)
+
+
+def recovery_rows(run: Run) -> None:
+    if not run.want("recovery"):
+        return
+    a = run.args
+    args = ["bench.recovery", "--cases", "abnormal", "--reps", str(a.reps), "--size-gib", str(a.recovery_gib),
+            "--wait-quiet", str(a.wait_quiet)]
+    if a.recovery_gib < 1:
+        args += ["--file-size-mib", "64"]
+    out = _child(args, 3600)
+    reps = RECOVERY_REP.findall(out)
+    if not reps:
+        raise RuntimeError(f"bench.recovery printed no abnormal row:\n{out[-2000:]}")
+    for gib, records, walk_s in reps:
+        run.add("recovery", "mqstore", Measure(seconds=float(walk_s) / float(gib),
+                                               mode=f"abnormal walk of {float(gib):.2f} GiB, {records} records"))
+
+
+# -- main ------------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the run as Ctrl-C does: every server and system is stopped on the way out."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per case (default 5)")
+    parser.add_argument("--reps", type=int, default=1, help="repetitions per case; medians when > 1 (default 1)")
+    parser.add_argument("--only", metavar="ROWS",
+                        help=f"comma list of row groups ({', '.join(GROUPS)}) or row keys (e.g. get-1)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run of every row (1 s cases, small data)")
+    parser.add_argument("--json", action="store_true", help="also print the table as one JSON line")
+    parser.add_argument("--preload", type=int, default=200_000, help="messages to read from (default 200,000)")
+    parser.add_argument("--key-messages", type=int, default=333_334,
+                        help="messages with 3 KEYS each for the key rows (default 333,334: 1,000,002 keys)")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="calls in flight per client process (2 processes) of the 'with concurrency' rows")
+    parser.add_argument("--engine-messages", type=int, default=1_000_000,
+                        help="messages per engine append rep (default 1,000,000)")
+    parser.add_argument("--recovery-gib", type=float, default=2.0, help="commitlog size to recover (default 2)")
+    parser.add_argument("--wait-quiet", type=float, default=5.0, metavar="SECONDS",
+                        help="before each case wait up to this long for other processes to go idle (default 5)")
+    parser.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
+                        help="before each mqstore produce case wait up to this long for it to go idle (default 30)")
+    parser.add_argument("--no-install", action="store_true", help="fail instead of installing missing servers")
+    parser.add_argument("--keep-store", action="store_true", help="keep the scratch directories")
+    return parser
+
+
+def apply_quick(args: argparse.Namespace) -> None:
+    args.duration = min(args.duration, 1.0)
+    args.preload = min(args.preload, 8192)
+    args.key_messages = min(args.key_messages, 2048)
+    args.engine_messages = min(args.engine_messages, 50_000)
+    args.recovery_gib = min(args.recovery_gib, 0.125)
+    args.wait_quiet = 0.0
+    args.settle = min(args.settle, 2.0)
+    args.concurrency = min(args.concurrency, 4)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.quick:
+        apply_quick(args)
+    if args.reps < 1 or args.duration <= 0:
+        parser.error("--reps and --duration must be positive")
+    try:
+        rows = select(issue_rows(), args.only)
+    except ValueError as exc:
+        parser.error(str(exc))
+    ensure_installed(apt=not args.no_install)
+    run = Run(args, rows)
+    started = time.monotonic()
+    print_machine(f"; peers: {server_version('redis-server')}; {server_version('nats-server')}")
+    print(f"{args.reps} rep(s) of {args.duration:g} s per case; load average before the run: "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; mqstore modes: {_gateway_mode_note(run)}", flush=True)
+    with sigterm_as_interrupt(), scratch_dir("peers-", args.keep_store) as scratch:
+        mqstore_produce(run)
+        mqstore_reads(run)
+        redis_rows(run, scratch)
+        nats_rows(run, scratch)
+        engine_rows(run)
+        recovery_rows(run)
+    filled = run.filled()
+    print(f"\n### mqstore vs Redis Streams vs NATS JetStream (issue 10), {time.monotonic() - started:.0f} s run, "
+          f"{'medians of ' if args.reps > 1 else ''}{args.reps} rep(s) of {args.duration:g} s\n")
+    print(render(filled), flush=True)
+    if args.json:
+        print(to_json(filled, {k: v for k, v in vars(args).items() if k != "json"}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        progress("interrupted: every server of the run was stopped")
+        raise SystemExit(130) from None
