@@ -26,9 +26,11 @@ stored records; ASYNC_FLUSH unless said):
   send    one producer, unary Send one at a time: latency p50/p99/p999 (and its throughput)
   pull    ``--preload`` messages are sent first (SendBatch of 1024, not timed) and dispatched; then
           ``--pull-procs`` x ``--pull-inflight`` consumers pull ``--pull-max`` messages per call across
-          the 8 queues (wrapping to offset 0 at a queue's end). Two rows: ``pull raw`` decodes only
+          the 8 queues (wrapping to offset 0 at a queue's end). Three rows: ``pull raw`` decodes only
           each answer's header (status, next offset; every 64th answer in full), which measures the
-          system; ``pull parsed`` decodes every message, as a consumer would
+          system; ``pull parsed`` decodes every message, as a consumer would; ``pull records`` asks for
+          the stored record bytes (raw_records) and decodes every record with the client library
+          (mqstore_client.records), as its consumers do
 
 After every produce rep the benchmark waits until the topic's ConsumeQueues (GetQueueOffsets through
 the gateway) hold exactly what was acknowledged; ``catch-up s`` is how long after the last ack that
@@ -103,6 +105,7 @@ from bench.workload import (
     scratch_dir,
 )
 from mqstore_client.progress import Progress
+from mqstore_client.records import decode_records
 
 SERVICE = "mqstore.v1.MessagingService"
 SEND = f"/{SERVICE}/Send"
@@ -316,7 +319,7 @@ class ClientSpec:
     """What one client process does (picklable: it crosses to spawned processes)."""
 
     target: str
-    mode: str  # batch | stream | unary | pull-raw | pull-parsed
+    mode: str  # batch | stream | unary | pull-raw | pull-parsed | pull-records
     concurrency: int  # coroutines: calls (or streams) in flight
     duration_s: float
     batch: int = 1
@@ -385,7 +388,7 @@ class _Worker:
         elif mode == "stream":
             await self._stream(deadline_ns)
         else:
-            await self._pull(deadline_ns, parsed=mode == "pull-parsed")
+            await self._pull(deadline_ns, mode)
 
     async def _batch(self, deadline_ns: int) -> None:
         call = self.channel.unary_unary(SEND_BATCH, request_serializer=None, response_deserializer=None)
@@ -479,7 +482,7 @@ class _Worker:
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
             await writer
 
-    async def _pull(self, deadline_ns: int, parsed: bool) -> None:
+    async def _pull(self, deadline_ns: int, mode: str) -> None:
         spec = self.spec
         call = self.channel.unary_unary(PULL, request_serializer=None, response_deserializer=None)
         consumer = spec.proc * spec.concurrency + self.index
@@ -488,11 +491,13 @@ class _Worker:
         offset = random.Random(consumer).randrange(depth) if depth else 0
         max_bytes = min(32 * MIB, max(4 * MIB, spec.pull_max * RECORD_SIZE * 2))
         header, full = PullHeader.FromString, query_pb2.PullMessageResponse.FromString
+        parsed, records = mode == "pull-parsed", mode == "pull-records"
         clock, now, append = time.perf_counter_ns, time.monotonic_ns, self.latencies.append
         calls = 0
         while now() < deadline_ns:
             request = query_pb2.PullMessageRequest(topic=spec.topic, queue_id=queue_id, queue_offset=offset,
-                                                   max_messages=spec.pull_max, max_bytes=max_bytes).SerializeToString()
+                                                   max_messages=spec.pull_max, max_bytes=max_bytes,
+                                                   raw_records=records).SerializeToString()
             t0 = clock()
             try:
                 raw = await call(request, timeout=60)
@@ -501,7 +506,15 @@ class _Worker:
                 continue
             append(clock() - t0)
             calls += 1
-            if parsed:
+            if records:
+                response = full(raw)
+                messages = decode_records(response.records, queue_id)
+                status, next_offset = response.status, response.next_begin_offset
+                got = len(messages)
+                if status == FOUND and (got != next_offset - offset
+                                        or sum(len(m.body) for m in messages) != got * BODY_SIZE):
+                    raise RuntimeError(f"queue {queue_id} at {offset}: {got} records, next offset {next_offset}")
+            elif parsed:
                 response = full(raw)
                 got = body = 0
                 for message in response.messages:
@@ -660,7 +673,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             cases.append(Case("send 1x1", kind, "unary", 1, 1))
         else:
             cases += [Case(f"pull {how} {args.pull_procs}x{args.pull_inflight}", kind, f"pull-{how}",
-                           args.pull_procs, args.pull_inflight, args.pull_max) for how in ("raw", "parsed")]
+                           args.pull_procs, args.pull_inflight, args.pull_max) for how in ("raw", "parsed", "records")]
     return cases
 
 
@@ -710,7 +723,7 @@ def run_rep(case: Case, rep: int, args: argparse.Namespace, system: System, topi
     for r in reports:
         latencies.frombytes(r["latencies"])
     result = RepResult(case.name, rep, acked, (last - first) / 1e9, acked * RECORD_SIZE, acked * BODY_SIZE, latencies,
-                       case.batch if case.mode in ("batch", "pull-raw", "pull-parsed") else 1, failed, extra)
+                       case.batch if case.mode == "batch" or case.mode.startswith("pull") else 1, failed, extra)
     result.extra["callP999Us"] = round(percentile(sorted(latencies), 99.9) / 1000, 1)
     return result
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-EXPECTED_ROWS = ("send 1x1", "batch64 1x1", "pull raw 1x2", "pull parsed 1x2")
+EXPECTED_ROWS = ("send 1x1", "batch64 1x1", "pull raw 1x2", "pull parsed 1x2", "pull records 1x2")
 
 
 def _median_rows(stdout: str) -> dict[str, dict[str, str]]:
