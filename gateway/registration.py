@@ -38,4 +38,7 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
     }
     handlers["SendStream"] = grpc.stream_stream_rpc_method_handler(
         servicer.SendStream, request_deserializer=decoder(gateway_pb2.SendRequest), response_serializer=serialize)
+    handlers["SendBatchStream"] = grpc.stream_stream_rpc_method_handler(
+        servicer.SendBatchStream, request_deserializer=decoder(gateway_pb2.SendBatchRequest),
+        response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -12,6 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -30,6 +31,7 @@ from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
 from services.server.peer import peer_address
 from services.server.status import fail_call
+from services.store.batch_codec import BlobEntry, scan_blob, with_uniq_keys
 from services.store.errors import BATCH_POSITION, InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.key_query import check_key_query
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
@@ -42,7 +44,39 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 1024
 STREAM_WINDOW = 4096
+#: Batches of one SendBatchStream being worked on at once (the proto's window).
+BATCH_STREAM_WINDOW = 16
 T = TypeVar("T")
+#: SendBatchRequest's fields other than messages (cleared before its bytes go to the commitlog).
+_SEND_BATCH_ONLY_FIELDS = ("sharding_key", "queue_id", "topic", "encoded_messages", "born_timestamp", "born_host",
+                           "sys_flag")
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    """A batch that passed every check the gateway makes (``MessagingServicer._checked_batch``)."""
+
+    request: gateway_pb2.SendBatchRequest
+    topic: str
+    count: int
+    #: The blob to forward (with any UNIQ_KEYs the gateway added), or None for repeated messages.
+    blob: bytes | None = None
+    born_host: str = ""
+    entries: list[BlobEntry] | None = None
+    #: Blob: the UNIQ_KEYs the gateway generated, by message index.
+    missing: dict[int, str] = field(default_factory=dict)
+    #: Repeated messages: every message's UNIQ_KEY.
+    uniq_keys: list[str] | None = None
+
+    def generated_msg_ids(self) -> list[str]:
+        """Empty when every message came with its UNIQ_KEY; else every message's."""
+        return self.all_uniq_keys() if self.missing else []
+
+    def all_uniq_keys(self) -> list[str]:
+        if self.uniq_keys is not None:
+            return self.uniq_keys
+        assert self.entries is not None
+        return [self.missing.get(i) or e.uniq_key for i, e in enumerate(self.entries)]
 
 
 class MessagingServicer:
@@ -220,7 +254,29 @@ class MessagingServicer:
     @unary
     async def SendBatch(self, request: gateway_pb2.SendBatchRequest,
                         context: Context) -> gateway_pb2.SendBatchResponse:
-        principal = self._principal(context)
+        batch = self._checked_batch(self._principal(context), request, _peer_host(context))
+        return await self._store_batch(batch, context)
+
+    def _checked_batch(self, principal: Principal, request: gateway_pb2.SendBatchRequest,
+                       peer_host: str) -> PreparedBatch:
+        """Every check of a batch that needs no backend (the whole blob in one pass), and the UNIQ_KEYs
+        of messages that came without one."""
+        blob = request.encoded_messages
+        if blob or request.topic:
+            if request.messages:
+                raise InvalidArgumentError("the batch has both messages and encoded_messages: send one form")
+            topic = request.topic
+            check_topic_name(topic)
+            check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
+            if not blob:
+                raise InvalidArgumentError("encoded_messages is empty: give at least one message")
+            entries = scan_blob(blob, MAX_BATCH)
+            self.tokens.authorize(principal, Action.PRODUCE, topic)
+            born_host = request.born_host or peer_host
+            missing = {i: self.uniq_keys.next(born_host) for i, e in enumerate(entries) if not e.uniq_key}
+            if missing:
+                blob = with_uniq_keys(blob, entries, missing)
+            return PreparedBatch(request, topic, len(entries), blob, born_host, entries, missing)
         messages = request.messages
         if not messages:
             raise InvalidArgumentError("the batch is empty: give at least one message")
@@ -235,31 +291,133 @@ class MessagingServicer:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
         self.tokens.authorize(principal, Action.PRODUCE, topic)
+        uniq_keys = [self._prepare(m, peer_host) for m in messages]
+        return PreparedBatch(request, topic, len(messages), uniq_keys=uniq_keys)
+
+    async def _store_batch(self, batch: PreparedBatch, context: Context) -> gateway_pb2.SendBatchResponse:
+        """A checked batch to the shard of its queue (retried elsewhere when nothing was written)."""
+        request, topic = batch.request, batch.topic
         route = await self._route_for_send(topic, context)
         explicit = self._explicit_queue(route, request.HasField("queue_id"), request.queue_id)
         sharding_key = request.sharding_key
-        born_host = _peer_host(context)
-        uniq_keys = [self._prepare(m, born_host) for m in messages]
-        request.ClearField("sharding_key")
-        request.ClearField("queue_id")
         timeout = self._timeout(context)
+        blob = batch.blob
+        if blob is None:
+            # Without its other fields a SendBatchRequest is an AppendBatchRequest (field 1, messages).
+            for name in _SEND_BATCH_ONLY_FIELDS:
+                request.ClearField(name)
 
         async def send(queue: QueueRoute) -> commitlog_pb2.AppendBatchResponse:
-            shard_queue_id = queue.shard_queue_id
-            for message in messages:
-                message.queue_id = shard_queue_id
-            return await queue.shard.on_commitlog(queue.shard.append_batch_bytes, request.SerializeToString(),
-                                                  timeout)
+            if blob is not None:
+                data = commitlog_pb2.AppendBatchRequest(
+                    topic=topic, queue_id=queue.shard_queue_id, encoded_messages=blob,
+                    born_timestamp=request.born_timestamp, born_host=batch.born_host,
+                    sys_flag=request.sys_flag).SerializeToString()
+            else:
+                shard_queue_id = queue.shard_queue_id
+                for message in request.messages:
+                    message.queue_id = shard_queue_id
+                data = request.SerializeToString()
+            return await queue.shard.on_commitlog(queue.shard.append_batch_bytes, data, timeout)
 
         queue, response = await self._append(route, sharding_key, explicit, send)
         if route.provisional:
             await self._created(topic, context)
-        metrics.SENT_MESSAGES.inc(len(uniq_keys))
+        metrics.SENT_MESSAGES.inc(batch.count)
         answer = gateway_pb2.SendBatchResponse()
+        if response.HasField("receipt"):
+            r = response.receipt
+            answer.receipt.MergeFrom(gateway_pb2.SendBatchReceipt(
+                status=r.status, topic=topic, queue_id=queue.queue_id, shard=queue.shard.name,
+                offset_msg_id_prefix=r.offset_msg_id_prefix, store_timestamp=r.store_timestamp,
+                first_queue_offset=r.first_queue_offset, commitlog_offsets=r.commitlog_offsets,
+                msg_ids=batch.generated_msg_ids()))
+            return answer
         result, add = self._result, answer.results.add
-        for r, uniq_key in zip(response.results, uniq_keys, strict=True):
+        for r, uniq_key in zip(response.results, batch.all_uniq_keys(), strict=True):
             result(r, queue, topic, uniq_key, add)
         return answer
+
+    async def SendBatchStream(self, request_iterator: AsyncIterator[gateway_pb2.SendBatchRequest],
+                              context: Context) -> AsyncIterator[gateway_pb2.SendBatchResponse]:
+        """Pipelined batches. The reader checks each batch as it arrives (so a bad one stops the reading
+        before any batch after it is sent on) and starts its append; up to BATCH_STREAM_WINDOW are in
+        flight, answered in stream order. Batches with a sharding key or queue id wait for the stream's
+        previous batch with the same one, so they keep their order on that queue."""
+        started = time.perf_counter()
+        try:
+            principal = self._principal(context)
+        except AuthError as exc:
+            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
+            return
+        window: asyncio.Queue[asyncio.Task[gateway_pb2.SendBatchResponse] | Exception | None] = \
+            asyncio.Queue(BATCH_STREAM_WINDOW)
+        reader = asyncio.create_task(self._read_batches(principal, request_iterator, window, context))
+        sequence = 0
+        try:
+            while True:
+                item = await window.get()
+                if item is None:
+                    break
+                try:
+                    if isinstance(item, Exception):
+                        raise item
+                    response = await item
+                except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
+                    code, details = status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
+                    metrics.observe_call("SendBatchStream", code.name, time.perf_counter() - started)
+                    fail_call(context, code, f"batch #{sequence} of the stream: {details} (every batch before it "
+                                             "was stored; none after it was sent on by a check that failed)")
+                    return
+                sequence += 1
+                yield response
+            if reader.done() and reader.exception() is not None:
+                raise reader.exception()  # type: ignore[misc]
+            metrics.observe_call("SendBatchStream", "OK", time.perf_counter() - started)
+        finally:
+            reader.cancel()
+            while not window.empty():
+                item = window.get_nowait()
+                if isinstance(item, asyncio.Task):
+                    item.cancel()
+
+    async def _read_batches(self, principal: Principal,
+                            request_iterator: AsyncIterator[gateway_pb2.SendBatchRequest],
+                            window: asyncio.Queue[asyncio.Task[gateway_pb2.SendBatchResponse] | Exception | None],
+                            context: Context) -> None:
+        peer_host = _peer_host(context)
+        ordered: dict[tuple[str, str, int | None], asyncio.Task[gateway_pb2.SendBatchResponse]] = {}
+        try:
+            async for request in request_iterator:
+                try:
+                    if type(request) is Undecodable:
+                        raise InvalidArgumentError(request.reason)
+                    batch = self._checked_batch(principal, request, peer_host)
+                except (StoreError, AuthError) as exc:
+                    await window.put(exc)
+                    return
+                key = None
+                if request.sharding_key or request.HasField("queue_id"):
+                    key = (batch.topic, request.sharding_key, request.queue_id if request.HasField("queue_id")
+                           else None)
+                task = asyncio.create_task(self._store_in_turn(batch, context, ordered.get(key) if key else None))
+                if key is not None:
+                    ordered[key] = task
+                    if len(ordered) > 4 * BATCH_STREAM_WINDOW:
+                        ordered = {k: t for k, t in ordered.items() if not t.done()}
+                await window.put(task)
+        finally:
+            await window.put(None)
+
+    async def _store_in_turn(self, batch: PreparedBatch, context: Context,
+                             previous: asyncio.Task[gateway_pb2.SendBatchResponse] | None
+                             ) -> gateway_pb2.SendBatchResponse:
+        if previous is not None:
+            await asyncio.wait((previous,))
+            if previous.cancelled() or previous.exception() is not None:
+                raise BackendError(grpc.StatusCode.ABORTED, "an earlier batch of the stream to the same queue failed: "
+                                                            "nothing of this one was sent")
+        return await self._store_batch(batch, context)
 
     async def SendStream(self, request_iterator: AsyncIterator[gateway_pb2.SendRequest],
                          context: Context) -> AsyncIterator[gateway_pb2.SendResult]:

@@ -34,7 +34,7 @@ from mqstore_client.consumer import (
 )
 from mqstore_client.errors import MqstoreError, NotFoundError, from_rpc_error
 from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
-from mqstore_client.producer import Item, batch_chunks, batch_request, stream_request
+from mqstore_client.producer import Item, batch_chunks, batch_receipts, batch_request, stream_request
 
 
 class AsyncConnection:
@@ -118,7 +118,7 @@ class AsyncProducer(_AsyncEndpoint):
             except MqstoreError as exc:
                 exc.receipts = receipts
                 raise
-            receipts.extend(SendReceipt.from_proto(r) for r in response.results)
+            receipts.extend(batch_receipts(chunk, response))
         return receipts
 
     async def send_stream(self, messages: Iterable[Item] | AsyncIterable[Item], topic: str | None = None, *,

@@ -65,6 +65,14 @@ class OutgoingMessage:
 
     def to_proto(self, topic: str | None = None) -> Any:
         """The wire Message: tags, keys and delay become the TAGS, KEYS and DELAY properties."""
+        properties = self.wire_properties()
+        name = self.topic or topic
+        if not name:
+            raise ValueError("the message has no topic: give one to the message or to the send call")
+        return common_pb2.Message(topic=name, body=encode_body(self.body), flag=self.flag, properties=properties)
+
+    def wire_properties(self) -> dict[str, str]:
+        """The properties as sent: the message's own plus TAGS, KEYS and DELAY."""
         properties = dict(self.properties or {})
         if self.tags:
             properties[PROPERTY_TAGS] = self.tags
@@ -76,10 +84,7 @@ class OutgoingMessage:
                 raise ValueError(f"delay level {self.delay_level} must not be negative")
             if self.delay_level:
                 properties[PROPERTY_DELAY] = str(self.delay_level)
-        name = self.topic or topic
-        if not name:
-            raise ValueError("the message has no topic: give one to the message or to the send call")
-        return common_pb2.Message(topic=name, body=encode_body(self.body), flag=self.flag, properties=properties)
+        return properties
 
     def to_request(self, topic: str | None = None) -> Any:
         request = gateway_pb2.SendRequest(message=self.to_proto(topic), sharding_key=self.sharding_key or "")

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from mqstore.v1 import gateway_pb2
 
+from mqstore_client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
 from mqstore_client.connection import MIB, Endpoint
 from mqstore_client.errors import MqstoreError, from_rpc_error
-from mqstore_client.models import Keys, OutgoingMessage, SendReceipt
+from mqstore_client.models import Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
 
 #: The gateway's limit of messages per SendBatch.
 MAX_BATCH = 1024
@@ -31,10 +33,21 @@ def as_message(item: Item, tags: str | None = None, keys: Keys | None = None,
                            properties=properties)
 
 
+@dataclass(slots=True)
+class BatchChunk:
+    """One SendBatch's worth of messages as RocketMQ's batch blob, with the UNIQ_KEY of each message."""
+
+    topic: str
+    blob: bytes
+    uniq_keys: list[str]
+
+
 def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, keys: Keys | None = None,
-                 properties: Mapping[str, str] | None = None) -> Iterator[list[Any]]:
-    """Wire messages in chunks the gateway accepts (<= 1024 messages, <= 16 MiB)."""
-    chunk: list[Any] = []
+                 properties: Mapping[str, str] | None = None) -> Iterator[BatchChunk]:
+    """Blobs the gateway accepts (<= 1024 messages, <= 16 MiB), each message with its own UNIQ_KEY (one it
+    carries in its properties is kept)."""
+    parts: list[bytes] = []
+    uniq_keys: list[str] = []
     size = 0
     for item in messages:
         message = as_message(item, tags, keys, properties)
@@ -43,22 +56,39 @@ def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, 
                              "not to its messages")
         if message.topic and message.topic != topic:
             raise ValueError(f"message topic {message.topic!r} differs from the batch's topic {topic!r}")
-        wire = message.to_proto(topic)
-        wire_size = wire.ByteSize()
-        if chunk and (len(chunk) >= MAX_BATCH or size + wire_size > MAX_BATCH_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(wire)
-        size += wire_size
-    if chunk:
-        yield chunk
+        wire_properties = message.wire_properties()
+        uniq_key = wire_properties.get(UNIQ_KEY) or wire_properties.setdefault(UNIQ_KEY, UNIQ_KEYS.next())
+        entry = encode_entry(encode_body(message.body), message.flag, properties_bytes(wire_properties))
+        if parts and (len(parts) >= MAX_BATCH or size + len(entry) > MAX_BATCH_BYTES):
+            yield BatchChunk(topic, b"".join(parts), uniq_keys)
+            parts, uniq_keys, size = [], [], 0
+        parts.append(entry)
+        uniq_keys.append(uniq_key)
+        size += len(entry)
+    if parts:
+        yield BatchChunk(topic, b"".join(parts), uniq_keys)
 
 
-def batch_request(chunk: list[Any], sharding_key: str | None, queue_id: int | None) -> Any:
-    request = gateway_pb2.SendBatchRequest(messages=chunk, sharding_key=sharding_key or "")
+def batch_request(chunk: BatchChunk, sharding_key: str | None, queue_id: int | None) -> Any:
+    request = gateway_pb2.SendBatchRequest(topic=chunk.topic, encoded_messages=chunk.blob,
+                                           sharding_key=sharding_key or "")
     if queue_id is not None:
         request.queue_id = queue_id
     return request
+
+
+def batch_receipts(chunk: BatchChunk, response: Any) -> list[SendReceipt]:
+    """A SendBatch answer as receipts in message order: one receipt for the batch (the usual answer to a
+    blob) or a result per message (e.g. DELAY messages, stored under queues of their own)."""
+    if not response.HasField("receipt"):
+        return [SendReceipt.from_proto(r) for r in response.results]
+    r = response.receipt
+    ids = list(r.msg_ids) or chunk.uniq_keys
+    status = _put_status(r.status)
+    prefix, first = r.offset_msg_id_prefix, r.first_queue_offset
+    return [SendReceipt(msg_id=msg_id, offset_msg_id=f"{prefix}{offset:016X}", topic=r.topic, queue_id=r.queue_id,
+                        queue_offset=first + i, store_timestamp=r.store_timestamp, shard=r.shard, status=status)
+            for i, (msg_id, offset) in enumerate(zip(ids, r.commitlog_offsets, strict=True))]
 
 
 def stream_request(item: Item, topic: str | None, tags: str | None, keys: Keys | None,
@@ -106,7 +136,7 @@ class Producer(Endpoint):
             except MqstoreError as exc:
                 exc.receipts = receipts
                 raise
-            receipts.extend(SendReceipt.from_proto(r) for r in response.results)
+            receipts.extend(batch_receipts(chunk, response))
         return receipts
 
     def send_stream(self, messages: Iterable[Item], topic: str | None = None, *, tags: str | None = None,
