@@ -54,7 +54,8 @@ bad_ids = st.one_of(hex_digits.filter(lambda t: len(t) not in (32, 52, 56)),
 def pull_requests() -> st.SearchStrategy[query_pb2.PullMessageRequest]:
     def pull(**bad: Any) -> st.SearchStrategy[query_pb2.PullMessageRequest]:
         return st.builds(query_pb2.PullMessageRequest, **{"topic": legal_names, "queue_id": queues,
-                                                           "queue_offset": st.integers(0, 10**6), **bad})
+                                                           "queue_offset": st.integers(0, 10**6),
+                                                           "raw_records": st.booleans(), **bad})
     return st.one_of(
         pull(topic=bad_names), pull(queue_id=bad_queues), pull(queue_offset=bad_offsets),
         pull(max_messages=st.one_of(st.integers(-2**31, -1), st.integers(1025, 2**31 - 1))),
