@@ -76,8 +76,9 @@ def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth
         ("commitlog", ["commitlog", "--store", str(store), "--listen", a.commitlog, *extra], a.commitlog),
         ("indexer", ["indexer", "--store", str(store / "indexer"), "--listen", a.indexer, "--commitlog", a.commitlog,
                      *extra], a.indexer),
+        # One host, one store volume: the query service reads the commitlog's and indexer's files directly.
         ("query", ["query", "--store", str(store / "query"), "--listen", a.query, "--commitlog", a.commitlog,
-                   "--indexer", a.indexer, *extra], a.query),
+                   "--indexer", a.indexer, "--store-root", str(store), *extra], a.query),
         ("gateway", ["gateway", "--listen", a.gateway, "--commitlog", a.commitlog, "--query", a.query, *auth],
          a.gateway),
     ]

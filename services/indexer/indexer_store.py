@@ -33,7 +33,20 @@ from services.store.store_root import AbortFile, StoreLock, write_atomically
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
-ArrivalListener = Callable[[dict[QueueKey, int]], None]
+
+
+@dataclass(slots=True, frozen=True)
+class ArrivalBatch:
+    """What one dispatch step published: the new max offset of each queue it added units to, and the
+    reput offset after it (the dispatch bound a reader of the store files trusts). ``truncated``: the
+    commitlog was cut under the indexer, ``maxima`` holds every queue's new (possibly lower) max."""
+
+    maxima: dict[QueueKey, int]
+    reput_offset: int
+    truncated: bool = False
+
+
+ArrivalListener = Callable[[ArrivalBatch], None]
 
 
 @dataclass(slots=True, frozen=True)
@@ -189,9 +202,11 @@ class IndexerStore:
                 self.dispatched_records += len(requests)
             self.reput_offset = next_offset
         if requests and self._listeners:
-            arrivals = _arrivals(requests)
-            for listener in self._listeners:
-                listener(arrivals)
+            self._publish(ArrivalBatch(_arrivals(requests), next_offset))
+
+    def _publish(self, batch: ArrivalBatch) -> None:
+        for listener in self._listeners:
+            listener(batch)
 
     def skip_to(self, offset: int) -> None:
         """Move the reput offset without dispatching (a BLANK end of file, or files deleted below it)."""
@@ -220,6 +235,11 @@ class IndexerStore:
                     self.index.rewind(resume)
             self.reput_offset = min(self.reput_offset, resume)
             self._save_dispatch_checkpoint(after_rewind=True)
+            batch = ArrivalBatch({(q.topic, q.queue_id): q.max_offset_in_queue for q in self.consume_queues.queues()},
+                                 self.reput_offset, truncated=True)
+        if self._listeners:
+            # Readers of the files bound their reads by the max offsets published before: lower them.
+            self._publish(batch)
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         with self._lock:

@@ -12,7 +12,7 @@ import grpc
 from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
 
 from services.indexer import metrics as indexer_metrics
-from services.indexer.indexer_store import IndexerStore, QueueKey
+from services.indexer.indexer_store import ArrivalBatch, IndexerStore
 from services.indexer.reput import ReputService
 from services.server.status import status_code_of
 from services.store.consume_queue import ConsumeQueue
@@ -40,28 +40,29 @@ class ArrivalHub:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subscribers: list[queue.Queue[dict[QueueKey, int]]] = []
+        self._subscribers: list[queue.Queue[ArrivalBatch]] = []
 
-    def publish(self, arrivals: dict[QueueKey, int]) -> None:
+    def publish(self, arrivals: ArrivalBatch) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
         for q in subscribers:
             try:
                 q.put_nowait(arrivals)
-            except queue.Full:  # drop the oldest: the newest max offset is what matters
+            except queue.Full:  # drop the oldest: the newest max offset is what matters (a reader of the
+                # files also re-checks a unit it finds invalid, so a dropped truncation costs a retry)
                 try:
                     q.get_nowait()
                     q.put_nowait(arrivals)
                 except (queue.Empty, queue.Full):
                     pass
 
-    def subscribe(self) -> queue.Queue[dict[QueueKey, int]]:
-        q: queue.Queue[dict[QueueKey, int]] = queue.Queue(ARRIVAL_QUEUE_DEPTH)
+    def subscribe(self) -> queue.Queue[ArrivalBatch]:
+        q: queue.Queue[ArrivalBatch] = queue.Queue(ARRIVAL_QUEUE_DEPTH)
         with self._lock:
             self._subscribers.append(q)
         return q
 
-    def unsubscribe(self, q: queue.Queue[dict[QueueKey, int]]) -> None:
+    def unsubscribe(self, q: queue.Queue[ArrivalBatch]) -> None:
         with self._lock:
             self._subscribers.remove(q)
 
@@ -172,8 +173,12 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
                     arrivals = subscription.get(timeout=HEARTBEAT_S)
                 except queue.Empty:
                     continue
-                for (topic, queue_id), max_offset in arrivals.items():
-                    yield indexer_pb2.Arrival(topic=topic, queue_id=queue_id, max_offset=max_offset)
+                reput, truncated = arrivals.reput_offset, arrivals.truncated
+                for (topic, queue_id), max_offset in arrivals.maxima.items():
+                    yield indexer_pb2.Arrival(topic=topic, queue_id=queue_id, max_offset=max_offset,
+                                              reput_offset=reput, truncated=truncated)
+                if truncated and not arrivals.maxima:
+                    yield indexer_pb2.Arrival(reput_offset=reput, truncated=True)
         finally:
             self.hub.unsubscribe(subscription)
 

@@ -132,7 +132,8 @@ class ArrivalWatcher:
                     if not self.connected:
                         self._connected()
                         backoff = RECONNECT_MIN_S
-                    self.arrived((arrival.topic, arrival.queue_id), arrival.max_offset)
+                    if arrival.topic:  # a truncation notice names no queue
+                        self.arrived((arrival.topic, arrival.queue_id), arrival.max_offset)
             except StoreError as exc:
                 if self.connected:
                     log.warning("arrival stream from the indexer at %s broke (%s); reconnecting",

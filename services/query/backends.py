@@ -71,6 +71,8 @@ class StoreInfo:
     mapped_file_size: int
     store_host: str
     incarnation: str
+    #: [start, end) commitlog ranges recovery quarantined: reads of them answer DATA_LOSS
+    quarantined: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(slots=True, frozen=True)
@@ -78,6 +80,10 @@ class QueueArrival:
     topic: str
     queue_id: int
     max_offset: int
+    #: the indexer's reput offset after these units (0 from an indexer that does not say)
+    reput_offset: int = 0
+    #: the commitlog was truncated: max offsets learned before may be too high
+    truncated: bool = False
 
 
 def _translate(service: str, address: str, exc: grpc.aio.AioRpcError) -> StoreError:
@@ -161,7 +167,8 @@ class IndexerClient:
         call = self._stub.WatchArrivals(indexer_pb2.WatchArrivalsRequest())
         try:
             async for arrival in call:
-                yield QueueArrival(arrival.topic, arrival.queue_id, arrival.max_offset)
+                yield QueueArrival(arrival.topic, arrival.queue_id, arrival.max_offset, arrival.reput_offset,
+                                   arrival.truncated)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
         finally:
@@ -185,7 +192,8 @@ class CommitLogClient:
             info = await self._stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
-        return StoreInfo(info.min_offset, info.max_offset, info.mapped_file_size, info.store_host, info.incarnation)
+        return StoreInfo(info.min_offset, info.max_offset, info.mapped_file_size, info.store_host, info.incarnation,
+                         tuple((r.start_offset, r.end_offset) for r in info.quarantined_ranges))
 
     async def read(self, offset: int, size: int) -> bytes:
         """OutOfRangeError when the range is not (or no longer) in the log."""

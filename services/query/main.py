@@ -4,6 +4,11 @@ The service runs on one asyncio event loop (a ``grpc.aio`` server and aio client
 the commitlog service). Its store root holds only ``lock`` and ``config/consumerOffset.json``.
 Metrics on ``MQSTORE_METRICS_PORT`` like the other services (services/query/metrics.py).
 
+Data reads come from the store files when the shard's store is mounted here (``--store-root``: the
+commitlog service's store root; the indexer's is ``STORE_ROOT/indexer`` unless ``--indexer-store``
+says otherwise), over gRPC from the indexer and the commitlog service otherwise (``--read-from grpc``,
+or no store root: a query service on another machine). See services/query/local_files.py.
+
 Exit codes: 0 after a clean stop, 2 for bad settings or an address it cannot listen on, 3 when
 another process holds the store's lock, 4 when the consumer offsets file and its backup are unreadable.
 """
@@ -23,6 +28,7 @@ from services.query import metrics as query_metrics
 from services.query.arrivals import ArrivalWatcher
 from services.query.backends import CommitLogClient, IndexerClient
 from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
+from services.query.local_files import LocalCommitLog, LocalIndexer
 from services.query.lookup import MessageLookup
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
@@ -43,7 +49,7 @@ from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.server.service_auth import load_service_token
 from services.server.tracing import init_tracing, shutdown_tracing
-from services.store.config import ConfigError, load_config
+from services.store.config import ConfigError, MessageStoreConfig, load_config
 from services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS
 from services.store.store_root import StoreLock, StoreLockedError
 
@@ -56,6 +62,8 @@ DEFAULT_PERSIST_INTERVAL_MS = 5000
 MAX_CONCURRENT_RPCS = 4096
 # Only consumer offset writes go to threads.
 BLOCKING_WORKERS = 4
+# Reads from the files learn of expired commitlog files and quarantined ranges through GetStoreInfo.
+STORE_VIEW_REFRESH_S = 1.0
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +75,22 @@ class QueryOptions:
     indexer: str | None = None
     persist_interval_ms: int = DEFAULT_PERSIST_INTERVAL_MS
     max_long_poll_ms: int = DEFAULT_MAX_LONG_POLL_MS
+    #: the commitlog service's store root (the shard's shared volume), for reads from the files
+    store_root: str | None = None
+    #: the indexer's store root (default STORE_ROOT/indexer)
+    indexer_store: str | None = None
+    #: "files", "grpc", or None: files when a store root is given, else grpc
+    read_from: str | None = None
+
+    def reads_files(self) -> bool:
+        """Whether data reads come from the files; ConfigError for a combination that cannot work."""
+        mode = self.read_from or ("files" if self.store_root else "grpc")
+        if mode not in ("files", "grpc"):
+            raise ConfigError(f"--read-from {mode!r}: give files or grpc")
+        if mode == "files" and not self.store_root:
+            raise ConfigError("--read-from files needs --store-root (the commitlog service's store root, mounted "
+                              "here)")
+        return mode == "files"
 
 
 def serve(options: QueryOptions) -> int:
@@ -90,6 +114,7 @@ async def _serve(options: QueryOptions) -> int:
         load_service_token()  # an unusable credential is a settings error, told before serving
         if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
             raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")
+        options.reads_files()
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
@@ -108,17 +133,28 @@ async def _serve(options: QueryOptions) -> int:
         lock.release()
         return EXIT_BAD_OFFSETS_FILE
     try:
-        return await _run(options, config.commitlog_listen, config.indexer_listen,
-                          config.mapped_file_size_consume_queue, offsets, signals, metrics_port)
+        return await _run(options, config, offsets, signals, metrics_port)
     finally:
         lock.release()
 
 
-async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str, cq_file_size: int,
-               offsets: ConsumerOffsetTable, signals: ShutdownSignal, metrics_port: int | None) -> int:
+def _backends(options: QueryOptions, config: MessageStoreConfig) -> tuple[IndexerClient, CommitLogClient]:
+    indexer_address = options.indexer or config.indexer_listen
+    commitlog_address = options.commitlog or config.commitlog_listen
+    if not options.reads_files():
+        return IndexerClient(indexer_address), CommitLogClient(commitlog_address)
+    assert options.store_root is not None
+    root = Path(options.store_root)
+    commitlog = LocalCommitLog(commitlog_address, root, config.mapped_file_size_commit_log)
+    indexer_root = Path(options.indexer_store) if options.indexer_store else root / "indexer"
+    return LocalIndexer(indexer_address, indexer_root, config, commitlog), commitlog
+
+
+async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: ConsumerOffsetTable,
+               signals: ShutdownSignal, metrics_port: int | None) -> int:
     use_blocking_executor(BLOCKING_WORKERS)
-    indexer = IndexerClient(options.indexer or indexer_listen)
-    commitlog = CommitLogClient(options.commitlog or commitlog_listen)
+    cq_file_size = config.mapped_file_size_consume_queue
+    indexer, commitlog = _backends(options, config)
     store = StoreView(commitlog)
     watcher = ArrivalWatcher(indexer)
     query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
@@ -133,15 +169,19 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
     watcher.start()
     persister = asyncio.create_task(_persist_periodically(offsets, options.persist_interval_ms / 1000),
                                     name="persist-consumer-offsets")
+    background = [persister]
+    if isinstance(commitlog, LocalCommitLog):
+        background.append(asyncio.create_task(store.keep_fresh(STORE_VIEW_REFRESH_S), name="refresh-store-view"))
 
     def stopping() -> None:
         servicer.begin_shutdown()
         watcher.begin_stop()
 
     async def stopped() -> None:
-        persister.cancel()
-        with suppress(asyncio.CancelledError):
-            await persister
+        for task in background:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
         await watcher.stop()
         try:
             await asyncio.to_thread(offsets.persist)
@@ -153,8 +193,9 @@ async def _run(options: QueryOptions, commitlog_listen: str, indexer_listen: str
     bound = await start_aio_service(server, metrics_port, stopped)
     if bound is None:
         return EXIT_BAD_SETTINGS
-    log.info("query service listening on %s, store %s, indexer %s, commitlog %s", bound, options.store,
-             indexer.address, commitlog.address,
+    log.info("query service listening on %s, store %s, indexer %s, commitlog %s, data reads from %s", bound,
+             options.store, indexer.address, commitlog.address,
+             "the files under " + str(options.store_root) if isinstance(commitlog, LocalCommitLog) else "gRPC",
              extra={"listen": bound, "store": str(Path(options.store).resolve())})
     return await serve_aio_until_signal(server, signals, on_stopping=stopping, on_stopped=stopped)
 

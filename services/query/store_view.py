@@ -8,9 +8,13 @@ below the real min (files deleted). Concurrent refreshes share one GetStoreInfo 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from services.query.backends import CommitLogClient, StoreInfo
+from services.store.errors import StoreError
 from services.store.socket_address import AddressError, decode_address, encode_address
+
+log = logging.getLogger(__name__)
 
 
 def normalise_host(host: str) -> str:
@@ -58,6 +62,16 @@ class StoreView:
         if offset >= info.max_offset:
             info = await self.refresh()
         return info
+
+    async def keep_fresh(self, interval_s: float) -> None:
+        """Refresh every ``interval_s`` until cancelled. Reads from the files learn of expired files (the
+        min offset) and quarantined ranges only through this view; a failed refresh is retried next time."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.refresh()
+            except StoreError as exc:
+                log.debug("store view refresh failed: %s", exc)
 
     async def _fetch(self) -> StoreInfo:
         info = await self._commitlog.store_info()

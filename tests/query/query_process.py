@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,6 +22,16 @@ from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
 #: A short persist interval so offset tests do not wait 5 s.
 PERSIST_INTERVAL_MS = 200
+#: Where the query service of a System reads data from: "files" (the default, as ``mqstore up``) or
+#: "grpc"; MQSTORE_TEST_QUERY_READ_FROM=grpc runs the query tests against the gRPC data path.
+DEFAULT_READ_FROM = os.environ.get("MQSTORE_TEST_QUERY_READ_FROM", "files")
+
+
+def read_args(root: Path, read_from: str) -> tuple[str, ...]:
+    """The query service's flags for a System on ``root`` reading ``read_from``."""
+    if read_from == "files":
+        return ("--store-root", str(root / "broker"), "--indexer-store", str(root / "indexer"))
+    return ("--read-from", "grpc")
 
 
 class QueryProcess(ServiceProcess):
@@ -50,21 +61,23 @@ class System:
     query: QueryProcess
     root: Path
     env: Mapping[str, str] | None = None
+    read_from: str = DEFAULT_READ_FROM
 
     @classmethod
-    def start(cls, root: Path, env: Mapping[str, str] | None = None) -> System:
+    def start(cls, root: Path, env: Mapping[str, str] | None = None, read_from: str = DEFAULT_READ_FROM) -> System:
         commitlog = start_commitlog(root / "broker", env)
         try:
             indexer = start_indexer(root / "indexer", commitlog.address, env)
             try:
-                query = start_query(root / "query", commitlog.address, indexer.address, env)
+                query = start_query(root / "query", commitlog.address, indexer.address, env,
+                                    extra_args=read_args(root, read_from))
             except BaseException:
                 indexer.kill9()
                 raise
         except BaseException:
             commitlog.kill9()
             raise
-        return cls(commitlog, indexer, query, root, env)
+        return cls(commitlog, indexer, query, root, env, read_from)
 
     def append(self, messages: Sequence[common_pb2.Message]) -> list[commitlog_pb2.AppendResult]:
         """Append and wait until the indexer has dispatched them."""
@@ -94,7 +107,7 @@ class System:
         else:
             assert old.stop() == 0, old.logs()
         self.query = start_query(old.store_dir, self.commitlog.address, self.indexer.address, self.env,
-                                 extra_args=extra_args, port=old.port)
+                                 extra_args=[*read_args(self.root, self.read_from), *extra_args], port=old.port)
         return self.query
 
     def restart_indexer(self) -> IndexerProcess:
@@ -112,9 +125,10 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(root: Path, env: Mapping[str, str] | None = None) -> Iterator[System]:
+def running_system(root: Path, env: Mapping[str, str] | None = None,
+                   read_from: str = DEFAULT_READ_FROM) -> Iterator[System]:
     """A system for a fixture: started, yielded, then stopped (each service cleanly; killed if not)."""
-    started = System.start(root, env)
+    started = System.start(root, env, read_from)
     try:
         yield started
     finally:
