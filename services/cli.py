@@ -127,6 +127,13 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                            help="how often changed consumer offsets are written (default 5000)")
         query.add_argument("--max-long-poll-ms", type=int, default=15000,
                            help="the longest a pull may wait for messages (default 15000)")
+        query.add_argument("--store-root", default=None,
+                           help="the commitlog service's store root, mounted here (one pod per shard sharing the "
+                                "volume): pulls and lookups read the store files directly")
+        query.add_argument("--indexer-store", default=None,
+                           help="the indexer's store root for reads from the files (default STORE_ROOT/indexer)")
+        query.add_argument("--read-from", choices=("files", "grpc"), default=None,
+                           help="where data reads come from (default files with --store-root, else grpc)")
         query.set_defaults(handler=_serve_query)
     if "gateway" in names:
         gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
@@ -180,7 +187,8 @@ def _serve_query(args: argparse.Namespace) -> int:
 
     return serve(QueryOptions(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog,
                               indexer=args.indexer, persist_interval_ms=args.persist_interval_ms,
-                              max_long_poll_ms=args.max_long_poll_ms))
+                              max_long_poll_ms=args.max_long_poll_ms, store_root=args.store_root,
+                              indexer_store=args.indexer_store, read_from=args.read_from))
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:
