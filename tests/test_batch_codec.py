@@ -14,7 +14,7 @@ from mqstore_client.batch_encoder import decode_entries, encode_entry, propertie
 from services.store import batch_codec
 from services.store.errors import InvalidArgumentError
 
-_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1,
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x01\x02"), min_size=1,
                 max_size=12)
 _uniq = st.text("0123456789ABCDEF", min_size=32, max_size=32)
 _message = st.tuples(st.binary(min_size=1, max_size=300), st.integers(0, 2**31 - 1),
