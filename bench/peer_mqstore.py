@@ -10,10 +10,16 @@ this module adds what the peer table needs beyond them, all through the gateway'
 * ``get``: GetMessage by an offset msg id of the preloaded messages (kind OFFSET), body size checked.
 * ``key``: QueryByKey of a random key of the ~1M keys indexed (bench/query.py's key layout).
 * ``time``: SearchOffset of a random queue at a random time of the preload, offset in range checked.
+* ``blob`` / ``blob-stream``: SendBatch, or SendBatchStream, of ``batch`` messages as one bytes blob in
+  RocketMQ's batch encoding (``SendBatchRequest.encoded_messages``), when the generated code has it;
+  each answer's receipt (or per-message results) is checked, and the caller checks afterwards that the
+  topic's queues hold what was acknowledged.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import time
 from collections import deque
@@ -25,7 +31,7 @@ from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 from bench.gateway import CHANNEL_OPTIONS, PULL_TOPIC, PUT_OK, SERVICE, PullHeader, create_topic, wait_dispatched
 from bench.peer_runner import Job, Tally
 from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
-from bench.workload import BODY_SIZE, CLUSTER, QUEUES, RECORD_SIZE, Workload
+from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
 
 MIB = 1024 * 1024
 REQUEST_POOL = 4096
@@ -40,6 +46,51 @@ def raw_pull_available() -> bool:
     return "raw_records" in request_fields and "records" in response_fields and "record_count" in response_fields
 
 
+def blob_available() -> bool:
+    """Whether SendBatch takes a blob in RocketMQ's batch encoding (and answers a receipt)."""
+    return ("encoded_messages" in gateway_pb2.SendBatchRequest.DESCRIPTOR.fields_by_name
+            and "receipt" in gateway_pb2.SendBatchResponse.DESCRIPTOR.fields_by_name)
+
+
+def batch_stream_available() -> bool:
+    return blob_available() and "SendBatchStream" in gateway_pb2.DESCRIPTOR.services_by_name[
+        "MessagingService"].methods_by_name
+
+
+def blob_requests(proc: int, batch: int, pool: int = 16_384) -> list[bytes]:
+    """Serialised blob SendBatchRequests of ``batch`` messages each (the workload's bodies, UNIQ_KEY, CLUSTER)."""
+    from services.store.batch_codec import encode_blob
+
+    workload = Workload.fresh(min(pool, 8192))
+    first = proc * pool
+    requests = []
+    for start in range(first, first + max(pool, batch), batch):
+        blob = encode_blob((workload.body(i), 0, {"UNIQ_KEY": workload.uniq_key(i), "CLUSTER": CLUSTER})
+                           for i in range(start, start + batch))
+        request: Any = gateway_pb2.SendBatchRequest(topic=TOPIC)
+        request.encoded_messages = blob
+        request.born_timestamp = workload.born_timestamp
+        request.born_host = BORN_HOST
+        requests.append(request.SerializeToString())
+    return requests
+
+
+def count_acked(answer: bytes, batch: int, tally: Tally) -> None:
+    """A blob SendBatch answer: its receipt, or one result per message (not stored alike)."""
+    response: Any = gateway_pb2.SendBatchResponse.FromString(answer)
+    if response.HasField("receipt"):
+        if response.receipt.status == PUT_OK and len(response.receipt.commitlog_offsets) == batch:
+            tally.ok += batch
+        else:
+            tally.error(RuntimeError(f"receipt status {response.receipt.status}, "
+                                     f"{len(response.receipt.commitlog_offsets)} offsets"), batch)
+        return
+    ok = sum(1 for r in response.results if r.status == PUT_OK)
+    tally.ok += ok
+    if ok != batch:
+        tally.error(RuntimeError(f"{batch - ok} of {batch} not PUT_OK"), batch - ok)
+
+
 def pull_mode() -> str:
     return "Pull 1024, raw_records" if raw_pull_available() else "Pull 1024, decoded (header only)"
 
@@ -48,6 +99,7 @@ class MqstoreSession:
     def __init__(self, job: Job, channel: grpc.aio.Channel) -> None:
         self.job = job
         self.channel = channel
+        self.requests = blob_requests(job.proc, job.batch) if job.op.startswith("blob") else []
 
     async def close(self) -> None:
         await self.channel.close()
@@ -56,10 +108,70 @@ class MqstoreSession:
         op = self.job.op
         if op == "pull":
             await self._pull(index, deadline_ns, tally)
+        elif op == "blob":
+            await self._blob(index, deadline_ns, tally)
+        elif op == "blob-stream":
+            await self._blob_stream(index, deadline_ns, tally)
         elif op in ("get", "key", "time"):
             await self._lookup(op, index, deadline_ns, tally)
         else:
             raise ValueError(f"unknown mqstore op {op!r}")
+
+    async def _blob(self, index: int, deadline_ns: int, tally: Tally) -> None:
+        requests, batch = self.requests, self.job.batch
+        call = self.channel.unary_unary(f"/{SERVICE}/SendBatch", request_serializer=None, response_deserializer=None)
+        k = index * len(requests) // max(self.job.concurrency, 1)
+        clock, now, append = time.perf_counter_ns, time.monotonic_ns, tally.latencies.append
+        while now() < deadline_ns:
+            request = requests[k % len(requests)]
+            k += 1
+            t0 = clock()
+            try:
+                answer = await call(request, timeout=60)
+            except grpc.aio.AioRpcError as exc:
+                tally.error(exc, batch)
+                continue
+            append(clock() - t0)
+            count_acked(answer, batch, tally)
+
+    async def _blob_stream(self, index: int, deadline_ns: int, tally: Tally) -> None:
+        """One SendBatchStream, at most ``data[0]`` batches unanswered; latency per batch, send to answer."""
+        requests, batch, window = self.requests, self.job.batch, int(self.job.data[0])
+        call = self.channel.stream_stream(f"/{SERVICE}/SendBatchStream", request_serializer=None,
+                                          response_deserializer=None)(None, timeout=self.job.duration_s + 120)
+        slots = asyncio.Semaphore(window)
+        sent: deque[int] = deque()
+        clock, now = time.perf_counter_ns, time.monotonic_ns
+
+        async def write() -> None:
+            k = index * len(requests) // max(self.job.concurrency, 1)
+            try:
+                while True:
+                    await slots.acquire()
+                    if now() >= deadline_ns:
+                        break
+                    sent.append(clock())
+                    await call.write(requests[k % len(requests)])
+                    k += 1
+            finally:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await call.done_writing()
+
+        writer = asyncio.create_task(write())
+        try:
+            while True:
+                answer = await call.read()
+                if not isinstance(answer, bytes):  # EOF
+                    break
+                tally.latencies.append(clock() - sent.popleft())
+                slots.release()
+                count_acked(answer, batch, tally)
+        except grpc.aio.AioRpcError as exc:
+            tally.error(exc, len(sent) * batch)
+            sent.clear()
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await writer
 
     async def _pull(self, index: int, deadline_ns: int, tally: Tally) -> None:
         job = self.job

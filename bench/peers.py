@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -130,42 +131,97 @@ def _gateway_workers_supported() -> bool:
 
 
 def mqstore_produce(run: Run) -> None:
-    """The produce rows through bench/gateway.py's own cases and reps (one system per flush mode)."""
+    """The produce rows: bench/gateway.py's own cases and reps, or, where this checkout has the faster
+    modes (a blob in RocketMQ's batch encoding, SendBatchStream), those (bench/peer_mqstore.py) with
+    the same check afterwards: the topic's queues hold exactly what was acknowledged."""
     from bench import gateway
+    from bench.peer_mqstore import batch_stream_available, blob_available
+    from bench.peer_runner import Job
 
     gargs = _gateway_args(run)
-    async_cases: list[tuple[str, Any, str]] = []
-    if run.want("produce-batch256"):
-        async_cases.append(("produce-batch256", gateway.Case("batch256 2x4", "batch", "batch", 2, 4, 256),
-                            "SendBatch 256, 2 procs x 4 in flight"))
-    if run.want("produce-batch64"):
-        async_cases.append(("produce-batch64", gateway.Case("batch64 2x4", "batch", "batch", 2, 4, 64),
-                            "SendBatch 64, 2 procs x 4 in flight"))
+    d = run.args.duration
+    blob, stream = blob_available(), batch_stream_available()
+    # (row key, a gateway Case or a Job, procs, mode)
+    async_cases: list[tuple[str, Any, int, str]] = []
+    for key, size in (("produce-batch256", 256), ("produce-batch64", 64)):
+        if not run.want(key):
+            continue
+        if blob:
+            async_cases.append((key, Job("mqstore", "blob", "", d, 4, size), 2,
+                                f"SendBatch {size} as one blob (encoded_messages), 2x4 in flight"))
+        else:
+            async_cases.append((key, gateway.Case(f"batch{size} 2x4", "batch", "batch", 2, 4, size), 2,
+                                f"SendBatch {size} (messages), 2x4 in flight"))
     if run.want("produce-stream"):
-        async_cases.append(("produce-stream", gateway.Case("stream w512 2x1", "stream", "stream", 2, 1, window=512),
-                            "SendStream, window 512, 2 procs"))
+        if stream:
+            async_cases.append(("produce-stream", Job("mqstore", "blob-stream", "", d, 1, 64, data=(16,)), 2,
+                                "SendBatchStream of 64-message blobs, 16 unanswered, 2 streams"))
+        else:
+            async_cases.append(("produce-stream", gateway.Case("stream w512 2x1", "stream", "stream", 2, 1, window=512),
+                                2, "SendStream, window 512, 2 streams"))
     if run.want("send-latency"):
-        async_cases.append(("send-latency", gateway.Case("send 1x1", "send", "unary", 1, 1), "Send, one at a time"))
-    sync_cases: list[tuple[str, Any, str]] = []
+        async_cases.append(("send-latency", gateway.Case("send 1x1", "send", "unary", 1, 1), 1, "Send, one at a time"))
+    sync_cases: list[tuple[str, Any, int, str]] = []
     if run.want("durable-batch64"):
-        sync_cases.append(("durable-batch64", gateway.Case("sync batch64 2x32", "sync", "batch", 2, 32, 64),
-                           "SYNC_FLUSH SendBatch 64, 64 producers"))
+        if blob:
+            sync_cases.append(("durable-batch64", Job("mqstore", "blob", "", d, 32, 64), 2,
+                               "SYNC_FLUSH SendBatch 64 as one blob, 64 producers"))
+        else:
+            sync_cases.append(("durable-batch64", gateway.Case("sync batch64 2x32", "sync", "batch", 2, 32, 64), 2,
+                               "SYNC_FLUSH SendBatch 64 (messages), 64 producers"))
     if run.want("durable-send"):
-        sync_cases.append(("durable-send", gateway.Case("sync send 2x32", "sync", "unary", 2, 32),
+        sync_cases.append(("durable-send", gateway.Case("sync send 2x32", "sync", "unary", 2, 32), 2,
                            "SYNC_FLUSH Send, 64 producers"))
     for flush, cases in (("ASYNC_FLUSH", async_cases), ("SYNC_FLUSH", sync_cases)):
         if not cases:
             continue
-        progress(f"mqstore: starting mqstore up ({flush}) for {', '.join(k for k, _, _ in cases)} ...")
-        with gateway.running_system({"MQSTORE_FLUSH_DISK_TYPE": flush}, run.args.keep_store) as system:
+        progress(f"mqstore: starting mqstore up ({flush}{_workers_text(run)}) for {', '.join(c[0] for c in cases)} ...")
+        with gateway.running_system(_settings(run, flush), run.args.keep_store) as system:
             gateway.create_topic(system.gateway, gateway.TOPIC)
             gateway.warm_up(system, gateway.TOPIC)
-            for key, case, mode in cases:
+            for key, case, procs, mode in cases:
                 for rep in range(1, run.args.reps + 1):
-                    result = gateway.run_rep(case, rep, gargs, system, gateway.TOPIC)
-                    run.add(key, "mqstore", _from_rep(result, mode))
-                    if "catchUpSec" in result.extra:
-                        run.note(key, f"mqstore dispatch catch-up after the last ack: {result.extra['catchUpSec']} s")
+                    if isinstance(case, gateway.Case):
+                        result = gateway.run_rep(case, rep, gargs, system, gateway.TOPIC)
+                        run.add(key, "mqstore", _from_rep(result, mode + _workers_text(run)))
+                        catch_up = result.extra.get("catchUpSec")
+                    else:
+                        catch_up = _produce_job(run, key, replace(case, target=system.gateway, mode=mode), procs,
+                                                system)
+                    if catch_up is not None:
+                        run.note(key, f"mqstore dispatch catch-up after the last ack: {catch_up} s")
+
+
+def _settings(run: Run, flush: str) -> dict[str, str]:
+    settings = {"MQSTORE_FLUSH_DISK_TYPE": flush}
+    if run.args.gateway_workers:
+        settings["MQSTORE_GATEWAY_WORKERS"] = str(run.args.gateway_workers)
+    return settings
+
+
+def _workers_text(run: Run) -> str:
+    return f", {run.args.gateway_workers} gateway workers" if run.args.gateway_workers else ""
+
+
+def _produce_job(run: Run, key: str, job: Any, procs: int, system: Any) -> float:
+    """One rep of a produce Job; afterwards the queues must hold what was acked (plus at most the
+    messages of failed calls, whose fate is unknown). Returns the dispatch catch-up in seconds."""
+    from bench import gateway
+    from bench.peer_runner import run_job
+    from bench.report import wait_quiet
+
+    gateway.settle(system, run.args.settle)
+    if run.args.wait_quiet > 0:
+        wait_quiet(run.args.wait_quiet)
+    before = sum(gateway.queue_depths(system.gateway, gateway.TOPIC))
+    measure, extra = run_job(job, procs, system.pids)
+    ended = time.monotonic()
+    if extra["errors"]:
+        progress(f"warning: {key} mqstore: errors, first: {extra['errors'][0]}")
+    low = before + measure.ops
+    dispatched = gateway.wait_dispatched(system.gateway, gateway.TOPIC, low, low + measure.failed)
+    run.add(key, "mqstore", replace(measure, mode=measure.mode + _workers_text(run)))
+    return round(max(0.0, dispatched - ended), 3)
 
 
 def mqstore_reads(run: Run) -> None:
@@ -178,7 +234,7 @@ def mqstore_reads(run: Run) -> None:
         return
     a = run.args
     progress("mqstore: starting mqstore up (ASYNC_FLUSH) for the reads ...")
-    with gateway.running_system({"MQSTORE_FLUSH_DISK_TYPE": "ASYNC_FLUSH"}, a.keep_store) as system:
+    with gateway.running_system(_settings(run, "ASYNC_FLUSH"), a.keep_store) as system:
         per_queue = gateway.preload(system, a.preload, True)
         sample = sample_pulled(system.gateway, per_queue, random.Random(1))
         key_messages = a.key_messages
@@ -406,6 +462,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help="before each case wait up to this long for other processes to go idle (default 5)")
     parser.add_argument("--settle", type=float, default=30.0, metavar="SECONDS",
                         help="before each mqstore produce case wait up to this long for it to go idle (default 30)")
+    parser.add_argument("--gateway-workers", type=int, default=0, metavar="N",
+                        help="mqstore up --gateway-workers N (MQSTORE_GATEWAY_WORKERS) where this checkout has "
+                             "them (default: the gateway's default)")
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing missing servers")
     parser.add_argument("--keep-store", action="store_true", help="keep the scratch directories")
     return parser
