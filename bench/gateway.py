@@ -20,7 +20,11 @@ stored records; ASYNC_FLUSH unless said):
   batch   SendBatch of ``--batch`` messages (a comma list: one row each), ``--inflight`` calls in flight
           per process (each coroutine one call at a time)
   stream  SendStream, pipelined: ``--streams`` streams per process, at most ``--window`` messages
-          unacknowledged per stream (the gateway appends whatever has arrived as one batch)
+          unacknowledged per stream (the gateway appends whatever has arrived as one batch); and
+          ``bstream``: SendBatchStream of blob batches of the largest ``--batch``, at most
+          ``--batch-window`` batches unacknowledged per stream
+  blob    (rows of batch, and of sync with --sync-batch) the same batches as one bytes blob in
+          RocketMQ's batch encoding (SendBatchRequest.encoded_messages), answered by one receipt
   sync    SYNC_FLUSH server, ``--sync-producers`` producers (default 64) each doing unary Send one at a
           time, as coroutines spread over ``--sync-procs`` processes
   send    one producer, unary Send one at a time: latency p50/p99/p999 (and its throughput)
@@ -104,6 +108,7 @@ from bench.workload import (
     print_machine,
     scratch_dir,
 )
+from mqstore_client.batch_encoder import encode_entry, properties_bytes
 from mqstore_client.progress import Progress
 from mqstore_client.records import decode_records
 
@@ -111,6 +116,7 @@ SERVICE = "mqstore.v1.MessagingService"
 SEND = f"/{SERVICE}/Send"
 SEND_BATCH = f"/{SERVICE}/SendBatch"
 SEND_STREAM = f"/{SERVICE}/SendStream"
+SEND_BATCH_STREAM = f"/{SERVICE}/SendBatchStream"
 PULL = f"/{SERVICE}/Pull"
 PULL_TOPIC = "BenchPull"
 PRELOAD_BATCH = 1024
@@ -319,7 +325,7 @@ class ClientSpec:
     """What one client process does (picklable: it crosses to spawned processes)."""
 
     target: str
-    mode: str  # batch | stream | unary | pull-raw | pull-parsed | pull-records
+    mode: str  # batch | blob | stream | bstream | unary | pull-raw | pull-parsed | pull-records
     concurrency: int  # coroutines: calls (or streams) in flight
     duration_s: float
     batch: int = 1
@@ -338,12 +344,25 @@ def _message(spec: ClientSpec, workload: Workload, i: int) -> common_pb2.Message
                               born_timestamp=workload.born_timestamp, born_host=BORN_HOST)
 
 
+def _blob_request(spec: ClientSpec, workload: Workload, start: int) -> bytes:
+    entries = [encode_entry(workload.body(i), 0, properties_bytes({"UNIQ_KEY": workload.uniq_key(i),
+                                                                   "CLUSTER": CLUSTER}))
+               for i in range(start, start + spec.batch)]
+    request = gateway_pb2.SendBatchRequest(topic=spec.topic, encoded_messages=b"".join(entries),
+                                           born_timestamp=workload.born_timestamp, born_host=BORN_HOST)
+    data: bytes = request.SerializeToString()
+    return data
+
+
 def build_requests(spec: ClientSpec) -> list[bytes]:
-    """Serialised SendBatchRequests of ``batch`` messages, or SendRequests (unary and stream alike)."""
+    """Serialised SendBatchRequests of ``batch`` messages (objects or a blob), or SendRequests (unary and
+    stream alike)."""
     if spec.mode.startswith("pull"):
         return []
     workload = Workload.fresh(min(spec.pool, 8192))
     first = spec.proc * spec.pool
+    if spec.mode in ("blob", "bstream"):
+        return [_blob_request(spec, workload, s) for s in range(first, first + max(spec.pool, spec.batch), spec.batch)]
     if spec.mode == "batch":
         return [gateway_pb2.SendBatchRequest(messages=[_message(spec, workload, i) for i in range(s, s + spec.batch)])
                 .SerializeToString() for s in range(first, first + max(spec.pool, spec.batch), spec.batch)]
@@ -381,8 +400,10 @@ class _Worker:
 
     async def run(self, deadline_ns: int) -> None:
         mode = self.spec.mode
-        if mode == "batch":
+        if mode in ("batch", "blob"):
             await self._batch(deadline_ns)
+        elif mode == "bstream":
+            await self._batch_stream(deadline_ns)
         elif mode == "unary":
             await self._unary(deadline_ns)
         elif mode == "stream":
@@ -406,14 +427,23 @@ class _Worker:
                 continue
             append(clock() - t0)
             self.wire += len(request)
-            statuses = [r.status for r in parse(raw).results]
-            ok = statuses.count(PUT_OK)
-            self.acked += ok
-            if ok != len(statuses) or len(statuses) != batch:
-                for status in statuses:
-                    if status != PUT_OK:
-                        self._status(status)
-                self.rejected += batch - len(statuses)
+            self._batch_answer(parse(raw), batch)
+
+    def _batch_answer(self, response: Any, batch: int) -> None:
+        """A SendBatchResponse: one receipt (a blob stored alike) or a result per message."""
+        if response.HasField("receipt"):
+            stored = len(response.receipt.commitlog_offsets)
+            self._status(response.receipt.status, stored)
+            self.rejected += batch - stored
+            return
+        statuses = [r.status for r in response.results]
+        ok = statuses.count(PUT_OK)
+        self.acked += ok
+        if ok != len(statuses) or len(statuses) != batch:
+            for status in statuses:
+                if status != PUT_OK:
+                    self._status(status)
+            self.rejected += batch - len(statuses)
 
     async def _unary(self, deadline_ns: int) -> None:
         call = self.channel.unary_unary(SEND, request_serializer=None, response_deserializer=None)
@@ -482,6 +512,49 @@ class _Worker:
         with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
             await writer
 
+    async def _batch_stream(self, deadline_ns: int) -> None:
+        """SendBatchStream: ``window`` batches unacknowledged; latency per batch, send to answer."""
+        call = self.channel.stream_stream(SEND_BATCH_STREAM, request_serializer=None, response_deserializer=None)(
+            None, timeout=self.spec.duration_s + 120)
+        window = asyncio.Semaphore(self.spec.window)
+        sent: deque[int] = deque()
+        requests, n, batch = self.requests, len(self.requests), self.spec.batch
+        clock, now = time.perf_counter_ns, time.monotonic_ns
+
+        async def write() -> None:
+            k = self.offset
+            try:
+                while True:
+                    await window.acquire()
+                    if now() >= deadline_ns:
+                        break
+                    request = requests[k % n]
+                    k += 1
+                    sent.append(clock())
+                    await call.write(request)
+                    self.wire += len(request)
+            finally:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await call.done_writing()
+
+        writer = asyncio.create_task(write())
+        parse = gateway_pb2.SendBatchResponse.FromString
+        try:
+            while True:
+                raw = await call.read()
+                if not isinstance(raw, bytes):
+                    break
+                self.latencies.append(clock() - sent.popleft())
+                window.release()
+                self._batch_answer(parse(raw), batch)
+        except grpc.aio.AioRpcError as exc:
+            self._error(exc, len(sent) * batch)
+            sent.clear()
+        finally:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await writer
+
     async def _pull(self, deadline_ns: int, mode: str) -> None:
         spec = self.spec
         call = self.channel.unary_unary(PULL, request_serializer=None, response_deserializer=None)
@@ -548,7 +621,7 @@ async def _client(spec: ClientSpec, ready: Any) -> dict[str, Any]:
         await asyncio.wait_for(channel.channel_ready(), 60)
         warm = 0
         if requests:  # one untimed call: connected, and the gateway has the route
-            if spec.mode == "batch":
+            if spec.mode in ("batch", "blob", "bstream"):
                 await channel.unary_unary(SEND_BATCH, None, None)(requests[-1], timeout=60)
                 warm = spec.batch
             else:
@@ -659,15 +732,22 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
         if kind == "batch":
             cases += [Case(f"batch{b} {args.procs}x{args.inflight}", kind, "batch", args.procs, args.inflight, b)
                       for b in args.batch]
+            cases += [Case(f"blob{b} {args.procs}x{args.inflight}", kind, "blob", args.procs, args.inflight, b)
+                      for b in args.batch]
         elif kind == "stream":
             cases.append(Case(f"stream w{args.window} {args.procs}x{args.streams}", kind, "stream", args.procs,
                               args.streams, window=args.window))
+            biggest = max(args.batch)
+            cases.append(Case(f"bstream{biggest} w{args.batch_window} {args.procs}x{args.streams}", kind, "bstream",
+                              args.procs, args.streams, biggest, args.batch_window))
         elif kind == "sync":
             per = max(1, args.sync_producers // args.sync_procs)
             cases.append(Case(f"sync send {args.sync_procs}x{per}", kind, "unary", args.sync_procs, per))
             if args.sync_batch:
                 # The same producers batching: what SYNC_FLUSH costs when each fdatasync covers many messages.
                 cases.append(Case(f"sync batch{args.sync_batch} {args.sync_procs}x{per}", kind, "batch",
+                                  args.sync_procs, per, args.sync_batch))
+                cases.append(Case(f"sync blob{args.sync_batch} {args.sync_procs}x{per}", kind, "blob",
                                   args.sync_procs, per, args.sync_batch))
         elif kind == "send":
             cases.append(Case("send 1x1", kind, "unary", 1, 1))
@@ -799,7 +879,7 @@ def print_targets(results: Sequence[RepResult]) -> None:
         return "**met**" if value >= target else f"**not met** ({value / target:.0%})"
 
     rows: list[tuple[str, str, str]] = []
-    produce = [n for n in cases if n.startswith(("batch", "stream"))]
+    produce = [n for n in cases if n.startswith(("batch", "blob", "stream", "bstream"))]
     if produce:
         best = max(produce, key=rate)
         rows.append((f"produce, batching/streaming, ASYNC_FLUSH ≥ {PRODUCE_TARGET:,} msgs/s ({REFERENCES})",
@@ -846,6 +926,8 @@ def build_parser(prog: str = "python -m bench.gateway") -> argparse.ArgumentPars
                         help="also run the sync producers with SendBatch of this many (default 64; 0: no)")
     parser.add_argument("--streams", type=int, default=1, help="SendStreams per process (default 1)")
     parser.add_argument("--window", type=int, default=512, help="unacknowledged messages per stream (default 512)")
+    parser.add_argument("--batch-window", type=int, default=8,
+                        help="unacknowledged batches per SendBatchStream (default 8)")
     parser.add_argument("--sync-producers", type=int, default=64, help="producers of the sync case (default 64)")
     parser.add_argument("--sync-procs", type=int, default=2, help="processes they are spread over (default 2)")
     parser.add_argument("--preload", type=int, default=200_000, help="messages to pull from (default 200,000)")
