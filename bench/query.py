@@ -72,7 +72,7 @@ TARGETS = {"pull": "≥ 250,000 msgs/s", "key": "≥ 10,000 queries/s, p99 ≤ 2
            "id": "-", "id-1": "p99 ≤ 1 ms", "time": "≥ 10,000 /s", "pull-1": "-", "time-1": "-"}
 
 
-def start_services(root: Path, settings: dict[str, str]) -> list[Service]:
+def start_services(root: Path, settings: dict[str, str], read_from: str = "files") -> list[Service]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")}
     env.update(settings)
     commitlog_at, indexer_at, query_at = (f"127.0.0.1:{free_port()}" for _ in range(3))
@@ -81,7 +81,8 @@ def start_services(root: Path, settings: dict[str, str]) -> list[Service]:
         ("indexer", ["--store", str(root / "indexer"), "--listen", indexer_at, "--commitlog", commitlog_at],
          "mqstore.v1.IndexerService"),
         ("query", ["--store", str(root / "query"), "--listen", query_at, "--commitlog", commitlog_at,
-                   "--indexer", indexer_at], SERVICE),
+                   "--indexer", indexer_at, "--store-root", str(root / "broker"), "--indexer-store",
+                   str(root / "indexer"), "--read-from", read_from], SERVICE),
     ]
     services: list[Service] = []
     try:
@@ -332,6 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pull-messages", type=int, default=160_000, help="1 KiB messages to pull (default 160,000)")
     parser.add_argument("--key-messages", type=int, default=333_334,
                         help="messages with 3 KEYS each (default 333,334: 1,000,002 keys)")
+    parser.add_argument("--read-from", choices=("files", "grpc"), default="files",
+                        help="the query service's data reads: from the store files (default, as mqstore up) or "
+                             "over gRPC from the indexer and the commitlog service")
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     if unknown := set(cases) - set(ALL_CASES):
@@ -340,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_machine()
     results: list[RepResult] = []
     with scratch_dir("query-", keep=args.keep_store) as root:
-        services = start_services(root, settings)
+        services = start_services(root, settings, args.read_from)
         try:
             progress(f"loading {args.pull_messages:,} pull messages and {args.key_messages:,} key messages ...")
             loaded = load(services, args.pull_messages, args.key_messages)
