@@ -97,17 +97,18 @@ class LocalCommitLog(CommitLogClient):
         return max(info.max_offset if info is not None else 0, self._dispatched)
 
     async def read(self, offset: int, size: int) -> bytes:
-        await self._cover(offset + size)
+        await self.cover(offset + size)
         return self._read(offset, size)
 
     async def read_batch(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         if not ranges:
             return []
-        await self._cover(max(offset + size for offset, size in ranges))
+        await self.cover(max(offset + size for offset, size in ranges))
         read = self._read
         return [read(offset, size) for offset, size in ranges]
 
-    async def _cover(self, end: int) -> None:
+    async def cover(self, end: int) -> None:
+        """Make the bounds reach ``end`` if the commitlog has it (one GetStoreInfo when they do not yet)."""
         if self._info is None or end > self.readable_end:
             await self.store_info()
 
@@ -303,9 +304,11 @@ class LocalIndexer(IndexerClient):
         found = files.find(chosen)
         if found is None:
             return 0
-        if self._commitlog.min_offset == 0 and self._commitlog.readable_end == 0:
-            await self._commitlog.store_info()
         read_position = min(self._cq_file_size, end_byte - chosen)
+        # The records of the published units are committed: make the commitlog bound reach the last one
+        # (its arrival, with the reput offset, may still be on its way).
+        last_offset, last_size, _ = UNIT.unpack_from(found[1], read_position - CQ_STORE_UNIT_SIZE)
+        await self._commitlog.cover(last_offset + last_size)
         return offset_in_file_by_time(found[1], chosen, read_position, bound.min_offset * CQ_STORE_UNIT_SIZE,
                                       timestamp, self._commitlog.store_time_of, self._commitlog.min_offset)
 
