@@ -181,8 +181,10 @@ def preload(target: str, count: int, pipeline: int = 1024) -> dict[str, Any]:
                 raise RuntimeError(f"preload: XADD answered {entry_id!r}")
             if k % 97 == 0:
                 samples[k % QUEUES].append(entry_id.decode())
-    last_ms = int(time.time() * 1000)
     lengths = [int(client.xlen(stream(q))) for q in range(QUEUES)]
+    # Offset by time asks within the stored times: up to the earliest of the streams' last entries.
+    last_ms = min(int(client.xrevrange(stream(q), count=1)[0][0].split(b"-")[0]) for q in range(QUEUES))
+    first_ms = min(first_ms, last_ms)
     client.close()
     if lengths != [per_queue] * QUEUES:
         raise RuntimeError(f"preload: the streams hold {lengths}, expected {per_queue} each")

@@ -39,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -494,23 +494,38 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         parser.error(str(exc))
     ensure_installed(apt=not args.no_install)
     run = Run(args, rows)
+    failures: list[str] = []
     started = time.monotonic()
     print_machine(f"; peers: {server_version('redis-server')}; {server_version('nats-server')}")
     print(f"{args.reps} rep(s) of {args.duration:g} s per case; load average before the run: "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; mqstore modes: {_gateway_mode_note(run)}", flush=True)
     with sigterm_as_interrupt(), scratch_dir("peers-", args.keep_store) as scratch:
-        mqstore_produce(run)
-        mqstore_reads(run)
-        redis_rows(run, scratch)
-        nats_rows(run, scratch)
-        engine_rows(run)
-        recovery_rows(run)
+        phases: list[tuple[str, Callable[[], None], tuple[str, ...]]] = [
+            ("mqstore produce", lambda: mqstore_produce(run), ("produce", "durable", "latency")),
+            ("mqstore reads", lambda: mqstore_reads(run), ("pull", "get", "key", "time")),
+            ("redis", lambda: redis_rows(run, scratch), ("produce", "durable", "latency", "pull", "get", "time")),
+            ("nats", lambda: nats_rows(run, scratch), ("produce", "durable", "latency", "pull", "get", "time")),
+            ("engine", lambda: engine_rows(run), ("engine",)),
+            ("recovery", lambda: recovery_rows(run), ("recovery",)),
+        ]
+        for name, phase, groups in phases:
+            try:
+                phase()
+            except Exception as exc:  # noqa: BLE001 - one broken phase must not lose the others' figures
+                failures.append(f"{name}: {exc!r}"[:500])
+                progress(f"error: {name} failed, its rows stay empty: {exc!r}")
+                for row in run.rows:
+                    if row.group in groups:
+                        run.note(row.key, f"{name} failed: {str(exc).splitlines()[0][:200] if str(exc) else repr(exc)}")
     filled = run.filled()
     print(f"\n### mqstore vs Redis Streams vs NATS JetStream (issue 10), {time.monotonic() - started:.0f} s run, "
           f"{'medians of ' if args.reps > 1 else ''}{args.reps} rep(s) of {args.duration:g} s\n")
     print(render(filled), flush=True)
     if args.json:
         print(to_json(filled, {k: v for k, v in vars(args).items() if k != "json"}), flush=True)
+    if failures:
+        print(f"\n{len(failures)} phase(s) failed: " + "; ".join(failures), file=sys.stderr)
+        return 1
     return 0
 
 
