@@ -66,6 +66,15 @@ bench: $(GENERATED)
 	$(PY) -m bench.gateway
 	$(PY) -m bench.recovery
 
+# mqstore side by side with Redis Streams and NATS JetStream (issue 10; bench/peers.py): installs
+# Debian's redis-server and nats-server when absent and the peers' Python clients (bench/requirements-peers.txt,
+# into .venv only), starts private servers on loopback, prints one table. PEERS_ARGS="--quick" for a smoke run.
+PEERS_ARGS ?=
+.PHONY: bench-peers
+bench-peers: $(GENERATED)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements-peers.txt
+	$(PY) -m bench.peers $(PEERS_ARGS)
+
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
 # then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
 # or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES), SOAK_SEED=N repeats a run's random choices.
