@@ -161,6 +161,8 @@ def _general(data: bytes, commitlog_offset: int) -> StoredMessage:
 # PHYSICALOFFSET, SYSFLAG, (BORNTIMESTAMP .. PREPARED TRANSACTION OFFSET), BODYLENGTH: no host bytes copied.
 _RAW_CHECK = struct.Struct(">iIii4xqqi44xi")
 _NO_TAGS = ""
+# A body shorter than this is copied for its CRC (cheaper than a memoryview); a longer one is not.
+_COPY_BELOW = 64 * 1024
 
 
 def checked_raw(data: Buffer, commitlog_offset: int, topic: bytes, queue_id: int, queue_offset: int,
@@ -168,30 +170,29 @@ def checked_raw(data: Buffer, commitlog_offset: int, topic: bytes, queue_id: int
     """The cheap check of a raw pull: ``data`` is the whole v1 IPv4-host record of (``topic``,
     ``queue_id``, ``queue_offset``) written at ``commitlog_offset``, its fields add up, its topic and
     properties are UTF-8 and its body matches its CRC - everything :func:`stored_message` and the unit
-    check accept, without building a message. Returns the record's TAGS (``with_tags``; None when it has
-    none) or "" - or None when the record is not that common layout or fails a check, so the caller takes
-    the decoding path, which accepts it or raises the precise error (both modes fail alike)."""
-    if len(data) < _IPV4_HEAD.size:
+    check accept, without building a message. Returns the record's TAGS when ``with_tags`` ("" when it
+    has none: a subscription never names an empty tag), else "" without decoding the properties. None
+    when the record is not that common layout or fails a check: the caller then takes the decoding
+    path, which accepts it or raises the precise error, so both modes fail alike."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    try:
+        size, magic, crc, record_queue_id, record_queue_offset, physical_offset, sys_flag, body_length = \
+            _RAW_CHECK.unpack_from(data)
+    except struct.error:
         return None
-    size, magic, crc, record_queue_id, record_queue_offset, physical_offset, sys_flag, body_length = \
-        _RAW_CHECK.unpack_from(data)
+    p = _RAW_CHECK.size + body_length
+    topic_end = p + 1 + len(topic)
     if (magic != MESSAGE_MAGIC_CODE or sys_flag & _V6_BITS or size != len(data) or physical_offset != commitlog_offset
-            or record_queue_id != queue_id or record_queue_offset != queue_offset or body_length < 0):
+            or record_queue_id != queue_id or record_queue_offset != queue_offset or body_length < 0
+            or topic_end + 2 > size or data[p] != len(topic) or not data.startswith(topic, p + 1)
+            or data[topic_end] & 0x80 or topic_end + 2 + ((data[topic_end] << 8) | data[topic_end + 1]) != size):
         return None
-    p = _IPV4_HEAD.size + body_length
-    if p >= size:
+    body = data[_RAW_CHECK.size:p] if body_length < _COPY_BELOW else memoryview(data)[_RAW_CHECK.size:p]
+    if zlib.crc32(body) & _CRC_MASK != crc:
         return None
-    topic_end = p + 1 + data[p]
-    if topic_end + 2 > size or data[p + 1:topic_end] != topic:
-        return None
-    properties_start = topic_end + 2
-    properties_length = (data[topic_end] << 8) | data[topic_end + 1]
-    if properties_length > 0x7FFF or properties_start + properties_length != size:
-        return None
-    if zlib.crc32(memoryview(data)[_IPV4_HEAD.size:p]) & _CRC_MASK != crc:
-        return None
-    properties = bytes(data[properties_start:size])
-    if properties.isascii() and not with_tags:
+    properties = data[topic_end + 2:]
+    if not with_tags and properties.isascii():
         return _NO_TAGS
     try:
         text = properties.decode()
