@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import struct
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
 
 from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import IndexerStore
-from services.indexer.reput import ReputService
+from services.indexer.reput import ReputService, ReputSource
 from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
 from services.server.channels import sync_channel
 from services.server.gc_tuning import tune_gc
@@ -33,6 +34,21 @@ log = logging.getLogger("services.indexer")
 _STORE_TIME_PREFIX = 48 + 20 + 8
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+
+
+def reput_source_from_env() -> tuple[ReputSource, Path | None]:
+    """MQSTORE_INDEXER_REPUT_SOURCE (auto, files, tail; default auto) and MQSTORE_INDEXER_COMMITLOG_DIR
+    (the commitlog directory when it is mounted elsewhere than the service's store root says);
+    BadSettings naming the accepted values."""
+    value = os.environ.get("MQSTORE_INDEXER_REPUT_SOURCE", "auto").strip().lower() or "auto"
+    try:
+        source = ReputSource(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in ReputSource)
+        log.error("bad settings: MQSTORE_INDEXER_REPUT_SOURCE is %r: use one of %s", value, choices)
+        raise BadSettings(value) from None
+    directory = os.environ.get("MQSTORE_INDEXER_COMMITLOG_DIR", "").strip()
+    return source, Path(directory) if directory else None
 
 
 class CommitLogReader:
@@ -85,6 +101,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
     signals.install()
     try:
         config, metrics_port = load_service_settings(config_file)
+        source, commitlog_dir = reput_source_from_env()
     except BadSettings:
         return EXIT_BAD_SETTINGS
     commitlog_address = commitlog or config.commitlog_listen
@@ -96,7 +113,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
         return EXIT_STORE_LOCKED
     hub = ArrivalHub()
     indexer.add_arrival_listener(hub.publish)
-    reput = ReputService(indexer, commitlog_address)
+    reput = ReputService(indexer, commitlog_address, source=source, commitlog_dir=commitlog_dir)
     indexer_metrics.bind(indexer, reput)
     reader = CommitLogReader(commitlog_address)
     servicer = IndexerServicer(indexer, reput, hub, reader.store_time_of, reader.min_offset)

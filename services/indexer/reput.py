@@ -1,9 +1,15 @@
-"""The reput loop: follow the commitlog service's Tail from the reput offset and dispatch every record.
+"""The reput loop: follow the commitlog from the reput offset and dispatch every record.
 
 Also RocketMQ's ReputMessageService, but across a process boundary: the commitlog may restart (and
 lose a tail of unflushed records in a crash) while the indexer runs, so every (re)connection
 checks which incarnation of the commitlog it talks to and truncates what was built from records
 that no longer exist before it resumes.
+
+Two sources of records (``ReputSource``): the commitlog's files on the shared store volume, read by
+the indexer itself up to the readable end a ``positions_only`` Tail announces (``commitlog_files``:
+no record bytes cross gRPC, no chunk is built by the commitlog service), or the byte-carrying Tail
+for an indexer that does not see the files (another machine). ``auto`` takes the files when the
+store root GetStoreInfo names is here and holds the same bytes as the service reads.
 """
 
 from __future__ import annotations
@@ -12,13 +18,16 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
 
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
+from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
 from services.indexer.indexer_store import IndexerStore, ReputState
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.server.channels import sync_channel
@@ -33,6 +42,16 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 #: logged as a WARNING: dispatch is stalled there, not resynchronising once after a restart.
 STALL_RESYNCS = 3
 _SIZE_MAGIC = struct.Struct(">iI")
+#: Bytes compared between a commitlog file and the service's Read before the files are trusted.
+_PROBE_BYTES = 256
+
+
+class ReputSource(Enum):
+    """Where the reput loop reads records (MQSTORE_INDEXER_REPUT_SOURCE)."""
+
+    AUTO = "auto"  # the files when they are here and hold the service's bytes, else the Tail
+    FILES = "files"  # the files (in the store root the service names, or MQSTORE_INDEXER_COMMITLOG_DIR)
+    TAIL = "tail"  # the byte-carrying Tail: an indexer on another machine
 
 
 @dataclass(slots=True)
@@ -77,12 +96,20 @@ class ResyncWatch:
 
 class ReputService:
     def __init__(self, store: IndexerStore, commitlog_address: str, chunk_bytes: int = 4 * MIB,
-                 poll_wait_ms: int = 500, max_backoff_s: float = 2.0) -> None:
+                 poll_wait_ms: int = 500, max_backoff_s: float = 2.0, source: ReputSource = ReputSource.AUTO,
+                 commitlog_dir: Path | None = None) -> None:
         self._store = store
         self._address = commitlog_address
         self._chunk_bytes = chunk_bytes
         self._poll_wait_ms = poll_wait_ms
         self._max_backoff_s = max_backoff_s
+        self._source = source
+        self._commitlog_dir = commitlog_dir
+        #: the reput offset where the files last disagreed with the service: the next connection
+        #: there takes the byte Tail (the service's word) instead of resyncing on the files forever
+        self._files_failed_at = -1
+        #: which source the current connection reads: "files" or "tail" (status, tests)
+        self.reading = ""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self._call: grpc.Call | None = None
@@ -161,8 +188,15 @@ class ReputService:
             self._store.consume_queues.lost_ranges = tuple(quarantined)
             if quarantined:  # units built before the damage was found must not point at it
                 self._store.consume_queues.void_units(quarantined)
+            files = self._open_files(stub, info, quarantined)
             try:
-                self._tail(stub, info.mapped_file_size, quarantined)
+                if files is not None:
+                    self.reading = "files"
+                    with files:
+                        self._follow_files(stub, files, info, quarantined)
+                else:
+                    self.reading = "tail"
+                    self._tail(stub, info.mapped_file_size, quarantined)
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                     raise Resync(exc.details()) from None
@@ -193,6 +227,114 @@ class ReputService:
         self._store.truncate(min_offset)
         self._store.skip_to(min_offset)
 
+    # -- records from the files ------------------------------------------------------------
+    def _open_files(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, info: commitlog_pb2.StoreInfo,
+                    quarantined: Sequence[tuple[int, int]]) -> CommitLogFiles | None:
+        """The commitlog's files if this connection reads them, else None (the byte Tail)."""
+        if self._source is ReputSource.TAIL:
+            return None
+        if self._store.reput_offset == self._files_failed_at:
+            log.warning("the commitlog's files disagreed with the service at reput offset %d: reading its Tail "
+                        "for this connection", self._files_failed_at)
+            self.reading = "tail"
+            return None
+        directory = self._commitlog_dir or Path(info.store_root) / "commitlog"
+        files = CommitLogFiles(directory, info.mapped_file_size, quarantined)
+        why = "" if self._source is ReputSource.FILES else \
+            self._files_differ(stub, files, info) if directory.is_dir() else f"{directory} is not a directory here"
+        if why:
+            files.close()
+            if self.reading != "tail":
+                log.info("reading the commitlog through its Tail, not its files: %s", why)
+            return None
+        if self.reading != "files":
+            log.info("reading the commitlog's files in %s up to the readable end its Tail announces", directory)
+        return files
+
+    @staticmethod
+    def _files_differ(stub: commitlog_pb2_grpc.CommitLogServiceStub, files: CommitLogFiles,
+                      info: commitlog_pb2.StoreInfo) -> str:
+        """Why the files are not the service's (a same-named directory on another machine, a stale
+        copy), or "" when the last bytes of the log read the same both ways (or there are none yet)."""
+        end = info.max_offset
+        start = max(info.min_offset, end - _PROBE_BYTES, (end - 1) - (end - 1) % files.file_size)
+        if end <= start:
+            return ""
+        try:
+            served = stub.Read(commitlog_pb2.ReadRequest(offset=start, size=end - start), timeout=5).data
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                raise
+            return ""  # a quarantined probe: the directory's presence has to do
+        try:
+            here = files.pread(start, end - start)
+        except (FilesMismatch, OSError) as exc:
+            return str(exc)
+        return "" if here == served else f"{files.directory} holds other bytes at [{start}, {end}) than the service"
+
+    def _follow_files(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, files: CommitLogFiles,
+                      info: commitlog_pb2.StoreInfo, quarantined: Sequence[tuple[int, int]]) -> None:
+        """Dispatch from the files up to each readable end a ``positions_only`` Tail announces."""
+        request = commitlog_pb2.TailRequest(from_offset=self._store.reput_offset, poll_wait_ms=self._poll_wait_ms,
+                                            positions_only=True)
+        call = stub.Tail(request)
+        self._call = call
+        try:
+            for chunk in call:
+                if self._stopped.is_set():
+                    return
+                if chunk.incarnation != info.incarnation:
+                    raise Resync(f"the commitlog restarted (incarnation {chunk.incarnation})")
+                self.lag.commitlog_max_offset = chunk.max_offset
+                try:
+                    self._dispatch_files(files, chunk.max_offset, info.mapped_file_size, quarantined)
+                except (FilesMismatch, OSError) as exc:
+                    self._files_failed_at = self._store.reput_offset
+                    raise Resync(f"the commitlog files disagree with the service: {exc}") from None
+        finally:
+            self._call = None
+            call.cancel()
+
+    def _dispatch_files(self, files: CommitLogFiles, readable_end: int, file_size: int,
+                        quarantined: Sequence[tuple[int, int]]) -> None:
+        store = self._store
+        while not self._stopped.is_set():
+            offset = store.reput_offset
+            chunk = files.chunk(offset, readable_end, self._chunk_bytes)
+            if chunk.next_offset == offset:
+                return
+            self._take(chunk, file_size, quarantined)
+
+    def _take(self, chunk: FileChunk | commitlog_pb2.TailChunk, file_size: int,
+              quarantined: Sequence[tuple[int, int]], check_blank: Callable[[ChunkStep], None] | None = None) -> None:
+        """Check a chunk against the reput offset (``tail_protocol``), then dispatch it. A chunk that
+        skips a BLANK is taken only after ``check_blank`` read it back (a chunk from the files was cut
+        at a BLANK the reader checked reaches its file's end)."""
+        try:
+            step = check_chunk(chunk.start_offset, len(chunk.data), chunk.record_count, chunk.next_offset,
+                               self._store.reput_offset, file_size, quarantined)
+        except ChunkMismatch as exc:
+            raise Resync(str(exc)) from None
+        if step.blank_offset >= 0:
+            if check_blank is not None:
+                check_blank(step)
+            log.info("crossed the BLANK end of file at %d: dispatch continues at %d", step.blank_offset,
+                     step.next_offset)
+        if step.quarantined is not None:
+            log.warning("skipping the commitlog's QUARANTINED range [%d, %d) (damaged at its recovery): "
+                        "the records there are lost, dispatch continues at %d", *step.quarantined,
+                        step.next_offset)
+        if chunk.record_count:
+            try:
+                requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
+            except RecordError as exc:
+                raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
+            self._store.dispatch(requests, step.next_offset)
+        elif step.next_offset != self._store.reput_offset:
+            self._store.skip_to(step.next_offset)
+        self.resyncs.progressed()
+
+    # -- records from the Tail --------------------------------------------------------------
     def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int,
               quarantined: Sequence[tuple[int, int]] = ()) -> None:
         """Dispatch the chunks of one Tail stream. Each chunk is checked against the reput offset
@@ -209,26 +351,7 @@ class ReputService:
                 if self._stopped.is_set():
                     return
                 self.lag.commitlog_max_offset = chunk.max_offset
-                try:
-                    step = check_chunk(chunk.start_offset, len(chunk.data), chunk.record_count, chunk.next_offset,
-                                       store.reput_offset, file_size, quarantined)
-                except ChunkMismatch as exc:
-                    raise Resync(str(exc)) from None
-                if step.blank_offset >= 0:
-                    self._check_blank(stub, step)
-                if step.quarantined is not None:
-                    log.warning("skipping the commitlog's QUARANTINED range [%d, %d) (damaged at its recovery): "
-                                "the records there are lost, dispatch continues at %d", *step.quarantined,
-                                step.next_offset)
-                if chunk.record_count:
-                    try:
-                        requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
-                    except RecordError as exc:
-                        raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
-                    store.dispatch(requests, step.next_offset)
-                elif step.next_offset != store.reput_offset:
-                    store.skip_to(step.next_offset)
-                self.resyncs.progressed()
+                self._take(chunk, file_size, quarantined, lambda step: self._check_blank(stub, step))
         finally:
             self._call = None
             call.cancel()
@@ -246,5 +369,3 @@ class ReputService:
         if magic != BLANK_MAGIC_CODE or step.blank_offset + size != step.next_offset:
             raise Resync(f"a chunk skips from {step.blank_offset} to {step.next_offset}, but no BLANK reaching "
                          f"that file end is at {step.blank_offset} (size {size}, magic {magic:#010x})")
-        log.info("crossed the BLANK end of file at %d: dispatch continues at %d", step.blank_offset,
-                 step.next_offset)

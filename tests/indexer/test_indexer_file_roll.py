@@ -32,13 +32,15 @@ STALL_S = 10.0  # an indexer that does not move for this long is stuck
 
 
 class Indexers:
-    """start_indexer that stops every indexer still running at teardown."""
+    """start_indexer that stops every indexer still running at teardown; ``source`` is where they read
+    records (MQSTORE_INDEXER_REPUT_SOURCE: the commitlog's files, or its byte-carrying Tail)."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "auto") -> None:
         self.started: list[IndexerProcess] = []
+        self.source = source
 
     def __call__(self, store: Path, commitlog: CommitLogProcess) -> IndexerProcess:
-        indexer = start_indexer(store, commitlog.address, ENV)
+        indexer = start_indexer(store, commitlog.address, {**ENV, "MQSTORE_INDEXER_REPUT_SOURCE": self.source})
         self.started.append(indexer)
         return indexer
 
@@ -48,9 +50,9 @@ class Indexers:
                 assert indexer.stop() == 0, indexer.logs()
 
 
-@pytest.fixture
-def indexers() -> Iterator[Indexers]:
-    started = Indexers()
+@pytest.fixture(params=["files", "tail"])
+def indexers(request: pytest.FixtureRequest) -> Iterator[Indexers]:
+    started = Indexers(request.param)
     yield started
     started.stop_all()
 
@@ -93,8 +95,8 @@ def assert_every_record_has_its_unit(indexer: IndexerProcess, results: Sequence[
 
 
 def resyncs(indexer: IndexerProcess) -> list[str]:
-    return [r["message"] for r in indexer.log_records() if "resynchronised" in r.get("message", "")
-            or "stalled" in r.get("message", "")]
+    return [r["msg"] for r in indexer.log_records() if "resynchronised" in r.get("msg", "")
+            or "stalled" in r.get("msg", "")]
 
 
 def files_of(results: Sequence[commitlog_pb2.AppendResult]) -> set[int]:

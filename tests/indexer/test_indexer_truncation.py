@@ -33,15 +33,18 @@ def found(indexer: IndexerProcess, key: str) -> list[int]:
     return list(indexer.stub.QueryByKey(indexer_pb2.QueryByKeyRequest(topic="TruncT", key=key)).commitlog_offsets)
 
 
+@pytest.mark.parametrize("source", ["files", "tail"])
 @pytest.mark.parametrize("indexer_down", [False, True], ids=["indexer-running", "indexer-down"])
 def test_indexer_follows_a_truncated_commitlog(start_commitlog: StartCommitLog, tmp_path: Path,
-                                               indexer_down: bool) -> None:
+                                               indexer_down: bool, source: str) -> None:
     """Running, the indexer sees the log shorter than its reput offset. Down while the log regrows
     past that offset with other records, it only knows the commitlog restarted (a new incarnation)
-    and recovered to an offset below what it had dispatched."""
+    and recovered to an offset below what it had dispatched. Either reading the commitlog's files
+    (the recovery rewrote bytes under it) or its byte-carrying Tail."""
     broker = tmp_path / "broker"
     commitlog = start_commitlog(broker, ENV)
-    indexer = start_indexer(tmp_path / "indexer", commitlog.address, ENV)
+    indexer_env = {**ENV, "MQSTORE_INDEXER_REPUT_SOURCE": source}
+    indexer = start_indexer(tmp_path / "indexer", commitlog.address, indexer_env)
     try:
         results = append(commitlog, 0, 100, 300)
         indexer.wait_caught_up(max_offset(commitlog))
@@ -61,7 +64,7 @@ def test_indexer_follows_a_truncated_commitlog(start_commitlog: StartCommitLog, 
         assert new[0].commitlog_offset == cut
         assert max_offset(commitlog) > results[-1].commitlog_offset  # past the old reput offset
         if indexer_down:
-            indexer = start_indexer(tmp_path / "indexer", commitlog.address, ENV)
+            indexer = start_indexer(tmp_path / "indexer", commitlog.address, indexer_env)
         indexer.wait_caught_up(max_offset(commitlog))
         for queue_id in (0, 1):
             units = all_units(indexer, "TruncT", queue_id)
