@@ -26,7 +26,7 @@ def append(commitlog: CommitLogProcess, first: int, count: int, body_size: int) 
 
 
 def max_offset(commitlog: CommitLogProcess) -> int:
-    return commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest()).max_offset
+    return int(commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest()).max_offset)
 
 
 def found(indexer: IndexerProcess, key: str) -> list[int]:
