@@ -189,7 +189,7 @@ def test_the_kubernetes_gateway_settings_load(tmp_path: Path) -> None:
     path.write_text(config_map["data"]["gateway.yaml"])
     settings = load_gateway_settings(path)
     assert settings.listen == "0.0.0.0:9876" and settings.auth_file and settings.queue_selection == "latency"
-    assert [s.commitlog for s in settings.shards] == ["commitlog-0.commitlog:9901"]
+    assert [s.commitlog for s in settings.shards] == ["shard-0.shard:9901"]  # deploy/k8s/shard.yaml's pod
 
 
 class FakeCommitLogShard:
