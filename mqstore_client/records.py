@@ -23,9 +23,12 @@ the format: the client imports no server code.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import struct
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 from mqstore_client.errors import DataLossError
 from mqstore_client.models import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
@@ -109,7 +112,7 @@ def decode_records(data: bytes, queue_id: int | None = None) -> list[Message]:
         uniq_key = properties.get(PROPERTY_UNIQ_KEY, "")
         offset_msg_id = _offset_msg_id(store_raw, commitlog_offset)
         keys = properties.get(PROPERTY_KEYS)
-        append(Message(
+        append(_message(
             topic, record_queue_id if queue_id is None else queue_id, queue_offset, uniq_key or offset_msg_id,
             offset_msg_id, uniq_key, properties.get(PROPERTY_TAGS, ""), tuple(keys.split()) if keys else (),
             properties, body, born_timestamp, _hosts.get(born_raw) or _host(born_raw), store_timestamp,
@@ -117,6 +120,24 @@ def decode_records(data: bytes, queue_id: int | None = None) -> list[Message]:
             compressed))
         pos = record_end
     return messages
+
+
+def _slot_constructor() -> Callable[..., Message]:
+    """``Message(*fields)`` without the frozen dataclass's ``__init__``, which sets each of its 21
+    fields through ``object.__setattr__``: the slots' own descriptors set them in half the time (a
+    pull decodes up to 1024 messages). Every field is given, in declaration order."""
+    names = [f.name for f in dataclasses.fields(Message)]
+    scope: dict[str, Any] = {"new": object.__new__, "Message": Message}
+    scope.update({f"set_{name}": getattr(Message, name).__set__ for name in names})
+    lines = [f"def build({', '.join(names)}):", "    m = new(Message)"]
+    lines += [f"    set_{name}(m, {name})" for name in names]
+    lines.append("    return m")
+    exec("\n".join(lines), scope)  # noqa: S102 - code built from the dataclass's own field names
+    built: Callable[..., Message] = scope["build"]
+    return built
+
+
+_message = _slot_constructor()
 
 
 def _malformed(pos: int, what: str) -> DataLossError:
