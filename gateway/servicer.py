@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -31,7 +31,7 @@ from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
 from services.server.peer import peer_address
 from services.server.status import fail_call
-from services.store.batch_codec import BlobEntry, scan_blob, with_uniq_keys
+from services.store.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
 from services.store.errors import BATCH_POSITION, InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
 from services.store.key_query import check_key_query
 from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
@@ -62,21 +62,21 @@ class PreparedBatch:
     #: The blob to forward (with any UNIQ_KEYs the gateway added), or None for repeated messages.
     blob: bytes | None = None
     born_host: str = ""
-    entries: list[BlobEntry] | None = None
-    #: Blob: the UNIQ_KEYs the gateway generated, by message index.
-    missing: dict[int, str] = field(default_factory=dict)
+    #: Blob: the gateway generated UNIQ_KEYs for some messages.
+    generated: bool = False
     #: Repeated messages: every message's UNIQ_KEY.
     uniq_keys: list[str] | None = None
 
     def generated_msg_ids(self) -> list[str]:
         """Empty when every message came with its UNIQ_KEY; else every message's."""
-        return self.all_uniq_keys() if self.missing else []
+        return self.all_uniq_keys() if self.generated else []
 
     def all_uniq_keys(self) -> list[str]:
-        if self.uniq_keys is not None:
-            return self.uniq_keys
-        assert self.entries is not None
-        return [self.missing.get(i) or e.uniq_key for i, e in enumerate(self.entries)]
+        """Read back from the blob when needed (rare: DELAY messages, or keys the gateway added)."""
+        if self.uniq_keys is None:
+            assert self.blob is not None
+            self.uniq_keys = uniq_keys_of(self.blob, MAX_BATCH)
+        return self.uniq_keys
 
 
 class MessagingServicer:
@@ -270,13 +270,13 @@ class MessagingServicer:
             check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
             if not blob:
                 raise InvalidArgumentError("encoded_messages is empty: give at least one message")
-            entries = scan_blob(blob, MAX_BATCH)
+            scan = scan_blob(blob, MAX_BATCH)
             self.tokens.authorize(principal, Action.PRODUCE, topic)
             born_host = request.born_host or peer_host
-            missing = {i: self.uniq_keys.next(born_host) for i, e in enumerate(entries) if not e.uniq_key}
+            missing = {e.index: self.uniq_keys.next(born_host) for e in scan.missing}
             if missing:
-                blob = with_uniq_keys(blob, entries, missing)
-            return PreparedBatch(request, topic, len(entries), blob, born_host, entries, missing)
+                blob = with_uniq_keys(blob, scan.missing, missing)
+            return PreparedBatch(request, topic, scan.count, blob, born_host, bool(missing))
         messages = request.messages
         if not messages:
             raise InvalidArgumentError("the batch is empty: give at least one message")

@@ -35,8 +35,11 @@ def test_the_store_decodes_what_the_client_encodes(messages: list[tuple[bytes, i
     assert blob == batch_codec.encode_blob(
         (body, flag, {**props, **({"UNIQ_KEY": key} if key else {})}) for body, flag, props, key in messages)
     decoded = batch_codec.decode_blob(blob, "t", 3, 7, "1.2.3.4:5", 2, 1024)
-    entries = batch_codec.scan_blob(blob, 1024)
-    assert len(decoded) == len(entries) == len(messages)
+    scan = batch_codec.scan_blob(blob, 1024)
+    entries = batch_codec._scan_precise(blob, 1024)
+    assert len(decoded) == len(entries) == scan.count == len(messages)
+    assert [e.index for e in scan.missing] == [i for i, (_, _, _, key) in enumerate(messages) if not key]
+    assert decoded == batch_codec._decode_precise(blob, "t", 3, 7, "1.2.3.4:5", 2, 1024)
     for (body, flag, props, key), message, scanned, (c_body, c_flag, c_props) in zip(
             messages, decoded, entries, decode_entries(blob), strict=True):
         expected = {**props, **({"UNIQ_KEY": key} if key else {})}
@@ -52,9 +55,9 @@ def test_the_store_decodes_what_the_client_encodes(messages: list[tuple[bytes, i
 def test_added_uniq_keys_change_only_their_messages(messages: list[tuple[bytes, int, dict[str, str], str | None]],
                                                     data: st.DataObject) -> None:
     blob = _blob(messages)
-    entries = batch_codec.scan_blob(blob, 1024)
-    missing = {i: f"{i:032X}" for i, e in enumerate(entries) if not e.uniq_key}
-    rewritten = batch_codec.with_uniq_keys(blob, entries, missing)
+    scan = batch_codec.scan_blob(blob, 1024)
+    missing = {e.index: f"{e.index:032X}" for e in scan.missing}
+    rewritten = batch_codec.with_uniq_keys(blob, scan.missing, missing)
     decoded = batch_codec.decode_blob(rewritten, "t", 0, 0, "1.2.3.4:5", 0, 1024)
     for i, ((body, _, props, key), message) in enumerate(zip(messages, decoded, strict=True)):
         assert message.body == body
@@ -78,19 +81,26 @@ def test_a_damaged_blob_is_refused_or_decodes_to_whole_messages(
         blob += data.draw(st.binary(min_size=1, max_size=30))
     damaged = bytes(blob)
     try:
-        scanned = batch_codec.scan_blob(damaged, 1024)
+        precise = batch_codec._scan_precise(damaged, 1024)
     except InvalidArgumentError as exc:
         assert "message #" in str(exc)
+        with pytest.raises(InvalidArgumentError) as fast:
+            batch_codec.scan_blob(damaged, 1024)
+        assert str(fast.value) == str(exc)
         with pytest.raises(InvalidArgumentError):
             batch_codec.decode_blob(damaged, "t", 0, 0, "1.2.3.4:5", 0, 1024)
         return
+    scanned = batch_codec.scan_blob(damaged, 1024)
+    assert scanned.count == len(precise) and [e.index for e in scanned.missing] == \
+        [e.index for e in precise if not e.uniq_key]
     try:
         decoded = batch_codec.decode_blob(damaged, "t", 0, 0, "1.2.3.4:5", 0, 1024)
     except InvalidArgumentError as exc:
         # The commitlog refuses repeated property names, which the gateway leaves to it.
         assert "appears twice" in str(exc)
         return
-    assert len(decoded) == len(scanned)
+    assert len(decoded) == scanned.count
+    assert decoded == batch_codec._decode_precise(damaged, "t", 0, 0, "1.2.3.4:5", 0, 1024)
     assert sum(batch_codec.ENTRY_OVERHEAD + len(m.body) + len(batch_codec.properties_bytes(m.properties))
                for m in decoded) <= len(damaged)
 
@@ -98,7 +108,17 @@ def test_a_damaged_blob_is_refused_or_decodes_to_whole_messages(
 def test_a_trailing_separator_of_older_clients_is_accepted() -> None:
     blob = encode_entry(b"x", 0, b"TAGS\x01a\x02KEYS\x01k\x02")
     assert batch_codec.decode_blob(blob, "t", 0, 0, "h:1", 0, 8)[0].properties == {"TAGS": "a", "KEYS": "k"}
-    assert batch_codec.scan_blob(blob, 8)[0].uniq_key == ""
+    assert [e.index for e in batch_codec.scan_blob(blob, 8).missing] == [0]
+
+
+@pytest.mark.parametrize("props", [b"XUNIQ_KEY\x01abc", b"A\x01b\x02XUNIQ_KEY\x01" + b"0" * 32 + b"\x02UNIQ_KEY\x01" + b"1" * 32,
+                                   b"UNIQ_KEY\x01" + b"a" * 56 + b"\x02"])
+def test_names_ending_in_uniq_key_take_the_precise_pass_with_the_same_outcome(props: bytes) -> None:
+    blob = encode_entry(b"x", 0, props)
+    assert batch_codec.scan_blob(blob, 8) == batch_codec.BlobScan(
+        1, [e for e in batch_codec._scan_precise(blob, 8) if not e.uniq_key])
+    assert batch_codec.decode_blob(blob, "t", 0, 0, "h:1", 0, 8) == \
+        batch_codec._decode_precise(blob, "t", 0, 0, "h:1", 0, 8)
 
 
 def test_the_frame_is_rocketmq_encode_message() -> None:
