@@ -15,7 +15,6 @@ written. Nothing here decides what is readable.
 
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 from pathlib import Path
@@ -72,8 +71,8 @@ class ReadOnlyFiles:
                 continue
         starts.sort()
         self._starts = starts
-        for gone in [s for s in self._maps if bisect.bisect_left(starts, s) == len(starts) or
-                     starts[bisect.bisect_left(starts, s)] != s]:
+        present = set(starts)
+        for gone in [s for s in self._maps if s not in present]:
             self._maps.pop(gone).close()
 
     def forget_below(self, offset: int) -> None:
