@@ -280,6 +280,9 @@ class MessagingServicer:
         messages = request.messages
         if not messages:
             raise InvalidArgumentError("the batch is empty: give at least one message")
+        if request.born_timestamp or request.born_host or request.sys_flag:
+            raise InvalidArgumentError("born_timestamp, born_host and sys_flag of SendBatchRequest go with "
+                                       "encoded_messages: with messages, set them on each message")
         if len(messages) > MAX_BATCH:
             raise InvalidArgumentError(f"the batch has {len(messages)} messages; at most {MAX_BATCH}")
         topic = messages[0].topic

@@ -160,6 +160,8 @@ def test_a_bad_blob_is_refused_by_the_gateway_and_the_commitlog_and_nothing_is_s
     ({"born_timestamp": -1}, "born_timestamp -1 is negative"),
     ({"encoded_messages": b""}, "encoded_messages is empty"),
     ({"messages": [common_pb2.Message(topic="blob-bad", body=b"x")]}, "both messages and encoded_messages"),
+    ({"topic": "", "encoded_messages": b"", "born_host": "1.2.3.4:5",
+      "messages": [common_pb2.Message(topic="blob-bad", body=b"x")]}, "set them on each message"),
 ])
 def test_request_wide_fields_follow_the_producer_rules(up: UpProcess, fields: dict[str, Any], fragment: str) -> None:
     before = up.store_state()
