@@ -16,7 +16,7 @@ from mqstore.v1 import commitlog_pb2
 
 from mqstore_client import Client, UnauthenticatedError
 from mqstore_client.connection import resolve_address
-from mqstore_client.errors import DeadlineExceededError, MqstoreError, error_for
+from mqstore_client.errors import DataLossError, DeadlineExceededError, MqstoreError, error_for
 
 TOKEN = "s3cr3t"
 
@@ -86,5 +86,7 @@ def test_timeouts_name_the_gateway() -> None:
     error = error_for(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", "h:1", 2.5)
     assert isinstance(error, DeadlineExceededError)
     assert error.message == "the gateway at h:1 did not answer within 2.5 s"
-    other = error_for(grpc.StatusCode.DATA_LOSS, "crc mismatch")
-    assert type(other) is MqstoreError and str(other) == "DATA_LOSS: crc mismatch"
+    other = error_for(grpc.StatusCode.INTERNAL, "oops")
+    assert type(other) is MqstoreError and str(other) == "INTERNAL: oops"
+    lost = error_for(grpc.StatusCode.DATA_LOSS, "crc mismatch")
+    assert type(lost) is DataLossError and str(lost) == "DATA_LOSS: crc mismatch"
