@@ -255,7 +255,7 @@ def _collect_raw(query: PullQuery, selection: Selection, data: Sequence[bytes | 
             if records:
                 return records, unit.queue_offset
             raise DataLossError(f"{query.topic}/{query.queue_id} queue offset {unit.queue_offset}: {exc}") from None
-        if matches_tags(tags):
+        if not with_tags or matches_tags(tags):
             records.append(raw)
     return records, offset + selection.walked
 
