@@ -16,11 +16,12 @@ from pathlib import Path
 
 from bench.report import percentile
 from bench.workload import print_machine, scratch_dir
+from services.indexer.chunk_parser import parse_chunk
 from services.indexer.indexer_store import IndexerStore
 from services.server.gc_tuning import tune_gc
 from services.store.config import load_config
 from services.store.message import properties_to_string
-from services.store.record import encode_record, parse_dispatch_requests
+from services.store.record import encode_record
 
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -59,7 +60,7 @@ def run_once(root: Path, chunks: list[tuple[int, bytes]]) -> tuple[float, list[f
         started = time.perf_counter()
         for start, data in chunks:
             t = time.perf_counter()
-            store.dispatch(parse_dispatch_requests(data, start), start + len(data))
+            store.dispatch(parse_chunk(data, start), start + len(data))
             latencies.append(time.perf_counter() - t)
         return time.perf_counter() - started, latencies
     finally:

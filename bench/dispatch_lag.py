@@ -2,7 +2,17 @@
 producers sending AppendBatch (64 messages of 1 KiB with 2 KEYS + UNIQ_KEY) at a target rate; the
 indexer's dispatch lag (GetDispatchStatus) is sampled every 100 ms.
 
-    python -m bench.dispatch_lag [--rate 100000] [--duration 20] [--producers 2]
+    python -m bench.dispatch_lag [--rate 100000] [--duration 20] [--producers 2] [--source auto|files|tail]
+
+``--gateway``: the highest rate the gateway takes instead (a whole ``mqstore up``; SendBatch of
+``--batch`` messages in RocketMQ's batch encoding, ``--procs`` client processes x ``--inflight``
+calls, bench/gateway.py's clients), with the same lag sampling, and the indexer's CPU per message.
+
+    python -m bench.dispatch_lag --gateway [--batch 256] [--procs 2] [--inflight 4] [--duration 10]
+
+``--source``: where the indexer reads records (MQSTORE_INDEXER_REPUT_SOURCE): ``files`` (the
+commitlog's files, up to the readable end a positions-only Tail announces) or ``tail`` (the
+byte-carrying Tail, as before the files were read).
 """
 
 from __future__ import annotations
@@ -13,12 +23,13 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import replace
 
 import grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2, indexer_pb2_grpc
 
 from bench.append_grpc import Server, create_topic, store_info
-from bench.report import percentile
+from bench.report import CpuMeter, percentile
 from bench.services import free_port, mqstore_command
 from bench.workload import QUEUES, TOPIC, print_machine, scratch_dir
 
@@ -52,14 +63,99 @@ def produce(target: str, requests: list[bytes], rate: float, stop: threading.Eve
                 time.sleep(ahead)
 
 
+class LagSampler:
+    """GetDispatchStatus every 100 ms from a thread: lag in ms and bytes while the writers run."""
+
+    def __init__(self, indexer_target: str) -> None:
+        self._channel = grpc.insecure_channel(indexer_target)
+        self.stub = indexer_pb2_grpc.IndexerServiceStub(self._channel)
+        self.lag_ms: list[float] = []
+        self.lag_bytes: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
+
+    def status(self) -> indexer_pb2.DispatchStatus:
+        return self.stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            status = self.status()
+            self.lag_ms.append(status.behind_ms)
+            self.lag_bytes.append(status.behind_bytes)
+
+    def catch_up(self, end: int) -> float:
+        """Seconds until the reput offset reaches ``end``."""
+        caught = time.perf_counter()
+        while self.status().reput_offset < end:
+            time.sleep(0.02)
+        return time.perf_counter() - caught
+
+    def report(self, catch_up_s: float) -> str:
+        lag_ms, lag_bytes = sorted(self.lag_ms), sorted(self.lag_bytes)
+        return (f"dispatch lag while writing: p50 {percentile(lag_ms, 50):.0f} ms, "
+                f"p99 {percentile(lag_ms, 99):.0f} ms, max {lag_ms[-1]:.0f} ms; "
+                f"bytes p50 {percentile(lag_bytes, 50) / 1e6:.1f} MB, "
+                f"max {lag_bytes[-1] / 1e6:.1f} MB; caught up {catch_up_s * 1000:.0f} ms after the writers stopped")
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def through_gateway(args: argparse.Namespace) -> None:
+    from bench.gateway import ClientSpec, create_topic, run_clients, running_system, settle
+
+    settings = {"MQSTORE_LOG_LEVEL": "WARNING", "MQSTORE_INDEXER_REPUT_SOURCE": args.source}
+    with running_system(settings, keep_store=False) as system:
+        create_topic(system.gateway, TOPIC)
+        spec = ClientSpec(target=system.gateway, mode="blob" if args.blob else "batch", concurrency=args.inflight,
+                          duration_s=args.duration, batch=args.batch, topic=TOPIC)
+        run_clients(replace(spec, duration_s=1.0), args.procs, system, "warm-up", quiet=True)
+        settle(system, 30)
+        sampler = LagSampler(f"127.0.0.1:{system.base_port + 2}")
+        try:
+            sampler.start()
+            reports, cpu = run_clients(spec, args.procs, system, "send", quiet=True)
+            sampler.stop()
+            acked = sum(r["acked"] for r in reports)
+            seconds = (max(r["ended"] for r in reports) - min(r["started"] for r in reports)) / 1e9
+            end = store_info(f"127.0.0.1:{system.base_port + 1}").max_offset
+            catch_up_s = sampler.catch_up(end)
+            indexer_cores = cpu.get("cpuIndexer", 0.0)
+            print(f"gateway ({spec.mode} {args.batch}, {args.procs}x{args.inflight}, source {args.source}): "
+                  f"{acked:,} msgs in {seconds:.1f}s = {acked / seconds:,.0f} msgs/s; cores: indexer "
+                  f"{indexer_cores:.2f} ({indexer_cores * seconds / max(acked, 1) * 1e6:.1f} us/msg), commitlog "
+                  f"{cpu.get('cpuCommitlog', 0.0):.2f}, gateway {cpu.get('cpuGateway', 0.0):.2f}")
+            print(sampler.report(catch_up_s))
+        finally:
+            sampler.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=100_000, help="target msgs/s over all producers")
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--source", choices=("auto", "files", "tail"), default="auto",
+                        help="where the indexer reads records (default auto: the files when here)")
+    parser.add_argument("--gateway", action="store_true", help="as fast as the gateway takes SendBatch")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--inflight", type=int, default=4)
+    parser.add_argument("--blob", action=argparse.BooleanOptionalAction, default=True,
+                        help="the batch as one blob in RocketMQ's batch encoding (default) or message objects")
     args = parser.parse_args()
     print_machine()
-    settings = {"MQSTORE_LOG_LEVEL": "WARNING"}
+    if args.gateway:
+        through_gateway(args)
+        return
+    settings = {"MQSTORE_LOG_LEVEL": "WARNING", "MQSTORE_INDEXER_REPUT_SOURCE": args.source}
     with scratch_dir("lag-") as root:
         server = Server(root, settings)
         indexer_target = f"127.0.0.1:{free_port()}"
@@ -78,6 +174,8 @@ def main() -> None:
                                                               stop, counters[i])) for i in range(args.producers)]
             lag_ms: list[float] = []
             lag_bytes: list[float] = []
+            cpu_indexer, cpu_commitlog = CpuMeter([indexer.pid], include_self=False), \
+                CpuMeter([server.proc.pid], include_self=False)
             started = time.perf_counter()
             for t in threads:
                 t.start()
@@ -96,11 +194,17 @@ def main() -> None:
             while stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5).reput_offset < end:
                 time.sleep(0.02)
             catch_up_s = time.perf_counter() - caught
+            cores_indexer, cores_commitlog = cpu_indexer.stop(), cpu_commitlog.stop()
+            spent_s = time.perf_counter() - started
             status = stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=5)
             lag_ms.sort()
             lag_bytes.sort()
             print(f"writer: {sent:,} msgs in {written_s:.1f}s = {sent / written_s:,.0f} msgs/s "
                   f"(target {args.rate:,.0f}); indexer dispatched {status.dispatched_records:,} records")
+            print(f"CPU per message (until caught up): indexer "
+                  f"{cores_indexer['cpuOurs'] * spent_s / max(sent, 1) * 1e6:.1f} us, commitlog "
+                  f"{cores_commitlog['cpuOurs'] * spent_s / max(sent, 1) * 1e6:.1f} us "
+                  f"(other processes on the machine: {cores_indexer['cpuOther']:.2f} cores)")
             print(f"dispatch lag while writing: p50 {percentile(lag_ms, 50):.0f} ms, "
                   f"p99 {percentile(lag_ms, 99):.0f} ms, "
                   f"max {lag_ms[-1]:.0f} ms; bytes p50 {percentile(lag_bytes, 50) / 1e6:.1f} MB, "

@@ -25,7 +25,7 @@ from services.store.checkpoint import StoreCheckpoint
 from services.store.config import MessageStoreConfig
 from services.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
-from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, transaction_type
+from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest
 from services.store.service_thread import LeastPages, ServiceThread
 from services.store.store_root import AbortFile, StoreLock, write_atomically
@@ -321,11 +321,9 @@ class IndexerStore:
 
 def _arrivals(requests: Sequence[DispatchRequest]) -> dict[QueueKey, int]:
     """(topic, queue id) -> new max queue offset, for the queues a chunk added units to."""
-    newest: dict[QueueKey, int] = {}
-    for r in requests:
-        if transaction_type(r.sys_flag) not in (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE):
-            newest[(r.topic, r.queue_id)] = r.queue_offset + 1
-    return newest
+    mask, skipped = TRANSACTION_TYPE_MASK, (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
+    # In commitlog order a queue's last record has its highest queue offset: the last one wins.
+    return {(r.topic, r.queue_id): r.queue_offset + 1 for r in requests if r.sys_flag & mask not in skipped}
 
 
 class IndexerFlushService(ServiceThread):

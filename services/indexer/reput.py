@@ -27,11 +27,12 @@ import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
+from services.indexer.chunk_parser import parse_chunk
 from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
 from services.indexer.indexer_store import IndexerStore, ReputState
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.server.channels import sync_channel
-from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError, parse_dispatch_requests
+from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ class DispatchLag:
     connected: bool = False
     commitlog_max_offset: int = 0
     commitlog_incarnation: str = ""
-    # Store time of the newest record the commitlog has that we have not dispatched yet: unknown
-    # exactly, so lag in time is measured from the wall clock when records are pending.
+    # Wall time the reput loop learned of records past its reput offset after being caught up (0:
+    # caught up). Lag in time is measured from the later of this and the last dispatched record's
+    # store time: after an idle spell the last store time is old, but nothing was pending then.
     behind_since_ms: int = 0
 
 
@@ -135,8 +137,16 @@ class ReputService:
     def behind_ms(self) -> int:
         if self.behind_bytes == 0:
             return 0
-        last = self._store.last_dispatched_store_timestamp
+        last = max(self._store.last_dispatched_store_timestamp, self.lag.behind_since_ms)
         return max(0, int(time.time() * 1000) - last) if last else 0
+
+    def _track_end(self, max_offset: int) -> None:
+        """The commitlog's readable end as last heard: pending records since when (see DispatchLag)."""
+        self.lag.commitlog_max_offset = max_offset
+        if self._store.reput_offset >= max_offset:
+            self.lag.behind_since_ms = 0
+        elif not self.lag.behind_since_ms:
+            self.lag.behind_since_ms = int(time.time() * 1000)
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -285,12 +295,13 @@ class ReputService:
                     return
                 if chunk.incarnation != info.incarnation:
                     raise Resync(f"the commitlog restarted (incarnation {chunk.incarnation})")
-                self.lag.commitlog_max_offset = chunk.max_offset
+                self._track_end(chunk.max_offset)
                 try:
                     self._dispatch_files(files, chunk.max_offset, info.mapped_file_size, quarantined)
                 except (FilesMismatch, OSError) as exc:
                     self._files_failed_at = self._store.reput_offset
                     raise Resync(f"the commitlog files disagree with the service: {exc}") from None
+                self._track_end(chunk.max_offset)
         finally:
             self._call = None
             call.cancel()
@@ -326,7 +337,7 @@ class ReputService:
                         step.next_offset)
         if chunk.record_count:
             try:
-                requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
+                requests = parse_chunk(chunk.data, chunk.start_offset)
             except RecordError as exc:
                 raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
             self._store.dispatch(requests, step.next_offset)
@@ -350,8 +361,9 @@ class ReputService:
             for chunk in call:
                 if self._stopped.is_set():
                     return
-                self.lag.commitlog_max_offset = chunk.max_offset
+                self._track_end(chunk.max_offset)
                 self._take(chunk, file_size, quarantined, lambda step: self._check_blank(stub, step))
+                self._track_end(chunk.max_offset)
         finally:
             self._call = None
             call.cancel()
