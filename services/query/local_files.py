@@ -28,6 +28,7 @@ What a reader may read (docs/architecture.md, "Reads from the files"):
 from __future__ import annotations
 
 import logging
+import mmap
 import struct
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -103,9 +104,31 @@ class LocalCommitLog(CommitLogClient):
     async def read_batch(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         if not ranges:
             return []
-        await self.cover(max(offset + size for offset, size in ranges))
-        read = self._read
-        return [read(offset, size) for offset, size in ranges]
+        end = max(offset + size for offset, size in ranges)
+        await self.cover(end)
+        info = self._info
+        assert info is not None
+        if info.quarantined or end > self.readable_end or \
+                any(offset < info.min_offset or size <= 0 for offset, size in ranges):
+            read = self._read
+            return [read(offset, size) for offset, size in ranges]
+        # The common case, checked once for the batch above: slices of the mapped files.
+        data: list[bytes] = []
+        file_size, files = self.file_size, self._files
+        current_start: int = -1
+        current: bytes | mmap.mmap = b""
+        for offset, size in ranges:
+            position = offset % file_size
+            if offset - position != current_start:
+                found = files.find(offset)
+                if found is None:
+                    raise OutOfRangeError(f"offset {offset} is not in the log (its file is gone)")
+                current_start, current = found
+            if position + size > file_size:
+                raise InvalidArgumentError(f"[{offset}, {offset + size}) crosses the end of a commitlog file: a "
+                                           "record never does")
+            data.append(current[position:position + size])
+        return data
 
     async def cover(self, end: int) -> None:
         """Make the bounds reach ``end`` if the commitlog has it (one GetStoreInfo when they do not yet)."""
@@ -293,7 +316,7 @@ class LocalIndexer(IndexerClient):
             return None
         files = self._files_of(key)
         end_byte = bound.max_offset * CQ_STORE_UNIT_SIZE
-        starts = [s for s in files.starts() if s < end_byte]
+        starts = [s for s in files.starts(end_byte) if s < end_byte]
         if not starts:
             return 0
         chosen = starts[-1]

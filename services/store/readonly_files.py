@@ -50,10 +50,12 @@ class ReadOnlyFiles:
         self.relist()
         return self._starts[0] if self._starts else None
 
-    def starts(self) -> list[int]:
-        """First offsets of the files, ascending, from a fresh listing."""
-        self.relist()
-        return list(self._starts)
+    def starts(self, covering: int) -> list[int]:
+        """First offsets of the files, ascending; listed again unless the last listing already reaches
+        ``covering`` (files appear only at the end; one deleted at the front is found missing on use)."""
+        if not self._starts or self._starts[-1] + self.file_size < covering:
+            self.relist()
+        return self._starts
 
     def path_of(self, start: int) -> Path:
         return self.directory / f"{start:020d}"
