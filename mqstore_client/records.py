@@ -74,8 +74,11 @@ def decode_records(data: bytes, queue_id: int | None = None) -> list[Message]:
         if end - pos < _MIN_RECORD:
             raise DataLossError("DATA_LOSS", f"raw records at byte {pos}: {end - pos} bytes left, too few for a record")
         head = _HEADS[data[pos + _SYSFLAG_LOW_BYTE] & _V6_BITS]
-        (size, magic, crc, record_queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
-         born_raw, store_timestamp, store_raw, reconsume_times, _prepared, body_length) = head.unpack_from(data, pos)
+        try:
+            (size, magic, crc, record_queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
+             born_raw, store_timestamp, store_raw, reconsume_times, _, body_length) = head.unpack_from(data, pos)
+        except struct.error:
+            raise _malformed(pos, f"{end - pos} bytes left, too few for the fixed fields") from None
         record_end = pos + size
         body_start = pos + head.size
         body_end = body_start + body_length

@@ -195,7 +195,9 @@ def test_client_decoder_refuses_damaged_bytes() -> None:
     _, records = store_of([GOOD["plain"]] * 2)
     blob = b"".join(records)
     assert len(decode_records(blob)) == 2
-    for bad in (blob[:-1], blob + b"\x00" * 5, DAMAGE["body byte"](blob), _flip(7)(blob)):
+    _, v6 = store_of([GOOD["ipv6 both"]])
+    for bad in (blob[:-1], blob + b"\x00" * 5, DAMAGE["body byte"](blob), _flip(7)(blob), v6[0][:100],
+                blob + b"\x00" * 100):
         with pytest.raises(ClientDataLossError):
             decode_records(bad)
     assert decode_records(b"") == []
