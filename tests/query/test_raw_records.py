@@ -6,6 +6,7 @@ or the same DATA_LOSS message. And the client decoder against the store's encode
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -238,3 +239,15 @@ def test_the_common_layout_takes_the_cheap_check() -> None:
     tags = [checked_raw(r, u.commitlog_offset, TOPIC.encode(), QUEUE, u.queue_offset, True)
             for u, r in zip(units, records, strict=True)]
     assert (cheap, tags) == (["", "", "", None], ["TagA", "TagA", "", None])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4), st.integers(0, 400))
+def test_client_decoder_fails_only_with_data_loss(flips: list[tuple[int, int]], cut: int) -> None:
+    """Damaged bytes (flipped anywhere, cut anywhere) decode or raise DataLossError, nothing else."""
+    _, good = store_of([GOOD["plain"], GOOD["ipv6 both"], GOOD["zlib"], GOOD["v2 ipv6"]])
+    blob = bytearray(b"".join(good))
+    for index, value in flips:
+        blob[index % len(blob)] ^= value
+    with contextlib.suppress(ClientDataLossError):
+        decode_records(bytes(blob[:len(blob) - cut]))
