@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -145,8 +147,8 @@ def test_files_and_grpc_answer_the_same(system: System) -> None:
                 if not a.messages:
                     break
                 offset = a.next_begin_offset
-            for offset in (10_000, offset, offset + 1):
-                assert _pull(files, TOPIC, queue_id, offset) == _pull(remote, TOPIC, queue_id, offset)
+            for edge in (10_000, offset, offset + 1):
+                assert _pull(files, TOPIC, queue_id, edge) == _pull(remote, TOPIC, queue_id, edge)
             assert _pull(files, TOPIC, queue_id, 0, subscription="NoSuchTag") == \
                 _pull(remote, TOPIC, queue_id, 0, subscription="NoSuchTag")
         sample = _pull(files, TOPIC, 1, 300, max_messages=16).messages
@@ -240,3 +242,31 @@ def test_a_unit_in_the_file_but_not_published_is_not_returned(
         assert Status.Name(response.status) != "GET_MESSAGE_STATUS_FOUND"
     finally:
         cq.shutdown()
+
+
+# -- IndexFile read by another process while the indexer writes -------------------------------------
+def test_a_read_only_index_reader_follows_slots_past_a_lagging_header(tmp_path: Path) -> None:
+    """The indexer writes entry, slot, then header: a reader that sees a slot finds a complete entry,
+    even while the header still has the count from before the batch."""
+    from services.store.index_file import IndexFile
+    from services.store.index_reader import IndexReader
+    from services.store.java_hash import index_key_hash_fast
+
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    writer = IndexFile(index_dir / "20260101000000000", SMALL.hash_slot_num, SMALL.index_num, create=True)
+    reader = IndexReader(index_dir, SMALL.hash_slot_num, SMALL.index_num, max_msgs_num_batch=64)
+    try:
+        now = 1_800_000_000_000
+        writer.put_items([(index_key_hash_fast("T#a"), 100, now), (index_key_hash_fast("T#b"), 200, now)])
+        assert reader.query_offset("T", "a", 8, 0, 2**62).phy_offsets == [100]
+        before = writer.stored_header()
+        writer.put_items([(index_key_hash_fast("T#a"), 300, now + 1000)])
+        # the header of the batch not written yet: the slot already names the complete new entry
+        writer._mm[0:40] = struct.pack(">qqqqii", *dataclasses.astuple(before))
+        assert reader.query_offset("T", "a", 8, 0, 2**62).phy_offsets == [300, 100]
+        assert reader.query_offset("T", "b", 8, 0, 2**62).phy_offsets == [200]
+        assert reader.query_offset("T", "c", 8, 0, 2**62).phy_offsets == []
+    finally:
+        reader.close()
+        writer.close()
