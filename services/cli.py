@@ -4,6 +4,7 @@ store files offline."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -132,8 +133,9 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                                 "volume): pulls and lookups read the store files directly")
         query.add_argument("--indexer-store", default=None,
                            help="the indexer's store root for reads from the files (default STORE_ROOT/indexer)")
-        query.add_argument("--read-from", choices=("files", "grpc"), default=None,
-                           help="where data reads come from (default files with --store-root, else grpc)")
+        query.add_argument("--read-from", choices=("files", "grpc"), default=os.environ.get("MQSTORE_QUERY_READ_FROM"),
+                           help="where data reads come from (default $MQSTORE_QUERY_READ_FROM, else files with "
+                                "--store-root, else grpc)")
         query.set_defaults(handler=_serve_query)
     if "gateway" in names:
         gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
