@@ -102,7 +102,7 @@ class MqstoreSession:
         self.requests = blob_requests(job.proc, job.batch) if job.op.startswith("blob") else []
 
     async def close(self) -> None:
-        await self.channel.close()
+        await self.channel.close(None)
 
     async def worker(self, index: int, deadline_ns: int, tally: Tally) -> None:
         op = self.job.op
@@ -188,7 +188,7 @@ class MqstoreSession:
             request = query_pb2.PullMessageRequest(topic=PULL_TOPIC, queue_id=queue_id, queue_offset=offset,
                                                    max_messages=job.batch, max_bytes=max_bytes)
             if raw:
-                request.raw_records = True  # type: ignore[attr-defined]
+                request.raw_records = True
             t0 = clock()
             try:
                 answer = await call(request.SerializeToString(), timeout=60)

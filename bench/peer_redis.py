@@ -27,7 +27,7 @@ def stream(queue_id: int) -> str:
     return f"{TOPIC}:{queue_id}"
 
 
-def _fields(workload: Workload, i: int) -> dict[str, bytes | str]:
+def _fields(workload: Workload, i: int) -> Any:
     return {"body": workload.body(i), "UNIQ_KEY": workload.uniq_key(i), "CLUSTER": CLUSTER}
 
 
@@ -99,7 +99,7 @@ class RedisSession:
         while now() < deadline_ns:
             t0 = clock()
             try:
-                entries = await client.xrange(key, min=begin, max="+", count=count)
+                entries: Any = await client.xrange(key, min=begin, max="+", count=count)
             except redis.RedisError as exc:
                 tally.error(exc)
                 continue
@@ -123,7 +123,7 @@ class RedisSession:
             queue_id, entry_id = ids[rng.randrange(len(ids))]
             t0 = clock()
             try:
-                entries = await client.xrange(stream(queue_id), min=entry_id, max=entry_id)
+                entries: Any = await client.xrange(stream(queue_id), min=entry_id, max=entry_id)
             except redis.RedisError as exc:
                 tally.error(exc)
                 continue
@@ -142,7 +142,7 @@ class RedisSession:
             queue_id, ms = rng.randrange(QUEUES), rng.randint(first_ms, last_ms)
             t0 = clock()
             try:
-                entries = await client.xrange(stream(queue_id), min=str(ms), max="+", count=1)
+                entries: Any = await client.xrange(stream(queue_id), min=str(ms), max="+", count=1)
             except redis.RedisError as exc:
                 tally.error(exc)
                 continue
@@ -183,7 +183,8 @@ def preload(target: str, count: int, pipeline: int = 1024) -> dict[str, Any]:
                 samples[k % QUEUES].append(entry_id.decode())
     lengths = [int(client.xlen(stream(q))) for q in range(QUEUES)]
     # Offset by time asks within the stored times: up to the earliest of the streams' last entries.
-    last_ms = min(int(client.xrevrange(stream(q), count=1)[0][0].split(b"-")[0]) for q in range(QUEUES))
+    last: Any = [client.xrevrange(stream(q), count=1) for q in range(QUEUES)]
+    last_ms = min(int(entries[0][0].split(b"-")[0]) for entries in last)
     first_ms = min(first_ms, last_ms)
     client.close()
     if lengths != [per_queue] * QUEUES:

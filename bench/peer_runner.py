@@ -131,7 +131,8 @@ def run_job(job: Job, procs: int, server_pids: Sequence[int] = ()) -> tuple[Meas
     fatal = [r["fatal"] for r in reports if "fatal" in r]
     if fatal:
         raise RuntimeError(fatal[0])
-    return measure(job, reports), {**cpu, "errors": [e for r in reports for e in r["errors"]][:3]}
+    result = replace(measure(job, reports), cpu_other=cpu["cpuOther"])
+    return result, {**cpu, "errors": [e for r in reports for e in r["errors"]][:3]}
 
 
 def measure(job: Job, reports: Sequence[dict[str, Any]]) -> Measure:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,7 @@ class Measure:
     mode: str = ""  # what ran, e.g. "SendBatch 256 (messages)" or "XADD pipelined 256"
     failed: int = 0
     ops: int = 0
+    cpu_other: float | None = None  # cores used by processes not of the benchmark while it ran
 
     @classmethod
     def median(cls, reps: Sequence[Measure]) -> Measure:
@@ -46,7 +48,8 @@ class Measure:
             return statistics.median(values) if values else None
 
         return cls(rate=med("rate"), p50_ms=med("p50_ms"), p99_ms=med("p99_ms"), seconds=med("seconds"),
-                   mode=reps[0].mode, failed=sum(r.failed for r in reps), ops=sum(r.ops for r in reps))
+                   mode=reps[0].mode, failed=sum(r.failed for r in reps), ops=sum(r.ops for r in reps),
+                   cpu_other=med("cpu_other"))
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,11 @@ def render(rows: Sequence[Row]) -> str:
                  fmt_measure(row, row.nats), fmt_ratio(row.ratio(row.redis)), fmt_ratio(row.ratio(row.nats)),
                  row.goal.describe(), verdict]
         lines.append("| " + " | ".join(cells) + " |")
+    others = sorted(m.cpu_other for row in rows for m in (row.mqstore, row.redis, row.nats)
+                    if m is not None and m.cpu_other is not None)
+    if others:
+        lines += ["", f"Cores used by other processes during the cases: median {statistics.median(others):.2f}, "
+                      f"max {others[-1]:.2f} (of {os.cpu_count()}; above ~0.2 the figures are not a quiet run's)."]
     notes = [f"- {row.operation}: {note}" for row in rows for note in row.notes]
     if notes:
         lines += ["", "Notes:", *notes]

@@ -47,7 +47,7 @@ from typing import Any
 from bench.peer_servers import NatsServer, RedisServer, ensure_installed, server_version
 from bench.peer_table import GROUPS, Measure, Row, issue_rows, render, select, to_json
 from bench.report import progress
-from bench.workload import REPO, print_machine, scratch_dir
+from bench.workload import REPO, TOPIC, print_machine, scratch_dir
 
 PROG = "python -m bench.peers"
 
@@ -101,7 +101,7 @@ def _gateway_args(run: Run) -> argparse.Namespace:
 
 def _from_rep(result: Any, mode: str) -> Measure:
     return Measure(rate=result.msgs_per_s, p50_ms=result.call_p50_us / 1000, p99_ms=result.call_p99_us / 1000,
-                   mode=mode, failed=result.failed, ops=result.msgs)
+                   mode=mode, failed=result.failed, ops=result.msgs, cpu_other=result.extra.get("cpuOther"))
 
 
 def _gateway_mode_note(run: Run) -> str:
@@ -177,12 +177,12 @@ def mqstore_produce(run: Run) -> None:
             continue
         progress(f"mqstore: starting mqstore up ({flush}{_workers_text(run)}) for {', '.join(c[0] for c in cases)} ...")
         with gateway.running_system(_settings(run, flush), run.args.keep_store) as system:
-            gateway.create_topic(system.gateway, gateway.TOPIC)
-            gateway.warm_up(system, gateway.TOPIC)
+            gateway.create_topic(system.gateway, TOPIC)
+            gateway.warm_up(system, TOPIC)
             for key, case, procs, mode in cases:
                 for rep in range(1, run.args.reps + 1):
                     if isinstance(case, gateway.Case):
-                        result = gateway.run_rep(case, rep, gargs, system, gateway.TOPIC)
+                        result = gateway.run_rep(case, rep, gargs, system, TOPIC)
                         run.add(key, "mqstore", _from_rep(result, mode + _workers_text(run)))
                         catch_up = result.extra.get("catchUpSec")
                     else:
@@ -213,13 +213,13 @@ def _produce_job(run: Run, key: str, job: Any, procs: int, system: Any) -> float
     gateway.settle(system, run.args.settle)
     if run.args.wait_quiet > 0:
         wait_quiet(run.args.wait_quiet)
-    before = sum(gateway.queue_depths(system.gateway, gateway.TOPIC))
+    before = sum(gateway.queue_depths(system.gateway, TOPIC))
     measure, extra = run_job(job, procs, system.pids)
     ended = time.monotonic()
     if extra["errors"]:
         progress(f"warning: {key} mqstore: errors, first: {extra['errors'][0]}")
     low = before + measure.ops
-    dispatched = gateway.wait_dispatched(system.gateway, gateway.TOPIC, low, low + measure.failed)
+    dispatched = gateway.wait_dispatched(system.gateway, TOPIC, low, low + measure.failed)
     run.add(key, "mqstore", replace(measure, mode=measure.mode + _workers_text(run)))
     return round(max(0.0, dispatched - ended), 3)
 
