@@ -114,8 +114,10 @@ def _gateway_mode_note(run: Run) -> str:
                           if f.type == f.TYPE_BYTES)
     service = gateway_pb2.DESCRIPTOR.services_by_name["MessagingService"]
     streamed = sorted(m.name for m in service.methods if m.name not in ("SendStream",) and "Stream" in m.name)
-    workers = ("mqstore up --gateway-workers exists (bench.gateway starts its default)"
-               if _gateway_workers_supported() else "not available")
+    if run.args.gateway_workers:
+        workers = f"{run.args.gateway_workers} (MQSTORE_GATEWAY_WORKERS)"
+    else:
+        workers = "the default (--gateway-workers N to set)" if _gateway_workers_supported() else "not available"
     return (f"pull: {pull_mode()}; SendBatch bytes fields: {', '.join(batch_fields) or 'none (messages)'}; "
             f"streamed-batch RPCs: {', '.join(streamed) or 'none'}; gateway workers: {workers}")
 
