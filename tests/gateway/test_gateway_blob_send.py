@@ -12,6 +12,8 @@ from typing import Any
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
 
 from mqstore_client import Producer
@@ -221,3 +223,32 @@ def test_the_client_sends_blobs_and_its_receipts_find_the_messages(up: UpProcess
     found: Callable[[], Any] = lambda: up.stub.GetMessage(  # noqa: E731
         query_pb2.ViewMessageRequest(msg_id=receipts[29].msg_id), timeout=10)
     assert eventually_found(found).message.body == b"c29"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_randomly_damaged_blobs_are_refused_whole_or_stored_whole(up: UpProcess, data: st.DataObject) -> None:
+    """Through the gateway: a damaged blob is INVALID_ARGUMENT naming a message with the store
+    unchanged, or (a body byte changed) stored with every message accounted for."""
+    count = data.draw(st.integers(1, 4))
+    blob = bytearray(b"".join(entry(f"d{i}".encode() * 3, TAGS="t", UNIQ_KEY=KEYS.next()) for i in range(count)))
+    how = data.draw(st.sampled_from(["cut", "flip", "append", "splice"]))
+    if how == "cut":
+        del blob[data.draw(st.integers(1, len(blob) - 1)):]
+    elif how == "flip":
+        blob[data.draw(st.integers(0, len(blob) - 1))] ^= data.draw(st.integers(1, 255))
+    elif how == "append":
+        blob += data.draw(st.binary(min_size=1, max_size=40))
+    else:
+        at = data.draw(st.integers(0, len(blob)))
+        blob[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    before = up.store_state()
+    try:
+        response = up.stub.SendBatch(blob_request("blob-fuzz", bytes(blob)), timeout=10)
+    except grpc.RpcError as error:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
+        assert "message #" in (error.details() or "") or "empty" in (error.details() or ""), error.details()
+        assert up.store_state() == before
+        return
+    stored = len(response.receipt.commitlog_offsets) if response.HasField("receipt") else len(response.results)
+    assert stored >= 1 and up.store_state()[0] > before[0]
