@@ -216,6 +216,7 @@ class LocalIndexer(IndexerClient):
         """The arrival stream, also taken as the dispatch bound: max offsets only grow, the reput offset
         too, until a truncation notice. A new stream (an indexer restart) starts from no bounds."""
         self.forget_bounds()
+        self._commitlog.note_dispatched(0, reset=True)  # the indexer may have rewound: GetStoreInfo bounds reads
         try:
             async for arrival in super().arrivals():
                 if arrival.truncated:
