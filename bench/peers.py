@@ -314,11 +314,12 @@ def redis_rows(run: Run, scratch: Path) -> None:
     if run.want("durable-batch64", "durable-send"):
         with RedisServer(scratch / "redis-always", "always") as server:
             progress(f"redis: {server.target} (pid {server.pid}, appendfsync always)")
-            job = Job("redis", "xadd", server.target, a.duration, 32, 64,
-                      mode="XADD pipelined 64, appendfsync always, 64 producers")
-            key = "durable-batch64" if run.want("durable-batch64") else "durable-send"
-            _run_jobs(run, "redis", [(key, job, 2)], [server.pid])
-            _copy_peer(run, "redis", "durable-batch64", ("durable-send",))
+            _run_jobs(run, "redis", [
+                ("durable-batch64", Job("redis", "xadd", server.target, a.duration, 32, 64,
+                                        mode="XADD pipelined 64, appendfsync always, 64 producers"), 2),
+                ("durable-send", Job("redis", "xadd", server.target, a.duration, 32, 1,
+                                     mode="XADD one at a time, appendfsync always, 64 producers"), 2),
+            ], [server.pid])
 
 
 def nats_rows(run: Run, scratch: Path) -> None:
@@ -343,13 +344,15 @@ def nats_rows(run: Run, scratch: Path) -> None:
         _copy_peer(run, "nats", "produce-batch256", ("produce-batch64", "produce-stream"))
         _run_jobs(run, "nats", [("send-latency", Job("nats", "publish", server.target, a.duration, 1,
                                                      mode="sync publish, one at a time"), 1)], pids)
-        durable = Job("nats", "publish", server.target, a.duration, 32,
-                      mode="sync publish, 64 producers (acked before fsync)")
-        key = "durable-batch64" if run.want("durable-batch64") else "durable-send"
-        _run_jobs(run, "nats", [(key, durable, 2)], pids)
-        _copy_peer(run, "nats", "durable-batch64", ("durable-send",))
-        run.note("durable-batch64", "NATS 2.9 acknowledges a publish once written, fsyncing on its own schedule: "
-                 "not durable per ack as mqstore SYNC_FLUSH and Redis appendfsync always are")
+        _run_jobs(run, "nats", [
+            ("durable-batch64", Job("nats", "publish-async", server.target, a.duration, 32, 64,
+                                    mode="async publish, 64 per ack wait, 64 producers"), 2),
+            ("durable-send", Job("nats", "publish", server.target, a.duration, 32,
+                                 mode="sync publish, 64 producers"), 2),
+        ], pids)
+        for key in ("durable-batch64", "durable-send"):
+            run.note(key, "NATS 2.9 acknowledges a publish once written, fsyncing on its own schedule: not "
+                     "durable per ack as mqstore SYNC_FLUSH and Redis appendfsync always are")
         if run.want("pull", "get-1", "get-n", "time"):
             loaded = peer_nats.preload(server.target, a.preload)
             progress(f"nats: preloaded {loaded['per_queue'] * 8:,} messages in {loaded['seconds']:.1f} s")
