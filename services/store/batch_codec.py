@@ -247,7 +247,7 @@ def decode_blob(blob: bytes, topic: str, queue_id: int, born_timestamp: int, bor
     (the topic-wide fields are the caller's to check). A fast pass, with the precise one for errors."""
     try:
         return _decode_fast(blob, topic, queue_id, born_timestamp, born_host, sys_flag, max_messages)
-    except (_Unusual, struct.error, UnicodeDecodeError):
+    except (_Unusual, struct.error, ValueError):  # UnicodeDecodeError is a ValueError
         return _decode_precise(blob, topic, queue_id, born_timestamp, born_host, sys_flag, max_messages)
 
 
@@ -257,7 +257,7 @@ def _decode_fast(blob: bytes, topic: str, queue_id: int, born_timestamp: int, bo
     pos = index = 0
     messages: list[Message] = []
     append = messages.append
-    unpack, unpack_length, well_formed = HEAD.unpack_from, PROPERTIES_LENGTH.unpack_from, _PROPERTIES.fullmatch
+    unpack, unpack_length = HEAD.unpack_from, PROPERTIES_LENGTH.unpack_from
     uniq_name, uniq_ok = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, _UNIQ_VALUE_TEXT.fullmatch
     item_sep, pair_sep = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR
     while pos < size:
@@ -268,14 +268,13 @@ def _decode_fast(blob: bytes, topic: str, queue_id: int, born_timestamp: int, bo
                 index >= max_messages or unpack_length(blob, props_start - 2)[0] != end - props_start:
             raise _Unusual
         if props_start < end:
-            props = blob[props_start:end]
-            if well_formed(props) is None:
-                raise _Unusual
-            items = props.decode("utf-8").split(item_sep)
+            items = blob[props_start:end].decode("utf-8").split(item_sep)
             if not items[-1]:
                 items.pop()
+            # dict() refuses an item without exactly one pair separator (ValueError); the rest of the
+            # well-formedness is: no repeated, empty name or empty value.
             properties = dict([item.split(pair_sep) for item in items])
-            if len(properties) != len(items):
+            if len(properties) != len(items) or "" in properties or "" in properties.values():
                 raise _Unusual
             uniq_key = properties.get(uniq_name)
             if uniq_key is not None and uniq_ok(uniq_key) is None:
