@@ -270,3 +270,32 @@ def test_a_read_only_index_reader_follows_slots_past_a_lagging_header(tmp_path: 
     finally:
         reader.close()
         writer.close()
+
+
+# -- a commitlog truncated under a running indexer -------------------------------------------------
+def test_pulls_after_the_commitlog_lost_a_tail_return_the_new_records(tmp_path: Path) -> None:
+    """The indexer cuts its queues and announces it on the arrival stream: bounds learned before are
+    forgotten, and the queue offsets of the lost records are served from the records written since."""
+    env = {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(1024 * 1024), "MQSTORE_RECOVER_CORRUPTION_MODE": "cut"}
+    system = System.start(tmp_path, env, read_from="files")
+    try:
+        old = system.append([message("Cut", i % 2, b"o" * 300) for i in range(100)])
+        assert len(_pull(system.query.stub, "Cut", 0, 0, max_messages=64).messages) == 50  # bounds learned
+        cut = old[60].commitlog_offset
+        system.commitlog.kill9()
+        with open(tmp_path / "broker" / "commitlog" / f"{0:020d}", "r+b") as f:  # record 60 damaged: cut there
+            f.seek(cut + 100)
+            f.write(b"\xff\xff\xff")
+        system.commitlog = start_commitlog(tmp_path / "broker", env, port=system.commitlog.port)
+        new = system.append([message("Cut", i % 2, b"n" * 777) for i in range(50)])
+        assert new[0].commitlog_offset == cut
+        for queue_id in (0, 1):
+            response = _pull(system.query.stub, "Cut", queue_id, 0, max_messages=64)
+            got = [(m.queue_offset, m.body, m.commitlog_offset) for m in response.messages]
+            want = [(r.queue_offset, b"o" * 300, r.commitlog_offset) for r in old[:60] if r.queue_id == queue_id]
+            want += [(r.queue_offset, b"n" * 777, r.commitlog_offset) for r in new if r.queue_id == queue_id]
+            assert got == want
+            assert response.max_offset == 55
+    finally:
+        system.stop()
+        system.kill_all()
