@@ -297,5 +297,7 @@ def test_pulls_after_the_commitlog_lost_a_tail_return_the_new_records(tmp_path: 
             assert got == want
             assert response.max_offset == 55
     finally:
-        system.stop()
-        system.kill_all()
+        try:
+            system.stop()
+        finally:
+            system.kill_all()
