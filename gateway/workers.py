@@ -181,7 +181,8 @@ class WorkerGroup:
                 exit_code = self._check(worker)
                 if exit_code:
                     break
-        return self._stop_all() or exit_code
+        stopped = self._stop_all()
+        return exit_code or stopped
 
     def _check(self, worker: _Worker) -> int:
         """Restart ``worker`` if it died; the group's exit code when it must stop instead (else 0)."""
@@ -189,7 +190,7 @@ class WorkerGroup:
         code = worker.proc.poll()
         if code is None:
             return 0
-        how = f"signal {signal.Signals(-code).name}" if code < 0 else f"code {code}"
+        how = _exit_reason(code)
         if code == EXIT_BAD_SETTINGS:
             log.error("gateway worker %d (pid %d) exited with %s (bad settings or the port is taken): stopping "
                       "the group", worker.index, worker.proc.pid, how)
@@ -225,6 +226,15 @@ class WorkerGroup:
                 exit_code = 1
         log.info("gateway workers stopped%s", "" if exit_code == 0 else " (not every one cleanly)")
         return exit_code
+
+
+def _exit_reason(code: int) -> str:
+    if code >= 0:
+        return f"code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
 
 
 def supervise(options: GatewayOptions, settings: GatewaySettings, count: int, metrics_port: int | None) -> int:
