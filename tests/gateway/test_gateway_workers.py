@@ -14,6 +14,7 @@ import collections
 import os
 import re
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -276,3 +277,24 @@ def _metrics_ok(port: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def test_a_worker_that_cannot_start_stops_the_group_with_code_2(tmp_path: Path) -> None:
+    """Worker 1's metrics port is taken: it exits 2 (bad settings), which a restart would not fix, so
+    the supervisor stops worker 0 and exits 2 instead of restarting it forever."""
+    port = free_port_block(1)
+    metrics = free_port_block(2, avoid=range(port, port + 1))
+    log_path = tmp_path / "gateway.log"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", metrics + 1))
+        taken.listen()
+        with open(log_path, "wb") as log_file:
+            group = subprocess.run(
+                [*mqstore_command(), "gateway", "--workers", "2", "--listen", f"127.0.0.1:{port}",
+                 "--commitlog", "127.0.0.1:1", "--query", "127.0.0.1:2"],
+                env=commitlog_env({"MQSTORE_METRICS_PORT": str(metrics)}), stdin=subprocess.DEVNULL,
+                stdout=log_file, stderr=log_file, timeout=60, check=False)
+    logs = log_path.read_text()
+    assert group.returncode == 2, logs[-3000:]
+    assert "gateway worker 1 (pid" in logs and "exited with code 2" in logs and "stopping the group" in logs
+    assert all(not Path(f"/proc/{pid}").exists() for pid in _worker_pids(logs).values())
