@@ -31,16 +31,19 @@ from services.store.message import (
 from services.store.record import (
     BORNHOST_POS,
     IPV4_HOST_LENGTH,
+    IPV6_HOST_LENGTH,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     DispatchRequest,
     RecordError,
     deliver_timestamp,
-    head_struct,
     host_lengths,
     java_parse_int,
 )
 
+# A record's fixed part, TOTALSIZE through BODYLENGTH, per (born host, store host) length (record.py's layout).
+_HEADS = {(b, st): struct.Struct(f">iIiiiqqiq{b}sq{st}siqi")
+          for b in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH) for st in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH)}
 _I16 = struct.Struct(">h")
 _U16 = struct.Struct(">H")
 _SEP = PROPERTY_SEPARATOR
@@ -73,7 +76,7 @@ def parse_chunk(data: bytes | memoryview, start_offset: int,
     first at commitlog offset ``start_offset``; RecordError if they are not whole records."""
     requests: list[DispatchRequest] = []
     append = requests.append
-    unpack_v4 = head_struct(IPV4_HOST_LENGTH, IPV4_HOST_LENGTH).unpack_from
+    unpack_v4 = _HEADS[IPV4_HOST_LENGTH, IPV4_HOST_LENGTH].unpack_from
     unpack_i16 = _I16.unpack_from
     v6_bits = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
     find = _find
@@ -85,7 +88,7 @@ def parse_chunk(data: bytes | memoryview, start_offset: int,
              prepared, body_len) = unpack_v4(data, pos)
             if sys_flag & v6_bits:  # the rare IPv6 layout: re-read with the right host lengths
                 born, store = host_lengths(sys_flag)
-                (*_, store_timestamp, _, _, prepared, body_len) = head_struct(born, store).unpack_from(data, pos)
+                (*_, store_timestamp, _, _, prepared, body_len) = _HEADS[born, store].unpack_from(data, pos)
                 p = pos + BORNHOST_POS + born + 8 + store + 16 + body_len
             else:
                 p = pos + 88 + body_len
