@@ -288,7 +288,8 @@ def redis_rows(run: Run, scratch: Path) -> None:
                 "pull", "get-1", "get-n", "time"):
         with RedisServer(scratch / "redis-everysec", "everysec") as server:
             progress(f"redis: {server.target} (pid {server.pid}, appendfsync everysec)")
-            produce = Job("redis", "xadd", server.target, a.duration, 4, 256, mode="XADD pipelined 256, 2x4, everysec")
+            produce = Job("redis", "xadd-raw", server.target, a.duration, 4, 256,
+                          mode="XADD pipelined 256 (packed, hiredis), 2x4, everysec")
             for key in ("produce-batch256", "produce-batch64", "produce-stream"):
                 if run.want(key):  # one Redis figure for every mqstore batched path
                     _run_jobs(run, "redis", [(key, produce, 2)], [server.pid])
@@ -303,8 +304,8 @@ def redis_rows(run: Run, scratch: Path) -> None:
                 samples = tuple(tuple(s) for s in loaded["samples"])
                 ids = tuple(loaded["ids"])
                 _run_jobs(run, "redis", [
-                    ("pull", Job("redis", "xrange", server.target, a.duration, 4, 1024, data=(samples,),
-                                 mode="XRANGE COUNT 1024"), 2),
+                    ("pull", Job("redis", "xrange-raw", server.target, a.duration, 4, 1024, data=(samples,),
+                                 mode="XRANGE COUNT 1024 (hiredis)"), 2),
                     ("get-1", Job("redis", "get", server.target, a.duration, 1, data=(ids,), mode="XRANGE id id"), 1),
                     ("get-n", Job("redis", "get", server.target, a.duration, a.concurrency, data=(ids,),
                                   mode=f"XRANGE id id, 2x{a.concurrency}"), 2),
@@ -315,8 +316,8 @@ def redis_rows(run: Run, scratch: Path) -> None:
         with RedisServer(scratch / "redis-always", "always") as server:
             progress(f"redis: {server.target} (pid {server.pid}, appendfsync always)")
             _run_jobs(run, "redis", [
-                ("durable-batch64", Job("redis", "xadd", server.target, a.duration, 32, 64,
-                                        mode="XADD pipelined 64, appendfsync always, 64 producers"), 2),
+                ("durable-batch64", Job("redis", "xadd-raw", server.target, a.duration, 32, 64,
+                                        mode="XADD pipelined 64 (packed), appendfsync always, 64 producers"), 2),
                 ("durable-send", Job("redis", "xadd", server.target, a.duration, 32, 1,
                                      mode="XADD one at a time, appendfsync always, 64 producers"), 2),
             ], [server.pid])
