@@ -73,13 +73,13 @@ def append_batch_response(results: Sequence[PutMessageResult]) -> commitlog_pb2.
     return response
 
 
-def blob_messages_from_proto(request: commitlog_pb2.AppendBatchRequest, peer: str,
+def blob_messages_from_proto(request: commitlog_pb2.AppendBatchRequest, blob: bytes, peer: str,
                               max_messages: int) -> list[Message]:
     """A blob batch's messages (``batch_codec.py``): the request-wide fields checked once, every entry in
-    the decoding pass."""
+    the decoding pass. ``blob``: the request's encoded_messages, read once (each read copies it)."""
     topic = request.topic
     check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
-    return decode_blob(request.encoded_messages, topic, request.queue_id, request.born_timestamp,
+    return decode_blob(blob, topic, request.queue_id, request.born_timestamp,
                        request.born_host or peer_address(peer), request.sys_flag, max_messages)
 
 

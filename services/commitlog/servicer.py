@@ -301,7 +301,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
                          f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: split it")
         try:
             if blob:
-                messages = blob_messages_from_proto(request, context.peer(), MAX_BATCH_MESSAGES)
+                messages = blob_messages_from_proto(request, blob, context.peer(), MAX_BATCH_MESSAGES)
             else:
                 messages = messages_from_proto(request.messages, context.peer())
             results = await self.put_messages(messages, size)
