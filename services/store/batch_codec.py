@@ -43,6 +43,10 @@ _UNIQ_NAME = _UNIQ[1:]
 #: Well-formed properties: name \x01 value pairs separated by \x02 (a trailing \x02 allowed), every name
 #: and value non-empty and free of both separators.
 _PROPERTIES = re.compile(rb"[^\x01\x02]+\x01[^\x01\x02]+(?:\x02[^\x01\x02]+\x01[^\x01\x02]+)*\x02?")
+#: The same, in ASCII (the usual case: no UTF-8 check needed).
+_ASCII_PART = rb"[\x00\x03-\x7f]+"
+_ASCII_PROPERTIES = re.compile(_ASCII_PART + rb"\x01" + _ASCII_PART + rb"(?:\x02" + _ASCII_PART + rb"\x01" + _ASCII_PART
+                               + rb")*\x02?")
 #: A UNIQ_KEY as RocketMQ clients make it: 32 or 56 hex digits (the property value, up to its end).
 _UNIQ_VALUE = re.compile(rb"(?:[0-9A-Fa-f]{56}|[0-9A-Fa-f]{32})(?:\x02|\Z)")
 _UNIQ_VALUE_TEXT = re.compile(r"[0-9A-Fa-f]{56}|[0-9A-Fa-f]{32}")
@@ -188,9 +192,9 @@ def _scan_fast(blob: bytes, max_messages: int) -> BlobScan:
     size = len(blob)
     pos = index = 0
     missing: list[BlobEntry] = []
-    parts: list[bytes] = []
-    unpack, unpack_length, well_formed = HEAD.unpack_from, PROPERTIES_LENGTH.unpack_from, _PROPERTIES.fullmatch
-    uniq_name, uniq_value = _UNIQ_NAME, _UNIQ_VALUE.match
+    unpack, unpack_length = HEAD.unpack_from, PROPERTIES_LENGTH.unpack_from
+    ascii_form, well_formed = _ASCII_PROPERTIES.fullmatch, _PROPERTIES.fullmatch
+    uniq_name, uniq_value, find = _UNIQ_NAME, _UNIQ_VALUE.match, blob.find
     while pos < size:
         total, _, _, flag, body_length = unpack(blob, pos)
         end = pos + total
@@ -199,23 +203,23 @@ def _scan_fast(blob: bytes, max_messages: int) -> BlobScan:
                 index >= max_messages or unpack_length(blob, props_start - 2)[0] != end - props_start:
             raise _Unusual
         if props_start < end:
-            props = blob[props_start:end]
-            if well_formed(props) is None:
-                raise _Unusual
-            at = props.find(uniq_name)
+            # Matched in place (no copy); non-ASCII properties are also checked for UTF-8.
+            if ascii_form(blob, props_start, end) is None:
+                if well_formed(blob, props_start, end) is None:
+                    raise _Unusual
+                blob[props_start:end].decode("utf-8")
+            at = find(uniq_name, props_start, end)
             if at < 0:
                 missing.append(BlobEntry(index, pos, end, props_start, ""))
-            elif (at and props[at - 1] != 2) or props.find(uniq_name, at + 1) >= 0 or \
-                    uniq_value(props, at + len(uniq_name)) is None:
+            elif (at > props_start and blob[at - 1] != 2) or find(uniq_name, at + 1, end) >= 0 or \
+                    uniq_value(blob, at + len(uniq_name), end) is None:
                 raise _Unusual
-            parts.append(props)
         else:
             missing.append(BlobEntry(index, pos, end, props_start, ""))
         pos = end
         index += 1
     if not index:
         raise _Unusual
-    b"\x00".join(parts).decode("utf-8")  # NUL is a whole character: no sequence spans two entries
     return BlobScan(index, missing)
 
 
