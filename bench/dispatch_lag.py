@@ -21,9 +21,11 @@ import argparse
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2, indexer_pb2_grpc
@@ -119,10 +121,19 @@ def through_gateway(args: argparse.Namespace) -> None:
         run_clients(replace(spec, duration_s=1.0), args.procs, system, "warm-up", quiet=True)
         settle(system, 30)
         sampler = LagSampler(f"127.0.0.1:{system.base_port + 2}")
+        profiler: subprocess.Popen[bytes] | None = None
         try:
             sampler.start()
+            if args.profile:  # py-spy on the indexer while the clients send (folded stacks)
+                profiler = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(system.children["indexer"]),
+                                             "--duration", str(int(args.duration)), "--format", "raw", "--nonblocking",
+                                             "--output", args.profile], stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL)
             reports, cpu = run_clients(spec, args.procs, system, "send", quiet=True)
             sampler.stop()
+            if profiler is not None:
+                profiler.wait(60)
+                print(f"indexer profile: {args.profile} (python -m bench.profile_summary {args.profile})")
             acked = sum(r["acked"] for r in reports)
             seconds = (max(r["ended"] for r in reports) - min(r["started"] for r in reports)) / 1e9
             end = store_info(f"127.0.0.1:{system.base_port + 1}").max_offset
@@ -134,6 +145,9 @@ def through_gateway(args: argparse.Namespace) -> None:
                   f"{cpu.get('cpuCommitlog', 0.0):.2f}, gateway {cpu.get('cpuGateway', 0.0):.2f}")
             print(sampler.report(catch_up_s))
         finally:
+            if profiler is not None and profiler.poll() is None:
+                profiler.kill()
+                profiler.wait()
             sampler.close()
 
 
@@ -150,6 +164,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=4)
     parser.add_argument("--blob", action=argparse.BooleanOptionalAction, default=True,
                         help="the batch as one blob in RocketMQ's batch encoding (default) or message objects")
+    parser.add_argument("--profile", metavar="FILE", help="--gateway: py-spy folded stacks of the indexer here")
     args = parser.parse_args()
     print_machine()
     if args.gateway:
