@@ -111,8 +111,11 @@ def test_a_trailing_separator_of_older_clients_is_accepted() -> None:
     assert [e.index for e in batch_codec.scan_blob(blob, 8).missing] == [0]
 
 
-@pytest.mark.parametrize("props", [b"XUNIQ_KEY\x01abc", b"A\x01b\x02XUNIQ_KEY\x01" + b"0" * 32 + b"\x02UNIQ_KEY\x01" + b"1" * 32,
-                                   b"UNIQ_KEY\x01" + b"a" * 56 + b"\x02"])
+@pytest.mark.parametrize("props", [
+    b"XUNIQ_KEY\x01abc",
+    b"A\x01b\x02XUNIQ_KEY\x01" + b"0" * 32 + b"\x02UNIQ_KEY\x01" + b"1" * 32,
+    b"UNIQ_KEY\x01" + b"a" * 56 + b"\x02",
+])
 def test_names_ending_in_uniq_key_take_the_precise_pass_with_the_same_outcome(props: bytes) -> None:
     blob = encode_entry(b"x", 0, props)
     assert batch_codec.scan_blob(blob, 8) == batch_codec.BlobScan(
