@@ -188,8 +188,12 @@ class CommitLogClient:
         return _translate("commitlog service", self.address, exc)
 
     async def store_info(self) -> StoreInfo:
+        """wait_for_ready: with reads from the files this is refreshed every second, so the channel sees a
+        commitlog restart and backs off; a request that needs the view waits for the reconnect (within
+        the deadline) instead of failing fast in the backoff."""
         try:
-            info = await self._stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S)
+            info = await self._stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S,
+                                                 wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
         return StoreInfo(info.min_offset, info.max_offset, info.mapped_file_size, info.store_host, info.incarnation,
