@@ -209,3 +209,22 @@ def test_positions_tail_sends_only_the_readable_end(start_commitlog: StartCommit
         next(iter(commitlog.stub.Tail(commitlog_pb2.TailRequest(from_offset=FILE_SIZE * 50, positions_only=True),
                                       timeout=10)))
     assert "outside the log" in str(caught.value)
+
+
+def test_with_a_transient_store_pool_the_files_are_read_up_to_the_commit(start_commitlog: StartCommitLog,
+                                                                         tmp_path: Path) -> None:
+    """The pool's records reach the file only when committed: the readable end the indexer follows
+    is the committed offset, and every record is dispatched once committed, across file rolls."""
+    env = {**ENV, "MQSTORE_TRANSIENT_STORE_POOL_ENABLE": "true", "MQSTORE_TRANSIENT_STORE_POOL_SIZE": "3",
+           "MQSTORE_COMMIT_INTERVAL_COMMIT_LOG": "100"}
+    commitlog = start_commitlog(tmp_path / "broker", env)
+    indexer = start_indexer(tmp_path / "indexer", commitlog.address, {**env, "MQSTORE_INDEXER_REPUT_SOURCE": "files"})
+    try:
+        results = append_batches(commitlog, 0, 250)
+        wait_dispatched(indexer, int(results[-1].commitlog_offset + results[-1].wrote_bytes))
+        info = commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
+        assert info.transient_store_pool_enable and indexer.status().reput_offset <= info.committed_offset
+        assert_every_record_has_its_unit(indexer, results)
+        assert any("reading the commitlog's files in" in m for m in reading(indexer)), indexer.logs()
+    finally:
+        assert indexer.stop() == 0
