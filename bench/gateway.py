@@ -150,12 +150,15 @@ class System:
     SIGTERM to the runner's PID: what Ctrl-C does, so the stop is the clean one users get."""
 
     _STARTED = re.compile(r"started (\w+) \(pid (\d+)\)")
+    _WORKER_STARTED = re.compile(r"gateway worker (\d+)/\d+ started \(pid (\d+)\)")
 
-    def __init__(self, scratch: Path, settings: dict[str, str]) -> None:
+    def __init__(self, scratch: Path, settings: dict[str, str], gateway_workers: int = 1) -> None:
         self.store = scratch / "store"
         self.log_path = scratch / "up.log"
         self.base_port = free_port_block(4)
-        self.metrics_base_port = free_port_block(5, avoid=range(self.base_port, self.base_port + 4))
+        # Metrics: commitlog, indexer, query, then one port per gateway worker (gateway/workers.py).
+        self.metrics_base_port = free_port_block(4 + gateway_workers, avoid=range(self.base_port, self.base_port + 4))
+        self.gateway_workers: dict[int, int] = {}  # worker index -> pid, with --gateway-workers > 1
         self.gateway = f"127.0.0.1:{self.base_port}"
         self.children: dict[str, int] = {}
         self.exit_code: int | None = None
@@ -165,12 +168,13 @@ class System:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [mqstore_command(), "up", "--store", str(self.store), "--base-port", str(self.base_port),
-             "--metrics-base-port", str(self.metrics_base_port)],
+             "--metrics-base-port", str(self.metrics_base_port),
+             *(["--gateway-workers", str(gateway_workers)] if gateway_workers > 1 else [])],
             env=env, cwd=REPO, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
 
     @property
     def pids(self) -> list[int]:
-        return [self.proc.pid, *self.children.values()]
+        return [self.proc.pid, *self.children.values(), *self.gateway_workers.values()]
 
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -181,6 +185,7 @@ class System:
         while True:
             text = self.log_path.read_text(errors="replace")
             if "mqstore is up" in text:
+                self.gateway_workers = {int(i): int(p) for i, p in self._WORKER_STARTED.findall(text)}
                 break
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mqstore up exited with {self.proc.returncode}:\n{self.log_tail()}")
@@ -221,12 +226,13 @@ class System:
 
 
 @contextlib.contextmanager
-def running_system(settings: dict[str, str], keep_store: bool, pids_file: str | None = None) -> Iterator[System]:
+def running_system(settings: dict[str, str], keep_store: bool, pids_file: str | None = None,
+                   gateway_workers: int = 1) -> Iterator[System]:
     """A fresh store and a whole system on it; stopped (and its exit code checked) afterwards.
     ``pids_file``: the processes' PIDs as JSON while the system runs, for an external profiler
     (``py-spy record --pid``, ``perf``) to attach to this system and not to somebody else's."""
     with scratch_dir("gateway-", keep_store) as scratch:
-        system = System(scratch, settings)
+        system = System(scratch, settings, gateway_workers)
         try:
             system.wait_up()
             if pids_file:
@@ -674,7 +680,8 @@ def run_clients(spec: ClientSpec, procs: int, system: System, desc: str,
             raise RuntimeError(f"a client failed before the start: {fatal or 'no report'}") from None
         meter = CpuMeter([*system.pids, *(c.pid for c in children if c.pid)])
         server = CpuMeter(system.pids, include_self=False)
-        services = {name: CpuMeter([pid], include_self=False) for name, pid in system.children.items()}
+        services = {name: CpuMeter([pid, *(system.gateway_workers.values() if name == "gateway" else ())],
+                                   include_self=False) for name, pid in system.children.items()}
         started = time.monotonic()
         with Progress(total=math.ceil(spec.duration_s), desc=desc, unit="s", quiet=quiet,
                       bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s") as bar:
@@ -943,6 +950,8 @@ def build_parser(prog: str = "python -m bench.gateway") -> argparse.ArgumentPars
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--pids-file", metavar="PATH",
                         help="while a system runs, its PIDs as JSON (runner, gateway, commitlog, indexer, query)")
+    parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
+                        help="mqstore up --gateway-workers N: gateway processes on its port (default 1)")
     parser.add_argument("--settle", type=float, default=60.0, metavar="SECONDS",
                         help="before each rep wait up to this long for the system to go idle (default 60)")
     add_common_args(parser)
@@ -984,7 +993,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.gateway
         kind_cases = [c for c in cases if c.kind == kind]
         settings = {**args.settings, "MQSTORE_FLUSH_DISK_TYPE": kind_cases[0].flush}
         progress(f"{kind}: starting mqstore up ({kind_cases[0].flush}) ...")
-        with running_system(settings, args.keep_store, args.pids_file) as system:
+        with running_system(settings, args.keep_store, args.pids_file, args.gateway_workers) as system:
             depth = 0
             topic = PULL_TOPIC if kind == "pull" else TOPIC
             if kind == "pull":
