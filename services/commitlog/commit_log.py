@@ -72,6 +72,7 @@ _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
 _PENDING = StoreError("placeholder for a message not yet appended")
+PUT_OK = PutMessageStatus.PUT_OK
 
 
 @dataclass(slots=True, frozen=True)
@@ -303,23 +304,36 @@ class CommitLog:
 
     # -- put ---------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
-        return self.put_messages([msg])[0]
+        """Append one message (every unary Append): the batch path without its per-batch setup."""
+        new_topics: set[str] = set()
+        return self._put_encoded([self._encode(msg, 0, None, new_topics)], new_topics)[0]
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
         """Append ``messages`` in order under one hold of the put lock. All are validated first:
         one bad message rejects the whole batch and nothing is written."""
         if not messages:
             return []
-        now = int(time.time() * 1000)
+        if len(messages) == 1:
+            return [self.put_message(messages[0])]
+        now = time.time_ns() // 1_000_000
         new_topics: set[str] = set()
-        encoded = [self._encode(msg, now, i if len(messages) > 1 else None, new_topics)
-                   for i, msg in enumerate(messages)]
+        encode = self.encoder.encode
+        # Topics found writable in this call, with their write queue count: checked once per call.
+        queue_nums: dict[str, int] = {}
+        encoded: list[EncodedMessage] = []
+        append = encoded.append
+        for i, msg in enumerate(messages):
+            e = encode(msg, now, i)
+            topic = msg.topic
+            if msg.queue_id >= queue_nums.get(topic, 0) or e.topic is not topic:  # not is: a DELAY rewrite
+                self._check_encoded(e, msg, i, new_topics, queue_nums)
+            append(e)
         return self._put_encoded(encoded, new_topics)
 
     def put_each(self, messages: Sequence[Message]) -> list[PutMessageResult | StoreError]:
         """Append the valid ones of ``messages`` (from independent producers) under one hold of the put
         lock; each invalid one gets its own error and does not affect the others."""
-        now = int(time.time() * 1000)
+        now = time.time_ns() // 1_000_000
         outcomes: list[PutMessageResult | StoreError] = []
         valid: list[EncodedMessage] = []
         new_topics: set[str] = set()
@@ -336,10 +350,11 @@ class CommitLog:
 
     def _put_encoded(self, encoded: list[EncodedMessage], new_topics: set[str]) -> list[PutMessageResult]:
         """``new_topics``: topics of these (valid) messages that did not exist when they were checked."""
-        self.disk.check_writable()  # before anything is written, topics.json included
-        for topic in new_topics:
-            self.topics.get_or_create(topic)
-        self._check_busy()
+        if new_topics or self._begin_time_in_lock:  # else the check under the lock is the first and only one
+            self.disk.check_writable()  # before anything is written, topics.json included
+            for topic in new_topics:
+                self.topics.get_or_create(topic)
+            self._check_busy()
         with self._put_lock:
             if not self._running:
                 raise UnavailableError("the commitlog is not writable (stopping)")
@@ -352,7 +367,8 @@ class CommitLog:
         if self._tail_waiters:
             with self._new_data:
                 self._new_data.notify_all()
-        self._handle_flush(encoded, results)
+        if self._group_commit is not None or self._wake_flush_service:
+            self._handle_flush(encoded, results)
         return results
 
     def _check_busy(self) -> None:
@@ -370,15 +386,32 @@ class CommitLog:
 
     def _encode(self, msg: Message, now: int, index: int | None, new_topics: set[str]) -> EncodedMessage:
         """Encode and check one message; adds the topics it would create to ``new_topics`` once it
-        is known to be valid. A DELAY message is checked against its real topic and queue (as the
-        broker checks a send before the store rewrites it) and against its SCHEDULE_TOPIC_XXXX queue."""
+        is known to be valid."""
         encoded = self.encoder.encode(msg, now, index)
-        missing = self._check_queue(encoded.topic, encoded.queue_id, index)
-        if encoded.topic is not msg.topic and self._check_queue(msg.topic, msg.queue_id, index):
-            new_topics.add(msg.topic)
-        if missing:
-            new_topics.add(encoded.topic)
+        config = self.topics.get(encoded.topic)
+        # The common case in one test: an existing, writable topic, the queue in range, no DELAY rewrite.
+        if config is None or not config.perm & PERM_WRITE or encoded.queue_id >= config.write_queue_nums \
+                or encoded.topic is not msg.topic:
+            self._check_encoded(encoded, msg, index, new_topics)
         return encoded
+
+    def _check_encoded(self, encoded: EncodedMessage, msg: Message, index: int | None, new_topics: set[str],
+                       queue_nums: dict[str, int] | None = None) -> None:
+        """Refuse a message whose queue it may not go to; add the topics it would create to
+        ``new_topics``. A DELAY message is checked against its real topic and queue (as the broker
+        checks a send before the store rewrites it) and against its SCHEDULE_TOPIC_XXXX queue.
+        ``queue_nums`` learns an existing writable topic's write queue count (not a DELAY's)."""
+        topic = encoded.topic
+        missing = self._check_queue(topic, encoded.queue_id, index)
+        if topic is not msg.topic:
+            if self._check_queue(msg.topic, msg.queue_id, index):
+                new_topics.add(msg.topic)
+        elif not missing and queue_nums is not None:
+            config = self.topics.get(topic)
+            if config is not None and config.perm & PERM_WRITE:
+                queue_nums[topic] = config.write_queue_nums
+        if missing:
+            new_topics.add(topic)
 
     def _check_queue(self, topic: str, queue_id: int, index: int | None) -> bool:
         """Refuse a queue the message may not go to; True if the topic does not exist yet."""
@@ -404,43 +437,44 @@ class CommitLog:
         return missing
 
     def _append_locked(self, encoded: Sequence[EncodedMessage]) -> list[PutMessageResult]:
-        store_timestamp = int(time.time() * 1000)
-        batch = bytearray().join([part for e in encoded for part in (e.head, e.body, e.tail)])
-        view = memoryview(batch)
+        """Copy each record straight into the file (or the pool buffer) past its wrote position, fill
+        in its offsets and store time there, and publish the records by advancing the wrote position
+        (per file, after the last record written into it): readers never see a record unfilled."""
+        store_timestamp = time.time_ns() // 1_000_000
         table = self.queue_table
         store_host = self.encoder.store_host
         results: list[PutMessageResult] = []
+        append_result = results.append
         pack_offsets, pack_i64 = _OFFSETS.pack_into, _I64.pack_into
         mapped = self.mfq.last_file_for_append()
-        file_pos = mapped.wrote_position
-        if len(batch) + END_FILE_MIN_BLANK_LENGTH > mapped.file_size - file_pos:
-            # The batch rolls: every file it rolls into must exist before its first byte is written.
-            self.mfq.prepare_next_files(_files_needed(encoded, mapped.file_size - file_pos, mapped.file_size))
-        segment_start = batch_pos = 0
-        try:
-            for e in encoded:
-                size = e.size
-                if size + END_FILE_MIN_BLANK_LENGTH > mapped.file_size - file_pos:
-                    mapped.append(view[segment_start:batch_pos])
-                    mapped = self._roll(mapped, store_timestamp)
-                    file_pos, segment_start = 0, batch_pos
-                commitlog_offset = mapped.file_from_offset + file_pos
-                key = (e.topic, e.queue_id)
-                if advances_queue(e.sys_flag):
-                    queue_offset = table.get(key, 0)
-                    table[key] = queue_offset + 1
-                else:
-                    queue_offset = 0
-                pack_offsets(batch, batch_pos + QUEUE_OFFSET_POS, queue_offset, commitlog_offset)
-                pack_i64(batch, batch_pos + e.timestamp_pos, store_timestamp)
-                results.append(PutMessageResult(
-                    PutMessageStatus.PUT_OK, commitlog_offset, size, queue_offset, store_timestamp,
-                    store_host, e.topic, e.queue_id))
-                batch_pos += size
-                file_pos += size
-            mapped.append(view[segment_start:batch_pos])
-        finally:
-            view.release()
+        pos = mapped.wrote_position
+        # A record plus a BLANK's 8 bytes must fit in the file, else the file ends here.
+        limit = mapped.file_size - END_FILE_MIN_BLANK_LENGTH
+        if pos + (encoded[0].size if len(encoded) == 1 else sum([e.size for e in encoded])) > limit:
+            # The put rolls: every file it rolls into must exist before its first byte is written.
+            self.mfq.prepare_next_files(_files_needed(encoded, mapped.file_size - pos, mapped.file_size))
+        buffer = mapped.append_buffer()
+        base = mapped.file_from_offset
+        for record, size, topic, queue_id, timestamp_pos, _, takes_queue_offset in encoded:
+            end = pos + size
+            if end > limit:
+                mapped.wrote_position = pos
+                mapped = self._roll(mapped, store_timestamp)
+                buffer, base, pos, end = mapped.append_buffer(), mapped.file_from_offset, 0, size
+            commitlog_offset = base + pos
+            if takes_queue_offset:
+                key = (topic, queue_id)
+                queue_offset = table.get(key, 0)
+                table[key] = queue_offset + 1
+            else:
+                queue_offset = 0
+            buffer[pos:end] = record
+            pack_offsets(buffer, pos + QUEUE_OFFSET_POS, queue_offset, commitlog_offset)
+            pack_i64(buffer, pos + timestamp_pos, store_timestamp)
+            append_result(PutMessageResult(PUT_OK, commitlog_offset, size, queue_offset, store_timestamp,
+                                           store_host, topic, queue_id))
+            pos = end
+        mapped.wrote_position = pos
         mapped.store_timestamp = store_timestamp
         return results
 

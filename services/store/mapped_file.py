@@ -104,6 +104,12 @@ class MappedFile:
         target[start:end] = data
         self.wrote_position = end
 
+    def append_buffer(self) -> mmap.mmap:
+        """Where appends go: the pool buffer when there is one, else the file's mapping. For a writer
+        that copies records straight in at ``wrote_position`` (one copy per record, no staging buffer)
+        and then publishes them by advancing ``wrote_position``: readers never look past it."""
+        return self._mm if self.write_buffer is None else self.write_buffer
+
     def commit(self, least_pages: int) -> int:
         """Move pooled bytes into the file (a write into the page cache). Returns the committed position."""
         if self.write_buffer is None:

@@ -100,6 +100,16 @@ def encode_blank(size: int) -> bytes:
 # Fixed part of a record, TOTALSIZE through BODYLENGTH, per (born host, store host) length.
 _HEADS = {(b, st): struct.Struct(f">iIiiiqqiq{b}sq{st}siqi")
           for b in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH) for st in (IPV4_HOST_LENGTH, IPV6_HOST_LENGTH)}
+#: Bytes of the fixed part without the two host addresses (72: 88 with two IPv4 hosts).
+HEAD_BASE_LENGTH = _HEADS[IPV4_HOST_LENGTH, IPV4_HOST_LENGTH].size - 2 * IPV4_HOST_LENGTH
+
+
+def unfilled_head_struct(born_host_length: int, store_host_length: int) -> struct.Struct:
+    """A v1 record's fixed part, TOTALSIZE through BODYLENGTH, with zero bytes where the writer fills
+    in QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP under its lock (:func:`patch_offsets`). It packs
+    TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, FLAG, SYSFLAG, BORNTIMESTAMP, BORNHOST, STOREHOSTADDRESS,
+    RECONSUMETIMES, PREPARED TRANSACTION OFFSET and BODYLENGTH, and refuses any that does not fit."""
+    return struct.Struct(f">iIiii16xiq{born_host_length}s8x{store_host_length}siqi")
 _TAIL_LENGTHS = 1 + 2  # TOPICLENGTH (v1) + PROPERTIESLENGTH
 
 
