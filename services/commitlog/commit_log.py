@@ -305,8 +305,14 @@ class CommitLog:
     # -- put ---------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
         """Append one message (every unary Append): the batch path without its per-batch setup."""
+        encoded = self.encoder.encode(msg)
         new_topics: set[str] = set()
-        return self._put_encoded([self._encode(msg, 0, None, new_topics)], new_topics)[0]
+        config = self.topics.get(encoded.topic)
+        # As _encode, one call less: an existing, writable topic, the queue in range, no DELAY rewrite.
+        if config is None or not config.perm & PERM_WRITE or encoded.queue_id >= config.write_queue_nums \
+                or encoded.topic is not msg.topic:
+            self._check_encoded(encoded, msg, None, new_topics)
+        return self._put_encoded([encoded], new_topics)[0]
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
         """Append ``messages`` in order under one hold of the put lock. All are validated first:

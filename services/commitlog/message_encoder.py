@@ -10,7 +10,6 @@ import struct
 import time
 from collections.abc import Callable
 from typing import NamedTuple
-from zlib import crc32
 
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
 from services.store.message import (
@@ -37,6 +36,7 @@ from services.store.record import (
     MAX_PROPERTIES_LENGTH,
     MAX_TOPIC_LENGTH_V1,
     MESSAGE_MAGIC_CODE,
+    crc32,
     java_parse_int,
     unfilled_head_struct,
 )

@@ -141,8 +141,9 @@ class MappedFileQueue:
     # -- growing -----------------------------------------------------------------------------
     def last_file_for_append(self, start_offset: int = 0) -> MappedFile:
         """The file to append to, rolling to a new one when the last is full."""
-        last = self.last_file()
-        if last is not None and not last.is_full:
+        files = self._files  # (no helper calls: this runs on every put)
+        last = files[-1] if files else None
+        if last is not None and last.wrote_position != last.file_size:
             return last
         offset = last.file_tail_offset if last is not None else start_offset - start_offset % self.mapped_file_size
         mapped = self._take_or_create(offset)

@@ -19,10 +19,16 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+try:
+    # ISA-L's CRC-32 (carry-less multiply): the same checksum as zlib.crc32, in about a tenth of the
+    # instructions for a 1 KiB body; the put path computes one per message.
+    from isal.isal_zlib import crc32 as crc32
+except ImportError:  # pragma: no cover - a platform without the isal wheel
+    from zlib import crc32 as crc32
 
 from services.store.message import (
     BORNHOST_V6_FLAG,
@@ -72,7 +78,7 @@ class RecordError(ValueError):
 
 def body_crc(body: bytes) -> int:
     """BODYCRC as RocketMQ computes it: CRC32 masked to a non-negative Java int."""
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 def host_lengths(sys_flag: int) -> tuple[int, int]:
