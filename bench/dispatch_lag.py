@@ -125,10 +125,10 @@ def through_gateway(args: argparse.Namespace) -> None:
         try:
             sampler.start()
             if args.profile:  # py-spy on the indexer while the clients send (folded stacks)
-                profiler = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(system.children["indexer"]),
-                                             "--duration", str(int(args.duration)), "--format", "raw", "--nonblocking",
-                                             "--output", args.profile], stdout=subprocess.DEVNULL,
-                                            stderr=subprocess.DEVNULL)
+                py_spy = str(Path(sys.executable).parent / "py-spy")
+                profiler = subprocess.Popen([py_spy, "record", "--pid", str(system.children["indexer"]), "--duration",
+                                             str(int(args.duration)), "--format", "raw", "--nonblocking", "--output",
+                                             args.profile], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             reports, cpu = run_clients(spec, args.procs, system, "send", quiet=True)
             sampler.stop()
             if profiler is not None:
