@@ -25,6 +25,9 @@ RECOVERY_REWOUND_ENTRIES = Gauge("mqstore_indexer_recovery_rewound_entries",
                                  "Index entries the last start-up removed to re-dispatch them")
 RECOVERY_SECONDS = Gauge("mqstore_indexer_recovery_seconds",
                          "Time the last start-up took to recover the ConsumeQueues and rewind the index")
+READ_BYTES = Gauge("mqstore_indexer_commitlog_read_bytes",
+                   "Commitlog bytes the reput took for dispatch since start, by source: read from the store's "
+                   "files (files) or sent by the commitlog's Tail (tail)", ["source"])
 QUEUE_READS = Counter("mqstore_indexer_queue_entry_reads", "GetQueueEntries calls answered (one per pull)")
 QUEUE_UNITS_SERVED = Counter("mqstore_indexer_queue_units_served", "ConsumeQueue units returned by GetQueueEntries")
 
@@ -45,6 +48,8 @@ def bind(store: IndexerStore, reput: ReputService) -> None:
     BEHIND_SECONDS.set_function(lambda: reput.behind_ms / 1000)
     REPUT_OFFSET.set_function(lambda: store.reput_offset)
     DISPATCHED.set_function(lambda: store.dispatched_records)
+    for source in ("files", "tail"):
+        READ_BYTES.labels(source=source).set_function(lambda source=source: reput.read_bytes[source])
     CONNECTED.set_function(lambda: 1 if reput.lag.connected else 0)
     CONSUME_QUEUES.set_function(lambda: len(store.consume_queues.queues()))
     INDEX_FILES.set_function(lambda: len(store.index.files) if store.index is not None else 0)

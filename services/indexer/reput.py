@@ -160,6 +160,8 @@ class ReputService:
         self._files_failed_at = -1
         #: which source the current connection reads: "files" or "tail" (status, tests)
         self.reading = ""
+        #: commitlog bytes taken for dispatch, by source ("files" or "tail"): the metrics read it live
+        self.read_bytes = {"files": 0, "tail": 0}
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reput", daemon=True)
         self._call: grpc.Call | None = None
@@ -385,6 +387,7 @@ class ReputService:
             log.warning("skipping the commitlog's QUARANTINED range [%d, %d) (damaged at its recovery): "
                         "the records there are lost, dispatch continues at %d", *step.quarantined,
                         step.next_offset)
+        self.read_bytes["files" if isinstance(chunk, FileChunk) else "tail"] += len(chunk.data)
         if chunk.record_count:
             try:
                 requests = parse_chunk(chunk.data, chunk.start_offset)

@@ -50,7 +50,8 @@ def test_every_service_exposes_metrics_that_move_with_traffic(observed: Observed
     assert value(commitlog, "mqstore_commitlog_read_bytes_total", method="Read") >= results[0].wrote_bytes
     assert value(commitlog, "mqstore_commitlog_reads_total", method="ReadBatch") >= 1
     assert value(commitlog, "mqstore_commitlog_read_bytes_total", method="ReadBatch") > 0
-    assert value(commitlog, "mqstore_commitlog_read_bytes_total", method="Tail") > 0  # the indexer's reput
+    # The indexer's reput reads the commitlog's files itself and follows the positions-only Tail.
+    assert value(commitlog, "mqstore_commitlog_tail_chunks_total", kind="position") >= 1
     max_offset = value(commitlog, "mqstore_commitlog_max_offset")
     assert max_offset > 0 and value(commitlog, "mqstore_commitlog_flushed_offset") == max_offset
     assert value(commitlog, "mqstore_commitlog_min_offset") == 0
@@ -65,6 +66,7 @@ def test_every_service_exposes_metrics_that_move_with_traffic(observed: Observed
     assert value(indexer, "mqstore_indexer_dispatched_records") >= 3
     assert value(indexer, "mqstore_indexer_dispatch_behind_bytes") == 0
     assert value(indexer, "mqstore_indexer_reput_offset") == max_offset
+    assert value(indexer, "mqstore_indexer_commitlog_read_bytes", source="files") >= max_offset
     assert value(indexer, "mqstore_indexer_consume_queues") >= 2
     assert value(indexer, "mqstore_indexer_index_files") >= 1
     assert value(indexer, "mqstore_indexer_index_entries") >= 2  # the KEYS of the two messages
