@@ -23,7 +23,8 @@ from pathlib import Path
 from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import MessageStoreConfig
-from services.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from services.store.consume_queue import COLUMNAR_MIN_RECORDS, ConsumeQueue, ConsumeQueueStore
+from services.store.dispatch_columns import DispatchColumns
 from services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
 from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest
@@ -193,16 +194,17 @@ class IndexerStore:
     def dispatch(self, requests: Sequence[DispatchRequest], next_offset: int) -> None:
         """Build the ConsumeQueue and the index for a chunk of records (in commitlog order), then move
         the reput offset to ``next_offset``."""
+        columns = DispatchColumns(requests)  # read once, shared by the ConsumeQueues and the index
         with self._lock:
             if requests:
-                self.consume_queues.dispatch_batch(requests)
+                self.consume_queues.dispatch_columns(columns)
                 if self.index is not None:
-                    self.index.build_index_batch(requests)
+                    self.index.build_index_columns(columns)
                 self.last_dispatched_store_timestamp = requests[-1].store_timestamp
                 self.dispatched_records += len(requests)
             self.reput_offset = next_offset
         if requests and self._listeners:
-            self._publish(ArrivalBatch(_arrivals(requests), next_offset))
+            self._publish(ArrivalBatch(_arrivals(columns), next_offset))
 
     def _publish(self, batch: ArrivalBatch) -> None:
         for listener in self._listeners:
@@ -319,8 +321,13 @@ class IndexerStore:
             self.dispatch_checkpoint = snapshot
 
 
-def _arrivals(requests: Sequence[DispatchRequest]) -> dict[QueueKey, int]:
+def _arrivals(columns: DispatchColumns) -> dict[QueueKey, int]:
     """(topic, queue id) -> new max queue offset, for the queues a chunk added units to."""
+    requests = columns.requests
+    if columns.count >= COLUMNAR_MIN_RECORDS and columns.all_success and bool((columns.msg_size > 0).all()):
+        # the ConsumeQueues' grouping (already made): the same records, each queue's last one
+        queue_offsets = columns.queue_offset
+        return {(topic, queue_id): int(queue_offsets[rows[-1]]) + 1 for topic, queue_id, rows in columns.queue_rows}
     mask, skipped = TRANSACTION_TYPE_MASK, (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
     # In commitlog order a queue's last record has its highest queue offset: the last one wins.
     return {(r.topic, r.queue_id): r.queue_offset + 1 for r in requests if r.sys_flag & mask not in skipped}

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
-from services.store.message import TRANSACTION_TYPE_MASK
+from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest
+
+
+class QueueRows(NamedTuple):
+    """The rows (positions in the chunk, ascending) of the records one ConsumeQueue takes."""
+
+    topic: str
+    queue_id: int
+    rows: np.ndarray
 
 
 class DispatchColumns:
@@ -78,3 +87,31 @@ class DispatchColumns:
     @cached_property
     def keys(self) -> list[str | None]:
         return [r.keys for r in self.requests]
+
+    @cached_property
+    def queue_rows(self) -> list[QueueRows]:
+        """The records the ConsumeQueues take (success, size > 0, not a PREPARED or ROLLBACK
+        transaction record), grouped by queue; queues in order of their first record."""
+        tx = self.transaction_type
+        queued = (self.msg_size > 0) & (tx != TRANSACTION_PREPARED_TYPE) & (tx != TRANSACTION_ROLLBACK_TYPE)
+        if not self.all_success:
+            queued &= np.array([r.success for r in self.requests], dtype=np.bool_)
+        rows = np.flatnonzero(queued)
+        if rows.size == 0:
+            return []
+        topic = self.single_topic
+        queue_ids = self.queue_id[rows] & 0xFFFF_FFFF  # a Java int
+        if topic is None:
+            numbers: dict[str, int] = {}
+            topic_numbers = np.array([numbers.setdefault(t, len(numbers)) for t in self.topics], dtype=np.int64)
+            queue_ids = queue_ids | (topic_numbers[rows] << 32)
+        order = np.argsort(queue_ids, kind="stable")
+        bounds = [0, *(np.flatnonzero(np.diff(queue_ids[order])) + 1).tolist(), rows.size]
+        groups = []
+        for start, end in zip(bounds[:-1], bounds[1:], strict=False):
+            group = rows[order[start:end]]
+            first = int(group[0])
+            groups.append(QueueRows(topic if topic is not None else self.topics[first],
+                                    int(self.queue_id[first]), group))
+        groups.sort(key=lambda g: int(g.rows[0]))
+        return groups
