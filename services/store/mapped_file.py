@@ -13,6 +13,7 @@ import ctypes.util
 import logging
 import mmap
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +22,10 @@ log = logging.getLogger(__name__)
 OS_PAGE_SIZE = 4096
 FILE_NAME_DIGITS = 20
 MADV_POPULATE_READ = 22  # Linux >= 5.14; Python's mmap module has no name for it
-PREFAULT_STEP = 64 * 1024 * 1024
+# Each step holds the process's mmap lock (a writer's mmap/munmap, e.g. the allocator's arenas,
+# waits for it: ~20 ms stalls with 64 MiB steps) and, between steps, waits for the GIL (up to the
+# 5 ms switch interval while a producer runs): 16 MiB keeps both short, ~1 s per GiB prefaulted.
+PREFAULT_STEP = 16 * 1024 * 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
@@ -67,6 +71,7 @@ class MappedFile:
                 path.unlink(missing_ok=True)
             raise
         self.write_buffer = write_buffer
+        self._prefault_lock = threading.Lock()
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -148,20 +153,23 @@ class MappedFile:
         (``should_stop``) waits for one step at most. Clean pages only: nothing is written to disk and
         the kernel may reclaim them under memory pressure. False if unsupported or stopped."""
         start = position - position % OS_PAGE_SIZE
-        anchor = ctypes.c_char.from_buffer(self._mm)
-        try:
-            base = ctypes.addressof(anchor)
-            while start < self.file_size:
-                if should_stop():
+        while start < self.file_size:
+            if should_stop():
+                return False
+            length = min(PREFAULT_STEP, self.file_size - start)
+            with self._prefault_lock:  # close() waits for the step: never unmapped under the madvise
+                if self._mm.closed:
                     return False
-                length = min(PREFAULT_STEP, self.file_size - start)
-                if _libc.madvise(base + start, length, MADV_POPULATE_READ) != 0:
-                    log.debug("madvise(MADV_POPULATE_READ) failed on %s: errno %d", self.path, ctypes.get_errno())
-                    return False
-                start += length
-            return True
-        finally:
-            del anchor  # releases the buffer export, so the mapping can be closed later
+                anchor = ctypes.c_char.from_buffer(self._mm)
+                try:
+                    failed = _libc.madvise(ctypes.addressof(anchor) + start, length, MADV_POPULATE_READ) != 0
+                finally:
+                    del anchor  # releases the buffer export, so the mapping can be closed
+            if failed:
+                log.debug("madvise(MADV_POPULATE_READ) failed on %s: errno %d", self.path, ctypes.get_errno())
+                return False
+            start += length
+        return True
 
     # -- reading -----------------------------------------------------------------------------
     def read(self, position: int, size: int) -> bytes:
@@ -193,8 +201,9 @@ class MappedFile:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
-        if not self._mm.closed:
-            self._mm.close()
+        with self._prefault_lock:  # a prefault step in progress (the allocator thread) ends first
+            if not self._mm.closed:
+                self._mm.close()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

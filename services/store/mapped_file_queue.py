@@ -200,13 +200,20 @@ class MappedFileQueue:
 
     def _request_next(self, offset: int) -> None:
         if self._allocator is not None and offset not in self._ready:
-            self._next = (offset, self._allocator.submit(self._create_prefaulted, offset))
+            created = self._allocator.submit(self._create, offset, False)
+            self._next = (offset, created)
+            if self._prefault:
+                # A task of its own after the creation (one allocator thread, tasks in order): a roll
+                # waits for the file to exist, never for its page cache; the prefault keeps ahead of
+                # the writer from the file's start.
+                self._allocator.submit(self._prefault_created, created)
 
-    def _create_prefaulted(self, offset: int) -> MappedFile:
-        mapped = self._create(offset, needed=False)
-        if self._prefault:
-            mapped.prefault(0, self._closing.is_set)
-        return mapped
+    def _prefault_created(self, created: Future[MappedFile]) -> None:
+        try:
+            mapped = created.result()
+        except Exception:  # noqa: BLE001 - the roll that takes the file reports the failure
+            return
+        mapped.prefault(0, self._closing.is_set)  # stops at once if the file was discarded meanwhile
 
     def prefault_last_file(self) -> None:
         """Prefault the unwritten rest of the current file in the background (after a start)."""
