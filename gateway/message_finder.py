@@ -23,7 +23,6 @@ from gateway.resilience import BackendError, RetryPolicy
 from gateway.shard import ShardClient
 from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.message_id import MessageIdError, parse_message_id
-from services.store.socket_address import AddressError, encode_address
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +39,9 @@ class MessageFinder:
     async def find(self, request: query_pb2.ViewMessageRequest, msg_id: str,
                    timeout: float) -> tuple[query_pb2.ViewMessageResponse, ShardClient]:
         """The message and the shard that holds it. ``msg_id`` is the request's id, already checked."""
-        ask = query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic, kind=request.kind)
+        # The caller's request is forwarded as it is unless its id had surrounding spaces.
+        ask = request if request.msg_id == msg_id else \
+            query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic, kind=request.kind)
         not_found: list[str] = []
         for shard in await self._order(msg_id, request.kind, timeout):
             try:
@@ -75,13 +76,8 @@ class MessageFinder:
 
     def _shard_by_store_host(self, host: bytes) -> ShardClient | None:
         for shard in self.shards:
-            if shard.store_host is None:
-                continue
-            try:
-                if encode_address(shard.store_host) == host:
-                    return shard
-            except AddressError:
-                continue
+            if shard.store_host_bytes == host:
+                return shard
         return None
 
     async def _learn_store_hosts(self, timeout: float) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mqstore.v1 import common_pb2
 
@@ -43,6 +43,9 @@ class TopicRoute:
     writable: tuple[QueueRoute, ...]
     #: A route made up for a topic no shard has yet (auto-create): a send under it creates the topic.
     provisional: bool = False
+    #: Each shard of the route and the route id of its queue 0, in shard order: worked out once per
+    #: route, not on every read that turns a shard's queue ids into route ids.
+    bases: dict[ShardClient, int] = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(cls, topic: str, per_shard: Sequence[tuple[ShardClient, common_pb2.TopicConfig]],
@@ -54,7 +57,10 @@ class TopicRoute:
                     len(queues), shard, shard_queue_id,
                     writable=bool(config.perm & PERM_WRITE) and shard_queue_id < config.write_queue_nums,
                     readable=bool(config.perm & PERM_READ) and shard_queue_id < config.read_queue_nums))
-        return cls(topic, tuple(queues), tuple(q for q in queues if q.writable), provisional)
+        bases: dict[ShardClient, int] = {}
+        for queue in queues:
+            bases.setdefault(queue.shard, queue.base)
+        return cls(topic, tuple(queues), tuple(q for q in queues if q.writable), provisional, bases)
 
 
 class RouteTable:

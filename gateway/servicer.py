@@ -631,15 +631,20 @@ class MessagingServicer:
         check_key_query(request.topic, request.key, request.begin_timestamp, request.end_timestamp, request.max_num)
         self.tokens.authorize(principal, Action.CONSUME, request.topic)
         route = await self._route(request.topic)
-        bases = _shard_bases(route)
+        bases = route.bases
         timeout = self._timeout(context)
 
         async def ask(shard: ShardClient) -> query_pb2.QueryMessageResponse:
             return await self.retry.read(lambda: shard.on_query(shard.query.QueryMessage, request, timeout))
 
-        answers = await asyncio.gather(*(ask(shard) for shard in bases))
-        if len(answers) == 1 and not next(iter(bases.values())):
-            return answers[0]
+        if len(bases) == 1:
+            # One shard (the common case): its answer as it is, without a task per shard (gather's).
+            ((shard, base),) = bases.items()
+            if not base:
+                return await ask(shard)
+            answers = [await ask(shard)]
+        else:
+            answers = await asyncio.gather(*(ask(shard) for shard in bases))
         merged = query_pb2.QueryMessageResponse()
         found: list[query_pb2.StoredMessage] = []
         for base, answer in zip(bases.values(), answers, strict=True):
@@ -670,7 +675,9 @@ class MessagingServicer:
         self.tokens.authorize(principal, Action.CONSUME, response.message.topic)
         route = await self.routes.route(response.message.topic)
         if route is not None:
-            response.message.queue_id += _shard_bases(route).get(shard, 0)
+            base = route.bases.get(shard, 0)
+            if base:
+                response.message.queue_id += base
         return response
 
     # -- topics ---------------------------------------------------------------------------------------
@@ -761,14 +768,6 @@ def _check_producer_fields(message: common_pb2.Message, index: int | None) -> No
 
 def _peer_host(context: Context) -> str:
     return peer_address(context.peer() or "")
-
-
-def _shard_bases(route: TopicRoute) -> dict[ShardClient, int]:
-    """Each shard of the route and the route id of its queue 0."""
-    bases: dict[ShardClient, int] = {}
-    for queue in route.queues:
-        bases.setdefault(queue.shard, queue.base)
-    return bases
 
 
 def _renumber(details: str, offset: int, count: int = 0) -> str:

@@ -18,6 +18,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2,
 from gateway.resilience import BackendError, backend_error
 from gateway.settings import ShardSettings
 from services.server.channels import aio_channel
+from services.store.socket_address import AddressError, encode_address
 
 MIB = 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -53,6 +54,9 @@ class ShardClient:
             "/mqstore.v1.QueryService/PullMessage", request_serializer=query_pb2.PullMessageRequest.SerializeToString,
             response_deserializer=_identity)
         self.store_host: str | None = None
+        #: ``store_host`` as the STOREHOST bytes an offset msg id carries (None if it has no such form),
+        #: encoded once when learned: every GetMessage by offset msg id compares them.
+        self.store_host_bytes: bytes | None = None
         self._commitlog_what = f"the commitlog of {self.name} ({settings.commitlog})"
         self._query_what = f"the query service of {self.name} ({settings.query})"
 
@@ -79,6 +83,10 @@ class ShardClient:
     async def learn_store_host(self, timeout: float) -> str:
         info = await self.on_commitlog(self.commitlog.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest(), timeout)
         store_host: str = info.store_host
+        try:
+            self.store_host_bytes = encode_address(store_host)
+        except AddressError:
+            self.store_host_bytes = None
         self.store_host = store_host
         return store_host
 
