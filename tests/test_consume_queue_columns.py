@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.indexer.indexer_store import _arrivals
-from services.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
+from services.store.consume_queue import COLUMNAR_MIN_RECORDS, CQ_STORE_UNIT_SIZE, ConsumeQueueStore
 from services.store.dispatch_columns import DispatchColumns
 from services.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
 from services.store.record import DispatchRequest
@@ -63,8 +63,8 @@ def test_columnar_dispatch_writes_the_same_files(tmp_path_factory: pytest.TempPa
 @given(RECORDS)
 def test_arrivals_from_the_queue_grouping(records: list[tuple[tuple[str, int], int, int, int]]) -> None:
     """The arrival maxima taken from the ConsumeQueue grouping equal the per-record rule."""
-    requests = requests_of(records) * 1  # at least 16 records take the grouping
-    while len(requests) < 16:
+    requests = requests_of(records)
+    while len(requests) < COLUMNAR_MIN_RECORDS:  # smaller chunks take the per-record rule itself
         requests = requests + requests
     skipped = (TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)
     expected = {(r.topic, r.queue_id): r.queue_offset + 1 for r in requests if r.sys_flag & 0xC not in skipped}

@@ -90,6 +90,15 @@ def test_columnar_build_of_an_ascii_chunk_matches_index_key_hash(tmp_path: Path)
     service.close()
 
 
+@pytest.mark.parametrize("topics", [["T"], ["T", "订阅", "U"]])
+def test_columnar_build_without_keys(tmp_path: Path, topics: list[str]) -> None:
+    """A chunk with UNIQ_KEYs only (what most producers send) takes the short path: same files."""
+    requests = [DispatchRequest(True, 100, topics[i % len(topics)], 0, i * 100, 0, 0, 1_000 + i, None,
+                                None if i % 9 == 4 else f"UNIQ{i:06X}") for i in range(100)]
+    assert build(tmp_path / "columns", [requests], columnar=True) == build(tmp_path / "records", [requests],
+                                                                            columnar=False)
+
+
 def test_put_columns_keeps_the_write_order_of_put_items(tmp_path: Path) -> None:
     """Batches of any size, across a fresh file's first entry and a full file, give put_items' bytes."""
     rng = np.random.default_rng(7)

@@ -44,8 +44,9 @@ log = logging.getLogger(__name__)
 CQ_STORE_UNIT_SIZE = 20
 DEFAULT_MAPPED_FILE_SIZE = 300_000 * CQ_STORE_UNIT_SIZE
 JAVA_INT_MAX = 0x7FFF_FFFF
-#: Chunks with fewer records are dispatched record by record (numpy's fixed cost is ~10 us a queue).
-COLUMNAR_MIN_RECORDS = 16
+#: Chunks with fewer records are dispatched record by record: below ~40 records (8 queues) numpy's fixed
+#: cost is more than the per-record path's.
+COLUMNAR_MIN_RECORDS = 48
 
 _UNIT = struct.Struct(">qiq")
 #: a unit's layout, for readers of the files (services/query/local_files.py)
@@ -355,38 +356,29 @@ class ConsumeQueue:
                      self.topic, self.queue_id, skipped)
         return written
 
-    def put_columns(self, offsets: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray, cq_offsets: np.ndarray,
-                    store_timestamps: np.ndarray, lost: Sequence[tuple[int, int]] = ()) -> int:
-        """:meth:`put_batch` for units as arrays. The usual batch (each unit right after the last one
-        written: cq offsets consecutive from the write position, each ending past the one before) is
-        packed with one numpy operation and one append per file; anything else takes put_batch."""
-        count = len(offsets)
-        if count == 0:
-            return 0
-        ends = offsets + sizes
-        in_order = count == 1 or bool(((cq_offsets[1:] == cq_offsets[:-1] + 1) & (ends[1:] > ends[:-1])).all())
-        first_cq = int(cq_offsets[0])
-        if in_order:
-            in_order = int(ends[0]) > self.max_physic_offset  # else a re-dispatch: put_batch skips
-        if in_order:
-            mapped = self._file_for(first_cq)
-            in_order = first_cq * CQ_STORE_UNIT_SIZE == mapped.file_from_offset + mapped.wrote_position
-        if not in_order:
-            units = list(zip(offsets.tolist(), sizes.tolist(), tags_codes.tolist(), cq_offsets.tolist(), strict=True))
-            return self.put_batch(units, store_timestamps.tolist(), lost)
-        packed = np.empty(count, dtype=_UNIT_DTYPE)
-        packed["offset"], packed["size"], packed["tags_code"] = offsets, sizes, tags_codes
-        data = packed.tobytes()
-        index = 0
-        while index < count:
-            mapped = self._file_for(first_cq + index)
-            end = min(count, index + mapped.remaining // CQ_STORE_UNIT_SIZE)
+    def put_packed(self, data: bytes | memoryview, start: int, end: int, first_cq: int, last_end: int,
+                   store_timestamps: Sequence[int] | np.ndarray) -> bool:
+        """Append units ``start:end`` of ``data`` (packed 20-byte units) when they go right at the
+        write position: the caller checked that their cq offsets are consecutive from ``first_cq``,
+        that each ends past the one before, and that the first ends past max_physic_offset. False,
+        writing nothing, when the write position is not at ``first_cq`` (then put_batch's rules
+        apply). ``last_end`` is the last unit's commitlog offset + size; ``store_timestamps`` are
+        indexed like ``data``'s units."""
+        mapped = self._file_for(first_cq)
+        if first_cq * CQ_STORE_UNIT_SIZE != mapped.file_from_offset + mapped.wrote_position:
+            return False
+        index = start
+        while True:
+            run_end = min(end, index + mapped.remaining // CQ_STORE_UNIT_SIZE)
             start_position = mapped.wrote_position
-            mapped.append(data[index * CQ_STORE_UNIT_SIZE:end * CQ_STORE_UNIT_SIZE])
-            self.max_physic_offset = int(ends[end - 1])
-            self._note_store_times(mapped, start_position, store_timestamps, index, end)
-            index = end
-        return count
+            mapped.append(data[index * CQ_STORE_UNIT_SIZE:run_end * CQ_STORE_UNIT_SIZE])
+            self._note_store_times(mapped, start_position, store_timestamps, index, run_end)
+            index = run_end
+            if index >= end:
+                break
+            mapped = self._file_for(first_cq + index - start)
+        self.max_physic_offset = last_end
+        return True
 
     def void_units(self, start: int, end: int) -> int:
         """Turn the units pointing into commitlog [start, end) (a range the commitlog quarantined: their
@@ -736,20 +728,42 @@ class ConsumeQueueStore:
         return written
 
     def dispatch_columns(self, columns: DispatchColumns) -> int:
-        """:meth:`dispatch_batch` for a chunk already in columns: each queue's units go in as arrays
-        (ConsumeQueue.put_columns). Chunks of a few records take dispatch_batch, whose fixed cost is lower."""
+        """:meth:`dispatch_batch` for a chunk already in columns. The whole chunk's units are packed
+        with one numpy operation (queue by queue, each queue's in commitlog order) and each queue
+        appends its slice, once per file (ConsumeQueue.put_packed), so the Python work per queue is
+        a few calls whatever its number of units. A queue whose units are not each right after the
+        one before (a gap, a re-dispatch) takes put_batch. Chunks of a few records take the
+        per-record path, whose fixed cost is lower."""
         if columns.count < self.columnar_min_records:
             return self._dispatch_records(columns.requests)
-        offsets, sizes, tags_codes = columns.commitlog_offset, columns.msg_size, columns.tags_code
-        cq_offsets, timestamps = columns.queue_offset, columns.store_timestamp
+        rows, bounds, queues = columns.queue_groups
+        if not queues:
+            return 0
+        offsets, sizes = columns.commitlog_offset[rows], columns.msg_size[rows]
+        tags_codes, cq_offsets = columns.tags_code[rows], columns.queue_offset[rows]
+        timestamps = columns.store_timestamp[rows]
+        ends = offsets + sizes
+        packed = np.empty(rows.size, dtype=_UNIT_DTYPE)
+        packed["offset"], packed["size"], packed["tags_code"] = offsets, sizes, tags_codes
+        data = memoryview(packed.tobytes())
+        # links between neighbours that break a run; counted so that a queue's share is a subtraction
+        broken = np.zeros(rows.size, dtype=np.int64)
+        np.cumsum((cq_offsets[1:] != cq_offsets[:-1] + 1) | (ends[1:] <= ends[:-1]), out=broken[1:])
+        starts, lasts = bounds[:-1], [end - 1 for end in bounds[1:]]
+        first_cq, first_end = cq_offsets[starts].tolist(), ends[starts].tolist()
+        last_end, breaks = ends[lasts].tolist(), (broken[lasts] - broken[starts]).tolist()
         written = 0
-        last_row = -1
-        for topic, queue_id, rows in columns.queue_rows:
-            written += self.find_or_create(topic, queue_id).put_columns(
-                offsets[rows], sizes[rows], tags_codes[rows], cq_offsets[rows], timestamps[rows], self.lost_ranges)
-            last_row = max(last_row, int(rows[-1]))
-        if last_row >= 0:
-            self.logics_msg_timestamp = int(timestamps[last_row])
+        for i, (topic, queue_id) in enumerate(queues):
+            queue = self.find_or_create(topic, queue_id)
+            start, end = starts[i], bounds[i + 1]
+            if breaks[i] == 0 and first_end[i] > queue.max_physic_offset \
+                    and queue.put_packed(data, start, end, first_cq[i], last_end[i], timestamps):
+                written += end - start
+                continue
+            units = list(zip(offsets[start:end].tolist(), sizes[start:end].tolist(), tags_codes[start:end].tolist(),
+                             cq_offsets[start:end].tolist(), strict=True))
+            written += queue.put_batch(units, timestamps[start:end].tolist(), self.lost_ranges)
+        self.logics_msg_timestamp = int(columns.store_timestamp[int(rows.max())])
         return written
 
     # -- flush and shutdown --------------------------------------------------------------------
