@@ -48,8 +48,8 @@ def bind(store: IndexerStore, reput: ReputService) -> None:
     BEHIND_SECONDS.set_function(lambda: reput.behind_ms / 1000)
     REPUT_OFFSET.set_function(lambda: store.reput_offset)
     DISPATCHED.set_function(lambda: store.dispatched_records)
-    for source in ("files", "tail"):
-        READ_BYTES.labels(source=source).set_function(lambda source=source: reput.read_bytes[source])
+    READ_BYTES.labels(source="files").set_function(lambda: reput.read_bytes["files"])
+    READ_BYTES.labels(source="tail").set_function(lambda: reput.read_bytes["tail"])
     CONNECTED.set_function(lambda: 1 if reput.lag.connected else 0)
     CONSUME_QUEUES.set_function(lambda: len(store.consume_queues.queues()))
     INDEX_FILES.set_function(lambda: len(store.index.files) if store.index is not None else 0)
