@@ -144,13 +144,18 @@ class MessageLookup:
         if len(topics) > MAX_TOPICS_SEARCHED:
             raise FailedPreconditionError(f"the store has {len(topics)} topics, more than the {MAX_TOPICS_SEARCHED} "
                                           "a UNIQ_KEY lookup searches: give the topic")
-        gate = asyncio.Semaphore(TOPIC_SEARCH_CONCURRENCY)
+        if len(topics) == 1:
+            # One topic (the request names it): no semaphore and no task per topic (gather's, ~16 us).
+            hits = await self._indexer.query_by_key(topics[0], uniq_key, INDEX_MAX_HITS, 0, 0)
+            per_topic = [hits.commitlog_offsets]
+        else:
+            gate = asyncio.Semaphore(TOPIC_SEARCH_CONCURRENCY)
 
-        async def hits_in(name: str) -> list[int]:
-            async with gate:
-                return (await self._indexer.query_by_key(name, uniq_key, INDEX_MAX_HITS, 0, 0)).commitlog_offsets
+            async def hits_in(name: str) -> list[int]:
+                async with gate:
+                    return (await self._indexer.query_by_key(name, uniq_key, INDEX_MAX_HITS, 0, 0)).commitlog_offsets
 
-        per_topic = await asyncio.gather(*(hits_in(name) for name in topics))
+            per_topic = await asyncio.gather(*(hits_in(name) for name in topics))
         offsets = sorted({o for hits in per_topic for o in hits})[:MAX_READ_RANGES]
         messages = await self._read_hits(offsets)
         # The first stored copy (a producer retry stores the same UNIQ_KEY again).
