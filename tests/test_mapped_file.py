@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,34 @@ def test_file_names_are_20_digit_offsets(tmp_path: Path) -> None:
     assert parse_file_name(tmp_path / "00000000000001048576") == 1048576
     with pytest.raises(ValueError, match="20 digits"):
         parse_file_name(tmp_path / "1048576")
+
+
+_READER = """
+import mmap, sys, time
+with open(sys.argv[1], "rb") as f:
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    print("mapped", flush=True)
+    end = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end:
+        for page in range(len(mm) - 4096, 4096, -65536):
+            mm[page]
+"""
+
+
+def test_zero_from_keeps_the_file_size_for_readers_in_other_processes(tmp_path: Path) -> None:
+    """Truncating the tail of a file (recovery) must not shrink it, even for an instant: a reader that
+    has it mapped (the query service, the indexer) would die of SIGBUS on a page past the shrunk end."""
+    size = 4 * 1024 * 1024
+    mapped = MappedFile(tmp_path / file_name(0), size)
+    try:
+        mapped.append(b"x" * (size - 100))
+        reader = subprocess.Popen([sys.executable, "-c", _READER, str(mapped.path), "3"], stdout=subprocess.PIPE)
+        assert reader.stdout is not None and reader.stdout.readline() == b"mapped\n"
+        for _ in range(300):
+            mapped.zero_from(8192 + 3)
+            assert mapped.path.stat().st_size == size
+        assert reader.wait(timeout=30) == 0, "the reader died: the file shrank under its mapping"
+        assert mapped.read(8193, 5) == b"xx\0\0\0"
+        assert mapped.path.read_bytes()[8195:] == bytes(size - 8195)
+    finally:
+        mapped.destroy()

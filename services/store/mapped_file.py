@@ -28,6 +28,16 @@ MADV_POPULATE_READ = 22  # Linux >= 5.14; Python's mmap module has no name for i
 PREFAULT_STEP = 16 * 1024 * 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+_libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+ZERO_STEP = 1024 * 1024
+
+
+def punch_zeros(fd: int, start: int, length: int) -> bool:
+    """Deallocate [start, start + length) so it reads as zeros, keeping the file's size. False when the
+    file system cannot punch holes (the caller writes zeros instead)."""
+    return _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, length) == 0
 
 
 def file_name(offset: int) -> str:
@@ -192,11 +202,12 @@ class MappedFile:
             return
         page = -(-position // OS_PAGE_SIZE) * OS_PAGE_SIZE
         self._mm[position:min(page, end)] = bytes(min(page, end) - position)
-        if page < end:
-            # Shrinking then regrowing the file leaves a hole, which reads as zeros: no 1 GiB memset.
-            # Only called while nothing else touches the file (recovery, under the put lock).
-            os.ftruncate(self._fd, page)
-            os.ftruncate(self._fd, end)
+        if page < end and not punch_zeros(self._fd, page, end - page):
+            # No hole punching here: zeros written in place. Never shrink the file and grow it back:
+            # a reader in another process (the query service, the indexer) with the file mapped
+            # would get SIGBUS on a page past the shrunk end.
+            for start in range(page, end, ZERO_STEP):
+                self._mm[start:min(start + ZERO_STEP, end)] = bytes(min(ZERO_STEP, end - start))
         os.fdatasync(self._fd)
 
     # -- lifecycle ---------------------------------------------------------------------------
