@@ -9,9 +9,9 @@ cut as the commitlog's own ``tail_chunk`` cuts one (whole records within one fil
 moves to the next file's start; a quarantined range is skipped, announced), so the indexer checks it
 with the same ``tail_protocol`` rules as a chunk that came over the wire.
 
-Reads use ``pread`` on file descriptors, not a mapping: commitlog recovery shrinks and regrows a file
-to zero its dirty tail (``MappedFile.zero_from``), and a mapping read in that moment would be a
-SIGBUS that kills the process, where a ``pread`` just comes back short (a Resync). Descriptors are per
+Reads use ``pread`` on file descriptors, not a mapping: a file someone shrank makes a ``pread`` come
+back short (a Resync) where a mapping read would be a SIGBUS that kills the process (recovery's
+``MappedFile.zero_from`` punches a hole and keeps the size, so this is a second line of defence). Descriptors are per
 connection: a file that recovery deleted and the new incarnation created again under the same name is
 opened afresh after the reconnect that follows every commitlog restart.
 """

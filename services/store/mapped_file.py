@@ -37,7 +37,7 @@ ZERO_STEP = 1024 * 1024
 def punch_zeros(fd: int, start: int, length: int) -> bool:
     """Deallocate [start, start + length) so it reads as zeros, keeping the file's size. False when the
     file system cannot punch holes (the caller writes zeros instead)."""
-    return _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, length) == 0
+    return bool(_libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, start, length) == 0)
 
 
 def file_name(offset: int) -> str:
