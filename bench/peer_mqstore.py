@@ -5,7 +5,8 @@ this module adds what the peer table needs beyond them, all through the gateway'
 
 * ``pull``: Pull of ``batch`` (1024) messages from a random offset of a queue, wrapping at its end.
   When the generated code has ``PullMessageRequest.raw_records`` the pull asks for the stored record
-  bytes (``PullMessageResponse.records`` + ``record_count``) and checks their count and size; otherwise
+  bytes (``PullMessageResponse.records`` + ``record_count``), decodes them into messages with the client
+  library (as hiredis parses XRANGE's entries) and checks their count and size; otherwise
   it decodes the answer's header only (as bench/gateway.py's ``pull raw``), every 64th in full.
 * ``get``: GetMessage by an offset msg id of the preloaded messages (kind OFFSET), body size checked.
 * ``key``: QueryByKey of a random key of the ~1M keys indexed (bench/query.py's key layout).
@@ -32,6 +33,7 @@ from bench.gateway import CHANNEL_OPTIONS, PULL_TOPIC, PUT_OK, SERVICE, PullHead
 from bench.peer_runner import Job, Tally
 from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
 from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
+from mqstore_client.records import decode_records
 
 MIB = 1024 * 1024
 REQUEST_POOL = 4096
@@ -92,7 +94,9 @@ def count_acked(answer: bytes, batch: int, tally: Tally) -> None:
 
 
 def pull_mode() -> str:
-    return "Pull 1024, raw_records" if raw_pull_available() else "Pull 1024, decoded (header only)"
+    if raw_pull_available():
+        return "Pull 1024, raw_records decoded by mqstore_client"
+    return "Pull 1024, decoded (header only)"
 
 
 class MqstoreSession:
@@ -201,8 +205,10 @@ class MqstoreSession:
                 response: Any = full(answer)
                 status, next_offset = response.status, response.next_begin_offset
                 got = next_offset - offset
-                if status == FOUND and (response.record_count != got or len(response.records) != got * RECORD_SIZE):
-                    raise RuntimeError(f"queue {queue_id} at {offset}: {response.record_count} records in "
+                # Decoded into messages by the client library, as hiredis parses XRANGE's entries.
+                messages = decode_records(response.records, queue_id) if status == FOUND else []
+                if status == FOUND and (len(messages) != got or any(len(m.body) != BODY_SIZE for m in messages)):
+                    raise RuntimeError(f"queue {queue_id} at {offset}: {len(messages)} records in "
                                        f"{len(response.records)} B, the next offset says {got}")
             else:
                 head: Any = header(answer)
