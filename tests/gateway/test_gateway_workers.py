@@ -122,7 +122,8 @@ def _send_from_clients(target: str, topic: str, clients: int, per_client: int, s
                 try:
                     result = stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=topic, body=body),
                                                                sharding_key=sharding_key), timeout=10)
-                except grpc.RpcError:
+                except grpc.RpcError as exc:
+                    print(f"send {body!r} failed: {exc.code()} {exc.details()}")  # shown when a test fails
                     with lock:
                         failed.append(body)
                     continue
