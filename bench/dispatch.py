@@ -17,12 +17,11 @@ from pathlib import Path
 
 from bench.report import percentile
 from bench.workload import print_machine, scratch_dir
-from services.indexer.chunk_parser import parse_chunk
 from services.indexer.indexer_store import IndexerStore
 from services.server.gc_tuning import tune_gc
 from services.store.config import load_config
 from services.store.message import properties_to_string
-from services.store.record import encode_record
+from services.store.record import encode_record, parse_dispatch_requests
 
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -66,7 +65,7 @@ def run_once(root: Path, chunks: list[tuple[int, bytes]]) -> tuple[float, list[f
         for start, data in chunks:
             t = time.perf_counter()
             c0 = cpu()
-            requests = parse_chunk(data, start)
+            requests = parse_dispatch_requests(data, start)
             c1 = cpu()
             store.dispatch(requests, start + len(data))
             dispatch_cpu += cpu() - c1

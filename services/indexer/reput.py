@@ -27,12 +27,11 @@ import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from services.indexer.chunk_parser import parse_chunk
 from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
 from services.indexer.indexer_store import IndexerStore, ReputState
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.server.channels import sync_channel
-from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError
+from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError, parse_dispatch_requests
 
 log = logging.getLogger(__name__)
 
@@ -390,7 +389,7 @@ class ReputService:
         self.read_bytes["files" if isinstance(chunk, FileChunk) else "tail"] += len(chunk.data)
         if chunk.record_count:
             try:
-                requests = parse_chunk(chunk.data, chunk.start_offset)
+                requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
             except RecordError as exc:
                 raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
             self._store.dispatch(requests, step.next_offset)

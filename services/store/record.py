@@ -35,6 +35,7 @@ from services.store.message import (
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     SCHEDULE_TOPIC,
@@ -316,11 +317,38 @@ def dispatch_request_of(record: MessageRecord,
     )
 
 
+def _find_property(text: str, pattern: str) -> str | None:
+    """The value of the property whose ``pattern`` (separator, name, name/value separator) is given,
+    in ``text`` (which starts with the property separator)."""
+    i = text.rfind(pattern)
+    if i < 0:
+        return None
+    start = i + len(pattern)
+    j = text.find(PROPERTY_SEPARATOR, start)
+    value = text[start:j] if j >= 0 else text[start:]
+    if value:
+        return value
+    # An empty last item is dropped by RocketMQ, so an earlier one may count.
+    return string_to_properties(text[1:]).get(pattern[1:-1])
+
+
+_TAGS_ITEM = f"{PROPERTY_SEPARATOR}{PROPERTY_TAGS}\x01"
+_KEYS_ITEM = f"{PROPERTY_SEPARATOR}{PROPERTY_KEYS}\x01"
+_UNIQ_ITEM = f"{PROPERTY_SEPARATOR}{PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01"
+_DELAY_ITEM = f"{PROPERTY_SEPARATOR}{PROPERTY_DELAY_TIME_LEVEL}\x01"
+
+
 def parse_dispatch_requests(data: Buffer, start_offset: int,
                             delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> list[DispatchRequest]:
     """Dispatch requests of whole records laid back to back in ``data`` (a Tail chunk), the first at
     commitlog offset ``start_offset``. The dispatch path: bodies are skipped, never copied, and the
     record was already validated by the writer, so no CRC is computed here.
+
+    Each property dispatch needs (TAGS, KEYS, UNIQ_KEY; DELAY on the schedule topic) is found by one
+    search of the properties string instead of building the record's whole properties dict: an item
+    starts after the property separator and no value contains it, so ``\\x02NAME\\x01`` in ``"\\x02" +
+    properties`` is exactly an item named NAME, and the last one wins as in RocketMQ's map. An item of
+    that name with an empty value (dropped by RocketMQ, so an earlier one may win) takes the full parse.
 
     Raises RecordError if the bytes are not whole records (a tailer must then resynchronise).
     """
@@ -329,6 +357,7 @@ def parse_dispatch_requests(data: Buffer, start_offset: int,
     unpack_v4 = _HEADS[IPV4_HOST_LENGTH, IPV4_HOST_LENGTH].unpack_from
     unpack_i16 = _I16.unpack_from
     v6_bits = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+    find = _find_property
     limit = len(data)
     pos = 0
     while pos < limit:
@@ -353,24 +382,32 @@ def parse_dispatch_requests(data: Buffer, start_offset: int,
             p += topic_len
             props_len = unpack_i16(data, p)[0]
             p += 2
-            props = string_to_properties(str(data[p:p + props_len], "utf-8")) if props_len > 0 else {}
+            if props_len > 0:
+                text = PROPERTY_SEPARATOR + str(data[p:p + props_len], "utf-8")
+                p += props_len
+            else:
+                text = ""
         except (struct.error, IndexError, UnicodeDecodeError) as exc:
             raise RecordError(f"offset {start_offset + pos}: malformed record ({exc})") from None
-        if p + max(props_len, 0) - pos != size or commitlog_offset != start_offset + pos:
+        if p - pos != size or commitlog_offset != start_offset + pos:
             raise RecordError(f"offset {start_offset + pos}: not a whole record that starts here")
-        tags = props.get(PROPERTY_TAGS)
-        code = tags_code(tags) if tags else 0
-        if topic == SCHEDULE_TOPIC:
-            delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
-            if delay is not None:
-                try:
-                    level = min(java_parse_int(delay), len(delay_levels_ms))
-                except ValueError:
-                    level = 0
-                if level > 0:
-                    code = deliver_timestamp(level, store_timestamp, delay_levels_ms)
-        append(DispatchRequest(True, size, topic, queue_id, commitlog_offset, queue_offset, code,
-                               store_timestamp, props.get(PROPERTY_KEYS),
-                               props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX), sys_flag, prepared))
+        if text:
+            tags = find(text, _TAGS_ITEM) if _TAGS_ITEM in text else None
+            code = tags_code(tags) if tags else 0
+            if topic == SCHEDULE_TOPIC:
+                delay = find(text, _DELAY_ITEM)
+                if delay is not None:
+                    try:
+                        level = min(java_parse_int(delay), len(delay_levels_ms))
+                    except ValueError:
+                        level = 0
+                    if level > 0:
+                        code = deliver_timestamp(level, store_timestamp, delay_levels_ms)
+            append(DispatchRequest(True, size, topic, queue_id, commitlog_offset, queue_offset, code,
+                                   store_timestamp, find(text, _KEYS_ITEM) if _KEYS_ITEM in text else None,
+                                   find(text, _UNIQ_ITEM) if _UNIQ_ITEM in text else None, sys_flag, prepared))
+        else:
+            append(DispatchRequest(True, size, topic, queue_id, commitlog_offset, queue_offset, 0,
+                                   store_timestamp, None, None, sys_flag, prepared))
         pos += size
     return requests

@@ -1,7 +1,9 @@
-"""The indexer's parser (services/indexer/chunk_parser.py) gives exactly the DispatchRequests of the
-store's full parser: on RocketMQ's fixture stores, and on generated records whose properties try every
-corner of RocketMQ's string2messageProperties (duplicates, empty names and values, separators inside
-values, names that end like TAGS or KEYS, DELAY on the schedule topic, IPv6 hosts)."""
+"""The dispatch parser (``parse_dispatch_requests``, which finds the few properties dispatch needs by
+searching the properties string) gives exactly the DispatchRequests of a full decode of each record
+(``decode_record``, its whole properties map): on RocketMQ's fixture stores, and on generated records
+whose properties try every corner of RocketMQ's string2messageProperties (duplicates, empty names and
+values, separators inside values, names that end like TAGS or KEYS, DELAY on the schedule topic, IPv6
+hosts)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,44 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.indexer.chunk_parser import parse_chunk
-from services.store.message import BORNHOST_V6_FLAG, SCHEDULE_TOPIC, STOREHOSTADDRESS_V6_FLAG
-from services.store.record import RecordError, encode_record, parse_dispatch_requests
+from services.store.message import (
+    BORNHOST_V6_FLAG,
+    DEFAULT_DELAY_LEVELS_MS,
+    PROPERTY_DELAY_TIME_LEVEL,
+    SCHEDULE_TOPIC,
+    STOREHOSTADDRESS_V6_FLAG,
+)
+from services.store.record import (
+    DispatchRequest,
+    RecordError,
+    decode_record,
+    dispatch_request_of,
+    encode_record,
+    java_parse_int,
+    parse_dispatch_requests,
+)
 from services.store.socket_address import encode_address
 from tests.conftest import StoreFactory
 from tests.test_dispatch_parse import chunks_of
+
+
+def fully_decoded(data: bytes, start_offset: int) -> list[DispatchRequest]:
+    """The oracle: every record decoded whole (its properties map built), then its request."""
+    requests, pos = [], 0
+    while pos < len(data):
+        record = decode_record(data, pos)
+        if record.commitlog_offset != start_offset + pos:
+            raise RecordError(f"offset {start_offset + pos}: not a whole record that starts here")
+        delay = record.properties.get(PROPERTY_DELAY_TIME_LEVEL)
+        if record.topic == SCHEDULE_TOPIC and delay is not None:
+            try:
+                java_parse_int(delay)
+            except ValueError:  # an unparsable DELAY dispatches as level 0 (no deliver time)
+                record.properties.pop(PROPERTY_DELAY_TIME_LEVEL)
+        requests.append(dispatch_request_of(record, DEFAULT_DELAY_LEVELS_MS))
+        pos += record.store_size
+    return requests
+
 
 NAMES = ["TAGS", "KEYS", "UNIQ_KEY", "DELAY", "XTAGS", "KEYSX", "", "CLUSTER", "TAG", "UNIQ_KEY\x01x"]
 VALUES = ["", "a", "a b", " a  b ", "TagA", "标签", "3", "18", "99", "-1", "x\x01y", "KEYS\x01z", "0"]
@@ -23,7 +57,7 @@ VALUES = ["", "a", "a b", " a  b ", "TagA", "标签", "3", "18", "99", "-1", "x\
 @pytest.mark.parametrize("store", ["normal-raw", "crash-recovered"])
 def test_the_fixture_stores_parse_alike(pristine_store: StoreFactory, store: str) -> None:
     for start, data in chunks_of(pristine_store(store) / "commitlog"):
-        assert parse_chunk(data, start) == parse_dispatch_requests(data, start)
+        assert parse_dispatch_requests(data, start) == fully_decoded(data, start)
 
 
 def property_text(items: list[tuple[str, str]], trailing: bool) -> bytes:
@@ -47,7 +81,7 @@ def test_generated_records_parse_alike(specs: list[tuple[list[tuple[str, str]], 
         records.append(record)
         offset += len(record)
     data = b"".join(records)
-    assert parse_chunk(data, 4096) == parse_dispatch_requests(data, 4096)
+    assert parse_dispatch_requests(data, 4096) == fully_decoded(data, 4096)
 
 
 def test_what_is_not_whole_records_is_refused_alike(pristine_store: StoreFactory) -> None:
@@ -55,5 +89,3 @@ def test_what_is_not_whole_records_is_refused_alike(pristine_store: StoreFactory
     for bad, at in ((data[161:], start + 161 + 1), (data[:1000], start), (data[:8] + b"\xff" * 200, start)):
         with pytest.raises(RecordError):
             parse_dispatch_requests(bad, at)
-        with pytest.raises(RecordError):
-            parse_chunk(bad, at)
