@@ -30,6 +30,7 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         "UpdateTopic": (servicer.UpdateTopic, commitlog_pb2.TopicRequest),
         "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
         "GetRoute": (servicer.GetRoute, gateway_pb2.GetRouteRequest),
+        "ConsumerSendBack": (servicer.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=decoder(request_type),

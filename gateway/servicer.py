@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
-from gateway import metrics
+from gateway import metrics, send_back
 from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
 from gateway.message_finder import MessageFinder
 from gateway.queue_selector import NoWritableQueueError, QueueSelector
@@ -679,6 +679,45 @@ class MessagingServicer:
             if base:
                 response.message.queue_id += base
         return response
+
+    @unary
+    async def ConsumerSendBack(self, request: gateway_pb2.ConsumerSendBackRequest,
+                               context: Context) -> gateway_pb2.ConsumerSendBackResult:
+        """Consumer retry / dead letter (:mod:`gateway.send_back`): the consumed copy read as GetMessage
+        reads it, the new record appended with ``group_flow`` to the group topic's queue."""
+        principal = self._principal(context)
+        group, msg_id = request.group, request.msg_id.strip()
+        limit = request.max_reconsume_times if request.HasField("max_reconsume_times") else None
+        send_back.check_send_back(group, msg_id, request.delay_level, limit)
+        if request.topic:
+            check_topic_name(request.topic)
+        view = query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic)
+        found, _ = await self.finder.find(view, msg_id, self._timeout(context))
+        stored = found.message
+        self.tokens.authorize(principal, Action.CONSUME, send_back.original_topic(stored))
+        plan = send_back.plan_send_back(stored, group, request.delay_level, limit)
+        route = await self.routes.route(plan.target_topic)
+        if route is None:
+            config = common_pb2.TopicConfig(topic=plan.target_topic, read_queue_nums=send_back.GROUP_TOPIC_QUEUES,
+                                            write_queue_nums=send_back.GROUP_TOPIC_QUEUES,
+                                            perm=send_back.GROUP_TOPIC_PERM)
+            await self._create_on_shards(config, context, tolerate_existing=True)
+            route = await self._route(plan.target_topic)
+        message = plan.message
+        timeout = self._timeout(context)
+
+        async def send(queue: QueueRoute) -> commitlog_pb2.AppendResult:
+            message.queue_id = queue.shard_queue_id
+            append = commitlog_pb2.AppendRequest(message=message, group_flow=True)
+            return await queue.shard.on_commitlog(queue.shard.commitlog.Append, append, timeout)
+
+        queue, result = await self._append(route, "", None, send)
+        metrics.SENT_MESSAGES.inc()
+        uniq_key = message.properties.get(UNIQ_KEY, "") or result.msg_id
+        return gateway_pb2.ConsumerSendBackResult(
+            send=self._result(result, queue, plan.target_topic, uniq_key), target_topic=plan.target_topic,
+            dead_letter=plan.dead_letter, reconsume_times=message.reconsume_times, delay_level=plan.delay_level,
+            origin_msg_id=plan.origin_msg_id)
 
     # -- topics ---------------------------------------------------------------------------------------
 

@@ -25,9 +25,10 @@ _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {
 }
 
 
-def message_from_proto(pb: common_pb2.Message, peer: str) -> Message:
-    """A producer's message; an empty born_host becomes the caller's address (``peer``)."""
-    return _message(pb, pb.born_host or peer_address(peer), None)
+def message_from_proto(pb: common_pb2.Message, peer: str, group_flow: bool = False) -> Message:
+    """A producer's message; an empty born_host becomes the caller's address (``peer``). ``group_flow``:
+    AppendRequest.group_flow (the send-back flow may write %RETRY% / %DLQ% topics)."""
+    return _message(pb, pb.born_host or peer_address(peer), None, group_flow)
 
 
 def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str) -> list[Message]:
@@ -36,7 +37,7 @@ def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str) -> list[Me
     return [_message(pb, pb.born_host or host, i) for i, pb in enumerate(pbs)]
 
 
-def _message(pb: common_pb2.Message, born_host: str, index: int | None) -> Message:
+def _message(pb: common_pb2.Message, born_host: str, index: int | None, group_flow: bool = False) -> Message:
     """A message that came over the wire: only what a producer may send (``producer_message.py``)."""
     # Runs once per appended message: positional arguments in Message's field order, and the properties
     # copied by iterating the map's keys in C (``dict(map)`` goes through a Python-level KeysView and
@@ -44,7 +45,7 @@ def _message(pb: common_pb2.Message, born_host: str, index: int | None) -> Messa
     props = pb.properties
     properties = {k: props[k] for k in props}
     check_producer_message(pb.topic, properties, pb.flag, pb.sys_flag, pb.born_timestamp, pb.reconsume_times,
-                           pb.prepared_transaction_offset, index)
+                           pb.prepared_transaction_offset, index, group_flow)
     return Message(pb.topic, pb.queue_id, pb.body, pb.flag, properties, pb.born_timestamp,
                    born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
 

@@ -267,7 +267,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             await _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
                          "AppendRequest.message is missing: set the message to append")
         try:
-            message = message_from_proto(request.message, context.peer())
+            message = message_from_proto(request.message, context.peer(), request.group_flow)
             if tracing.ENABLED and self._puts_wait_for_flush:
                 result = await self._put_one_traced(message)
             else:

@@ -27,7 +27,7 @@ from services.store.message import (
     STOREHOSTADDRESS_V6_FLAG,
 )
 from services.store.message_id import is_hex_digits
-from services.store.names import check_producer_topic, is_group_topic, is_system_topic
+from services.store.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
 from services.store.uniq_key import UNIQ_KEY_LENGTHS
 
 #: RocketMQ 4.9.8's compression type, bits 8-10 of sys_flag (LZ4 1, ZSTD 2, ZLIB 3).
@@ -42,9 +42,14 @@ def _where(index: int | None) -> str:
 
 def check_producer_message(topic: str, properties: Mapping[str, str], flag: int, sys_flag: int,
                            born_timestamp: int, reconsume_times: int, prepared_transaction_offset: int,
-                           index: int | None = None) -> None:
-    """Raises InvalidArgumentError (naming the message of a batch) for what a producer may not send."""
-    if is_system_topic(topic) or is_group_topic(topic):
+                           index: int | None = None, group_flow: bool = False) -> None:
+    """Raises InvalidArgumentError (naming the message of a batch) for what a producer may not send.
+
+    ``group_flow``: the message comes from the consumer send-back flow (the gateway's), which writes a
+    group's ``%RETRY%`` / ``%DLQ%`` topic; system topics stay refused."""
+    if group_flow and is_group_topic(topic):
+        check_group_flow_topic(topic)
+    elif is_system_topic(topic) or is_group_topic(topic):
         try:
             check_producer_topic(topic)
         except InvalidArgumentError as exc:
@@ -66,6 +71,13 @@ def check_producer_message(topic: str, properties: Mapping[str, str], flag: int,
     if uniq_key is not None and not (len(uniq_key) in UNIQ_KEY_LENGTHS and is_hex_digits(uniq_key)):
         raise InvalidArgumentError(f"{_where(index)}UNIQ_KEY {uniq_key[:60]!r} must be 32 (IPv4 producer) or 56 "
                                    "(IPv6) hex digits, as RocketMQ clients make them; leave it out to get one")
+
+
+def check_group_flow_topic(topic: str) -> None:
+    """A send-back's topic: a legal name of a group's retry or dead-letter topic."""
+    check_topic_name(topic)
+    if not is_group_topic(topic):
+        raise InvalidArgumentError(f"topic {topic!r} is not a consumer group's %RETRY% or %DLQ% topic")
 
 
 def check_blob_entry(flag: int, uniq_key: str, index: int) -> None:

@@ -16,6 +16,8 @@ from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 from tests.query.test_bad_input import (
     FUZZ,
+    bad_groups,
+    bad_ids,
     bad_names,
     key_queries,
     legal_names,
@@ -71,6 +73,21 @@ def topic_requests() -> st.SearchStrategy[commitlog_pb2.TopicRequest]:
                      topic(write_queue_nums=st.integers(1025, 2**31 - 1)), topic(perm=st.integers(8, 100)))
 
 
+def send_backs() -> st.SearchStrategy[gateway_pb2.ConsumerSendBackRequest]:
+    """Bad groups, ids, delay levels, limits, topics: all refused before any lookup (nothing stored)."""
+    some_id = st.just("7F00000100002A9F0000000000000000")
+    request = gateway_pb2.ConsumerSendBackRequest
+    return st.one_of(
+        st.builds(request, group=bad_groups, msg_id=some_id),
+        st.builds(request, group=st.integers(121, 255).map(lambda n: "G" * n), msg_id=some_id),
+        st.builds(request, group=legal_names, msg_id=bad_ids),
+        st.builds(request, group=legal_names, msg_id=some_id, delay_level=st.integers(-2**31, -2)),
+        st.builds(request, group=legal_names, msg_id=some_id,
+                  max_reconsume_times=st.one_of(st.integers(-2**31, -1), st.integers(1001, 2**31 - 1))),
+        st.builds(request, group=legal_names, msg_id=some_id, topic=bad_names.filter(bool)),
+    )
+
+
 CASES: dict[str, st.SearchStrategy[Any]] = {
     "Send": sends(),
     "SendBatch": batches(),
@@ -86,6 +103,7 @@ CASES: dict[str, st.SearchStrategy[Any]] = {
     "CreateTopic": topic_requests(),
     "UpdateTopic": topic_requests(),
     "GetRoute": st.builds(gateway_pb2.GetRouteRequest, topic=bad_names),
+    "ConsumerSendBack": send_backs(),
 }
 
 
