@@ -84,21 +84,21 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         up.add_argument("--store", default="./data", help="store root directory (default ./data)")
         up.add_argument("--config", help="YAML settings file (MessageStoreConfig names)")
         up.add_argument("--base-port", type=int, default=None,
-                        help="gateway on this port, commitlog/indexer/query on the next three "
-                             "(default: gateway 9876, commitlog 9901, indexer 9902, query 9903)")
+                        help="gateway on this port, commitlog/indexer/query/scheduler on the next four "
+                             "(default: gateway 9876, commitlog 9901, indexer 9902, query 9903, scheduler 9904)")
         up.add_argument("--auth-file", default=None, help="bearer tokens for the gateway (see README)")
         up.add_argument("--metrics-base-port", type=int, default=9910,
-                        help="Prometheus /metrics of commitlog, indexer, query, gateway on the next four ports "
-                             "(default 9910: 9911..9914)")
+                        help="Prometheus /metrics of commitlog, indexer, query, gateway (one port per worker), "
+                             "scheduler on the next ports (default 9910: 9911..9915)")
         up.add_argument("--no-metrics", action="store_true", help="no /metrics endpoints")
         up.add_argument("--gateway-workers", type=int, default=None, metavar="N",
                         help="gateway processes sharing its port (default: $MQSTORE_GATEWAY_WORKERS, else 1); "
                              "worker i serves /metrics on the gateway's metrics port + i")
         up.set_defaults(handler=_run)
 
-    serve = commands.add_parser("serve", help="run one service alone: commitlog, indexer, query or gateway")
+    serve = commands.add_parser("serve", help="run one service alone: commitlog, indexer, query, scheduler or gateway")
     services = serve.add_subparsers(dest="service", required=True)
-    _add_services(services, ("commitlog", "indexer", "query", "gateway"))
+    _add_services(services, ("commitlog", "indexer", "query", "scheduler", "gateway"))
     # Shortcuts for the services whose names no client command takes (``mqstore query`` finds messages).
     _add_services(commands, ("commitlog", "indexer", "gateway"))
 
@@ -137,6 +137,24 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                            help="where data reads come from (default $MQSTORE_QUERY_READ_FROM, else files with "
                                 "--store-root, else grpc)")
         query.set_defaults(handler=_serve_query)
+    if "scheduler" in names:
+        scheduler = commands.add_parser("scheduler", help="run the scheduler alone (delivers delayed messages)")
+        scheduler.add_argument("--store", default="./data/scheduler",
+                               help="the scheduler's own store root (config/delayOffset.json)")
+        scheduler.add_argument("--store-root", default="./data",
+                               help="the commitlog service's store root, mounted here: SCHEDULE_TOPIC_XXXX's units "
+                                    "and records are read from its files (default ./data)")
+        scheduler.add_argument("--indexer-store", default=None,
+                               help="the indexer's store root (default STORE_ROOT/indexer)")
+        scheduler.add_argument("--config", help="YAML settings file (MessageStoreConfig names: messageDelayLevel)")
+        scheduler.add_argument("--listen", default=None, help="host:port to listen on (default 127.0.0.1:9904)")
+        scheduler.add_argument("--commitlog", default=None, help="the commitlog service (default 127.0.0.1:9901)")
+        scheduler.add_argument("--indexer", default=None, help="the indexer (default 127.0.0.1:9902)")
+        scheduler.add_argument("--persist-interval-ms", type=int, default=10000,
+                               help="how often delayOffset.json is written when it changed (default 10000, "
+                                    "RocketMQ's flushDelayOffsetInterval); after kill -9 the deliveries of the last "
+                                    "interval may repeat")
+        scheduler.set_defaults(handler=_serve_scheduler)
     if "gateway" in names:
         gateway = commands.add_parser("gateway", help="run the gateway alone (the public endpoint)")
         gateway.add_argument("--config",
@@ -191,6 +209,14 @@ def _serve_query(args: argparse.Namespace) -> int:
                               indexer=args.indexer, persist_interval_ms=args.persist_interval_ms,
                               max_long_poll_ms=args.max_long_poll_ms, store_root=args.store_root,
                               indexer_store=args.indexer_store, read_from=args.read_from))
+
+
+def _serve_scheduler(args: argparse.Namespace) -> int:
+    from services.scheduler.main import SchedulerOptions, serve
+
+    return serve(SchedulerOptions(store=args.store, store_root=args.store_root, config_file=args.config,
+                                  listen=args.listen, commitlog=args.commitlog, indexer=args.indexer,
+                                  indexer_store=args.indexer_store, persist_interval_ms=args.persist_interval_ms))
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:

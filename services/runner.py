@@ -1,15 +1,18 @@
 """``mqstore up`` (and ``mqstore run``): every service of the system as child processes on 127.0.0.1.
 
 Layout under the store root: the commitlog service owns the root itself (``commitlog/``,
-``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``; the
-gateway keeps nothing on disk. Each child is started once the one before reports SERVING on the
-standard health service (the indexer tails the commitlog, the query service reads both, the gateway
-fronts them all). A signal stops the services in reverse start order (readers before the writer),
-each cleanly, so no abort file is left and the next ``up`` reuses the data.
+``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``, the
+scheduler ``scheduler/`` (its ``config/delayOffset.json``); the gateway keeps nothing on disk. Each
+child is started once the one before reports SERVING on the standard health service (the indexer
+tails the commitlog, the query service reads both, the gateway fronts them all; the scheduler, last,
+follows the indexer and appends to the commitlog). A signal stops the services in reverse start
+order (readers before the writer), each cleanly, so no abort file is left and the next ``up``
+reuses the data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -28,6 +31,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
 from gateway.workers import workers_from_env
 from services.query import DEFAULT_LISTEN as QUERY_LISTEN
+from services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
 from services.store.config import ConfigError, load_config
 
 log = logging.getLogger("services.runner")
@@ -50,11 +54,12 @@ class Addresses:
     commitlog: str
     indexer: str
     query: str
+    scheduler: str = SCHEDULER_LISTEN
 
     @classmethod
     def of(cls, config_file: str | None, base_port: int | None) -> Addresses:
         if base_port is not None:
-            return cls(*(f"127.0.0.1:{base_port + i}" for i in range(4)))
+            return cls(*(f"127.0.0.1:{base_port + i}" for i in range(5)))
         config = load_config(config_file)
         return cls(GATEWAY_LISTEN, config.commitlog_listen, config.indexer_listen, QUERY_LISTEN)
 
@@ -82,8 +87,16 @@ def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth
         ("gateway", ["gateway", "--listen", a.gateway, "--commitlog", a.commitlog, "--query", a.query, *auth],
          a.gateway),
     ]
-    return [ChildSpec(name, ["serve", *args], listen, None if metrics_base_port is None else metrics_base_port + i + 1)
-            for i, (name, args, listen) in enumerate(specs)]
+    # The scheduler, last, reads the same store volume and appends delivered messages to the commitlog.
+    specs.append(("scheduler", ["scheduler", "--store", str(store / "scheduler"), "--store-root", str(store),
+                                "--listen", a.scheduler, "--commitlog", a.commitlog, "--indexer", a.indexer, *extra],
+                  a.scheduler))
+    result = [ChildSpec(name, ["serve", *args], listen,
+                        None if metrics_base_port is None else metrics_base_port + i + 1)
+              for i, (name, args, listen) in enumerate(specs)]
+    if metrics_base_port is not None:  # after the gateway's workers (gateway port + i)
+        result[-1] = dataclasses.replace(result[-1], metrics_port=metrics_base_port + 4 + (gateway_workers or 1))
+    return result
 
 
 def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
@@ -177,8 +190,8 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
 def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None, gateway_workers: int = 1) -> None:
     target = "" if gateway == GATEWAY_LISTEN else f" --gateway {gateway}"
     metrics = ("" if metrics_base_port is None else
-               f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 3 + gateway_workers}"
-               "/metrics")
+               f"\n  metrics:   http://127.0.0.1:{metrics_base_port + 1}..{metrics_base_port + 4 + gateway_workers}"
+               "/metrics (commitlog, indexer, query, gateway workers, scheduler)")
     workers = "" if gateway_workers == 1 else f" ({gateway_workers} workers)"
     mqstore, grpcurl = _command("mqstore"), _command("grpcurl")
     print(f"""

@@ -107,8 +107,8 @@ def running_up(store: Path, extra_args: list[str] | None = None) -> Iterator[UpP
 def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_args: list[str] | None = None,
              timeout_s: float = 120.0) -> UpProcess:
     store.parent.mkdir(parents=True, exist_ok=True)
-    base_port = free_port_block(4)
-    metrics_base_port = free_port_block(5, avoid=range(base_port, base_port + 4))
+    base_port = free_port_block(5)  # gateway, commitlog, indexer, query, scheduler
+    metrics_base_port = free_port_block(7, avoid=range(base_port, base_port + 5))
     log_path = store.parent / f"{store.name}-up.log"
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(

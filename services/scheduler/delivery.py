@@ -1,0 +1,250 @@
+"""The delivery loop: RocketMQ 4.9.8's DeliverDelayedMessageTimerTask for every delay level at once.
+
+Per level ``n`` the loop walks SCHEDULE_TOPIC_XXXX queue ``n-1`` from its offset in the table. Units
+are in store order, so deliver times within a level only grow: the first unit not yet due stops the
+level until then. Due units are re-put (:func:`message_timeup`) in one AppendBatch per level and
+round; the level's offset moves past a unit only once the store acknowledged it, so a crash can
+repeat deliveries (at least once), never lose one. The table is written every persist interval and
+at stop: after kill -9 the duplicates are at most what was delivered in the last interval.
+
+The loop sleeps until the earliest known deliver time, a new SCHEDULE_TOPIC_XXXX unit (the indexer's
+WatchArrivals), or ``POLL_S`` (max offsets are asked again then: the stream may be down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from services.scheduler import metrics
+from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
+from services.scheduler.timeup import NotDeliverable, message_timeup
+from services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
+from services.store.message import SCHEDULE_TOPIC, Message
+
+log = logging.getLogger(__name__)
+
+#: RocketMQ's DELAY_FOR_A_WHILE is 100 ms between rounds; here a round starts at the earliest due
+#: time or arrival, and the max offsets are asked again at least this often.
+POLL_S = 1.0
+#: after a failed append (RocketMQ waits DELAY_FOR_A_PERIOD, 10 s; shorter keeps lateness bounded)
+RETRY_S = 1.0
+MAX_BATCH = 256
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class _Level:
+    level: int
+    offset: int
+    #: the published max offset of the level's queue (units below it are readable)
+    max_offset: int = 0
+    min_offset: int = 0
+
+    @property
+    def queue_id(self) -> int:
+        return self.level - 1
+
+
+class DelayScheduler:
+    def __init__(self, delay_levels_ms: tuple[int, ...], offsets_path: Path, files: ScheduleFiles,
+                 indexer: IndexerPeer, commitlog: CommitLogPeer, persist_interval_s: float) -> None:
+        self.delay_levels_ms = delay_levels_ms
+        self.offsets_path = offsets_path
+        self._files = files
+        self._indexer = indexer
+        self._commitlog = commitlog
+        self._persist_interval_s = persist_interval_s
+        self._levels: list[_Level] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._dirty = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.delivered = 0
+
+    # -- the table -----------------------------------------------------------------------------
+    def load(self) -> None:
+        """Read delayOffset.json (ValueError when it and its .bak are unreadable)."""
+        table = read_delay_offsets(self.offsets_path)
+        self._levels = [_Level(level, table.get(level, 0)) for level in range(1, len(self.delay_levels_ms) + 1)]
+        kept = {level: offset for level, offset in table.items() if level > len(self.delay_levels_ms)}
+        if kept:
+            log.warning("delayOffset.json has levels %s beyond messageDelayLevel: kept in the file, not delivered",
+                        sorted(kept))
+        self._beyond = kept
+
+    def table(self) -> DelayOffsetTable:
+        return {**self._beyond, **{lv.level: lv.offset for lv in self._levels}}
+
+    def persist(self) -> None:
+        write_delay_offsets(self.offsets_path, self.table())
+        self._dirty = False
+
+    # -- running -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._deliver_loop(), name="deliver-delayed"),
+                       asyncio.create_task(self._watch_arrivals(), name="watch-schedule-arrivals"),
+                       asyncio.create_task(self._persist_loop(), name="persist-delay-offsets")]
+
+    async def stop(self) -> None:
+        """Finish the round in flight (an acknowledged delivery is recorded), then write the table."""
+        self._stopping = True
+        self._wake.set()
+        deliver, *others = self._tasks
+        for task in others:
+            task.cancel()
+        for task in others:
+            with suppress(asyncio.CancelledError):
+                await task
+        with suppress(asyncio.CancelledError):
+            await deliver
+        self._tasks = []
+        try:
+            await asyncio.to_thread(self.persist)
+        except OSError:
+            log.exception("cannot write %s at stop: deliveries since the last write may repeat", self.offsets_path)
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._persist_interval_s)
+            if self._dirty:
+                try:
+                    await asyncio.to_thread(self.persist)
+                except OSError:
+                    log.exception("cannot write %s; retrying in %.1fs", self.offsets_path, self._persist_interval_s)
+
+    async def _watch_arrivals(self) -> None:
+        queues = {lv.queue_id: lv for lv in self._levels}
+        while True:
+            try:
+                async for topic, queue_id, max_offset in self._indexer.arrivals():
+                    level = queues.get(queue_id) if topic == SCHEDULE_TOPIC else None
+                    if level is not None and max_offset > level.max_offset:
+                        level.max_offset = max_offset
+                        self._wake.set()
+            except grpc.aio.AioRpcError as exc:
+                log.debug("arrival stream from the indexer at %s broke: %s", self._indexer.address, exc.code())
+            await asyncio.sleep(RETRY_S)
+
+    async def _refresh_bounds(self) -> None:
+        for lv in self._levels:
+            offsets = await self._indexer.queue_offsets(SCHEDULE_TOPIC, lv.queue_id)
+            if offsets is None:
+                continue
+            lv.min_offset, lv.max_offset = offsets
+            if lv.offset < lv.min_offset:  # the units were deleted with their commitlog files
+                log.warning("delay level %d: offset %d is below the queue's min offset %d: skipping to it",
+                            lv.level, lv.offset, lv.min_offset)
+                lv.offset, self._dirty = lv.min_offset, True
+            elif lv.offset > lv.max_offset:  # the indexer truncated past it (RocketMQ's correctDeliverOffset)
+                log.warning("delay level %d: offset %d is past the queue's max offset %d: going back to it",
+                            lv.level, lv.offset, lv.max_offset)
+                lv.offset, self._dirty = lv.max_offset, True
+
+    async def _deliver_loop(self) -> None:
+        last_refresh = 0.0
+        while not self._stopping:
+            wait_s = POLL_S
+            try:
+                if time.monotonic() - last_refresh >= POLL_S:
+                    await self._refresh_bounds()
+                    last_refresh = time.monotonic()
+                for lv in self._levels:
+                    if self._stopping:
+                        break
+                    next_due = await self._deliver_level(lv)
+                    if next_due is not None:
+                        wait_s = min(wait_s, max(0.0, (next_due - now_ms()) / 1000))
+            except grpc.aio.AioRpcError as exc:
+                log.warning("scheduler: %s: %s; retrying in %.1fs", exc.code().name, exc.details(), RETRY_S)
+                wait_s = RETRY_S
+            if self._stopping:
+                break
+            self._wake.clear()
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait_s)
+
+    async def _deliver_level(self, lv: _Level) -> int | None:
+        """Deliver the level's due units; the next deliver time (ms), 0 for "more are due now", or None."""
+        while True:
+            now = now_ms()
+            batch: list[tuple[ScheduledUnit, Message]] = []
+            offset = lv.offset
+            next_due: int | None = None
+            while offset < lv.max_offset and len(batch) < MAX_BATCH:
+                unit = self._files.unit(lv.queue_id, offset)
+                if unit is None:
+                    break
+                if unit.valid and unit.deliver_at > now:
+                    next_due = unit.deliver_at
+                    break
+                message = self._message_of(lv, unit)
+                if message is not None:
+                    batch.append((unit, message))
+                elif not batch:  # passed over: move on at once
+                    lv.offset, self._dirty = offset + 1, True
+                else:  # deliver what is before it first
+                    break
+                offset += 1
+            if not batch:
+                return next_due
+            if not await self._append(lv, batch):
+                return now_ms() + int(RETRY_S * 1000)
+            if next_due is not None or lv.offset >= lv.max_offset or self._stopping:
+                return next_due
+
+    def _message_of(self, lv: _Level, unit: ScheduledUnit) -> Message | None:
+        """The re-put message of a due unit; None (logged, counted) for one that cannot be delivered."""
+        metrics.SCHEDULED_SEEN.labels(level=str(lv.level)).inc()
+        if not unit.valid:
+            log.warning("delay level %d: unit %d is not valid (%d, %d): passed over", lv.level, unit.queue_offset,
+                        unit.commitlog_offset, unit.size)
+        else:
+            record = self._files.record(unit.commitlog_offset)
+            if record is None:
+                log.warning("delay level %d: the record of unit %d (commitlog offset %d) is gone: passed over",
+                            lv.level, unit.queue_offset, unit.commitlog_offset)
+            else:
+                try:
+                    return message_timeup(record)
+                except NotDeliverable as exc:
+                    log.error("delay level %d: %s: passed over", lv.level, exc)
+        metrics.SKIPPED.labels(level=str(lv.level)).inc()
+        return None
+
+    async def _append(self, lv: _Level, batch: list[tuple[ScheduledUnit, Message]]) -> bool:
+        """Append ``batch``; the level's offset moves past every unit stored (or refused for good).
+        False when the rest must be tried again later."""
+        try:
+            results = await self._commitlog.append([message for _, message in batch])
+        except grpc.aio.AioRpcError as exc:
+            log.warning("delay level %d: AppendBatch to %s failed (%s: %s); retrying in %.1fs", lv.level,
+                        self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
+            return False
+        done = now_ms()
+        delivered = metrics.DELIVERED.labels(level=str(lv.level))
+        for (unit, message), result in zip(batch, results, strict=False):
+            if result.status in STORED:
+                delivered.inc()
+                self.delivered += 1
+                metrics.LATENESS.observe(max(0, done - unit.deliver_at) / 1000)
+            elif result.status in REFUSED:
+                log.error("delay level %d: the store refused unit %d for %s queue %d for good (%s): passed over",
+                          lv.level, unit.queue_offset, message.topic, message.queue_id, result.status)
+                metrics.SKIPPED.labels(level=str(lv.level)).inc()
+            else:
+                log.warning("delay level %d: unit %d not stored (status %d); retrying in %.1fs", lv.level,
+                            unit.queue_offset, result.status, RETRY_S)
+                return False
+            lv.offset, self._dirty = unit.queue_offset + 1, True
+        return len(results) == len(batch)
