@@ -35,6 +35,7 @@ from mqstore_client.consumer import (
 from mqstore_client.errors import MqstoreError, NotFoundError, from_rpc_error
 from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
 from mqstore_client.producer import Item, batch_chunks, batch_receipts, batch_request, stream_request
+from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
 
 
 class AsyncConnection:
@@ -159,10 +160,13 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None, raw_records: bool = True) -> None:
+                 timeout: float | None = None, raw_records: bool = True, retry: bool = True) -> None:
         super().__init__(address, token, connection, DEFAULT_TIMEOUT_S)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
+        self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))
+        self._retry_feed: AsyncPullConsumer | None = None
+        self._retry_checked_at = float("-inf")
 
     async def start(self) -> OffsetTracker:
         """Reads the route and the starting offsets (poll() does it on first use)."""
@@ -210,7 +214,37 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
             await self.commit()
         if not tracker.buffered:
             await self._fetch(tracker, self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0))
-        return tracker.take(max(max_messages, 1))
+        messages = tracker.take(max(max_messages, 1))
+        if len(messages) < max_messages:
+            feed = await self._retries()
+            if feed is not None:
+                messages += [as_original(m) for m in await feed.poll(max_messages - len(messages), timeout=0)]
+        return messages
+
+    async def _retries(self) -> AsyncPullConsumer | None:
+        """The group's retry topic's consumer, once the topic exists (as PullConsumer's)."""
+        if self._retry_feed is not None or not self._retry_wanted:
+            return self._retry_feed
+        if time.monotonic() - self._retry_checked_at < RETRY_ROUTE_RECHECK_S:
+            return None
+        self._retry_checked_at = time.monotonic()
+        assert self.group is not None
+        feed = AsyncPullConsumer(self.group, retry_topic(self.group), connection=self.connection,
+                                 batch_size=self.batch_size, auto_commit=self.auto_commit,
+                                 commit_interval_s=self.commit_interval_s, timeout=self.timeout,
+                                 raw_records=self.raw_records, retry=False)
+        try:
+            await feed.start()
+        except NotFoundError:
+            return None
+        self._retry_feed = feed
+        return feed
+
+    async def consume_later(self, message: Message | str, delay_level: int = 0, *,
+                            max_reconsume_times: int | None = None) -> SendBackReceipt:
+        """See :meth:`mqstore_client.PullConsumer.consume_later`."""
+        request = send_back_request(self.group, message, delay_level, max_reconsume_times)
+        return SendBackReceipt.from_proto(await self.connection.call("ConsumerSendBack", request, self.timeout))
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         while not self._closed:
@@ -273,6 +307,8 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
             raise ValueError("this consumer has no group: there is nothing to commit to")
         if self._tracker is None:
             return {}
+        if self._retry_feed is not None:
+            await self._retry_feed.commit()
         pending = self._tracker.to_commit()
         answers = await self.connection.call_many("CommitOffset", self._commit_requests(pending), self.timeout)
         return self._committed(pending, answers)
@@ -285,4 +321,6 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
             if self.auto_commit and self._tracker is not None:
                 await self.commit()
         finally:
+            if self._retry_feed is not None:
+                self._retry_feed._closed = True
             await super().close()

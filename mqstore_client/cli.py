@@ -22,6 +22,7 @@ from typing import Any, BinaryIO, TypeAlias, TypeVar
 from mqstore_client.client import Client
 from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN
 from mqstore_client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
+from mqstore_client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
 from mqstore_client.errors import MqstoreError
 from mqstore_client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessage, SendReceipt, perm_text
 from mqstore_client.output import MAX_CELL, Printer, cell, format_record, timestamp
@@ -197,7 +198,7 @@ def _command(commands: Subcommands, name: str, help_text: str, handler: Handler,
 
 
 def add_client_commands(commands: Subcommands) -> None:
-    """Registers send, pull, get, query, offset and topics on ``mqstore``'s subcommands (the query
+    """Registers send, pull, get, query, offset, topics and dlq on ``mqstore``'s subcommands (the query
     *service* runs as ``mqstore serve query``)."""
     _add_send(commands)
     _add_pull(commands)
@@ -205,6 +206,7 @@ def add_client_commands(commands: Subcommands) -> None:
     _add_query(commands)
     _add_offset(commands)
     _add_topics(commands)
+    _add_dlq(commands)
 
 
 def _add_send(commands: Subcommands) -> None:
@@ -700,6 +702,64 @@ def _topics(args: argparse.Namespace) -> int:
     else:
         printer.table(("topic", "read_queues", "write_queues", "perm"),
                       [(config.topic, config.read_queue_nums, config.write_queue_nums, perm_text(config.perm))])
+    return EXIT_OK
+
+
+# -- dlq (a consumer group's dead letters, %DLQ%<group>) ------------------------------------------------
+
+
+def _add_dlq(commands: Subcommands) -> None:
+    dlq = _command(commands, "dlq", "a consumer group's dead letters: list, show, re-send to the original topic",
+                       _dlq)
+    _common(dlq)
+    actions = dlq.add_subparsers(dest="dlq_action", metavar="{list,show,resend}")
+    for name, help_text in (("list", "the group's dead letters, oldest first (the default)"),
+                            ("show", "dead letters by offset msg id or msg id (UNIQ_KEY)"),
+                            ("resend", "send dead letters again to their original topic (RETRY_TOPIC)")):
+        sub = actions.add_parser(name, help=help_text, allow_abbrev=False)
+        sub.set_defaults(handler=_handled(_dlq), client_parser=sub)
+        sub.add_argument("--group", "-g", required=True, help="the consumer group")
+        if name == "list":
+            sub.add_argument("--max", type=positive, default=64, help="at most this many (default 64)")
+        else:
+            sub.add_argument("msg_ids", nargs="+", metavar="MSG_ID")
+        _common(sub, nested=True)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    action = getattr(args, "dlq_action", None)
+    if action is None:
+        raise UsageError("give an action: list, show or resend (each with --group G)")
+    printer = Printer(args.json)
+    with _client(args) as client:
+        if action == "list":
+            letters = list_dead_letters(client, args.group, args.max)
+            if printer.json_mode:
+                for m in letters:
+                    printer.json(m.to_json())
+            else:
+                printer.table(("queue_offset", "offset msg id", "msg id", "original topic", "reconsume", "body"),
+                              [(m.queue_offset, m.offset_msg_id, m.msg_id, m.properties.get("RETRY_TOPIC", ""),
+                                m.reconsume_times, cell(m.text, 40)) for m in letters],
+                              empty=f"no dead letters for group {args.group}")
+            return EXIT_OK
+        for i, msg_id in enumerate(args.msg_ids):
+            if action == "show":
+                message = show_dead_letter(client, args.group, msg_id)
+                if printer.json_mode:
+                    printer.json(message.to_json())
+                else:
+                    if i:
+                        printer.lines([""])
+                    printer.lines(format_record(_message_record(message)))
+            else:
+                receipt = resend_dead_letter(client, args.group, msg_id)
+                if printer.json_mode:
+                    printer.json({"dead_letter": msg_id, **receipt.to_json()})
+                else:
+                    printer.table(("dead letter", "topic", "queue", "queue_offset", "msg id", "status"),
+                                  [(msg_id, receipt.topic, receipt.queue_id, receipt.queue_offset, receipt.msg_id,
+                                    receipt.status)])
     return EXIT_OK
 
 

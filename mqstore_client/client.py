@@ -12,6 +12,7 @@ from mqstore_client.errors import NotFoundError
 from mqstore_client.models import Message, QueryResult, QueueOffsets, TopicConfig, TopicRoute
 from mqstore_client.offsets import committed_offsets, queue_offsets
 from mqstore_client.producer import Producer
+from mqstore_client.retry import SendBackReceipt, send_back_request
 
 MAX_QUERY = 64
 _ID_KINDS = {None: 0, "offset": 1, "uniq_key": 2}
@@ -40,6 +41,13 @@ class Client(Endpoint):
         return QueryResult(messages=[Message.from_proto(m) for m in response.messages],
                            index_hits=response.index_hits,
                            index_last_update_timestamp=response.index_last_update_timestamp)
+
+    def send_back(self, group: str, message: Message | str, delay_level: int = 0, *,
+                  max_reconsume_times: int | None = None, timeout: float | None = None) -> SendBackReceipt:
+        """Hands a consumed message (or its offset msg id) back for the group: a retry or a dead letter
+        (see :meth:`mqstore_client.PullConsumer.consume_later`)."""
+        request = send_back_request(group, message, delay_level, max_reconsume_times)
+        return SendBackReceipt.from_proto(self.connection.call("ConsumerSendBack", request, timeout))
 
     # -- offsets -----------------------------------------------------------------------------------
 

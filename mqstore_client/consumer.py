@@ -21,10 +21,11 @@ import grpc
 from mqstore.v1 import gateway_pb2, query_pb2
 
 from mqstore_client.connection import Connection, Endpoint
-from mqstore_client.errors import InvalidArgumentError, MqstoreError
+from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError
 from mqstore_client.models import Message, TopicRoute
 from mqstore_client.offsets import start_offsets
 from mqstore_client.records import decode_records
+from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
 
 #: How long one pull waits for messages by default; the query service allows up to 15 s.
 DEFAULT_LONG_POLL_MS = 10_000
@@ -241,10 +242,14 @@ class PullConsumer(PullOptions, Endpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None, raw_records: bool = True) -> None:
+                 timeout: float | None = None, raw_records: bool = True, retry: bool = True) -> None:
         super().__init__(address, token, connection=connection)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
+        #: With a group: also consume %RETRY%<group> (see :mod:`mqstore_client.retry`).
+        self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))
+        self._retry_feed: PullConsumer | None = None
+        self._retry_checked_at = float("-inf")
 
     # -- set-up ------------------------------------------------------------------------------------
 
@@ -294,7 +299,39 @@ class PullConsumer(PullOptions, Endpoint):
         if not tracker.buffered:
             wait_s = self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0)
             self._fetch(wait_s)
-        return tracker.take(max(max_messages, 1))
+        messages = tracker.take(max(max_messages, 1))
+        if len(messages) < max_messages:
+            feed = self._retries()
+            if feed is not None:
+                messages += [as_original(m) for m in feed.poll(max_messages - len(messages), timeout=0)]
+        return messages
+
+    def _retries(self) -> PullConsumer | None:
+        """The group's retry topic's consumer, once the topic exists (the first send back creates it)."""
+        if self._retry_feed is not None or not self._retry_wanted:
+            return self._retry_feed
+        if time.monotonic() - self._retry_checked_at < RETRY_ROUTE_RECHECK_S:
+            return None
+        self._retry_checked_at = time.monotonic()
+        assert self.group is not None
+        feed = PullConsumer(self.group, retry_topic(self.group), connection=self.connection,
+                            batch_size=self.batch_size, auto_commit=self.auto_commit,
+                            commit_interval_s=self.commit_interval_s, timeout=self.timeout,
+                            raw_records=self.raw_records, retry=False)
+        try:
+            feed.start()
+        except NotFoundError:
+            return None
+        self._retry_feed = feed
+        return feed
+
+    def consume_later(self, message: Message | str, delay_level: int = 0, *,
+                      max_reconsume_times: int | None = None) -> SendBackReceipt:
+        """Hands a consumed message back (RocketMQ's RECONSUME_LATER): it comes again from the group's
+        retry topic after its delay level (0: 3 + reconsume times), or goes to ``%DLQ%<group>`` once
+        it was retried ``max_reconsume_times`` (16) times, or at once with ``delay_level=-1``."""
+        request = send_back_request(self.group, message, delay_level, max_reconsume_times)
+        return SendBackReceipt.from_proto(self.connection.call("ConsumerSendBack", request, self.timeout))
 
     def __iter__(self) -> Iterator[Message]:
         """Every message, waiting for new ones forever (stop with break or close())."""
@@ -367,6 +404,8 @@ class PullConsumer(PullOptions, Endpoint):
             raise ValueError("this consumer has no group: there is nothing to commit to")
         if self._tracker is None:
             return {}
+        if self._retry_feed is not None:
+            self._retry_feed.commit()
         pending = self._tracker.to_commit()
         requests = self._commit_requests(pending)
         answers = self.connection.call_many("CommitOffset", requests, self.timeout) if requests else []
@@ -381,6 +420,8 @@ class PullConsumer(PullOptions, Endpoint):
             if self.auto_commit and self._tracker is not None:
                 self.commit()
         finally:
+            if self._retry_feed is not None:
+                self._retry_feed._closed = True
             super().close()
 
 
