@@ -3,13 +3,17 @@ arrivals) and the commitlog service (AppendBatch of the due messages)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
 
 from services.server.channels import aio_channel
-from services.store.message import Message
+from services.store.message import STOREHOSTADDRESS_V6_FLAG, Message
+from services.store.names import is_group_topic
+
+log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 10.0
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -54,9 +58,11 @@ class IndexerPeer:
 
 
 def message_to_proto(msg: Message) -> common_pb2.Message:
+    """The wire form. The store-host IPv6 bit is left out (a producer may not set it): the commitlog
+    service sets both IPv6 bits from the hosts it writes, so the stored sys_flag is the same."""
     return common_pb2.Message(topic=msg.topic, queue_id=msg.queue_id, body=msg.body, flag=msg.flag,
                               properties=msg.properties, born_timestamp=msg.born_timestamp, born_host=msg.born_host,
-                              sys_flag=msg.sys_flag, reconsume_times=msg.reconsume_times,
+                              sys_flag=msg.sys_flag & ~STOREHOSTADDRESS_V6_FLAG, reconsume_times=msg.reconsume_times,
                               prepared_transaction_offset=msg.prepared_transaction_offset)
 
 
@@ -67,10 +73,37 @@ class CommitLogPeer:
         self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
 
     async def append(self, messages: Sequence[Message]) -> list[commitlog_pb2.AppendResult]:
-        """One AppendBatch; a result per message. AioRpcError when the call fails (nothing known stored)."""
-        request = commitlog_pb2.AppendBatchRequest(messages=[message_to_proto(m) for m in messages])
-        response = await self._stub.AppendBatch(request, timeout=CALL_TIMEOUT_S)
-        return list(response.results)
+        """A result per message stored or refused, in order; fewer results than messages when a call
+        failed after the ones answered (the rest must be tried again). AioRpcError when nothing was
+        answered.
+
+        One AppendBatch normally. A consumer group's %RETRY% / %DLQ% topic (a send-back delivered after
+        its delay) is written only through Append with ``group_flow``; and a batch the store refuses as a
+        whole (INVALID_ARGUMENT) is retried one message at a time, so that only the refused message gets
+        a MESSAGE_ILLEGAL result and the others are delivered."""
+        if not any(is_group_topic(m.topic) for m in messages):
+            request = commitlog_pb2.AppendBatchRequest(messages=[message_to_proto(m) for m in messages])
+            try:
+                response = await self._stub.AppendBatch(request, timeout=CALL_TIMEOUT_S)
+                return list(response.results)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+        results: list[commitlog_pb2.AppendResult] = []
+        for message in messages:
+            request_one = commitlog_pb2.AppendRequest(message=message_to_proto(message),
+                                                      group_flow=is_group_topic(message.topic))
+            try:
+                results.append(await self._stub.Append(request_one, timeout=CALL_TIMEOUT_S))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    if not results:
+                        raise
+                    return results
+                log.error("the commitlog service refused a delayed message for %s queue %d: %s", message.topic,
+                          message.queue_id, exc.details())
+                results.append(commitlog_pb2.AppendResult(status=commitlog_pb2.PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL))
+        return results
 
     async def close(self) -> None:
         await self._channel.close(None)
