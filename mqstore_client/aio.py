@@ -32,7 +32,7 @@ from mqstore_client.consumer import (
     PullOptions,
     max_long_poll_of,
 )
-from mqstore_client.errors import MqstoreError, NotFoundError, from_rpc_error
+from mqstore_client.errors import MqstoreError, NotFoundError, PermissionDeniedError, from_rpc_error
 from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
 from mqstore_client.producer import Item, batch_chunks, batch_receipts, batch_request, stream_request
 from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
@@ -236,6 +236,10 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
         try:
             await feed.start()
         except NotFoundError:
+            return None
+        except PermissionDeniedError:
+            # A token that may not consume %RETRY%<group> reads its topic alone, as before retries.
+            self._retry_wanted = False
             return None
         self._retry_feed = feed
         return feed

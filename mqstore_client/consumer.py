@@ -21,7 +21,7 @@ import grpc
 from mqstore.v1 import gateway_pb2, query_pb2
 
 from mqstore_client.connection import Connection, Endpoint
-from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError
+from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
 from mqstore_client.models import Message, TopicRoute
 from mqstore_client.offsets import start_offsets
 from mqstore_client.records import decode_records
@@ -321,6 +321,10 @@ class PullConsumer(PullOptions, Endpoint):
         try:
             feed.start()
         except NotFoundError:
+            return None
+        except PermissionDeniedError:
+            # A token that may not consume %RETRY%<group> reads its topic alone, as before retries.
+            self._retry_wanted = False
             return None
         self._retry_feed = feed
         return feed
