@@ -81,13 +81,13 @@ def test_one_pod_per_shard_shares_the_store_volume_and_only_the_commitlog_writes
     shard = _object("StatefulSet", "shard")
     spec = shard["spec"]["template"]["spec"]
     containers = _containers(shard)
-    assert set(containers) == {"commitlog", "indexer", "query"}
+    assert set(containers) == {"commitlog", "indexer", "query", "scheduler"}
     assert [t["metadata"]["name"] for t in shard["spec"]["volumeClaimTemplates"]] == ["store"]
     mounts = {name: {m["mountPath"]: m for m in c["volumeMounts"] if m["name"] == "store"}
               for name, c in containers.items()}
     assert mounts["commitlog"]["/store"].get("readOnly") is not True
     assert _flag(containers["commitlog"]["args"], "--store") == "/store"
-    for reader in ("indexer", "query"):
+    for reader in ("indexer", "query", "scheduler"):
         assert mounts[reader]["/store"]["readOnly"] is True, f"{reader} must not be able to write the commitlog"
         own = mounts[reader][f"/store/{reader}"]
         assert own["subPath"] == reader and own.get("readOnly") is not True
@@ -96,11 +96,15 @@ def test_one_pod_per_shard_shares_the_store_volume_and_only_the_commitlog_writes
     assert _flag(query_args, "--store-root") == "/store"  # reads the files, not the other containers' RPCs
     # The init container creates the readers' subdirectories before they are mounted.
     layout = spec["initContainers"][0]
-    assert "/store/indexer" in " ".join(layout["command"]) and "/store/query" in " ".join(layout["command"])
+    assert all(f"/store/{reader}" in " ".join(layout["command"]) for reader in ("indexer", "query", "scheduler"))
     # One network: the readers reach the commitlog (and the query the indexer) on loopback.
     assert _flag(containers["indexer"]["args"], "--commitlog") == "127.0.0.1:9901"
     assert _flag(query_args, "--commitlog") == "127.0.0.1:9901"
     assert _flag(query_args, "--indexer") == "127.0.0.1:9902"
+    scheduler_args = containers["scheduler"]["args"]
+    assert _flag(scheduler_args, "--store-root") == "/store"
+    assert _flag(scheduler_args, "--commitlog") == "127.0.0.1:9901"
+    assert _flag(scheduler_args, "--indexer") == "127.0.0.1:9902"
     _check_ports_and_probes(shard)
 
 
