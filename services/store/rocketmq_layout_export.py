@@ -36,6 +36,7 @@ from typing import Any
 
 from services.store.checkpoint import StoreCheckpoint, read_checkpoint
 from services.store.commitlog_files import CommitLogError, list_commitlog_files
+from services.store.delay_offsets_file import FILE_NAME, read_delay_offsets
 from services.store.index_file import IndexFileError
 from services.store.inspect_index import infer_geometry
 from services.store.message import SCHEDULE_TOPIC
@@ -50,7 +51,9 @@ CONFIG_DIR = "config"
 CHECKPOINT_FILE = "checkpoint"
 TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
-DELAY_OFFSET_FILE = "delayOffset.json"
+DELAY_OFFSET_FILE = FILE_NAME  # delayOffset.json
+#: the scheduler's root inside an mqstore store (``mqstore up``)
+SCHEDULER_DIR = "scheduler"
 COPY_CHUNK = 8 * 1024 * 1024
 _ROCKETMQ_DEFAULTS = {"topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": False}
 
@@ -273,7 +276,7 @@ def _write(source: SourceStore, dest: Path, transfers: list[_Transfer], copy: bo
     summary.topics = _write_topics(source.root / CONFIG_DIR / TOPICS_FILE, dest / CONFIG_DIR / TOPICS_FILE)
     summary.consumer_offsets = _write_consumer_offsets(source.query_root / CONFIG_DIR / CONSUMER_OFFSET_FILE,
                                                        dest / CONFIG_DIR / CONSUMER_OFFSET_FILE)
-    summary.delay_levels = _write_delay_offsets(dest)
+    summary.delay_levels = _write_delay_offsets(dest, source.root / SCHEDULER_DIR / CONFIG_DIR / DELAY_OFFSET_FILE)
     summary.settings = _settings(transfers)
     for directory in sorted({(dest / t.target).parent for t in transfers} | {dest, dest / CONFIG_DIR}):
         fsync_dir(directory)
@@ -370,17 +373,24 @@ def _write_consumer_offsets(source: Path, target: Path) -> int:
     return sum(len(queues) for queues in table.values())
 
 
-def _write_delay_offsets(dest: Path) -> int:
+def _write_delay_offsets(dest: Path, scheduler_offsets: Path) -> int:
     """ScheduleMessageService's file, ``{"offsetTable": {level: offset}}``, when delayed messages exist.
 
-    mqstore stores delayed messages in SCHEDULE_TOPIC_XXXX (queue = level - 1) but delivers none, so
-    every level starts at offset 0: the broker delivers them all, those already due at once.
+    mqstore stores delayed messages in SCHEDULE_TOPIC_XXXX (queue = level - 1); its scheduler
+    (``mqstore up``: ``ROOT/scheduler``) records how far each level was delivered in the same file
+    and shape. A level it has not delivered from starts at offset 0: the broker delivers those
+    messages, the ones already due at once.
     """
     schedule = dest / CONSUME_QUEUE_DIR / SCHEDULE_TOPIC
     if not schedule.is_dir():
         return 0
+    try:
+        delivered = read_delay_offsets(scheduler_offsets)
+    except ValueError as exc:
+        raise ExportError(f"{scheduler_offsets}: {exc}; repair it or restore its .bak") from None
     levels = sorted(int(q.name) + 1 for q in schedule.iterdir() if q.name.isdigit())
-    _write_json(dest / CONFIG_DIR / DELAY_OFFSET_FILE, {"offsetTable": {str(level): 0 for level in levels}})
+    _write_json(dest / CONFIG_DIR / DELAY_OFFSET_FILE,
+                {"offsetTable": {str(level): delivered.get(level, 0) for level in levels}})
     return len(levels)
 
 
