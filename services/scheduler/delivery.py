@@ -155,6 +155,7 @@ class DelayScheduler:
         last_refresh = 0.0
         while not self._stopping:
             wait_s = POLL_S
+            self._wake.clear()  # before the round: an arrival during it wakes the next one at once
             try:
                 if time.monotonic() - last_refresh >= POLL_S:
                     await self._refresh_bounds()
@@ -170,7 +171,6 @@ class DelayScheduler:
                 wait_s = RETRY_S
             if self._stopping:
                 break
-            self._wake.clear()
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait_s)
 
@@ -191,14 +191,12 @@ class DelayScheduler:
                 message = self._message_of(lv, unit)
                 if message is not None:
                     batch.append((unit, message))
-                elif not batch:  # passed over: move on at once
+                elif not batch:  # passed over: move on at once (after a batch: once the batch is stored)
                     lv.offset, self._dirty = offset + 1, True
-                else:  # deliver what is before it first
-                    break
                 offset += 1
             if not batch:
                 return next_due
-            if not await self._append(lv, batch):
+            if not await self._append(lv, batch, offset):
                 return now_ms() + int(RETRY_S * 1000)
             if next_due is not None or lv.offset >= lv.max_offset or self._stopping:
                 return next_due
@@ -222,9 +220,9 @@ class DelayScheduler:
         metrics.SKIPPED.labels(level=str(lv.level)).inc()
         return None
 
-    async def _append(self, lv: _Level, batch: list[tuple[ScheduledUnit, Message]]) -> bool:
-        """Append ``batch``; the level's offset moves past every unit stored (or refused for good).
-        False when the rest must be tried again later."""
+    async def _append(self, lv: _Level, batch: list[tuple[ScheduledUnit, Message]], end: int) -> bool:
+        """Append ``batch`` (read from the units below ``end``); the level's offset moves past every unit
+        stored (or refused for good), to ``end`` when all were. False when the rest must be tried again."""
         try:
             results = await self._commitlog.append([message for _, message in batch])
         except grpc.aio.AioRpcError as exc:
@@ -247,4 +245,7 @@ class DelayScheduler:
                             unit.queue_offset, result.status, RETRY_S)
                 return False
             lv.offset, self._dirty = unit.queue_offset + 1, True
-        return len(results) == len(batch)
+        if len(results) < len(batch):
+            return False
+        lv.offset = end  # units passed over after the last of the batch
+        return True
