@@ -26,6 +26,7 @@ from services.scheduler import metrics
 from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
 from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, message_timeup
+from services.server import tracing
 from services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
 from services.store.message import SCHEDULE_TOPIC, Message
 
@@ -224,7 +225,10 @@ class DelayScheduler:
         """Append ``batch`` (read from the units below ``end``); the level's offset moves past every unit
         stored (or refused for good), to ``end`` when all were. False when the rest must be tried again."""
         try:
-            results = await self._commitlog.append([message for _, message in batch])
+            # One trace per delivered batch: this span, and the AppendBatch call's client span beneath it.
+            with tracing.span("scheduler.deliver", level=lv.level, messages=len(batch),
+                              first_queue_offset=batch[0][0].queue_offset):
+                results = await self._commitlog.append([message for _, message in batch])
         except grpc.aio.AioRpcError as exc:
             log.warning("delay level %d: AppendBatch to %s failed (%s: %s); retrying in %.1fs", lv.level,
                         self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
