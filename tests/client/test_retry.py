@@ -113,6 +113,6 @@ def test_dlq_cli_lists_shows_and_resends(gateway: str, client: Client, topic: st
     assert again.properties["user"] == "u1" and "RETRY_TOPIC" not in again.properties
     # A message that is not one of the group's dead letters, and an empty DLQ.
     wrong = run_cli("dlq", "show", "--group", group, sent.offset_msg_id, "--gateway", gateway)
-    assert wrong.code != 0 and "not a dead letter" in wrong.stderr
+    assert wrong.code != 0 and "NOT_FOUND" in wrong.stderr and f"%DLQ%{group}" in wrong.stderr
     empty = run_cli("dlq", "list", "--group", f"none_{topic}", "--gateway", gateway)
     assert empty.code == 0 and "no dead letters" in empty.stdout + empty.stderr
