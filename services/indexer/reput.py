@@ -31,6 +31,7 @@ from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMis
 from services.indexer.indexer_store import IndexerStore, ReputState
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.server.channels import sync_channel
+from services.store.message import parse_delay_levels
 from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError, parse_dispatch_requests
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,8 @@ class ReputService:
         self._max_backoff_s = max_backoff_s
         self._source = source
         self._commitlog_dir = commitlog_dir
+        #: messageDelayLevel: a SCHEDULE_TOPIC_XXXX unit's tags code is store time + its level's delay
+        self._delay_levels_ms = parse_delay_levels(store.config.message_delay_level)
         #: the reput offset where the files last disagreed with the service: the next connection
         #: there takes the byte Tail (the service's word) instead of resyncing on the files forever
         self._files_failed_at = -1
@@ -389,7 +392,7 @@ class ReputService:
         self.read_bytes["files" if isinstance(chunk, FileChunk) else "tail"] += len(chunk.data)
         if chunk.record_count:
             try:
-                requests = parse_dispatch_requests(chunk.data, chunk.start_offset)
+                requests = parse_dispatch_requests(chunk.data, chunk.start_offset, self._delay_levels_ms)
             except RecordError as exc:
                 raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
             self._store.dispatch(requests, step.next_offset)
