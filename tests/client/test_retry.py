@@ -116,3 +116,29 @@ def test_dlq_cli_lists_shows_and_resends(gateway: str, client: Client, topic: st
     assert wrong.code != 0 and "NOT_FOUND" in wrong.stderr and f"%DLQ%{group}" in wrong.stderr
     empty = run_cli("dlq", "list", "--group", f"none_{topic}", "--gateway", gateway)
     assert empty.code == 0 and "no dead letters" in empty.stdout + empty.stderr
+
+
+def test_retried_until_the_limit_then_a_dead_letter(up: UpProcess, client: Client, topic: str) -> None:
+    """The whole loop with the scheduler: two retries come back through the group's consumer, the third
+    failure goes to %DLQ%<group>."""
+    if "scheduler" not in up.logs():
+        pytest.skip("the scheduler is not part of mqstore up here: retries stay in SCHEDULE_TOPIC_XXXX")
+    sent = client.producer().send(topic, "fails thrice")
+    group = f"loop_{topic}"
+    consumer, message = _consume_one(client, group, topic)
+    try:
+        seen = [message.reconsume_times]
+        for _ in range(2):
+            assert not consumer.consume_later(message, 1, max_reconsume_times=2).dead_letter
+            message = eventually(lambda: _non_empty(consumer.poll(timeout=0.5)), timeout_s=20)[0]
+            assert message.topic == topic and message.msg_id == sent.msg_id
+            seen.append(message.reconsume_times)
+        assert seen == [0, 1, 2]
+        dead = consumer.consume_later(message, 1, max_reconsume_times=2)
+        assert dead.dead_letter and dead.send.topic == f"%DLQ%{group}" and dead.reconsume_times == 3
+        assert consumer.poll(timeout=1.5) == []
+    finally:
+        consumer.close()
+    letters = client.consumer(None, f"%DLQ%{group}", retry=False).poll(timeout=1)
+    assert [(m.msg_id, m.reconsume_times, m.properties["ORIGIN_MESSAGE_ID"]) for m in letters] == \
+        [(sent.msg_id, 3, sent.offset_msg_id)]
