@@ -177,6 +177,7 @@ class DelayScheduler:
 
     async def _deliver_level(self, lv: _Level) -> int | None:
         """Deliver the level's due units; the next deliver time (ms), 0 for "more are due now", or None."""
+        delay_ms = self.delay_levels_ms[lv.level - 1]
         while True:
             now = now_ms()
             batch: list[tuple[ScheduledUnit, Message]] = []
@@ -187,8 +188,12 @@ class DelayScheduler:
                 if unit is None:
                     break
                 if unit.valid and unit.deliver_at > now:
-                    next_due = unit.deliver_at
-                    break
+                    if unit.deliver_at <= now + delay_ms:
+                        next_due = unit.deliver_at
+                        break
+                    # 4.9.8's correctDeliverTimestamp: a deliver time further off than the level's delay
+                    # (the clock went back, or the levels changed) is due now.
+                    unit = unit._replace(deliver_at=now)
                 message = self._message_of(lv, unit)
                 if message is not None:
                     batch.append((unit, message))

@@ -32,8 +32,12 @@ def start_scheduler(store_dir: Path, broker_root: Path, indexer_root: Path, comm
     return start_service_process(SchedulerProcess, "scheduler", store_dir, args, env)
 
 
-def append(commitlog: CommitLogProcess, messages: Sequence[common_pb2.Message]) -> list[commitlog_pb2.AppendResult]:
+def append(commitlog: CommitLogProcess, indexer: IndexerProcess,
+           messages: Sequence[common_pb2.Message]) -> list[commitlog_pb2.AppendResult]:
+    """Append, then wait until the indexer has dispatched the messages (their units are readable)."""
     response = commitlog.stub.AppendBatch(commitlog_pb2.AppendBatchRequest(messages=messages), timeout=10)
+    info = commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
+    indexer.wait_caught_up(info.max_offset)
     return list(response.results)
 
 

@@ -73,7 +73,7 @@ def test_every_level_delivered_on_time_with_messagetimeup_fields(shard: Shard) -
         topic = "delay-fields"
         sends = [_delayed(topic, 1, b"d1", "1"), _delayed(topic, 1, b"d2", "2"), _delayed(topic, 1, b"d3", "3"),
                  _delayed(topic, 1, b"d9", "9")]  # above the 3 levels: clamped to 3 by the store
-        results = append(shard.commitlog, sends)
+        results = append(shard.commitlog, shard.indexer, sends)
         assert [(r.topic, r.queue_id) for r in results] == [(SCHEDULE_TOPIC, 0), (SCHEDULE_TOPIC, 1),
                                                             (SCHEDULE_TOPIC, 2), (SCHEDULE_TOPIC, 2)]
         scheduled = {r.body: r for _, r in
@@ -118,8 +118,8 @@ def test_clean_restart_neither_loses_nor_repeats(shard: Shard) -> None:
     scheduler = _scheduler(shard, store)
     topic = "delay-restart"
     try:
-        append(shard.commitlog, [_delayed(topic, 0, b"a%d" % i, "1") for i in range(20)])
-        append(shard.commitlog, [_delayed(topic, 0, b"b%d" % i, "3") for i in range(20)])
+        append(shard.commitlog, shard.indexer, [_delayed(topic, 0, b"a%d" % i, "1") for i in range(20)])
+        append(shard.commitlog, shard.indexer, [_delayed(topic, 0, b"b%d" % i, "3") for i in range(20)])
         wait_for_records(shard.commitlog, shard.indexer, topic, 0, 20, timeout_s=10)
     finally:
         assert scheduler.stop() == 0, scheduler.logs()
@@ -146,7 +146,7 @@ def test_kill9_loses_nothing_and_repeats_at_most_the_unpersisted(shard: Shard) -
     # a persist interval longer than the test: nothing is written between the start and the kill
     scheduler = _scheduler(shard, store, persist_interval_ms=600_000)
     try:
-        append(shard.commitlog, [_delayed(topic, 2, b"k%d" % i, "1") for i in range(30)])
+        append(shard.commitlog, shard.indexer, [_delayed(topic, 2, b"k%d" % i, "1") for i in range(30)])
         wait_for_records(shard.commitlog, shard.indexer, topic, 2, 30, timeout_s=10)
     finally:
         scheduler.kill9()
