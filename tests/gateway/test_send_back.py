@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
 
 from tests.gateway.system_process import UpProcess
 
@@ -103,3 +103,17 @@ def test_producers_still_may_not_send_to_group_topics(up: UpProcess) -> None:
         up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=f"%RETRY%{GROUP}", body=b"x")),
                      timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_only_the_group_flow_writes_group_topics_and_never_system_topics(up: UpProcess) -> None:
+    """The commitlog's own edge: AppendRequest.group_flow opens %RETRY% / %DLQ% and nothing else."""
+    before = up.store_state()
+    with grpc.insecure_channel(up.commitlog) as channel:
+        stub = commitlog_pb2_grpc.CommitLogServiceStub(channel)
+        for topic, flow in (("%RETRY%direct", False), ("%DLQ%direct", False), ("SCHEDULE_TOPIC_XXXX", True),
+                            ("RMQ_SYS_TRANS_HALF_TOPIC", True), ("%RETRY%bad name", True)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Append(commitlog_pb2.AppendRequest(message=common_pb2.Message(topic=topic, body=b"x"),
+                                                        group_flow=flow), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (topic, info.value.details())
+    assert up.store_state() == before
