@@ -14,7 +14,7 @@ import json
 import time
 
 import grpc
-from mqstore.v1 import common_pb2, indexer_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 
 from services.store.java_hash import java_string_hash
 from services.store.message import SCHEDULE_TOPIC
@@ -164,3 +164,20 @@ def test_kill9_loses_nothing_and_repeats_at_most_the_unpersisted(shard: Shard) -
     # at least once: what was delivered since the last persist (all 30 here) may come again, no more
     assert duplicates <= 30
     assert all(bodies.count(b) <= 2 for b in set(bodies))
+
+
+def test_a_consumer_send_back_is_delivered_to_its_retry_topic(shard: Shard) -> None:
+    """A send-back parks a message for %RETRY%<group> (only the group flow may write that topic): the
+    scheduler re-puts it there through Append with group_flow, where AppendBatch would be refused."""
+    store = "sched-retry"
+    _fresh_store(shard, store)
+    scheduler = _scheduler(shard, store)
+    topic = "%RETRY%delay-group"
+    try:
+        result = shard.commitlog.stub.Append(commitlog_pb2.AppendRequest(
+            message=_delayed(topic, 0, b"retry-me", "1", RETRY_TOPIC="orders"), group_flow=True), timeout=10)
+        assert (result.topic, result.queue_id) == (SCHEDULE_TOPIC, 0)
+        delivered = wait_for_records(shard.commitlog, shard.indexer, topic, 0, 1, timeout_s=10)
+    finally:
+        assert scheduler.stop() == 0, scheduler.logs()
+    assert [(r.topic, r.body, r.properties["RETRY_TOPIC"]) for _, r in delivered] == [(topic, b"retry-me", "orders")]
