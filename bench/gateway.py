@@ -155,9 +155,9 @@ class System:
     def __init__(self, scratch: Path, settings: dict[str, str], gateway_workers: int = 1) -> None:
         self.store = scratch / "store"
         self.log_path = scratch / "up.log"
-        self.base_port = free_port_block(4)
-        # Metrics: commitlog, indexer, query, then one port per gateway worker (gateway/workers.py).
-        self.metrics_base_port = free_port_block(4 + gateway_workers, avoid=range(self.base_port, self.base_port + 4))
+        self.base_port = free_port_block(5)  # gateway, commitlog, indexer, query, scheduler
+        # Metrics: commitlog, indexer, query, one port per gateway worker (gateway/workers.py), scheduler.
+        self.metrics_base_port = free_port_block(5 + gateway_workers, avoid=range(self.base_port, self.base_port + 5))
         self.gateway_workers: dict[int, int] = {}  # worker index -> pid, with --gateway-workers > 1
         self.gateway = f"127.0.0.1:{self.base_port}"
         self.children: dict[str, int] = {}
@@ -193,7 +193,7 @@ class System:
                 raise RuntimeError(f"mqstore up was not up after {timeout_s:.0f}s:\n{self.log_tail()}")
             time.sleep(0.05)
         self.children = {name: int(pid) for name, pid in self._STARTED.findall(text)}
-        if set(self.children) != {"commitlog", "indexer", "query", "gateway"}:
+        if set(self.children) != {"commitlog", "indexer", "query", "gateway", "scheduler"}:
             raise RuntimeError(f"unexpected services in the log of mqstore up: {self.children}")
         with grpc.insecure_channel(self.gateway) as channel:
             status = health_pb2_grpc.HealthStub(channel).Check(

@@ -49,7 +49,7 @@ from bench.workload import BODY_SIZE, QUEUES, SCRATCH, print_machine
 from services.server.memory_debug import proc_status_kb
 
 TOPIC = "MemorySoak"
-SERVICES = ("runner", "commitlog", "indexer", "query", "gateway")
+SERVICES = ("runner", "commitlog", "indexer", "query", "gateway", "scheduler")
 REPORTING = ("query", "gateway")  # the services that write memory reports (services/server/memory_debug.py)
 MIB = 1024 * 1024
 GROUPS = 3
