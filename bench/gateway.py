@@ -54,15 +54,12 @@ import asyncio
 import contextlib
 import json
 import math
-import multiprocessing
 import os
-import queue
 import random
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from array import array
 from collections import deque
@@ -77,6 +74,7 @@ from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 
+from bench.client_procs import run_client_processes
 from bench.report import (
     MB,
     Column,
@@ -472,32 +470,34 @@ class _Worker:
             else:
                 self._status(parse(raw).status)
 
+    async def _write_stream(self, call: Any, window: asyncio.Semaphore, sent: deque[int], deadline_ns: int) -> None:
+        """A stream's writer: the pre-serialised requests in turn, each once the window has room, its
+        send time noted in ``sent``; the writing side is closed at the deadline."""
+        requests, n, k = self.requests, len(self.requests), self.offset
+        clock, now = time.perf_counter_ns, time.monotonic_ns
+        try:
+            while True:
+                await window.acquire()
+                if now() >= deadline_ns:
+                    break
+                request = requests[k % n]
+                k += 1
+                sent.append(clock())
+                await call.write(request)
+                self.wire += len(request)
+        finally:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.done_writing()
+
     async def _stream(self, deadline_ns: int) -> None:
         # No request iterator: this coroutine writes (call.write), so the window is ours to keep.
         call = self.channel.stream_stream(SEND_STREAM, request_serializer=None, response_deserializer=None)(
             None, timeout=self.spec.duration_s + 120)
         window = asyncio.Semaphore(self.spec.window)
         sent: deque[int] = deque()
-        requests, n = self.requests, len(self.requests)
-        clock, now = time.perf_counter_ns, time.monotonic_ns
+        clock = time.perf_counter_ns
 
-        async def write() -> None:
-            k = self.offset
-            try:
-                while True:
-                    await window.acquire()
-                    if now() >= deadline_ns:
-                        break
-                    request = requests[k % n]
-                    k += 1
-                    sent.append(clock())
-                    await call.write(request)
-                    self.wire += len(request)
-            finally:
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await call.done_writing()
-
-        writer = asyncio.create_task(write())
+        writer = asyncio.create_task(self._write_stream(call, window, sent, deadline_ns))
         append, popleft, release = self.latencies.append, sent.popleft, window.release
         parse = gateway_pb2.SendResult.FromString
         try:
@@ -524,26 +524,9 @@ class _Worker:
             None, timeout=self.spec.duration_s + 120)
         window = asyncio.Semaphore(self.spec.window)
         sent: deque[int] = deque()
-        requests, n, batch = self.requests, len(self.requests), self.spec.batch
-        clock, now = time.perf_counter_ns, time.monotonic_ns
+        batch, clock = self.spec.batch, time.perf_counter_ns
 
-        async def write() -> None:
-            k = self.offset
-            try:
-                while True:
-                    await window.acquire()
-                    if now() >= deadline_ns:
-                        break
-                    request = requests[k % n]
-                    k += 1
-                    sent.append(clock())
-                    await call.write(request)
-                    self.wire += len(request)
-            finally:
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await call.done_writing()
-
-        writer = asyncio.create_task(write())
+        writer = asyncio.create_task(self._write_stream(call, window, sent, deadline_ns))
         parse = gateway_pb2.SendBatchResponse.FromString
         try:
             while True:
@@ -664,56 +647,23 @@ def client_main(spec: ClientSpec, ready: Any, results: Any) -> None:
 def run_clients(spec: ClientSpec, procs: int, system: System, desc: str,
                 quiet: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """``procs`` client processes started together (a barrier); CPU measured while they run."""
-    ctx = multiprocessing.get_context("spawn")  # never fork a process that holds gRPC state
-    ready = ctx.Barrier(procs + 1)
-    results = ctx.Queue()
-    children = [ctx.Process(target=client_main, args=(replace(spec, proc=p, procs=procs), ready, results),
-                            name=f"bench-client-{p}", daemon=True) for p in range(procs)]
-    for child in children:
-        child.start()
-    reports: list[dict[str, Any]] = []
-    try:
-        try:
-            ready.wait(timeout=300)
-        except threading.BrokenBarrierError:
-            fatal = [r["fatal"] for r in _drain(results, procs) if "fatal" in r]
-            raise RuntimeError(f"a client failed before the start: {fatal or 'no report'}") from None
-        meter = CpuMeter([*system.pids, *(c.pid for c in children if c.pid)])
-        server = CpuMeter(system.pids, include_self=False)
-        services = {name: CpuMeter([pid, *(system.gateway_workers.values() if name == "gateway" else ())],
-                                   include_self=False) for name, pid in system.children.items()}
-        started = time.monotonic()
-        with Progress(total=math.ceil(spec.duration_s), desc=desc, unit="s", quiet=quiet,
-                      bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s") as bar:
-            while len(reports) < procs:
-                try:
-                    reports.append(results.get(timeout=0.5))
-                except queue.Empty:
-                    if any(c.exitcode not in (None, 0) for c in children):
-                        raise RuntimeError("a client process died without a report") from None
-                    if time.monotonic() - started > spec.duration_s + 300:
-                        raise RuntimeError("the clients did not finish") from None
-                bar.update(max(0, min(bar.total or 0, int(time.monotonic() - started)) - bar.count))
-        cpu = {**meter.stop(), "cpuServer": server.stop()["cpuOurs"],
-               **{f"cpu{name.capitalize()}": m.stop()["cpuOurs"] for name, m in services.items()}}
-    finally:
-        for child in children:
-            child.join(timeout=30)
-            if child.is_alive() and child.pid:
-                os.kill(child.pid, signal.SIGKILL)
-                child.join()
-    fatal = [r["fatal"] for r in reports if "fatal" in r]
-    if fatal:
-        raise RuntimeError(f"client failed: {fatal[0]}")
+    def meters(client_pids: list[int]) -> dict[str, CpuMeter]:
+        services = {f"cpu{name.capitalize()}": CpuMeter([pid, *(system.gateway_workers.values()
+                                                               if name == "gateway" else ())], include_self=False)
+                    for name, pid in system.children.items()}
+        return {"all": CpuMeter([*system.pids, *client_pids]),
+                "cpuServer": CpuMeter(system.pids, include_self=False), **services}
+
+    with Progress(total=math.ceil(spec.duration_s), desc=desc, unit="s", quiet=quiet,
+                  bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s") as bar:
+        def tick(elapsed: float) -> None:
+            bar.update(max(0, min(bar.total or 0, int(elapsed)) - bar.count))
+
+        reports, figures = run_client_processes(client_main, [replace(spec, proc=p, procs=procs)
+                                                               for p in range(procs)],
+                                                "bench-client", spec.duration_s, meters, tick=tick)
+    cpu = {**figures.pop("all"), **{key: meter["cpuOurs"] for key, meter in figures.items()}}
     return reports, cpu
-
-
-def _drain(results: Any, count: int) -> list[dict[str, Any]]:
-    drained: list[dict[str, Any]] = []
-    with contextlib.suppress(queue.Empty):
-        for _ in range(count):
-            drained.append(results.get(timeout=5))
-    return drained
 
 
 # -- cases and reps ----------------------------------------------------------------------------------

@@ -14,17 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import multiprocessing
-import os
-import queue
-import signal
-import threading
 import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from bench.client_procs import run_client_processes
 from bench.peer_table import Measure
 from bench.report import CpuMeter, percentile
 
@@ -96,41 +92,14 @@ def _child_main(job: Job, ready: Any, results: Any) -> None:
 
 def run_job(job: Job, procs: int, server_pids: Sequence[int] = ()) -> tuple[Measure, dict[str, Any]]:
     """Run ``job`` in ``procs`` client processes; the Measure of what they did, and extras (CPU, errors)."""
-    ctx = multiprocessing.get_context("spawn")
-    ready = ctx.Barrier(procs + 1)
-    results = ctx.Queue()
-    children = [ctx.Process(target=_child_main, args=(replace(job, proc=p, procs=procs), ready, results),
-                            name=f"peer-client-{job.system}-{p}", daemon=True) for p in range(procs)]
-    for child in children:
-        child.start()
-    reports: list[dict[str, Any]] = []
-    try:
-        try:
-            ready.wait(timeout=300)
-        except threading.BrokenBarrierError:
-            fatal = [r.get("fatal") for r in _drain(results, procs)]
-            raise RuntimeError(f"a client failed before the start: {fatal or 'no report'}") from None
-        meter = CpuMeter([*server_pids, *(c.pid for c in children if c.pid)])
-        server = CpuMeter(list(server_pids), include_self=False)
-        started = time.monotonic()
-        while len(reports) < procs:
-            try:
-                reports.append(results.get(timeout=0.5))
-            except queue.Empty:
-                if any(c.exitcode not in (None, 0) for c in children):
-                    raise RuntimeError(f"a {job.system} client process died without a report") from None
-                if time.monotonic() - started > job.duration_s + 300:
-                    raise RuntimeError(f"the {job.system} clients did not finish") from None
-        cpu = {**meter.stop(), "cpuServer": server.stop()["cpuOurs"]}
-    finally:
-        for child in children:
-            child.join(timeout=30)
-            if child.is_alive() and child.pid:
-                os.kill(child.pid, signal.SIGKILL)
-                child.join()
-    fatal = [r["fatal"] for r in reports if "fatal" in r]
-    if fatal:
-        raise RuntimeError(fatal[0])
+    def meters(client_pids: list[int]) -> dict[str, CpuMeter]:
+        return {"all": CpuMeter([*server_pids, *client_pids]),
+                "cpuServer": CpuMeter(list(server_pids), include_self=False)}
+
+    reports, figures = run_client_processes(_child_main, [replace(job, proc=p, procs=procs) for p in range(procs)],
+                                            f"peer-client-{job.system}", job.duration_s, meters,
+                                            what=f"{job.system} client")
+    cpu = {**figures["all"], "cpuServer": figures["cpuServer"]["cpuOurs"]}
     result = replace(measure(job, reports), cpu_other=cpu["cpuOther"])
     return result, {**cpu, "errors": [e for r in reports for e in r["errors"]][:3]}
 
@@ -147,9 +116,3 @@ def measure(job: Job, reports: Sequence[dict[str, Any]]) -> Measure:
                    failed=sum(r["failed"] for r in reports), ops=ok)
 
 
-def _drain(results: Any, count: int) -> list[dict[str, Any]]:
-    drained: list[dict[str, Any]] = []
-    with contextlib.suppress(queue.Empty):
-        for _ in range(count):
-            drained.append(results.get(timeout=5))
-    return drained
