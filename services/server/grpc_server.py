@@ -62,6 +62,8 @@ class ServerSettings:
     service_token: str | None = None
     # SO_REUSEPORT: only a gateway worker sets it, so that its siblings share the port (gateway/workers.py).
     reuse_port: bool = False
+    # TLS (only the gateway offers it, gateway/tls.py): listen with these credentials instead of plaintext.
+    credentials: grpc.ServerCredentials | None = None
 
     def as_internal(self) -> ServerSettings:
         """These settings for an internal service, with the service credential from the environment
@@ -104,6 +106,8 @@ def _add_port(server: grpc.Server | grpc.aio.Server, settings: ServerSettings) -
                         f"{service_auth.TOKEN_FILE_ENV}) to the same secret in every mqstore process, "
                         "or listen on a loopback address")
     try:
+        if settings.credentials is not None:
+            return server.add_secure_port(listen, settings.credentials)
         return server.add_insecure_port(listen)
     except RuntimeError as exc:
         raise BindError(f"cannot listen on {listen}: {exc} "
