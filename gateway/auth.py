@@ -12,7 +12,10 @@ The token file (YAML) lists one entry per client; topic patterns are shell globs
         admin: true            # every topic, plus CreateTopic/UpdateTopic
 
 Tokens are kept as SHA-256 digests and looked up by digest, so a lookup takes the same time whatever
-the token. A call carries ``authorization: Bearer <token>`` metadata.
+the token. A call carries ``authorization: Bearer <token>`` metadata. Neither a token nor its digest
+is ever logged or put in an error message (a YAML syntax error names the line and column, not the
+line's text). The gateway reloads the file when it changes (gateway/token_reload.py):
+:meth:`TokenTable.replace` swaps the whole table at once, so a call sees the old or the new tokens.
 """
 
 from __future__ import annotations
@@ -88,6 +91,11 @@ class TokenTable:
     def __len__(self) -> int:
         return len(self._by_digest)
 
+    def replace(self, other: TokenTable) -> None:
+        """Take ``other``'s tokens (a reload). One reference assignment: calls in flight on the event
+        loop see either table whole, never a mix."""
+        self._by_digest = other._by_digest
+
     def authenticate(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
         if not self._by_digest:
             return ANONYMOUS
@@ -127,8 +135,12 @@ def load_token_table(path: str | Path | None) -> TokenTable:
         return TokenTable()
     try:
         loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read the token file {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"the token file {path} is not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the token file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     entries = loaded.get("tokens") if isinstance(loaded, dict) else None
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: expected 'tokens:' with at least one entry")
@@ -140,6 +152,15 @@ def load_token_table(path: str | Path | None) -> TokenTable:
             raise ConfigError(f"{path}: tokens[{i}] ({principal.name}) repeats the token of {table[digest].name}")
         table[digest] = principal
     return TokenTable(table)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong and where, without PyYAML's snippet of the offending line (it may hold a token)."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{exc.problem or exc.context or 'syntax error'}{where}"
+    return type(exc).__name__
 
 
 def _entry(path: str | Path, index: int, entry: Any) -> tuple[Principal, str]:

@@ -3,16 +3,24 @@
 The gateway keeps no state on disk: the route table is read from the shards, tokens from the token
 file. It starts even when a shard is down (calls routed there fail UNAVAILABLE until it is back).
 
+TLS (optionally mutual) on the listen port: gateway/tls.py. The token file is reloaded when it changes
+and on SIGHUP, without a restart: gateway/token_reload.py.
+
 Exit codes: 0 after a clean stop, 2 for bad settings (including tokens missing on a non-loopback
-address) or an address it cannot listen on. With ``--workers N`` (N > 1) this process is the
-supervisor of N gateway processes on the same port: see gateway/workers.py.
+address, or TLS files that cannot be used) or an address it cannot listen on. With ``--workers N``
+(N > 1) this process is the supervisor of N gateway processes on the same port: see gateway/workers.py.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
+import signal
+
+import grpc
 
 from gateway.auth import TokenTable, load_token_table
 from gateway.queue_selector import FaultTable, QueueSelector
@@ -21,6 +29,8 @@ from gateway.route import RouteTable
 from gateway.servicer import MessagingServicer
 from gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
 from gateway.shard import ShardClient
+from gateway.tls import TlsFiles, server_credentials, tls_files, tls_from_env
+from gateway.token_reload import TokenReloader
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
 from gateway.workers import WorkerIdentity, supervise, workers_from_env
@@ -51,6 +61,8 @@ def serve(options: GatewayOptions) -> int:
     configure_logging()
     try:
         settings, tokens = _checked_settings(options)
+        tls = tls_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        credentials = None if tls is None else server_credentials(tls)  # checks the files: exit 2 if unusable
         identity = WorkerIdentity.from_env()
         metrics_port = metrics_port_from_env()
     except (ConfigError, ValueError) as exc:
@@ -62,16 +74,20 @@ def serve(options: GatewayOptions) -> int:
     start_memory_report("gateway")
     init_tracing("gateway")
     try:
-        return asyncio.run(_serve(settings, tokens, identity, metrics_port))
+        return asyncio.run(_serve(settings, tokens, identity, metrics_port, tls, credentials))
     finally:
         shutdown_tracing()
 
 
 def _checked_settings(options: GatewayOptions) -> tuple[GatewaySettings, TokenTable]:
-    """Settings (file < MQSTORE_GATEWAY_WORKERS < flags) and tokens, or ConfigError saying what to fix."""
+    """Settings (file < MQSTORE_GATEWAY_WORKERS, MQSTORE_GATEWAY_TLS_* < flags) and tokens, or
+    ConfigError saying what to fix."""
     overrides = options.overrides()
     if overrides["workers"] is None:
         overrides["workers"] = workers_from_env()
+    for name, value in tls_from_env().items():
+        if overrides[name] is None:
+            overrides[name] = value
     settings = load_gateway_settings(options.config_file, **overrides)
     tokens = load_token_table(settings.auth_file)
     if not tokens.enabled and not is_loopback(settings.listen) and not settings.allow_insecure:
@@ -81,19 +97,26 @@ def _checked_settings(options: GatewayOptions) -> tuple[GatewaySettings, TokenTa
 
 
 async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: WorkerIdentity | None,
-                 metrics_port: int | None) -> int:
+                 metrics_port: int | None, tls: TlsFiles | None = None,
+                 credentials: grpc.ServerCredentials | None = None) -> int:
     signals = ShutdownSignal()
     signals.install_on_loop()
+    reload_task = _start_token_reload(settings, tokens)
     shards = [ShardClient(i, s) for i, s in enumerate(settings.shards)]
     routes = RouteTable(shards, settings.route_refresh_ms / 1000, settings.backend_timeout_ms / 1000)
     faults = FaultTable(settings.fault_initial_backoff_ms / 1000, settings.fault_max_backoff_ms / 1000)
     worker = (0, 1) if identity is None else (identity.index, identity.count)
     selector = QueueSelector(settings.queue_selection == LATENCY, faults, worker=worker)
     servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
-    server = AioGrpcServer(_server_settings(settings, reuse_port=identity is not None), [SERVICE_NAME],
-                           lambda s: add_to_server(servicer, s))
+    server_settings = dataclasses.replace(_server_settings(settings, reuse_port=identity is not None),
+                                          credentials=credentials)
+    server = AioGrpcServer(server_settings, [SERVICE_NAME], lambda s: add_to_server(servicer, s))
 
     async def stopped() -> None:
+        if reload_task is not None:
+            reload_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reload_task
         await servicer.close()
         for shard in shards:
             await shard.close()
@@ -102,12 +125,26 @@ async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: Worker
     if bound is None:
         return EXIT_BAD_SETTINGS
     await _warm_up(routes, shards)
-    log.info("gateway%s listening on %s; shards %s; queue selection %s; auth %s",
+    log.info("gateway%s listening on %s; shards %s; queue selection %s; auth %s; %s",
              "" if identity is None else f" worker {identity.index}/{identity.count} (pid {os.getpid()})", bound,
              ", ".join(f"{s.name} (commitlog {s.settings.commitlog}, query {s.settings.query})" for s in shards),
              settings.queue_selection, f"{len(tokens)} tokens" if tokens.enabled else "off",
-             extra={"listen": bound, "worker": None if identity is None else identity.index})
+             "plaintext" if tls is None else tls.describe(),
+             extra={"tls": tls is not None, "mutual_tls": tls is not None and tls.mutual, "listen": bound,
+                    "worker": None if identity is None else identity.index})
     return await serve_aio_until_signal(server, signals, on_stopping=lambda: None, on_stopped=stopped)
+
+
+def _start_token_reload(settings: GatewaySettings, tokens: TokenTable) -> asyncio.Task[None] | None:
+    """Reload the token file on SIGHUP and, every auth_reload_ms, when it changed. Without a token
+    file SIGHUP only logs that there is nothing to reload (instead of killing the gateway)."""
+    loop = asyncio.get_running_loop()
+    if settings.auth_file is None:
+        loop.add_signal_handler(signal.SIGHUP, lambda: log.info("SIGHUP: no token file to reload (auth is off)"))
+        return None
+    reloader = TokenReloader(settings.auth_file, tokens, settings.auth_reload_ms / 1000)
+    loop.add_signal_handler(signal.SIGHUP, reloader.on_sighup)
+    return loop.create_task(reloader.run(), name="token-reload")
 
 
 async def _warm_up(routes: RouteTable, shards: list[ShardClient]) -> None:

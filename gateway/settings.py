@@ -8,6 +8,9 @@ runs the embedded default: one shard made of the services ``mqstore up`` starts 
       - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}
     queue_selection: round_robin        # or latency (avoid queues whose sends were slow or failing)
     auth_file: tokens.yaml              # bearer tokens; without it every call is allowed
+    tls_cert: /etc/mqstore/tls.crt      # TLS on the listen port (gateway/tls.py), with tls_key
+    tls_key: /etc/mqstore/tls.key
+    tls_client_ca: /etc/mqstore/ca.crt  # mutual TLS: clients need a certificate this CA signed
     workers: 2                          # gateway processes sharing the port (gateway/workers.py)
 """
 
@@ -47,6 +50,14 @@ class GatewaySettings:
     # unless allow_insecure is set.
     auth_file: str | None = None
     allow_insecure: bool = False
+    # How often the token file is checked for changes (it is reloaded when it changed, and on SIGHUP;
+    # see gateway/token_reload.py). 0: on SIGHUP only.
+    auth_reload_ms: int = 2_000
+    # TLS (gateway/tls.py): PEM certificate and key; with a client CA, mutual TLS. The command line and
+    # MQSTORE_GATEWAY_TLS_CERT / _KEY / _CLIENT_CA come before these.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
     # Create a topic on every shard at its first send (RocketMQ's autoCreateTopicEnable).
     auto_create_topic: bool = True
     default_topic_queue_nums: int = 8
@@ -78,6 +89,9 @@ class GatewaySettings:
                      "fault_initial_backoff_ms", "fault_max_backoff_ms", "max_concurrent_rpcs", "workers"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.auth_reload_ms < 0:
+            raise ConfigError(f"auth_reload_ms must be 0 (reload on SIGHUP only) or positive, "
+                              f"got {self.auth_reload_ms}")
         if self.workers > MAX_WORKERS:
             raise ConfigError(f"workers must be at most {MAX_WORKERS}, got {self.workers}")
 
@@ -95,12 +109,17 @@ class GatewayOptions:
     shard: tuple[str, str] | None = None
     default_topic_queue_nums: int | None = None
     workers: int | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
 
     def overrides(self) -> dict[str, Any]:
         """The settings these options override (None values are ignored by load_gateway_settings)."""
         values: dict[str, Any] = {"listen": self.listen, "auth_file": self.auth_file,
                                   "queue_selection": self.queue_selection,
-                                  "default_topic_queue_nums": self.default_topic_queue_nums, "workers": self.workers}
+                                  "default_topic_queue_nums": self.default_topic_queue_nums, "workers": self.workers,
+                                  "tls_cert": self.tls_cert, "tls_key": self.tls_key,
+                                  "tls_client_ca": self.tls_client_ca}
         if self.shard is not None:
             values["shards"] = [{"name": "shard-0", "commitlog": self.shard[0], "query": self.shard[1]}]
         return values

@@ -12,6 +12,8 @@ workers; a connection (a client's channel) stays on its worker for its life.
 * Stop: SIGTERM or SIGINT to the supervisor stops every worker cleanly (each drains its RPCs), then
   the supervisor exits 0 (1 if a worker did not stop cleanly). Workers run in their own sessions, so a
   Ctrl-C reaches the supervisor alone, and they get SIGTERM if the supervisor dies (PR_SET_PDEATHSIG).
+* SIGHUP to the supervisor is passed on to every worker: each reloads its token file
+  (gateway/token_reload.py).
 * A worker that dies (kill -9, a crash) is restarted at once and its clients reconnect (to any
   worker); connections still waiting in its accept queue are reset, as with any listener that dies. A
   worker that exits with code 2 (bad settings, port taken) stops the group with code 2: a restart
@@ -116,7 +118,9 @@ def worker_args(options: GatewayOptions, settings: GatewaySettings) -> list[str]
     args = ["--listen", settings.listen, "--workers", "1"]
     for flag, value in (("--config", options.config_file), ("--auth-file", options.auth_file),
                         ("--queue-selection", options.queue_selection),
-                        ("--default-topic-queue-nums", options.default_topic_queue_nums)):
+                        ("--default-topic-queue-nums", options.default_topic_queue_nums),
+                        ("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key),
+                        ("--tls-client-ca", options.tls_client_ca)):
         if value is not None:
             args += [flag, str(value)]
     if options.shard is not None:
@@ -154,6 +158,12 @@ class WorkerGroup:
     def _request_stop(self, signum: int, frame: FrameType | None) -> None:
         self._stop_requested = True
 
+    def _forward_reload(self, signum: int, frame: FrameType | None) -> None:
+        """SIGHUP to the supervisor reloads every worker's token file (each holds its own table)."""
+        for worker in self.workers:
+            if worker.proc is not None and worker.proc.poll() is None:
+                worker.proc.send_signal(signal.SIGHUP)
+
     def _start(self, worker: _Worker) -> None:
         env = dict(os.environ)
         env[WORKER_ENV] = f"{worker.index}/{self.count}"
@@ -170,6 +180,7 @@ class WorkerGroup:
         """Supervise until a signal (exit 0 after a clean stop) or a failure that restarts cannot fix."""
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
+        signal.signal(signal.SIGHUP, self._forward_reload)
         for worker in self.workers:
             self._start(worker)
         exit_code = 0

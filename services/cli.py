@@ -172,6 +172,14 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
                              help="gateway processes sharing the listen port with SO_REUSEPORT; worker i serves "
                                   "/metrics on MQSTORE_METRICS_PORT + i (default: $MQSTORE_GATEWAY_WORKERS, else the "
                                   "settings file's workers, else 1; see gateway/workers.py)")
+        gateway.add_argument("--tls-cert", default=None, metavar="PEM",
+                             help="TLS certificate (chain) of the listen port, with --tls-key (default "
+                                  "$MQSTORE_GATEWAY_TLS_CERT; see docs/security.md)")
+        gateway.add_argument("--tls-key", default=None, metavar="PEM",
+                             help="its unencrypted private key (default $MQSTORE_GATEWAY_TLS_KEY)")
+        gateway.add_argument("--tls-client-ca", default=None, metavar="PEM",
+                             help="mutual TLS: require client certificates signed by this CA (default "
+                                  "$MQSTORE_GATEWAY_TLS_CLIENT_CA)")
         gateway.set_defaults(handler=_serve_gateway)
 
 
@@ -193,7 +201,8 @@ def _serve_gateway(args: argparse.Namespace) -> int:
     return serve(GatewayOptions(config_file=args.config, listen=args.listen, auth_file=args.auth_file,
                                 queue_selection=args.queue_selection,
                                 shard=None if args.commitlog is None else (args.commitlog, args.query),
-                                default_topic_queue_nums=args.default_topic_queue_nums, workers=args.workers))
+                                default_topic_queue_nums=args.default_topic_queue_nums, workers=args.workers,
+                                tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca))
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:
