@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from mqstore.v1 import commitlog_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, gateway_pb2, groups_pb2, query_pb2
 
 from gateway.servicer import MessagingServicer
 from gateway.wire import SERVICE_NAME, decoder, serialize
@@ -31,6 +31,9 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         "ListTopics": (servicer.ListTopics, commitlog_pb2.ListTopicsRequest),
         "GetRoute": (servicer.GetRoute, gateway_pb2.GetRouteRequest),
         "ConsumerSendBack": (servicer.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest),
+        "Heartbeat": (servicer.Heartbeat, groups_pb2.HeartbeatRequest),
+        "UnregisterConsumer": (servicer.UnregisterConsumer, groups_pb2.UnregisterConsumerRequest),
+        "DescribeGroups": (servicer.DescribeGroups, groups_pb2.DescribeGroupsRequest),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=decoder(request_type),

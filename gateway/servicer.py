@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2
 
 from gateway import metrics, send_back
 from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
+from gateway.groups import GroupDirectory
 from gateway.message_finder import MessageFinder
 from gateway.queue_selector import NoWritableQueueError, QueueSelector
 from gateway.resilience import BackendError, RetryPolicy
@@ -108,6 +109,7 @@ class MessagingServicer:
         self._creating: set[str] = set()
         self._batchers = [SendBatcher(shard, self._backend_timeout_s) for shard in self.shards]
         self.finder = MessageFinder(self.shards, self.retry)
+        self.groups = GroupDirectory(self.shards, routes, self.retry, tokens)
 
     async def close(self) -> None:
         for batcher in self._batchers:
@@ -718,6 +720,23 @@ class MessagingServicer:
             send=self._result(result, queue, plan.target_topic, uniq_key), target_topic=plan.target_topic,
             dead_letter=plan.dead_letter, reconsume_times=message.reconsume_times, delay_level=plan.delay_level,
             origin_msg_id=plan.origin_msg_id)
+
+    # -- consumer groups (gateway/groups.py) -----------------------------------------------------------
+
+    @unary
+    async def Heartbeat(self, request: groups_pb2.HeartbeatRequest,
+                        context: Context) -> groups_pb2.HeartbeatResponse:
+        return await self.groups.heartbeat(self._principal(context), request, self._timeout(context))
+
+    @unary
+    async def UnregisterConsumer(self, request: groups_pb2.UnregisterConsumerRequest,
+                                 context: Context) -> groups_pb2.UnregisterConsumerResponse:
+        return await self.groups.unregister(self._principal(context), request, self._timeout(context))
+
+    @unary
+    async def DescribeGroups(self, request: groups_pb2.DescribeGroupsRequest,
+                             context: Context) -> groups_pb2.DescribeGroupsResponse:
+        return await self.groups.describe(self._principal(context), request, self._timeout(context))
 
     # -- topics ---------------------------------------------------------------------------------------
 

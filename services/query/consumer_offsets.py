@@ -100,3 +100,13 @@ class ConsumerOffsetTable:
         if self.dirty:
             self.write(self.snapshot())
 
+
+    def groups(self) -> list[str]:
+        """Every group with a committed offset."""
+        return sorted({key.rpartition(TOPIC_GROUP_SEPARATOR)[2] for key in self._table})
+
+    def offsets_of(self, group: str) -> dict[tuple[str, int], int]:
+        """(topic, queue id) -> committed offset, for every queue the group committed."""
+        suffix = TOPIC_GROUP_SEPARATOR + group
+        return {(key[:-len(suffix)], q): offset for key, queues in self._table.items() if key.endswith(suffix)
+                for q, offset in queues.items()}

@@ -14,6 +14,7 @@ import grpc
 from mqstore.v1 import query_pb2, query_pb2_grpc
 
 from services.query import metrics
+from services.query.consumer_groups import GroupMembers
 from services.query.consumer_offsets import ConsumerOffsetTable
 from services.query.convert import (
     pull_query_from_proto,
@@ -22,6 +23,7 @@ from services.query.convert import (
     view_response,
 )
 from services.query.errors import query_status_code
+from services.query.group_rpcs import GroupRpcs
 from services.query.lookup import MessageLookup
 from services.query.pull import Puller
 from services.query.queue_offsets import QueueOffsets
@@ -47,13 +49,15 @@ def _fail(context: Context, method: str, exc: StoreError, empty: T) -> T:
     return empty
 
 
-class QueryServicer(query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
+class QueryServicer(GroupRpcs, query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
     def __init__(self, puller: Puller, lookup: MessageLookup, offsets: QueueOffsets,
-                 consumer_offsets: ConsumerOffsetTable, max_long_poll_ms: int) -> None:
+                 consumer_offsets: ConsumerOffsetTable, max_long_poll_ms: int,
+                 members: GroupMembers | None = None) -> None:
         self._puller = puller
         self._lookup = lookup
         self._offsets = offsets
         self._consumer_offsets = consumer_offsets
+        self._members = members if members is not None else GroupMembers()
         self._max_long_poll_ms = max_long_poll_ms
         self._stopping = False
 

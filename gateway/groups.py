@@ -1,0 +1,153 @@
+"""Consumer groups at the gateway: heartbeats fanned out to every shard, descriptions merged.
+
+Members are kept by each shard's query service (services/query/consumer_groups.py), next to the
+offsets, because the gateway is stateless and may run as several workers or replicas. A heartbeat
+goes to every shard at once; the answer is the union of the shards that answered, so the group keeps
+rebalancing while one shard is down (a shard that comes back learns the members from their next
+heartbeat). DescribeGroups adds what only the routes know: route queue ids, max offsets, lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from mqstore.v1 import groups_pb2, query_pb2
+
+from gateway.auth import Action, Principal, TokenTable
+from gateway.resilience import BackendError, RetryPolicy
+from gateway.route import RouteTable, TopicRoute
+from gateway.shard import ShardClient
+from services.store.consumer_groups import check_heartbeat, check_member
+from services.store.names import check_group
+
+
+class GroupDirectory:
+    def __init__(self, shards: Sequence[ShardClient], routes: RouteTable, retry: RetryPolicy,
+                 tokens: TokenTable) -> None:
+        self.shards = tuple(shards)
+        self.routes = routes
+        self.retry = retry
+        self.tokens = tokens
+
+    async def _everywhere(self, method: str, request: Any, timeout: float) -> list[Any]:
+        """Each shard's answer, or its BackendError."""
+
+        async def ask(shard: ShardClient) -> Any:
+            call: Callable[..., Awaitable[Any]] = getattr(shard.query, method)
+            return await self.retry.read(functools.partial(shard.on_query, call, request, timeout))
+
+        return list(await asyncio.gather(*(ask(s) for s in self.shards), return_exceptions=True))
+
+    @staticmethod
+    def _answered(answers: list[Any]) -> list[Any]:
+        """The answers, once at least one shard answered; else the first shard's error."""
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, BackendError):
+                raise answer  # a bug, not a shard that is down
+        good = [a for a in answers if not isinstance(a, BackendError)]
+        if not good:
+            raise answers[0]
+        return good
+
+    async def heartbeat(self, principal: Principal, request: groups_pb2.HeartbeatRequest,
+                        timeout: float) -> groups_pb2.HeartbeatResponse:
+        check_heartbeat(request.group, request.client_id, list(request.topics),
+                        [(q.topic, q.queue_id) for q in request.assigned_queues], request.allocation_strategy,
+                        request.rebalance_interval_ms, request.member_timeout_ms)
+        for topic in request.topics:
+            self.tokens.authorize(principal, Action.CONSUME, topic)
+        answers = self._answered(await self._everywhere("Heartbeat", request, timeout))
+        members = _union(a.members for a in answers)
+        response = groups_pb2.HeartbeatResponse(member_ids=[m.client_id for m in members],
+                                                rebalance_interval_ms=answers[0].rebalance_interval_ms,
+                                                member_timeout_ms=answers[0].member_timeout_ms)
+        response.members.extend(members)
+        return response
+
+    async def unregister(self, principal: Principal, request: groups_pb2.UnregisterConsumerRequest,
+                         timeout: float) -> groups_pb2.UnregisterConsumerResponse:
+        """Every shard that answers forgets the member; one that does not drops it at its timeout."""
+        check_member(request.group, request.client_id)
+        self._answered(await self._everywhere("UnregisterConsumer", request, timeout))
+        return groups_pb2.UnregisterConsumerResponse()
+
+    async def describe(self, principal: Principal, request: groups_pb2.DescribeGroupsRequest,
+                       timeout: float) -> groups_pb2.DescribeGroupsResponse:
+        if request.group:
+            check_group(request.group)
+        answers = await self._everywhere("DescribeGroups", request, timeout)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer  # lag from some shards only would mislead: all or an error
+        per_group: dict[str, list[tuple[ShardClient, groups_pb2.GroupDescription]]] = {}
+        for shard, answer in zip(self.shards, answers, strict=True):
+            for description in answer.groups:
+                per_group.setdefault(description.group, []).append((shard, description))
+        if request.group and request.group not in per_group:
+            per_group[request.group] = []
+        response = groups_pb2.DescribeGroupsResponse()
+        for name in sorted(per_group):
+            described = await self._describe_group(principal, name, per_group[name], timeout)
+            response.groups.append(described)
+        return response
+
+    async def _describe_group(self, principal: Principal, name: str,
+                              parts: list[tuple[ShardClient, groups_pb2.GroupDescription]],
+                              timeout: float) -> groups_pb2.GroupDescription:
+        members = _union(d.members for _, d in parts)
+        owners = {(q.topic, q.queue_id): m.client_id for m in members for q in m.assigned_queues}
+        committed: dict[tuple[str, ShardClient, int], int] = {}
+        topics: set[str] = {t for m in members for t in m.topics}
+        for shard, description in parts:
+            for q in description.queues:
+                committed[(q.topic, shard, q.queue_id)] = q.committed_offset
+                topics.add(q.topic)
+        described = groups_pb2.GroupDescription(group=name)
+        described.members.extend(members)
+        visible = [t for t in sorted(topics) if principal.may(Action.CONSUME, t)]
+        routes = [r for r in await asyncio.gather(*(self.routes.route(t) for t in visible)) if r is not None]
+        ranges = await self._offset_ranges(routes, timeout)
+        for route in routes:
+            for queue in route.queues:
+                if not queue.readable:
+                    continue
+                min_offset, max_offset = ranges[(route.topic, queue.queue_id)]
+                offset = committed.get((route.topic, queue.shard, queue.shard_queue_id), -1)
+                lag = max(max_offset - (offset if offset >= 0 else min_offset), 0)
+                described.queues.add(topic=route.topic, queue_id=queue.queue_id, max_offset=max_offset,
+                                     committed_offset=offset, lag=lag,
+                                     owner_client_id=owners.get((route.topic, queue.queue_id), ""),
+                                     shard=queue.shard.name)
+                described.total_lag += lag
+        return described
+
+    async def _offset_ranges(self, routes: Iterable[TopicRoute],
+                             timeout: float) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, route queue id) -> (min offset, max offset) of every readable queue, asked at once."""
+        keys: list[tuple[str, int]] = []
+        calls = []
+        for route in routes:
+            for queue in route.queues:
+                if not queue.readable:
+                    continue
+                shard = queue.shard
+                request = query_pb2.GetQueueOffsetRangeRequest(topic=route.topic, queue_id=queue.shard_queue_id)
+                keys.append((route.topic, queue.queue_id))
+                calls.append(self.retry.read(functools.partial(shard.on_query, shard.query.GetQueueOffsetRange,
+                                                               request, timeout)))
+        answers = await asyncio.gather(*calls)
+        return {key: (a.min_offset, a.max_offset) for key, a in zip(keys, answers, strict=True)}
+
+
+def _union(member_lists: Iterable[Iterable[groups_pb2.GroupMember]]) -> list[groups_pb2.GroupMember]:
+    """Members by client id over the shards' answers, the latest heartbeat of each, sorted."""
+    latest: dict[str, groups_pb2.GroupMember] = {}
+    for members in member_lists:
+        for member in members:
+            seen = latest.get(member.client_id)
+            if seen is None or member.last_heartbeat_ms > seen.last_heartbeat_ms:
+                latest[member.client_id] = member
+    return [latest[c] for c in sorted(latest)]
