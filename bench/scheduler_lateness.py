@@ -207,7 +207,8 @@ def delivered_count(channel: grpc.Channel, topic: str) -> int:
     total = 0
     for queue_id in range(QUEUES):
         try:
-            total += offsets(query_pb2.GetQueueOffsetRangeRequest(topic=topic, queue_id=queue_id), timeout=10).max_offset
+            request = query_pb2.GetQueueOffsetRangeRequest(topic=topic, queue_id=queue_id)
+            total += offsets(request, timeout=10).max_offset
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:  # a queue nothing was delivered to yet
                 raise
@@ -260,9 +261,13 @@ class Outcome:
     cores: dict[str, float]
 
     def row(self, kind: str) -> dict[str, Any]:
-        values = self.lateness_ms[kind]
-        return {"kind": kind, "delivered": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
-                "max": values[-1] if values else float("nan"), "min": values[0] if values else float("nan")}
+        return lateness_row(kind, self.lateness_ms[kind])
+
+
+def lateness_row(kind: str, values: Sequence[int]) -> dict[str, Any]:
+    """One line of the table: lateness percentiles (ms) of sorted ``values``."""
+    return {"kind": kind, "delivered": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
+            "max": values[-1] if values else float("nan"), "min": values[0] if values else float("nan")}
 
 
 def analyse(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int]], kinds: Sequence[str],
@@ -376,9 +381,7 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
     print(f"{'kind':>6} {'delivered':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'min ms':>8}")
     rows = [outcome.row(kind) for kind in kinds]
     merged = sorted(v for kind in kinds for v in outcome.lateness_ms[kind])
-    everything = {"kind": "all", "delivered": len(merged), "p50": percentile(merged, 50),
-                  "p99": percentile(merged, 99), "max": merged[-1] if merged else float("nan"),
-                  "min": merged[0] if merged else float("nan")}
+    everything = lateness_row("all", merged)
     for row in [*rows, everything]:
         print(f"{row['kind']:>6} {row['delivered']:>10,} {row['p50']:>8.0f} {row['p99']:>8.0f} {row['max']:>8.0f} "
               f"{row['min']:>8.0f}")
@@ -388,14 +391,15 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
     print(f"target p99 <= {TARGET_P99_MS:.0f} ms late at {args.rate:,.0f} msgs/s: {verdict} "
           f"(p99 {everything['p99']:.0f} ms at {outcome.send_rate:,.0f} msgs/s)")
     if args.json:
-        print(json.dumps({"bench": "scheduler_lateness", "config": {k: v for k, v in vars(args).items()},
+        print(json.dumps({"bench": "scheduler_lateness", "config": vars(args),
                           "sent": outcome.sent, "send_rate": round(outcome.send_rate), "delivered": outcome.delivered,
                           "lost": outcome.lost, "duplicates": outcome.duplicates, "early": outcome.early,
                           "rows": [*rows, everything], "cores": outcome.cores}))
 
 
 def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=10_000, help="scheduled msgs/s over all senders (10,000)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of sending (10)")
     parser.add_argument("--kinds", default="1,2", help="comma list: delay levels and/or 'timer' (1,2)")
