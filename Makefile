@@ -64,6 +64,7 @@ bench: $(GENERATED)
 	$(PY) -m bench.dispatch
 	$(PY) -m bench.query
 	$(PY) -m bench.gateway
+	$(PY) -m bench.scheduler_lateness
 	$(PY) -m bench.recovery
 
 # mqstore side by side with Redis Streams and NATS JetStream (issue 10; bench/peers.py): installs

@@ -16,6 +16,7 @@ from typing import TypeAlias
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 PROG = "mqstore bench"
+LATENESS = "scheduler-lateness"
 
 
 def add_bench_command(commands: Subcommands) -> None:
@@ -23,13 +24,18 @@ def add_bench_command(commands: Subcommands) -> None:
     # (argparse.REMAINDER alone would leave leading options to the top parser, which rejects them).
     bench = commands.add_parser("bench", add_help=False, prefix_chars="+",
                                 help="benchmark the whole system end to end through the gateway "
-                                     "(produce, SYNC_FLUSH, Send latency, pull); --help for its options")
+                                     "(produce, SYNC_FLUSH, Send latency, pull); --help for its options; "
+                                     f"'{LATENESS}' first: delayed delivery lateness")
     bench.add_argument("bench_args", nargs=argparse.REMAINDER)
     bench.set_defaults(handler=_bench)
 
 
 def _bench(args: argparse.Namespace) -> int:
     argv: list[str] = list(args.bench_args)
+    if argv[:1] == [LATENESS]:  # delayed delivery on time under load (bench/scheduler_lateness.py)
+        from bench.scheduler_lateness import main as lateness_main
+
+        return lateness_main(argv[1:], prog=f"{PROG} {LATENESS}")
     try:
         from bench.gateway import main as bench_main
     except ImportError as exc:
