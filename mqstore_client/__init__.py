@@ -13,7 +13,7 @@ Every failure is an :class:`MqstoreError` (``.code`` is the gRPC status name).
 """
 
 from mqstore_client.client import Client
-from mqstore_client.connection import DEFAULT_ADDRESS, Connection
+from mqstore_client.connection import DEFAULT_ADDRESS, Connection, Tls
 from mqstore_client.consumer import PullConsumer
 from mqstore_client.errors import (
     AlreadyExistsError,
@@ -45,6 +45,6 @@ __all__ = [
     "DEFAULT_ADDRESS", "AlreadyExistsError", "Client", "Connection", "DataLossError", "DeadlineExceededError",
     "FailedPreconditionError", "InvalidArgumentError", "Message", "MqstoreError", "NotFoundError",
     "OutOfRangeError", "OutgoingMessage", "PermissionDeniedError", "Producer", "PullConsumer", "QueryResult",
-    "QueueOffsets", "QueueRoute", "ResourceExhaustedError", "SendReceipt", "TopicConfig", "TopicRoute",
+    "QueueOffsets", "QueueRoute", "ResourceExhaustedError", "SendReceipt", "Tls", "TopicConfig", "TopicRoute",
     "UnauthenticatedError", "UnavailableError",
 ]

@@ -22,7 +22,15 @@ from typing import Any, Self
 import grpc
 from mqstore.v1 import gateway_pb2, gateway_pb2_grpc, query_pb2
 
-from mqstore_client.connection import CHANNEL_OPTIONS, DEFAULT_TIMEOUT_S, auth_metadata, resolve_address, resolve_token
+from mqstore_client.connection import (
+    CHANNEL_OPTIONS,
+    DEFAULT_TIMEOUT_S,
+    Tls,
+    auth_metadata,
+    resolve_address,
+    resolve_tls,
+    resolve_token,
+)
 from mqstore_client.consumer import (
     DEFAULT_BATCH,
     DEFAULT_COMMIT_INTERVAL_S,
@@ -42,12 +50,15 @@ class AsyncConnection:
     """A grpc.aio channel to the gateway with the token and default deadline of every call."""
 
     def __init__(self, address: str | None = None, token: str | None = None, *,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, tls: Tls | bool | None = None) -> None:
         self.address = resolve_address(address)
         self.token = resolve_token(token)
         self.timeout = timeout
         self.metadata = auth_metadata(self.token)
-        self.channel = grpc.aio.insecure_channel(self.address, options=list(CHANNEL_OPTIONS))
+        self.tls = resolve_tls(tls)
+        options = list(CHANNEL_OPTIONS)
+        self.channel = (grpc.aio.insecure_channel(self.address, options=options) if self.tls is None
+                        else grpc.aio.secure_channel(self.address, self.tls.credentials(), options=options))
         self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
 
     async def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
@@ -72,9 +83,10 @@ class AsyncConnection:
 
 class _AsyncEndpoint:
     def __init__(self, address: str | None, token: str | None, connection: AsyncConnection | None,
-                 timeout: float) -> None:
+                 timeout: float, tls: Tls | bool | None = None) -> None:
         self._owns_connection = connection is None
-        self.connection = connection if connection is not None else AsyncConnection(address, token, timeout=timeout)
+        self.connection = (connection if connection is not None
+                           else AsyncConnection(address, token, timeout=timeout, tls=tls))
 
     async def close(self) -> None:
         if self._owns_connection:
@@ -92,8 +104,9 @@ class AsyncProducer(_AsyncEndpoint):
     """Producer on asyncio: the same calls, awaited."""
 
     def __init__(self, address: str | None = None, token: str | None = None, *,
-                 connection: AsyncConnection | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
-        super().__init__(address, token, connection, timeout)
+                 connection: AsyncConnection | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 tls: Tls | bool | None = None) -> None:
+        super().__init__(address, token, connection, timeout, tls)
 
     async def send(self, topic: str, body: bytes | str, *, tags: str | None = None, keys: Keys | None = None,
                    properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
@@ -160,8 +173,9 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None, raw_records: bool = True, retry: bool = True) -> None:
-        super().__init__(address, token, connection, DEFAULT_TIMEOUT_S)
+                 timeout: float | None = None, raw_records: bool = True, retry: bool = True,
+                 tls: Tls | bool | None = None) -> None:
+        super().__init__(address, token, connection, DEFAULT_TIMEOUT_S, tls)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
         self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, BinaryIO, TypeAlias, TypeVar
 
 from mqstore_client.client import Client
-from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN
+from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN, Tls
 from mqstore_client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
 from mqstore_client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
 from mqstore_client.errors import MqstoreError
@@ -113,6 +113,12 @@ def _common(parser: argparse.ArgumentParser, nested: bool = False) -> None:
                        help=f"the gateway host:port (default ${ENV_GATEWAY}, else 127.0.0.1:9876)")
     group.add_argument("--token", default=unset if nested else None,
                        help=f"bearer token when the gateway has auth on (default ${ENV_TOKEN})")
+    group.add_argument("--tls-ca", metavar="PEM", default=unset if nested else None,
+                       help="TLS to the gateway, trusting this CA (default $MQSTORE_TLS_CA; MQSTORE_TLS=1: system CAs)")
+    group.add_argument("--tls-cert", metavar="PEM", default=unset if nested else None,
+                       help="client certificate, for a gateway with mutual TLS (default $MQSTORE_TLS_CERT)")
+    group.add_argument("--tls-key", metavar="PEM", default=unset if nested else None,
+                       help="its private key (default $MQSTORE_TLS_KEY)")
     group.add_argument("--timeout", metavar="SECONDS", type=float, default=unset if nested else DEFAULT_TIMEOUT_S,
                        help=f"deadline of each call (default {DEFAULT_TIMEOUT_S:g})")
     group.add_argument("--json", action="store_true", default=unset if nested else False,
@@ -139,7 +145,13 @@ def _topic(args: argparse.Namespace) -> str:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.gateway, args.token, timeout=args.timeout)
+    return Client(args.gateway, args.token, timeout=args.timeout, tls=_tls(args))
+
+
+def _tls(args: argparse.Namespace) -> Tls | None:
+    """TLS from --tls-ca/--tls-cert/--tls-key; None (the environment decides) when none is given."""
+    files = [getattr(args, name, None) for name in ("tls_ca", "tls_cert", "tls_key")]
+    return Tls(*files) if any(files) else None
 
 
 def _handled(handler: Handler) -> Handler:
@@ -344,7 +356,7 @@ def _send(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch is at most {MAX_BATCH}")
     template = dict(tags=args.tags, keys=args.keys, properties=dict(args.property) or None)
     printer = Printer(args.json)
-    with Producer(args.gateway, args.token, timeout=args.timeout) as producer:
+    with Producer(args.gateway, args.token, timeout=args.timeout, tls=_tls(args)) as producer:
         if args.file is None:
             if args.batch is not None:
                 receipts = producer.send_batch(topic, [OutgoingMessage(body=text, delay_level=args.delay_level,
@@ -494,7 +506,7 @@ def _pull(args: argparse.Namespace) -> int:
     printed = 0
     if args.follow:
         _interrupt_on_sigterm()
-    with Client(args.gateway, args.token, timeout=args.timeout) as client:
+    with Client(args.gateway, args.token, timeout=args.timeout, tls=_tls(args)) as client:
         queue_ids = args.queue or client.route(topic).readable_queue_ids
         starts = {q: args.offset for q in queue_ids} if args.offset is not None else None
         consumer = PullConsumer(args.group, topic, connection=client.connection, queue_ids=queue_ids,

@@ -2,22 +2,32 @@
 
 Every call goes through :meth:`Connection.call` (or :meth:`Connection.future`) so that each one
 carries the bearer token and a deadline, and every failure becomes an :class:`MqstoreError`.
+
+A gateway with TLS on (docs/security.md) is reached with ``tls=Tls(ca="ca.crt")`` (plus ``cert`` and
+``key`` when it requires client certificates), or the environment: $MQSTORE_TLS_CA, $MQSTORE_TLS_CERT,
+$MQSTORE_TLS_KEY, or MQSTORE_TLS=1 for a server certificate the system's CAs sign.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import grpc
 from mqstore.v1 import gateway_pb2_grpc
 
-from mqstore_client.errors import MqstoreError, from_rpc_error
+from mqstore_client.errors import InvalidArgumentError, MqstoreError, from_rpc_error
 
 ENV_GATEWAY = "MQSTORE_GATEWAY"
 ENV_TOKEN = "MQSTORE_TOKEN"
+ENV_TLS = "MQSTORE_TLS"
+ENV_TLS_CA = "MQSTORE_TLS_CA"
+ENV_TLS_CERT = "MQSTORE_TLS_CERT"
+ENV_TLS_KEY = "MQSTORE_TLS_KEY"
 DEFAULT_PORT = 9876
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
 #: Deadline of a call that does not wait on purpose: the gateway retries backends within it.
@@ -57,16 +67,70 @@ def auth_metadata(token: str | None) -> Metadata:
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """TLS to the gateway: PEM file paths. ``ca``: the CA that signed the gateway's certificate (None:
+    the system's CAs); ``cert`` + ``key``: this client's certificate, for a gateway that requires one
+    (mutual TLS)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """grpc channel credentials; raises MqstoreError (INVALID_ARGUMENT) for a file it cannot use."""
+        if (self.cert is None) != (self.key is None):
+            raise InvalidArgumentError("INVALID_ARGUMENT", "a client certificate needs its key and a key its "
+                                       "certificate: give both tls cert and tls key (or neither)")
+        return grpc.ssl_channel_credentials(root_certificates=_pem(self.ca, "CA"),
+                                            private_key=_pem(self.key, "key"),
+                                            certificate_chain=_pem(self.cert, "certificate"))
+
+
+def _pem(path: str | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgumentError("INVALID_ARGUMENT",
+                                   f"cannot read the TLS {what} {path}: {exc.strerror}") from None
+
+
+def resolve_tls(tls: Tls | bool | None = None, environ: Mapping[str, str] | None = None) -> Tls | None:
+    """TLS settings: the argument (True = the system's CAs, False = plaintext), else $MQSTORE_TLS_CA,
+    $MQSTORE_TLS_CERT, $MQSTORE_TLS_KEY (any of them set turns TLS on), else MQSTORE_TLS=1 (system
+    CAs), else none (plaintext)."""
+    if isinstance(tls, Tls):
+        return tls
+    if tls is not None:
+        return Tls() if tls else None
+    env = os.environ if environ is None else environ
+    ca, cert, key = ((env.get(name, "").strip() or None) for name in (ENV_TLS_CA, ENV_TLS_CERT, ENV_TLS_KEY))
+    if ca or cert or key:
+        return Tls(ca, cert, key)
+    return Tls() if env.get(ENV_TLS, "").strip().lower() in ("1", "true", "yes", "on") else None
+
+
+def open_channel(address: str, tls: Tls | None, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
+    """A plaintext or TLS channel to ``address``."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, tls.credentials(), options=options)
+
+
 class Connection:
     """One gRPC channel to the gateway, its token and its default deadline; thread-safe."""
 
     def __init__(self, address: str | None = None, token: str | None = None, *,
-                 timeout: float = DEFAULT_TIMEOUT_S, options: Sequence[tuple[str, Any]] = ()) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, options: Sequence[tuple[str, Any]] = (),
+                 tls: Tls | bool | None = None) -> None:
         self.address = resolve_address(address)
         self.token = resolve_token(token)
         self.timeout = timeout
         self.metadata = auth_metadata(self.token)
-        self.channel = grpc.insecure_channel(self.address, options=[*CHANNEL_OPTIONS, *options])
+        self.tls = resolve_tls(tls)
+        self.channel = open_channel(self.address, self.tls, [*CHANNEL_OPTIONS, *options])
         self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
         self._closed = False
 
@@ -122,16 +186,18 @@ class Connection:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Connection({self.address!r}, token={'set' if self.token else 'none'})"
+        return f"Connection({self.address!r}, token={'set' if self.token else 'none'}, tls={self.tls is not None})"
 
 
 class Endpoint:
     """Base of the client classes: uses a given Connection (left open) or opens its own (closed by close())."""
 
     def __init__(self, address: str | None = None, token: str | None = None, *,
-                 connection: Connection | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 connection: Connection | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 tls: Tls | bool | None = None) -> None:
         self._owns_connection = connection is None
-        self.connection = connection if connection is not None else Connection(address, token, timeout=timeout)
+        self.connection = (connection if connection is not None
+                           else Connection(address, token, timeout=timeout, tls=tls))
 
     def close(self) -> None:
         if self._owns_connection:

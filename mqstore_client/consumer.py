@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from mqstore.v1 import gateway_pb2, query_pb2
 
-from mqstore_client.connection import Connection, Endpoint
+from mqstore_client.connection import Connection, Endpoint, Tls
 from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
 from mqstore_client.models import Message, TopicRoute
 from mqstore_client.offsets import start_offsets
@@ -242,8 +242,9 @@ class PullConsumer(PullOptions, Endpoint):
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
-                 timeout: float | None = None, raw_records: bool = True, retry: bool = True) -> None:
-        super().__init__(address, token, connection=connection)
+                 timeout: float | None = None, raw_records: bool = True, retry: bool = True,
+                 tls: Tls | bool | None = None) -> None:
+        super().__init__(address, token, connection=connection, tls=tls)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
         #: With a group: also consume %RETRY%<group> (see :mod:`mqstore_client.retry`).
