@@ -13,7 +13,9 @@
  *   node demo.js route --topic T
  *
  * Every command takes --address HOST:PORT (default $MQSTORE_GATEWAY or 127.0.0.1:9876), --token TOKEN
- * (default $MQSTORE_TOKEN; sent as "authorization: Bearer TOKEN") and --deadline-ms MS.
+ * (default $MQSTORE_TOKEN; sent as "authorization: Bearer TOKEN") and --deadline-ms MS; TLS with
+ * --tls-ca PEM (default $MQSTORE_TLS_CA), --tls-cert PEM and --tls-key PEM (mutual TLS; default
+ * $MQSTORE_TLS_CERT, $MQSTORE_TLS_KEY), or MQSTORE_TLS=1 for a certificate the system's CAs sign.
  * Each answer is one line {"event": <command>, "response": <answer>}: fields keep their .proto names,
  * int64 values are decimal strings, enums are names, bytes are base64 (as in proto3's JSON mapping).
  * A failed call prints {"event": "error", "rpc", "code", "status", "details"} and exits with 1.
@@ -26,6 +28,9 @@ const OPTIONS = {
   address: { type: 'string', default: process.env.MQSTORE_GATEWAY || DEFAULT_ADDRESS },
   token: { type: 'string', default: process.env.MQSTORE_TOKEN || '' },
   'deadline-ms': { type: 'string', default: '10000' },
+  'tls-ca': { type: 'string', default: process.env.MQSTORE_TLS_CA || '' },
+  'tls-cert': { type: 'string', default: process.env.MQSTORE_TLS_CERT || '' },
+  'tls-key': { type: 'string', default: process.env.MQSTORE_TLS_KEY || '' },
   topic: { type: 'string' },
   count: { type: 'string', default: '3' },
   'key-prefix': { type: 'string' },
@@ -257,7 +262,10 @@ async function main(argv) {
     return options.help ? 0 : 2;
   }
   const deadlineMs = int(options, 'deadline-ms');
-  const mq = connect(options.address, options.token || undefined, { deadlineMs });
+  const tlsFiles = { ca: options['tls-ca'], cert: options['tls-cert'], key: options['tls-key'] };
+  const tls = Object.values(tlsFiles).some(Boolean) ? tlsFiles
+    : ['1', 'true', 'yes', 'on'].includes((process.env.MQSTORE_TLS || '').toLowerCase());
+  const mq = connect(options.address, options.token || undefined, { deadlineMs, tls });
   try {
     const handlers = { demo, send, pull, get, query, route };
     const ok = await handlers[command](mq, options, deadlineMs);

@@ -73,12 +73,15 @@ function authMetadata(token) {
 /**
  * A client of the gateway at `address` ("host:port"). With a `token`, every call carries it as
  * "authorization: Bearer <token>" metadata. `options.deadlineMs` is the default deadline of a call
- * (a call may pass its own as `{ deadlineMs }`); `options.credentials` replaces the plaintext channel.
- * Each method returns a Promise of the answer; `close()` closes the channel.
+ * (a call may pass its own as `{ deadlineMs }`). `options.tls` turns TLS on: `{ ca, cert, key }`, each a
+ * PEM file path or Buffer (`ca` omitted: the system's CAs; `cert` + `key`: this client's certificate for a
+ * gateway that requires one, i.e. mutual TLS); `tls: true` = TLS with the system's CAs. `options.credentials`
+ * (grpc-js ChannelCredentials) replaces both. Each method returns a Promise of the answer; `close()` closes
+ * the channel.
  */
 function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
   const { MessagingService } = loadPackage();
-  const credentials = options.credentials || grpc.credentials.createInsecure();
+  const credentials = options.credentials || tlsCredentials(options.tls);
   const raw = new MessagingService(address, credentials, { ...CHANNEL_OPTIONS, ...(options.channelOptions || {}) });
   const defaultDeadlineMs = options.deadlineMs || DEFAULT_DEADLINE_MS;
 
@@ -108,6 +111,25 @@ function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
   return client;
 }
 
+/** A PEM file path or Buffer as a Buffer (undefined stays undefined). */
+function pem(value) {
+  if (value === undefined || value === null || value === '') return undefined;
+  return Buffer.isBuffer(value) ? value : require('node:fs').readFileSync(value);
+}
+
+/**
+ * Channel credentials for `tls` (see connect): plaintext when it is falsy. grpc-js takes the key and
+ * certificate chain together or not at all, so one without the other is refused here with a clear message.
+ */
+function tlsCredentials(tls) {
+  if (!tls) return grpc.credentials.createInsecure();
+  const { ca, cert, key } = tls === true ? {} : tls;
+  if (!cert !== !key) {
+    throw new Error('TLS: a client certificate needs its key and a key its certificate: give both or neither');
+  }
+  return grpc.credentials.createSsl(pem(ca) || null, pem(key) || null, pem(cert) || null);
+}
+
 /** The name of a grpc status code, e.g. 3 -> "INVALID_ARGUMENT". */
 function statusName(code) {
   return Object.keys(grpc.status).find((name) => grpc.status[name] === code) || String(code);
@@ -115,6 +137,7 @@ function statusName(code) {
 
 module.exports = {
   connect,
+  tlsCredentials,
   loadPackage,
   authMetadata,
   statusName,
