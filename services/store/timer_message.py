@@ -55,8 +55,8 @@ def _parse_long(name: str, text: str) -> int:
     """Java's Long.parseLong: optional sign and ASCII digits only, within 64 bits."""
     body = text[1:] if text[:1] in "+-" else text
     if not body or not body.isascii() or not body.isdigit():
-        raise TimerPropertyError(f"{name} property {text[:40]!r} is not a whole number: give "
-                                 f"{'milliseconds since the epoch' if name == PROPERTY_TIMER_DELIVER_MS else 'a duration'}")
+        what = "milliseconds since the epoch" if name == PROPERTY_TIMER_DELIVER_MS else "a whole duration"
+        raise TimerPropertyError(f"{name} property {text[:40]!r} is not a whole number: give {what}")
     value = int(text)
     if not -_LONG_MAX - 1 <= value <= _LONG_MAX:
         raise TimerPropertyError(f"{name} property {text[:40]!r} does not fit a 64-bit number")
