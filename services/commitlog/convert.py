@@ -13,6 +13,7 @@ from services.commitlog.commit_log import StoreStats
 from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
 from services.store.batch_codec import decode_blob
+from services.store.due_message import DueMessage
 from services.store.message import Message
 from services.store.producer_message import check_producer_message
 from services.store.quarantine import QuarantinedRange
@@ -25,19 +26,23 @@ _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {
 }
 
 
-def message_from_proto(pb: common_pb2.Message, peer: str, group_flow: bool = False) -> Message:
+def message_from_proto(pb: common_pb2.Message, peer: str, group_flow: bool = False,
+                       transaction_flow: bool = False, due: bool = False) -> Message:
     """A producer's message; an empty born_host becomes the caller's address (``peer``). ``group_flow``:
-    AppendRequest.group_flow (the send-back flow may write %RETRY% / %DLQ% topics)."""
-    return _message(pb, pb.born_host or peer_address(peer), None, group_flow)
+    AppendRequest.group_flow (the send-back flow may write %RETRY% / %DLQ% topics); ``transaction_flow``:
+    AppendRequest.transaction_flow (half / op / commit records); ``due``: AppendRequest.scheduled_delivery
+    (a :class:`DueMessage`, stored without parking it again)."""
+    return _message(pb, pb.born_host or peer_address(peer), None, group_flow, transaction_flow, due)
 
 
-def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str) -> list[Message]:
+def messages_from_proto(pbs: Iterable[common_pb2.Message], peer: str, due: bool = False) -> list[Message]:
     """A batch's messages: the caller's address is worked out once, not per message."""
     host = peer_address(peer)
-    return [_message(pb, pb.born_host or host, i) for i, pb in enumerate(pbs)]
+    return [_message(pb, pb.born_host or host, i, due=due) for i, pb in enumerate(pbs)]
 
 
-def _message(pb: common_pb2.Message, born_host: str, index: int | None, group_flow: bool = False) -> Message:
+def _message(pb: common_pb2.Message, born_host: str, index: int | None, group_flow: bool = False,
+             transaction_flow: bool = False, due: bool = False) -> Message:
     """A message that came over the wire: only what a producer may send (``producer_message.py``)."""
     # Runs once per appended message: positional arguments in Message's field order, and the properties
     # copied by iterating the map's keys in C (``dict(map)`` goes through a Python-level KeysView and
@@ -45,9 +50,9 @@ def _message(pb: common_pb2.Message, born_host: str, index: int | None, group_fl
     props = pb.properties
     properties = {k: props[k] for k in props}
     check_producer_message(pb.topic, properties, pb.flag, pb.sys_flag, pb.born_timestamp, pb.reconsume_times,
-                           pb.prepared_transaction_offset, index, group_flow)
-    return Message(pb.topic, pb.queue_id, pb.body, pb.flag, properties, pb.born_timestamp,
-                   born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
+                           pb.prepared_transaction_offset, index, group_flow, transaction_flow)
+    return (DueMessage if due else Message)(pb.topic, pb.queue_id, pb.body, pb.flag, properties, pb.born_timestamp,
+                                            born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
 
 
 def append_result_to_proto(result: PutMessageResult) -> commitlog_pb2.AppendResult:

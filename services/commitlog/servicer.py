@@ -267,7 +267,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             await _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
                          "AppendRequest.message is missing: set the message to append")
         try:
-            message = message_from_proto(request.message, context.peer(), request.group_flow)
+            message = message_from_proto(request.message, context.peer(), request.group_flow,
+                                         request.transaction_flow, request.scheduled_delivery)
             if tracing.ENABLED and self._puts_wait_for_flush:
                 result = await self._put_one_traced(message)
             else:
@@ -303,7 +304,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             if blob:
                 messages = blob_messages_from_proto(request, blob, context.peer(), MAX_BATCH_MESSAGES)
             else:
-                messages = messages_from_proto(request.messages, context.peer())
+                messages = messages_from_proto(request.messages, context.peer(), request.scheduled_delivery)
             results = await self.put_messages(messages, size)
         except StoreError as exc:
             await _abort(context, "AppendBatch", status_code_of(exc), str(exc))

@@ -21,6 +21,7 @@ from services.store.message import SCHEDULE_TOPIC
 from services.store.names import MAX_QUEUE_NUMS
 from services.store.store_root import write_atomically
 from services.store.topics import TopicConfig, check_topic_config
+from services.store.transactions import TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPICS
 
 
 class TopicConfigManager:
@@ -48,6 +49,8 @@ class TopicConfigManager:
 
     def auto_config(self, topic: str) -> TopicConfig:
         """The config a topic gets when its first message creates it."""
+        if topic in TRANSACTION_TOPICS:  # RocketMQ creates them with one queue (TransactionalMessageUtil)
+            return TopicConfig(topic, TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPIC_QUEUES)
         nums = self.schedule_queue_nums if topic == SCHEDULE_TOPIC else self.default_queue_nums
         return TopicConfig(topic, nums, nums)
 

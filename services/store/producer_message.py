@@ -25,9 +25,13 @@ from services.store.message import (
     MULTI_TAGS_FLAG,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     STOREHOSTADDRESS_V6_FLAG,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_TYPE_MASK,
 )
 from services.store.message_id import is_hex_digits
 from services.store.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
+from services.store.transactions import TRANSACTION_TOPICS
 from services.store.uniq_key import UNIQ_KEY_LENGTHS
 
 #: RocketMQ 4.9.8's compression type, bits 8-10 of sys_flag (LZ4 1, ZSTD 2, ZLIB 3).
@@ -42,12 +46,22 @@ def _where(index: int | None) -> str:
 
 def check_producer_message(topic: str, properties: Mapping[str, str], flag: int, sys_flag: int,
                            born_timestamp: int, reconsume_times: int, prepared_transaction_offset: int,
-                           index: int | None = None, group_flow: bool = False) -> None:
+                           index: int | None = None, group_flow: bool = False,
+                           transaction_flow: bool = False) -> None:
     """Raises InvalidArgumentError (naming the message of a batch) for what a producer may not send.
 
     ``group_flow``: the message comes from the consumer send-back flow (the gateway's), which writes a
-    group's ``%RETRY%`` / ``%DLQ%`` topic; system topics stay refused."""
-    if group_flow and is_group_topic(topic):
+    group's ``%RETRY%`` / ``%DLQ%`` topic; system topics stay refused. ``transaction_flow``: a record of
+    the transaction flow (``services/store/transactions.py``): the half / op / check-max topics and the
+    commit type are allowed."""
+    if transaction_flow:
+        if sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
+            raise InvalidArgumentError(f"{_where(index)}sys_flag {sys_flag:#x}: the transaction flow writes only "
+                                       "NOT_TYPE (half, op) and COMMIT_TYPE records")
+        sys_flag &= ~TRANSACTION_TYPE_MASK
+        if topic not in TRANSACTION_TOPICS:
+            check_producer_topic(topic)
+    elif group_flow and is_group_topic(topic):
         check_group_flow_topic(topic)
     elif is_system_topic(topic) or is_group_topic(topic):
         try:
