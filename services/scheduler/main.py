@@ -21,6 +21,10 @@ from services.scheduler import DEFAULT_LISTEN
 from services.scheduler.delivery import DelayScheduler
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
 from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
+from services.scheduler.transaction_check import SERVICE_NAME as TX_SERVICE_NAME
+from services.scheduler.transaction_check import CheckSettings, TransactionChecker
+from services.scheduler.transaction_check import register as register_transactions
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -78,6 +82,7 @@ async def _serve(options: SchedulerOptions) -> int:
         load_service_token()
         if options.persist_interval_ms <= 0:
             raise ConfigError("--persist-interval-ms must be positive")
+        check_settings = CheckSettings.from_env()
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
@@ -97,28 +102,36 @@ async def _serve(options: SchedulerOptions) -> int:
         commitlog = CommitLogPeer(options.commitlog or config.commitlog_listen)
         scheduler = DelayScheduler(levels, root / "config" / FILE_NAME, files, indexer, commitlog,
                                    options.persist_interval_ms / 1000)
+        # Transactions (services/scheduler/transaction_check.py): ends and check-backs of the shard's halves.
+        checker = TransactionChecker(check_settings, files, Path(options.indexer_store) if options.indexer_store else
+                                     store_root / INDEXER_DIR, config.mapped_file_size_consume_queue, indexer,
+                                     options.commitlog or config.commitlog_listen, root / "config" / TX_OFFSETS_FILE)
         try:
             scheduler.load()
+            checker.load()
         except ValueError as exc:
             log.error("cannot start: %s", exc)
             return EXIT_BAD_OFFSETS_FILE
-        return await _run(options, scheduler, files, indexer, commitlog, signals, metrics_port)
+        return await _run(options, scheduler, files, indexer, commitlog, signals, metrics_port, checker)
     finally:
         lock.release()
 
 
 async def _run(options: SchedulerOptions, scheduler: DelayScheduler, files: ScheduleFiles, indexer: IndexerPeer,
-               commitlog: CommitLogPeer, signals: ShutdownSignal, metrics_port: int | None) -> int:
+               commitlog: CommitLogPeer, signals: ShutdownSignal, metrics_port: int | None,
+               checker: TransactionChecker) -> int:
     settings = ServerSettings(listen=options.listen or DEFAULT_LISTEN).as_internal()
-    server = AioGrpcServer(settings, [], lambda s: None)
+    server = AioGrpcServer(settings, [TX_SERVICE_NAME], register_transactions(checker))
 
     async def stopped() -> None:
+        await checker.stop()
         await scheduler.stop()
         await indexer.close()
         await commitlog.close()
         files.close()
 
     scheduler.start()
+    checker.start()
     bound = await start_aio_service(server, metrics_port, stopped)
     if bound is None:
         return EXIT_BAD_SETTINGS

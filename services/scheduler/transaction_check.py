@@ -1,0 +1,423 @@
+"""The transaction half of the scheduler: one shard's halves ended and checked back.
+
+RocketMQ 4.9.8 splits this between ``EndTransactionProcessor`` (an end: the commit record, then the op
+record) and ``TransactionalMessageServiceImpl.check`` (every ``transactionCheckInterval``: halves with
+no op record, older than ``transactionTimeOut``, are put back with ``TRANSACTION_CHECK_TIMES`` counted up
+and checked with their producer group; after ``transactionCheckMax`` checks a half moves to
+``TRANS_CHECK_MAX_TIME_TOPIC``). Here both run in the shard's scheduler, the one writer of the shard's
+op records, so that a second end of a half writes nothing (``applied`` false).
+
+State is RocketMQ's: the op queue says which halves are done. The checker's own progress (the half
+queue offset below which every half is done, put back or discarded; the op queue offset below which
+every op is of such a half) is in ``config/transactionOffset.json`` under the scheduler's store
+(RocketMQ keeps the same two offsets as consumer offsets of ``CID_RMQ_SYS_TRANS``). After a restart the
+ops from the op offset on are read again, so nothing done is checked again and nothing pending is lost.
+
+A half is *live* when it is at or past the half offset and has no op record. An end names one copy
+of a half (the producer's send result, or a check's put-back copy): the live copy of its transaction
+(the same UNIQ_KEY) gets the op record, so an end through an older copy ends the transaction too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc, transaction_pb2
+
+from services.scheduler.peers import CHANNEL_OPTIONS, STORED, IndexerPeer, message_to_proto
+from services.scheduler.store_reader import ScheduleFiles
+from services.server.channels import aio_channel
+from services.server.status import fail_call
+from services.store import transactions as tx
+from services.store.consume_queue import is_valid_unit
+from services.store.errors import InvalidArgumentError
+from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, Message, MessageRecord
+from services.store.names import check_group
+from services.store.readonly_files import ReadOnlyFiles
+from services.store.store_layout import CONSUMEQUEUE_DIR
+from services.store.store_root import write_atomically
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "transactionOffset.json"
+SERVICE_NAME = "mqstore.v1.TransactionService"
+_UNIT = struct.Struct(">qiq")
+CALL_TIMEOUT_S = 10.0
+#: how long an end waits for its half's record to be readable (just acknowledged: normally at once)
+READ_WAIT_S = 2.0
+#: the round after a failed append or read
+RETRY_S = 1.0
+
+
+@dataclass(slots=True, frozen=True)
+class CheckSettings:
+    """BrokerConfig's transactionTimeOut, transactionCheckMax and transactionCheckInterval."""
+
+    timeout_ms: int = tx.DEFAULT_TRANSACTION_TIMEOUT_MS
+    check_max: int = tx.DEFAULT_TRANSACTION_CHECK_MAX
+    interval_ms: int = tx.DEFAULT_TRANSACTION_CHECK_INTERVAL_MS
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> CheckSettings:
+        """MQSTORE_TRANSACTION_TIMEOUT_MS / _CHECK_MAX / _CHECK_INTERVAL_MS (ValueError when not positive)."""
+        env = dict(os.environ) if env is None else env
+        values = {}
+        for field, name in (("timeout_ms", "MQSTORE_TRANSACTION_TIMEOUT_MS"),
+                            ("check_max", "MQSTORE_TRANSACTION_CHECK_MAX"),
+                            ("interval_ms", "MQSTORE_TRANSACTION_CHECK_INTERVAL_MS")):
+            if env.get(name):
+                value = int(env[name])
+                if value <= 0:
+                    raise ValueError(f"{name} must be positive, got {value}")
+                values[field] = value
+        return cls(**values)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _QueueFiles:
+    """Units of one topic's queue 0 under the indexer's ConsumeQueue root."""
+
+    def __init__(self, cq_root: Path, topic: str, file_size: int) -> None:
+        self._files = ReadOnlyFiles(cq_root / topic / "0", file_size)
+
+    def unit(self, queue_offset: int) -> tuple[int, int] | None:
+        """(commitlog offset, size) of the unit, None when its file is not readable (yet)."""
+        position = queue_offset * _UNIT.size
+        found = self._files.find(position)
+        if found is None:
+            return None
+        start, mapped = found
+        commitlog_offset, size, _ = _UNIT.unpack_from(mapped, position - start)
+        return commitlog_offset, size
+
+    def close(self) -> None:
+        self._files.close()
+
+
+class EndError(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class TransactionChecker:
+    def __init__(self, settings: CheckSettings, files: ScheduleFiles, indexer_root: Path, cq_file_size: int,
+                 indexer: IndexerPeer, commitlog_address: str, offsets_path: Path, store_host: str = "") -> None:
+        self.settings = settings
+        self.offsets_path = offsets_path
+        self._files = files
+        self._halves = _QueueFiles(indexer_root / CONSUMEQUEUE_DIR, tx.HALF_TOPIC, cq_file_size)
+        self._ops = _QueueFiles(indexer_root / CONSUMEQUEUE_DIR, tx.OP_TOPIC, cq_file_size)
+        self._indexer = indexer
+        self._channel = aio_channel(commitlog_address, CHANNEL_OPTIONS)
+        self._commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
+        self._born_host = store_host or "127.0.0.1:0"
+        self.half_offset = 0
+        self.op_offset = 0
+        #: half queue offset -> op queue offset (None: written by this process, not read back yet)
+        self._done: dict[int, int | None] = {}
+        #: op queue offset -> the half queue offset it marks (ops at or past op_offset)
+        self._op_halves: dict[int, int] = {}
+        self._ops_read = 0
+        self._done_keys: set[str] = set()
+        self._lock = asyncio.Lock()
+        self._watchers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
+        self._turn = 0
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.checks = 0
+        self.discarded = 0
+
+    # -- progress ----------------------------------------------------------------------------------
+    def load(self) -> None:
+        """ValueError when the file is unreadable (its .bak is tried first)."""
+        for path in (self.offsets_path, self.offsets_path.with_name(self.offsets_path.name + ".bak")):
+            if path.exists():
+                try:
+                    data = json.loads(path.read_text())
+                    self.half_offset, self.op_offset = int(data["halfOffset"]), int(data["opOffset"])
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    log.warning("cannot read %s: %s", path, exc)
+                    continue
+                self._ops_read = self.op_offset
+                return
+        if self.offsets_path.exists():
+            raise ValueError(f"{self.offsets_path} and its .bak are unreadable")
+
+    def persist(self) -> None:
+        data = json.dumps({"halfOffset": self.half_offset, "opOffset": self.op_offset}).encode()
+        write_atomically(self.offsets_path, data, keep_backup=True)
+
+    # -- running -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._check_loop(), name="check-transactions")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        async with self._lock:
+            with suppress(OSError):
+                await asyncio.to_thread(self.persist)
+        await self._channel.close(None)
+        self._halves.close()
+        self._ops.close()
+
+    async def _check_loop(self) -> None:
+        interval = self.settings.interval_ms / 1000
+        while True:
+            wait = interval
+            try:
+                await self.check_round()
+            except grpc.aio.AioRpcError as exc:
+                log.warning("transaction check: %s: %s; again in %.1fs", exc.code().name, exc.details(), RETRY_S)
+                wait = min(interval, RETRY_S)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+            self._wake.clear()
+
+    async def _max_offset(self, topic: str) -> int:
+        offsets = await self._indexer.queue_offsets(topic, 0)
+        return 0 if offsets is None else offsets[1]
+
+    async def _read_ops(self) -> None:
+        """Op records not read yet (up to the indexer's published max): their halves are done."""
+        op_max = await self._max_offset(tx.OP_TOPIC)
+        while self._ops_read < op_max:
+            unit = self._ops.unit(self._ops_read)
+            if unit is None:
+                return
+            if is_valid_unit(*unit):
+                record = self._files.record(unit[0])
+                half = tx.op_half_offset(record) if record is not None else None
+                if half is not None:
+                    self._op_halves[self._ops_read] = half
+                    self._done[half] = self._ops_read
+            self._ops_read += 1
+
+    def _record(self, queue_offset: int) -> MessageRecord | None:
+        unit = self._halves.unit(queue_offset)
+        if unit is None or not is_valid_unit(*unit):
+            return None
+        return self._files.record(unit[0])
+
+    async def check_round(self) -> None:
+        """One pass of TransactionalMessageServiceImpl.check over the half queue."""
+        started = now_ms()
+        await self._read_ops()
+        half_max = await self._max_offset(tx.HALF_TOPIC)
+        async with self._lock:
+            i = self.half_offset
+            while i < half_max:
+                if i in self._done:
+                    i += 1
+                    continue
+                unit = self._halves.unit(i)
+                if unit is None:
+                    break
+                record = self._files.record(unit[0]) if is_valid_unit(*unit) else None
+                if record is None:
+                    log.warning("transaction check: half %d (commitlog offset %d) is gone: passed over", i, unit[0])
+                    i += 1
+                    continue
+                if record.store_timestamp >= started:  # put back during this round, or newer
+                    break
+                key = record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+                if key and key in self._done_keys:
+                    i += 1
+                    continue
+                times = tx.check_times(record)
+                if times is not None and times >= self.settings.check_max:
+                    if not await self._discard(record):
+                        break
+                    i += 1
+                    continue
+                age = now_ms() - record.born_timestamp
+                if 0 <= age < tx.immunity_ms(record, self.settings.timeout_ms):
+                    break  # halves are in store order: the ones after it are younger
+                if not await self._check(record, 1 if times is None else times + 1):
+                    break
+                i += 1
+            self._advance(i)
+        await asyncio.to_thread(self.persist)
+
+    def _advance(self, half_offset: int) -> None:
+        self.half_offset = half_offset
+        self._done = {h: o for h, o in self._done.items() if h >= half_offset}
+        while self.op_offset < self._ops_read:
+            half = self._op_halves.get(self.op_offset)
+            if half is not None and half >= half_offset:
+                break
+            self._op_halves.pop(self.op_offset, None)
+            self.op_offset += 1
+
+    async def _append(self, message: Message) -> commitlog_pb2.AppendResult:
+        request = commitlog_pb2.AppendRequest(message=message_to_proto(message), transaction_flow=True)
+        result: commitlog_pb2.AppendResult = await self._commitlog.Append(request, timeout=CALL_TIMEOUT_S)
+        return result
+
+    async def _check(self, record: MessageRecord, times: int) -> bool:
+        """putBackHalfMsgQueue, then the check to one watcher of the half's producer group."""
+        result = await self._append(tx.put_back_of(record, times))
+        if result.status not in STORED:
+            log.warning("transaction check: put-back of the half at %d not stored (status %d)",
+                        record.commitlog_offset, result.status)
+            return False
+        self.checks += 1
+        group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
+        check = transaction_pb2.TransactionCheck(
+            transaction_id=record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
+            offset_msg_id=result.msg_id, check_times=times,
+            message=common_pb2.Message(topic=record.properties.get("REAL_TOPIC", ""),
+                                       queue_id=int(record.properties.get("REAL_QID", "0") or 0),
+                                       body=record.body, flag=record.flag, properties=record.properties,
+                                       born_timestamp=record.born_timestamp, born_host=record.born_host))
+        watchers = self._watchers.get(group)
+        if watchers:
+            self._turn += 1
+            watchers[self._turn % len(watchers)].put_nowait(check)
+        else:
+            log.info("transaction check: no producer of group %r is connected for transaction %s (check %d)",
+                     group, check.transaction_id, times)
+        return True
+
+    async def _discard(self, record: MessageRecord) -> bool:
+        result = await self._append(tx.discard_of(record))
+        if result.status not in STORED:
+            return False
+        self.discarded += 1
+        log.warning("transaction %s of producer group %r (real topic %s) was checked %d times without an answer: "
+                    "discarded to %s (msg id %s)", record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                    record.properties.get(tx.PROPERTY_PRODUCER_GROUP), record.properties.get("REAL_TOPIC"),
+                    self.settings.check_max, tx.CHECK_MAX_TIME_TOPIC, result.msg_id)
+        return True
+
+    # -- ends --------------------------------------------------------------------------------------
+    async def _read_half(self, commitlog_offset: int) -> MessageRecord:
+        deadline = time.monotonic() + READ_WAIT_S
+        while True:
+            record = self._files.record(commitlog_offset)
+            if record is not None:
+                return record
+            if time.monotonic() >= deadline:
+                raise EndError(grpc.StatusCode.NOT_FOUND, f"no record at commitlog offset {commitlog_offset} of this "
+                                                          "shard: check offset_msg_id (the half send's offset_msg_id)")
+            await asyncio.sleep(0.05)
+
+    async def _live_copy(self, record: MessageRecord, key: str) -> MessageRecord | None:
+        """The copy of ``record``'s transaction that an op record must mark, None when it has none."""
+        if record.queue_offset >= self.half_offset and record.queue_offset not in self._done:
+            return record
+        half_max = await self._max_offset(tx.HALF_TOPIC)
+        for i in range(self.half_offset, half_max):
+            if i in self._done:
+                continue
+            copy = self._record(i)
+            if copy is not None and copy.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) == key:
+                return copy
+        return None
+
+    async def end(self, request: transaction_pb2.EndTransactionRequest,
+                  commitlog_offset: int) -> scheduler_pb2.EndHalfResult:
+        record = await self._read_half(commitlog_offset)
+        try:
+            tx.real_queue(record)
+        except tx.NotAHalf as exc:
+            raise EndError(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}: give a half's offset_msg_id") from None
+        group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
+        if group != request.producer_group:
+            raise EndError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"producer group {request.producer_group!r} is not the half's ({group!r}): end it with the "
+                           "group it was sent with")
+        key = record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+        if request.transaction_id and request.transaction_id != key:
+            raise EndError(grpc.StatusCode.INVALID_ARGUMENT,
+                           f"transaction id {request.transaction_id!r} is not the half's ({key!r})")
+        if request.resolution == transaction_pb2.UNKNOWN:
+            return scheduler_pb2.EndHalfResult(applied=False)
+        async with self._lock:
+            await self._read_ops()
+            if key and key in self._done_keys:
+                return scheduler_pb2.EndHalfResult(applied=False)
+            live = await self._live_copy(record, key)
+            if live is None:
+                return scheduler_pb2.EndHalfResult(applied=False)
+            answer = scheduler_pb2.EndHalfResult(applied=True)
+            if request.resolution == transaction_pb2.COMMIT:
+                committed = await self._append(tx.commit_of(record))
+                if committed.status not in STORED:
+                    raise EndError(grpc.StatusCode.UNAVAILABLE, f"the commit was not stored (status "
+                                                                f"{committed.status}): end the transaction again")
+                answer.committed.CopyFrom(committed)
+            op = await self._append(tx.op_of(live, now_ms(), self._born_host))
+            if op.status not in STORED:
+                raise EndError(grpc.StatusCode.UNAVAILABLE, f"the op record was not stored (status {op.status}): end "
+                                                            "the transaction again")
+            self._done[live.queue_offset] = None
+            if key:
+                self._done_keys.add(key)
+            return answer
+
+    # -- watchers ----------------------------------------------------------------------------------
+    async def watch(self, group: str) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        queue: asyncio.Queue[transaction_pb2.TransactionCheck] = asyncio.Queue()
+        self._watchers.setdefault(group, []).append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            watchers = self._watchers.get(group, [])
+            if queue in watchers:
+                watchers.remove(queue)
+            if not watchers:
+                self._watchers.pop(group, None)
+
+
+class TransactionServicer(scheduler_pb2_grpc.TransactionServiceServicer):  # type: ignore[misc]
+    """The wire edge of :class:`TransactionChecker` (the gateway is its only caller)."""
+
+    def __init__(self, checker: TransactionChecker) -> None:
+        self.checker = checker
+
+    async def EndHalf(self, request: scheduler_pb2.EndHalfRequest, context: Any) -> scheduler_pb2.EndHalfResult:
+        try:
+            return await self.checker.end(request.request, request.commitlog_offset)
+        except EndError as exc:
+            fail_call(context, exc.code, exc.details)
+            return scheduler_pb2.EndHalfResult()
+        except grpc.aio.AioRpcError as exc:
+            fail_call(context, grpc.StatusCode.UNAVAILABLE, f"the commitlog service: {exc.code().name}: "
+                                                            f"{exc.details()}; end the transaction again")
+            return scheduler_pb2.EndHalfResult()
+
+    async def WatchChecks(self, request: scheduler_pb2.WatchChecksRequest,
+                          context: Any) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        try:
+            check_group(request.producer_group)
+        except InvalidArgumentError as exc:
+            fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        async for check in self.checker.watch(request.producer_group):
+            yield check
+
+
+def register(checker: TransactionChecker) -> Any:
+    def add(server: grpc.aio.Server) -> None:
+        scheduler_pb2_grpc.add_TransactionServiceServicer_to_server(TransactionServicer(checker), server)
+    return add
