@@ -1,14 +1,20 @@
 """``export``: commitlog -> Parquet, one row per message, partitioned by topic and store date.
 
-Workers decode their split into Arrow record batches (columns are built per batch, so no row objects
-cross into the JVM) and Spark writes them. Incremental: a state file remembers where the last export
-ended, and a rerun starts there (``--from-offset`` overrides it). The schema is in docs/pipeline.md.
+Workers decode their split into Arrow record batches, column by column (pipeline/columnar.py: no
+per-record Python objects for the common record layout, so no row objects cross into the JVM) and
+Spark writes them. Incremental: a state file remembers where the last export ended, and a rerun
+starts there (``--from-offset`` overrides it). The schema is in docs/pipeline.md.
 
 Every record is written exactly once, or the export fails: Spark writes the run into a staging
 directory (``OUT/_mqstore_export_staging-<run>``, which Parquet readers skip), the driver reads the
 written Parquet back and compares its rows (count, distinct commitlog offsets, their sum) with what
 the tasks decoded, and only then moves the files into ``OUT``. The state file names a run that is
 being moved, so an export interrupted there is finished by the next one instead of written twice.
+
+STORE and OUT may be local paths or Hadoop URIs (``file:///data/store``, ``s3a://bucket/archive``;
+pipeline/fs.py). The state file lives in OUT (through Hadoop's FileSystem for a URI) unless
+``--state-file`` names a local file. A store whose oldest files expired before they were exported is
+still exported from its oldest file, and the commitlog range lost is reported (``expired``).
 
 Run as ``mqstore pipeline export STORE OUT`` or ``spark-submit pipeline/export.py STORE OUT``.
 """
@@ -20,7 +26,7 @@ import json
 import sys
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from pipeline.columnar import export_batches
 from pipeline.failures import JobError, run_job
+from pipeline.fs import HadoopFiles, parse_location
 from pipeline.scan import (
     ScanSummary,
     StoreInput,
@@ -40,14 +48,14 @@ from pipeline.scan import (
 )
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
 from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
-from services.store.message import COMPRESSED_FLAG, KEY_SEPARATOR
+from services.store.message import COMPRESSED_FLAG, KEY_SEPARATOR, MessageRecord
 from services.store.message_id import make_message_id
 from services.store.record import body_crc
 from services.store.store_root import write_atomically
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 STATE_FILE_NAME = "_mqstore_export_state.json"
 STAGING_PREFIX = "_mqstore_export_staging-"
@@ -91,6 +99,10 @@ SPARK_SCHEMA = (
     "born_timestamp TIMESTAMP, store_timestamp TIMESTAMP, born_host STRING, store_host STRING, "
     "reconsume_times INT, prepared_transaction_offset BIGINT, store_date DATE")
 PARTITION_COLUMNS = ("topic", "store_date")
+#: Columns named as Spark's Kafka source and Kafka Connect name them, derived in the JVM from the
+#: decoded ones (the decoders never see them): ``timestamp`` is the store time (Kafka's
+#: LogAppendTime), ``key`` the KEYS property as stored (the message key; ``keys`` has its words).
+KAFKA_COLUMNS = (("timestamp", "store_timestamp"), ("key", "properties['KEYS']"))
 
 
 def decompress_body(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
@@ -123,38 +135,51 @@ class _Columns:
         return batch
 
 
+def _append_row(v: dict[str, list[Any]], record: MessageRecord, decompress: bool) -> None:
+    props = record.properties
+    keys = props.get("KEYS")
+    body, inflated = decompress_body(record.body, record.sys_flag) if decompress else (record.body, False)
+    v["topic"].append(record.topic)
+    v["queue_id"].append(record.queue_id)
+    v["queue_offset"].append(record.queue_offset)
+    v["commitlog_offset"].append(record.commitlog_offset)
+    v["store_size"].append(record.store_size)
+    v["msg_id"].append(make_message_id(record.store_host, record.commitlog_offset))
+    v["uniq_key"].append(props.get("UNIQ_KEY"))
+    v["keys"].append([k for k in keys.split(KEY_SEPARATOR) if k] if keys else [])
+    v["tags"].append(props.get("TAGS"))
+    v["properties"].append(list(props.items()))
+    v["body"].append(body)
+    v["body_decompressed"].append(inflated)
+    v["body_crc"].append(record.body_crc)
+    v["body_crc_ok"].append(body_crc(record.body) == record.body_crc)
+    v["flag"].append(record.flag)
+    v["sys_flag"].append(record.sys_flag)
+    v["born_timestamp"].append(record.born_timestamp * 1000)
+    v["store_timestamp"].append(record.store_timestamp * 1000)
+    v["born_host"].append(record.born_host)
+    v["store_host"].append(record.store_host)
+    v["reconsume_times"].append(record.reconsume_times)
+    v["prepared_transaction_offset"].append(record.prepared_transaction_offset)
+    v["store_date"].append(record.store_timestamp // MS_PER_DAY)
+
+
+def records_batch(records: Iterable[MessageRecord], decompress: bool) -> pa.RecordBatch:
+    """The rows of records decoded one by one: the columnar decoder's fallback for uncommon records."""
+    columns = _Columns()
+    for record in records:
+        _append_row(columns.values, record, decompress)
+    return columns.batch()
+
+
 def decode_split(split: Split, decompress: bool, summary: ScanSummary,
                  batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of every record the split owns; gaps and undecodable records go to ``summary``."""
+    """Arrow batches of every record the split owns, decoded record by record (the reference the
+    columnar decoder, pipeline/columnar.py, is tested against); gaps and undecodable records go to
+    ``summary``."""
     columns = _Columns()
-    v = columns.values
     for _, record, _ in decoded_records(split, summary, no_conversion):
-        props = record.properties
-        keys = props.get("KEYS")
-        body, inflated = decompress_body(record.body, record.sys_flag) if decompress else (record.body, False)
-        v["topic"].append(record.topic)
-        v["queue_id"].append(record.queue_id)
-        v["queue_offset"].append(record.queue_offset)
-        v["commitlog_offset"].append(record.commitlog_offset)
-        v["store_size"].append(record.store_size)
-        v["msg_id"].append(make_message_id(record.store_host, record.commitlog_offset))
-        v["uniq_key"].append(props.get("UNIQ_KEY"))
-        v["keys"].append([k for k in keys.split(KEY_SEPARATOR) if k] if keys else [])
-        v["tags"].append(props.get("TAGS"))
-        v["properties"].append(list(props.items()))
-        v["body"].append(body)
-        v["body_decompressed"].append(inflated)
-        v["body_crc"].append(record.body_crc)
-        v["body_crc_ok"].append(body_crc(record.body) == record.body_crc)
-        v["flag"].append(record.flag)
-        v["sys_flag"].append(record.sys_flag)
-        v["born_timestamp"].append(record.born_timestamp * 1000)
-        v["store_timestamp"].append(record.store_timestamp * 1000)
-        v["born_host"].append(record.born_host)
-        v["store_host"].append(record.store_host)
-        v["reconsume_times"].append(record.reconsume_times)
-        v["prepared_transaction_offset"].append(record.prepared_transaction_offset)
-        v["store_date"].append(record.store_timestamp // MS_PER_DAY)
+        _append_row(columns.values, record, decompress)
         if len(columns) >= batch_rows:
             yield columns.batch()
     if len(columns):
@@ -163,10 +188,13 @@ def decode_split(split: Split, decompress: bool, summary: ScanSummary,
 
 def _decoder(decompress: bool, accumulator: Accumulator[ScanSummary], batch_rows: int
              ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    def slow_rows(records: list[MessageRecord]) -> pa.RecordBatch:
+        return records_batch(records, decompress)
+
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for split in splits_of_batches(batches):
             summary = ScanSummary()
-            yield from decode_split(split, decompress, summary, batch_rows)
+            yield from export_batches(split, decompress, summary, batch_rows, SCHEMA, slow_rows)
             accumulator.add(summary)
     return decode
 
@@ -183,6 +211,8 @@ class ExportResult:
     splits: int
     written: int  # rows of this run, read back from the Parquet it wrote
     resumed: int = 0  # rows of an interrupted earlier run, moved into place first
+    expired: tuple[int, int] | None = None  # [from, to) of commitlog deleted before it was exported
+    output: str = ""
 
 
 @dataclass(frozen=True)
@@ -202,9 +232,51 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
-def _write_state(path: Path, state: dict[str, Any]) -> None:
-    state["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
-    write_atomically(path, (json.dumps(state, indent=2) + "\n").encode())
+class StateFile:
+    """The incremental state: a local file (written with fsync and rename), or a file under a remote
+    OUT written through Hadoop's FileSystem."""
+
+    def __init__(self, local: Path | None, remote: tuple[HadoopFiles, str] | None = None) -> None:
+        self.local, self.remote = local, remote
+
+    @classmethod
+    def of(cls, spark: SparkSession, output: str, state_file: Path | None) -> StateFile:
+        if state_file is not None:
+            return cls(state_file)
+        location = parse_location(output, remote_file_uris=False)
+        if location.local is not None:
+            return cls(location.local / STATE_FILE_NAME)
+        return cls(None, (HadoopFiles(spark, output), _child(output, STATE_FILE_NAME)))
+
+    def __str__(self) -> str:
+        return str(self.local) if self.local is not None else str(self.remote[1] if self.remote else "")
+
+    def read(self) -> dict[str, Any]:
+        if self.local is not None:
+            return read_state(self.local)
+        assert self.remote is not None
+        text = self.remote[0].read_text(self.remote[1])
+        state: dict[str, Any] = json.loads(text) if text else {}
+        return state
+
+    def write(self, state: dict[str, Any]) -> None:
+        state["updated"] = datetime.now(UTC).isoformat(timespec="seconds")
+        content = json.dumps(state, indent=2) + "\n"
+        if self.local is not None:
+            write_atomically(self.local, content.encode())
+        else:
+            assert self.remote is not None
+            self.remote[0].write_text(self.remote[1], content)
+
+
+def read_state_checked(state_file: StateFile, source: StoreInput) -> dict[str, Any]:
+    """The state, refused (with what to do) if it records exports of another store's commitlog."""
+    state = state_file.read()
+    recorded = state.get("commitlog")
+    if recorded and recorded != source.commitlog_name and "next_offset" in state:
+        raise ExportError(f"{state_file} records exports of {recorded}, not {source.commitlog_name}: "
+                          "give another OUT or --state-file (or --from-offset to start over)")
+    return state
 
 
 def _child(output: str, name: str) -> str:
@@ -222,6 +294,15 @@ def written_rows(spark: SparkSession, path: str) -> WrittenRows:
     return WrittenRows(int(row[0]), int(row[1]), int(row[2] or 0))
 
 
+def with_kafka_columns(frame: DataFrame) -> DataFrame:
+    """``frame`` with :data:`KAFKA_COLUMNS` added before the partition columns (computed by Spark)."""
+    from pyspark.sql import functions as F
+
+    columns = [c for c in frame.columns if c not in PARTITION_COLUMNS]
+    derived = [F.expr(expression).alias(name) for name, expression in KAFKA_COLUMNS]
+    return frame.select(*columns, *derived, *PARTITION_COLUMNS)
+
+
 def check_written(written: WrittenRows, summary: ScanSummary) -> None:
     """ExportError unless the rows written are exactly the records decoded, each once."""
     if written.rows != summary.records:
@@ -234,30 +315,8 @@ def check_written(written: WrittenRows, summary: ScanSummary) -> None:
         raise ExportError("the commitlog offsets written differ from the records decoded; nothing was exported")
 
 
-class _HadoopFiles:
+class _HadoopFiles(HadoopFiles):
     """The output's file system (any Hadoop-compatible URI) through the JVM: list, rename, delete."""
-
-    def __init__(self, spark: SparkSession, path: str) -> None:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        self._path_class: Any = jvm.org.apache.hadoop.fs.Path
-        self.fs: Any = self.path(path).getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-
-    def path(self, text: str) -> Any:
-        return self._path_class(text)
-
-    def exists(self, text: str) -> bool:
-        return bool(self.fs.exists(self.path(text)))
-
-    def delete(self, text: str) -> None:
-        self.fs.delete(self.path(text), True)
-
-    def children(self, text: str) -> list[str]:
-        """Names directly under ``text`` (none if it does not exist)."""
-        path = self.path(text)
-        if not self.fs.exists(path):
-            return []
-        return [str(status.getPath().getName()) for status in self.fs.listStatus(path)]
 
     def move_tree(self, source: str, target: str) -> int:
         """Move every data file under ``source`` to the same relative path under ``target`` (one
@@ -285,7 +344,7 @@ class _HadoopFiles:
         return moved
 
 
-def _finish_pending(spark: SparkSession, output: str, state_path: Path, state: dict[str, Any]) -> int:
+def _finish_pending(spark: SparkSession, output: str, state_path: StateFile, state: dict[str, Any]) -> int:
     """Complete a run whose rows were checked but not all moved into ``output`` (the last export
     stopped there), and drop the staging directories of runs that stopped before their check (their
     rows were never exported). Returns the completed run's row count (0 if there was none)."""
@@ -303,7 +362,7 @@ def _finish_pending(spark: SparkSession, output: str, state_path: Path, state: d
     state.pop("pending")
     state["next_offset"] = int(pending["next_offset"])
     state["exported_records"] = int(state.get("exported_records", 0)) + records
-    _write_state(state_path, state)
+    state_path.write(state)
     return records
 
 
@@ -314,40 +373,48 @@ def export(spark: SparkSession, store: str | Path | StoreInput, output: str, *, 
     ended, else 0) to Parquet under ``output``, appending; then record the new end in the state file.
     Raises ExportError (and leaves ``output`` as it was) if the rows written are not the records
     decoded. ``batch_rows`` bounds the rows of one Arrow batch (a task's memory)."""
-    source = StoreInput.open(store, geometry)
-    state_path = state_file if state_file is not None else Path(output) / STATE_FILE_NAME
-    state = read_state(state_path)
+    source = StoreInput.open(store, geometry, spark=spark)
+    state_path = StateFile.of(spark, output, state_file)
+    state = read_state_checked(state_path, source)
     resumed = _finish_pending(spark, output, state_path, state)
     start = from_offset if from_offset is not None else int(state.get("next_offset", 0))
+    files = source.commitlog_files()
+    expired = None
+    if files and start < files[0].start_offset:
+        # Deleted (expired) before an export reached them: nothing there can be exported any more.
+        expired = (start, files[0].start_offset) if start > 0 or "next_offset" in state else None
+        start = files[0].start_offset
     splits = source.plan(split_size, start)
     run = STAGING_PREFIX + uuid.uuid4().hex
     staging = _child(output, run)
-    files = _HadoopFiles(spark, output)
+    out_files = _HadoopFiles(spark, output)
     accumulator = summary_accumulator(spark)
     try:
         frame = splits_frame(spark, splits).mapInArrow(_decoder(decompress, accumulator, batch_rows), SPARK_SCHEMA)
+        frame = with_kafka_columns(frame)
         frame.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
         summary = accumulator.value
         written = written_rows(spark, staging)
         check_written(written, summary)
     except BaseException:
-        files.delete(staging)
+        out_files.delete(staging)
         raise
     next_offset = max(summary.max_end, start)
-    state.update({"commitlog": str(source.layout.commitlog.resolve()),
+    state.update({"commitlog": source.commitlog_name,
                   "pending": {"staging": run, "next_offset": next_offset, "records": written.rows}})
-    _write_state(state_path, state)
-    files.move_tree(staging, output)
+    state_path.write(state)
+    out_files.move_tree(staging, output)
     state.pop("pending")
     state["next_offset"] = next_offset
     state["exported_records"] = int(state.get("exported_records", 0)) + written.rows
-    _write_state(state_path, state)
-    return ExportResult(start, next_offset, summary, len(splits), written.rows, resumed)
+    state_path.write(state)
+    return ExportResult(start, next_offset, summary, len(splits), written.rows, resumed, expired, output)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("store", help="a store root or its commitlog directory")
-    parser.add_argument("output", help="Parquet output directory (appended to)")
+    parser.add_argument("store", help="a store root or its commitlog directory: a path or a URI "
+                                      "(file:///..., hdfs://..., s3a://...)")
+    parser.add_argument("output", help="Parquet output directory (appended to): a path or a URI")
     parser.add_argument("--from-offset", type=int, default=None,
                         help="start at this commitlog offset (default: where the last export ended)")
     parser.add_argument("--state-file", type=Path, default=None,
@@ -362,14 +429,38 @@ def run(args: argparse.Namespace) -> int:
     return run_job("mqstore pipeline export", _run, args)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> ExportResult:
+    """The job: refuses a malformed location or unreadable local store before Spark starts."""
     from pipeline.session import get_session
 
-    source = StoreInput.open(args.store, options_of(args))
-    source.commitlog_files()  # a store that cannot be read is refused before Spark starts
-    result = export(get_session(args.master), source, args.output, from_offset=args.from_offset,
-                    state_file=args.state_file, split_size=args.split_size, decompress=args.decompress)
+    parse_location(args.output)
+    if parse_location(args.store).is_remote:
+        spark = get_session(args.master)
+        source = StoreInput.open(args.store, options_of(args), spark=spark)
+    else:
+        source = StoreInput.open(args.store, options_of(args))
+        source.commitlog_files()  # a store that cannot be read is refused before Spark starts
+        spark = get_session(args.master)
+    return export(spark, source, args.output, from_offset=args.from_offset, state_file=args.state_file,
+                  split_size=args.split_size, decompress=args.decompress)
+
+
+def result_json(result: ExportResult) -> dict[str, Any]:
+    """``--json``: what ran, what was written, where the next export starts, what was wrong."""
     summary = result.summary
+    return {"output": result.output, "from_offset": result.from_offset, "next_offset": result.next_offset,
+            "records": result.written, "record_bytes": summary.record_bytes, "splits": result.splits,
+            "resumed_records": result.resumed,
+            "expired": {"from_offset": result.expired[0], "to_offset": result.expired[1]} if result.expired else None,
+            "problems": summary.problems()}
+
+
+def _run(args: argparse.Namespace) -> int:
+    result = run_export(args)
+    summary = result.summary
+    if result.expired:
+        print(f"warning: commitlog {result.expired[0]}..{result.expired[1]} was deleted (expired) before it was "
+              "exported: its records are lost to this export", file=sys.stderr)
     if result.resumed:
         print(f"finished an interrupted export first: {result.resumed} records moved into place")
     print(f"exported {result.written} records ({summary.record_bytes} bytes) from offset {result.from_offset} "

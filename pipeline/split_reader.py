@@ -43,6 +43,7 @@ _MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 # Module level, so workers build them on import: struct.Struct objects do not pickle into closures.
 _HEAD = struct.Struct(">iI")
 _PHYSICAL_OFFSET = struct.Struct(">q")
+_HEAD_CHECK = struct.Struct(f">iI{PHYSICAL_OFFSET_POS - 8}xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
 _ZERO_CHUNK = 4 * 1024 * 1024
 
 GAP_ZEROS = "zeros"
@@ -195,6 +196,9 @@ def scan_split(view: memoryview, split: Split) -> SplitLayout:
         position = resync(view, file_offset, file_size, split.start, end)
     run_start = position
     while position is not None and position < end:
+        position = _skip_records(view, file_offset, file_size, position, end)
+        if position >= end:
+            break
         if _is_record(view, file_offset, file_size, position):
             position += _HEAD.unpack_from(view, position)[0]
             continue
@@ -209,6 +213,27 @@ def scan_split(view: memoryview, split: Split) -> SplitLayout:
             and not is_boundary(view, file_offset, file_size, position):
         _stop_run(view, split, layout, position, None)
     return layout
+
+
+def _skip_records(view: memoryview, file_offset: int, file_size: int, position: int, end: int) -> int:
+    """The walk's common case at a few hundred nanoseconds a record: follow TOTALSIZE from
+    ``position`` while every header passes :func:`_header_ok`, inlined. A record whose successor's
+    header passes is a record by :func:`is_boundary`'s rules, so the walk may skip it. Returns the
+    last position whose header passed (its own successor unchecked: the careful walk takes it from
+    there), or ``position`` if its header does not pass; stops at the first one at or past ``end``."""
+    unpack = _HEAD_CHECK.unpack_from
+    limit = file_size - HEADER_CHECK_LENGTH
+    magics = _MESSAGE_MAGICS
+    confirmed = p = position
+    while p <= limit:
+        size, magic, physical = unpack(view, p)
+        if magic not in magics or size < MIN_RECORD_SIZE or size > file_size - p or physical != file_offset + p:
+            break
+        confirmed = p
+        if p >= end:
+            break
+        p += size
+    return confirmed
 
 
 def _is_record(view: memoryview, file_offset: int, file_size: int, position: int) -> bool:

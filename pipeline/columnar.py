@@ -1,0 +1,344 @@
+"""Columnar decoding of a split: every record's fields as NumPy/Arrow columns, no per-record objects.
+
+The per-record decoder (``decode_record`` into a ``MessageRecord``, then Python lists into Arrow)
+costs about 18 µs a record, which caps export at one core's ~55 MB/s. Here the split's record bytes
+are copied once, the fixed header fields of all records are gathered at their offsets with NumPy,
+and the variable parts (body, topic, properties, property names and values) become Arrow arrays over
+that one buffer: an array whose offsets alternate between the gaps and the wanted ranges, of which a
+``take`` of every second element copies the wanted ranges out in C. Properties are split into items
+at the separator bytes with NumPy (``\\x01`` and ``\\x02`` never occur inside a UTF-8 multi-byte
+character, so byte positions are character boundaries).
+
+Only the common layout takes this path: a v1 record with IPv4 hosts whose lengths add up, whose
+properties have no duplicate or dropped (empty name or value) items and, with ``--decompress``, an
+uncompressed body. Every other record goes through the per-record decoder, so the rows are exactly
+the ones it yields (``tests/pipeline/test_columnar.py`` compares the two on generated stores).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as _pc
+
+from pipeline.scan import ScanSummary, SplitTally
+from pipeline.split_reader import MappedSplit, Split, iter_record_positions, scan_split
+from services.store.message import (
+    BORNHOST_V6_FLAG,
+    COMPRESSED_FLAG,
+    KEY_SEPARATOR,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    STOREHOSTADDRESS_V6_FLAG,
+    MessageRecord,
+)
+from services.store.record import MESSAGE_MAGIC_CODE, RecordError, crc32, decode_record
+from services.store.socket_address import decode_address
+
+# Field offsets of a v1 record with IPv4 hosts (services/store/record.py).
+_SIZE, _MAGIC, _CRC, _QUEUE_ID, _FLAG, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _SYS_FLAG = 0, 4, 8, 12, 16, 20, 28, 36
+_BORN_TS, _BORN_HOST, _STORE_TS, _STORE_HOST, _RECONSUME, _PREPARED, _BODY_LEN = 40, 48, 56, 64, 72, 76, 84
+_BODY = 88
+_V6_BITS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+_SEP = ord(PROPERTY_SEPARATOR)
+_NAME_SEP = ord(NAME_VALUE_SEPARATOR)
+# pyarrow-stubs type arrays by element type with overloads that NumPy-built arrays do not match:
+# this module's arrays are typed Column, and compute functions and buffers are called untyped.
+Column = Any
+pc: Any = _pc
+_py_buffer: Any = pa.py_buffer
+_map_array: Any = pa.MapArray.from_arrays
+_list_array: Any = pa.ListArray.from_arrays
+_GATHER_BYTES_PER_RANGE = 64
+_HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+def _field(data: np.ndarray, positions: np.ndarray, offset: int, dtype: str) -> np.ndarray:
+    """A big-endian field at ``positions + offset`` of every record, as a native array."""
+    width = np.dtype(dtype).itemsize
+    gathered = data[positions[:, None] + (offset + np.arange(width))]
+    return gathered.view(dtype).ravel().astype(np.dtype(dtype).newbyteorder("="))
+
+
+def ranges(raw: bytes, starts: np.ndarray, ends: np.ndarray, kind: pa.DataType) -> Column:
+    """The byte ranges ``[starts[i], ends[i])`` of ``raw`` as one Arrow array of ``kind`` (binary or
+    string): one ``bytes.join`` of memoryview slices (a C loop of copies) and the offsets."""
+    lengths = ends - starts
+    offsets = np.zeros(starts.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    if offsets[-1] <= _GATHER_BYTES_PER_RANGE * starts.size:  # short ranges: one vectorised gather
+        source = np.frombuffer(raw, dtype=np.uint8)
+        data = source[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])].tobytes()
+    else:
+        view = memoryview(raw)
+        data = b"".join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(kind, starts.size, [None, _py_buffer(offsets.astype(np.int32)),
+                                                          _py_buffer(data)])
+    large = pa.large_binary() if kind == pa.binary() else pa.large_string()
+    return pa.Array.from_buffers(large, starts.size, [None, _py_buffer(offsets), _py_buffer(data)]).cast(kind)
+
+
+def _hosts(raw: np.ndarray) -> Column:
+    """``ip:port`` strings of 8-byte IPv4 host fields (big-endian u64), formatted once per distinct host."""
+    distinct, inverse = np.unique(raw, return_inverse=True)
+    names: Column = pa.array([decode_address(int(value).to_bytes(8, "big")) for value in distinct.tolist()],
+                             pa.string())
+    return names.take(pa.array(inverse.astype(np.int64).ravel()))
+
+
+def _message_ids(store_hosts: np.ndarray, offsets: np.ndarray) -> Column:
+    """Offset message ids: the 8 store host bytes and the 8 offset bytes as 32 upper-case hex digits."""
+    raw = np.empty((offsets.size, 16), dtype=np.uint8)
+    raw[:, :8] = store_hosts.astype(">u8").view(np.uint8).reshape(-1, 8)
+    raw[:, 8:] = offsets.astype(">i8").view(np.uint8).reshape(-1, 8)
+    hexed = np.empty((offsets.size, 32), dtype=np.uint8)
+    hexed[:, 0::2] = _HEX_DIGITS[raw >> 4]
+    hexed[:, 1::2] = _HEX_DIGITS[raw & 0xF]
+    value_offsets = np.arange(0, 32 * offsets.size + 1, 32, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), offsets.size,
+                                 [None, _py_buffer(value_offsets), _py_buffer(hexed.tobytes())])
+
+
+@dataclass
+class Properties:
+    """Properties of the fast records, parsed: kept items per record and names/values by item."""
+
+    counts: np.ndarray  # kept items per record
+    record: np.ndarray  # record (row) of each kept item
+    names: Column
+    values: Column
+    bad: np.ndarray  # rows whose properties need the per-record parse (duplicate names)
+
+    def lookup(self, name: str) -> Column:
+        """The value of property ``name`` per record, null where absent (names are unique per record)."""
+        found = np.flatnonzero(pc.equal(self.names, name).to_numpy(zero_copy_only=False))
+        index = np.full(self.counts.size, -1, dtype=np.int64)
+        index[self.record[found]] = found
+        return self.values.take(pa.array(index, mask=index < 0))
+
+
+def _properties(data: np.ndarray, raw: bytes, starts: np.ndarray, ends: np.ndarray) -> Properties:
+    """RocketMQ's string2messageProperties over every record at once: items split at ``\\x02``, each
+    at its first ``\\x01``; items with an empty name or value are dropped."""
+    rows = starts.size
+    segment = data[starts.min():ends.max()] if rows else data[:0]
+    shift = int(starts.min()) if rows else 0
+    separators = np.flatnonzero(segment == _SEP) + shift
+    name_seps = np.flatnonzero(segment == _NAME_SEP) + shift
+    # A separator belongs to the record whose [start, end) holds it (bodies and topics lie between).
+    owner = np.searchsorted(starts, separators, side="right") - 1
+    inside = (owner >= 0) & (separators < ends[np.maximum(owner, 0)])
+    separators, owner = separators[inside], owner[inside]
+    item_starts = np.concatenate([starts, separators + 1])
+    item_ends = np.concatenate([separators, ends])
+    item_record = np.concatenate([np.arange(rows), owner])
+    order = np.lexsort((item_starts, item_record))
+    item_starts, item_record = item_starts[order], item_record[order]
+    item_ends = np.sort(item_ends)  # items are back to back within a record, records in order
+    k = np.searchsorted(name_seps, item_starts, side="left")
+    first = np.where(k < name_seps.size, name_seps[np.minimum(k, max(name_seps.size - 1, 0))], -1) \
+        if name_seps.size else np.full(item_starts.size, -1)
+    keep = (first >= 0) & (first < item_ends) & (first > item_starts) & (item_ends > first + 1)
+    item_starts, item_ends, first, item_record = item_starts[keep], item_ends[keep], first[keep], item_record[keep]
+    names = ranges(raw, item_starts, first, pa.string())
+    values = ranges(raw, first + 1, item_ends, pa.string())
+    counts = np.bincount(item_record, minlength=rows)
+    bad = np.zeros(rows, dtype=np.bool_)
+    if item_record.size:
+        # A name twice in one record: the last value wins in a dict, at the first one's place.
+        encoded = pc.dictionary_encode(names)
+        pair = item_record.astype(np.int64) * len(encoded.dictionary) + encoded.indices.to_numpy()
+        distinct, counts_of_pair = np.unique(pair, return_counts=True)
+        if distinct.size != pair.size:
+            bad[distinct[counts_of_pair > 1] // len(encoded.dictionary)] = True
+    return Properties(counts, item_record, names, values, bad)
+
+
+def _keys_lists(keys: Column) -> Column:
+    """The KEYS property split on spaces with empty words dropped ([] without KEYS)."""
+    split = pc.split_pattern(pc.fill_null(keys, ""), KEY_SEPARATOR)
+    words = pc.list_flatten(split)
+    parents = pc.list_parent_indices(split).to_numpy()
+    nonempty = pc.greater(pc.binary_length(words), 0)
+    kept_parents = parents[nonempty.to_numpy(zero_copy_only=False)]
+    counts = np.bincount(kept_parents, minlength=len(keys))
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+    return _list_array(pa.array(offsets), words.filter(nonempty))
+
+
+@dataclass
+class FastRecords:
+    """What the columnar pass made of a split's records."""
+
+    positions: np.ndarray  # absolute file positions of the fast records
+    fields: dict[str, Any]  # header fields (numpy), per fast record
+    body: Column
+    topic: Column
+    properties: Properties
+    slow: list[int]  # absolute file positions for the per-record decoder
+
+
+def body_crcs_ok(raw: bytes, starts: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> np.ndarray:
+    """Whether each body ``raw[start:end]`` matches its stored BODYCRC (ISA-L's CRC-32, one C call each)."""
+    view = memoryview(raw)
+    computed = np.fromiter((crc32(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)),
+                           dtype=np.int64, count=starts.size)
+    return np.asarray((computed & 0x7FFFFFFF) == stored)
+
+
+def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool) -> FastRecords:
+    """Columns of the records at ``positions`` (file positions, ascending) that take the fast path."""
+    if positions.size == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return FastRecords(empty, {}, pa.array([], pa.binary()), pa.array([], pa.string()),
+                           _properties(np.empty(0, np.uint8), b"", empty, empty), [])
+    base = int(positions[0])
+    last_size = int.from_bytes(view[int(positions[-1]):int(positions[-1]) + 4], "big", signed=True)
+    raw = bytes(view[base:int(positions[-1]) + last_size])
+    data = np.frombuffer(raw, dtype=np.uint8)
+    pos = positions - base
+    size = _field(data, pos, _SIZE, ">i4").astype(np.int64)
+    end = pos + size
+    magic = _field(data, pos, _MAGIC, ">u4")
+    sys_flag = _field(data, pos, _SYS_FLAG, ">i4")
+    body_len = _field(data, pos, _BODY_LEN, ">i4").astype(np.int64)
+    body_start = pos + _BODY
+    body_end = body_start + body_len
+    ok = (magic == MESSAGE_MAGIC_CODE) & ((sys_flag & _V6_BITS) == 0) & (size >= 91) \
+        & (body_len >= 0) & (body_end + 3 <= end)
+    if decompress:
+        ok &= (sys_flag & COMPRESSED_FLAG) == 0
+    safe_body_end = np.where(ok, body_end, pos)
+    topic_len = data[safe_body_end].astype(np.int64)
+    topic_start = safe_body_end + 1
+    topic_end = topic_start + topic_len
+    ok &= topic_end + 2 <= end
+    props_at = np.where(ok, topic_end, pos)
+    props_len = (data[props_at].astype(np.int64) << 8 | data[props_at + 1]).astype(np.int16).astype(np.int64)
+    props_start = props_at + 2
+    ok &= (props_len >= 0) & (props_start + props_len == end)
+    rows = np.flatnonzero(ok)
+    props = _properties(data, raw, props_start[rows], (props_start + props_len)[rows])
+    topic = ranges(raw, topic_start[rows], topic_end[rows], pa.string())
+    try:
+        topic.validate(full=True)
+        props.names.validate(full=True)
+        props.values.validate(full=True)
+    except pa.ArrowInvalid:  # bad UTF-8 somewhere: the per-record decoder says where
+        return FastRecords(np.empty(0, dtype=np.int64), {}, pa.array([], pa.binary()), pa.array([], pa.string()),
+                           props, positions.tolist())
+    if props.bad.any():
+        good = ~props.bad
+        rows = rows[good]
+        props = _properties(data, raw, props_start[rows], (props_start + props_len)[rows])
+        topic = ranges(raw, topic_start[rows], topic_end[rows], pa.string())
+    slow_mask = np.ones(positions.size, dtype=np.bool_)
+    slow_mask[rows] = False
+    p = pos[rows]
+    fields: dict[str, Any] = {
+        "store_size": size[rows],
+        "body_crc": _field(data, p, _CRC, ">i4"),
+        "queue_id": _field(data, p, _QUEUE_ID, ">i4"),
+        "flag": _field(data, p, _FLAG, ">i4"),
+        "queue_offset": _field(data, p, _QUEUE_OFFSET, ">i8"),
+        "commitlog_offset": _field(data, p, _PHYSICAL_OFFSET, ">i8"),
+        "sys_flag": sys_flag[rows],
+        "born_ms": _field(data, p, _BORN_TS, ">i8"),
+        "born_host": _field(data, p, _BORN_HOST, ">u8"),
+        "store_ms": _field(data, p, _STORE_TS, ">i8"),
+        "store_host": _field(data, p, _STORE_HOST, ">u8"),
+        "reconsume_times": _field(data, p, _RECONSUME, ">i4"),
+        "prepared_transaction_offset": _field(data, p, _PREPARED, ">i8"),
+    }
+    fields["crc_ok"] = body_crcs_ok(raw, body_start[rows], body_end[rows], fields["body_crc"])
+    body = ranges(raw, body_start[rows], body_end[rows], pa.binary())
+    return FastRecords(positions[rows], fields, body, topic, props, positions[slow_mask].tolist())
+
+
+
+
+def walk_split(split: Split, summary: ScanSummary, decompress: bool
+               ) -> Iterator[tuple[memoryview, FastRecords]]:
+    """Map the split, lay it out (gaps to ``summary``) and decode its records' columns. Yields once,
+    with the mapping still open (for the slow records and CRCs)."""
+    with MappedSplit(split) as view:
+        layout = scan_split(view, split)
+        summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
+        positions = np.fromiter(iter_record_positions(view, layout.runs), dtype=np.int64)
+        yield view, decode_fast(view, positions, decompress)
+
+
+def decode_slow(view: memoryview, split: Split, positions: list[int], summary: ScanSummary
+                ) -> list[tuple[int, MessageRecord]]:
+    """The per-record decoder for the records the fast path left; undecodable ones go to ``summary``."""
+    decoded = []
+    for position in positions:
+        offset = split.file_offset + position
+        try:
+            decoded.append((offset, decode_record(view, position)))
+        except RecordError as exc:
+            summary.bad_records[offset] = str(exc).partition(": ")[2] or str(exc)
+    return decoded
+
+
+def tally(split: Split, summary: ScanSummary, offsets: np.ndarray, sizes: np.ndarray) -> None:
+    """Count the split's decoded records in ``summary`` (under its index, so a retry counts once)."""
+    if offsets.size:
+        summary.max_end = max(summary.max_end, int((offsets + sizes).max()))
+    summary.splits[split.index] = SplitTally(int(offsets.size), int(sizes.sum()), int(offsets.sum()))
+
+
+def export_batches(split: Split, decompress: bool, summary: ScanSummary, batch_rows: int,
+                   schema: pa.Schema, slow_rows: Callable[[list[MessageRecord]], pa.RecordBatch]
+                   ) -> Iterator[pa.RecordBatch]:
+    """export's rows of every record the split owns, as Arrow batches of at most ``batch_rows`` rows
+    in commitlog order. ``slow_rows`` turns per-record-decoded records into rows (export's own code)."""
+    for view, fast in walk_split(split, summary, decompress):
+        f = fast.fields
+        table = None
+        if fast.positions.size:
+            props = fast.properties
+            offsets = np.concatenate([[0], np.cumsum(props.counts)]).astype(np.int32)
+            store_ms = f["store_ms"]
+            table = pa.Table.from_arrays([
+                fast.topic,
+                pa.array(f["queue_id"], pa.int32()),
+                pa.array(f["queue_offset"], pa.int64()),
+                pa.array(f["commitlog_offset"], pa.int64()),
+                pa.array(f["store_size"], pa.int32()),
+                _message_ids(f["store_host"], f["commitlog_offset"]),
+                props.lookup("UNIQ_KEY"),
+                _keys_lists(props.lookup("KEYS")),
+                props.lookup("TAGS"),
+                _map_array(pa.array(offsets), props.names, props.values),
+                fast.body,
+                pa.array(np.zeros(fast.positions.size, dtype=np.bool_)),
+                pa.array(f["body_crc"], pa.int32()),
+                pa.array(f["crc_ok"]),
+                pa.array(f["flag"], pa.int32()),
+                pa.array(f["sys_flag"], pa.int32()),
+                pa.array(f["born_ms"] * 1000, pa.timestamp("us", tz="UTC")),
+                pa.array(store_ms * 1000, pa.timestamp("us", tz="UTC")),
+                _hosts(f["born_host"]),
+                _hosts(f["store_host"]),
+                pa.array(f["reconsume_times"], pa.int32()),
+                pa.array(f["prepared_transaction_offset"], pa.int64()),
+                pa.array((store_ms // 86_400_000).astype(np.int32), pa.date32()),
+            ], schema=schema)
+        decoded = decode_slow(view, split, fast.slow, summary)
+        if decoded:
+            slow = pa.Table.from_batches([slow_rows([record for _, record in decoded])], schema=schema)
+            table = slow if table is None else pa.concat_tables([table, slow])
+            table = table.take(pc.sort_indices(table["commitlog_offset"]))
+        record_offsets = np.concatenate([fast.positions + split.file_offset,
+                                         np.array([o for o, _ in decoded], dtype=np.int64)])
+        record_sizes = np.concatenate([f.get("store_size", np.empty(0, dtype=np.int64)),
+                                       np.array([r.store_size for _, r in decoded], dtype=np.int64)])
+        tally(split, summary, record_offsets, record_sizes)
+        if table is not None:
+            yield from table.combine_chunks().to_batches(max_chunksize=batch_rows)
