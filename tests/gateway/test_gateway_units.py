@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2
@@ -181,15 +180,11 @@ def test_the_retry_rule(code: grpc.StatusCode, details: str, retried_read: bool,
         assert error.code == grpc.StatusCode.UNAVAILABLE and "shard-0" in error.details
 
 
-def test_the_kubernetes_gateway_settings_load(tmp_path: Path) -> None:
-    """deploy/k8s/gateway.yaml's ConfigMap is a valid settings file for the shards it names."""
-    documents = list(yaml.safe_load_all((Path(__file__).parents[2] / "deploy/k8s/gateway.yaml").read_text()))
-    config_map = next(d for d in documents if d["kind"] == "ConfigMap")
-    path = tmp_path / "gateway.yaml"
-    path.write_text(config_map["data"]["gateway.yaml"])
-    settings = load_gateway_settings(path)
+def test_the_kubernetes_gateway_settings_load() -> None:
+    """deploy/k8s/base/config/gateway.yaml (the gateway-settings ConfigMap) is a valid settings file."""
+    settings = load_gateway_settings(Path(__file__).parents[2] / "deploy/k8s/base/config/gateway.yaml")
     assert settings.listen == "0.0.0.0:9876" and settings.auth_file and settings.queue_selection == "latency"
-    assert [s.commitlog for s in settings.shards] == ["shard-0.shard:9901"]  # deploy/k8s/shard.yaml's pod
+    assert [s.commitlog for s in settings.shards] == ["shard-0.shard:9901"]  # deploy/k8s/base/shard.yaml's pod
 
 
 class FakeCommitLogShard:

@@ -1,0 +1,1 @@
+"""Helpers for the deploy/ checks (Kubernetes manifests and the image)."""
