@@ -5,7 +5,7 @@ runs the embedded default: one shard made of the services ``mqstore up`` starts 
 
     listen: 127.0.0.1:9876
     shards:
-      - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}
+      - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}  # scheduler: the query port + 1
     queue_selection: round_robin        # or latency (avoid queues whose sends were slow or failing)
     auth_file: tokens.yaml              # bearer tokens; without it every call is allowed
     tls_cert: /etc/mqstore/tls.crt      # TLS on the listen port (gateway/tls.py), with tls_key
@@ -39,6 +39,16 @@ class ShardSettings:
     name: str
     commitlog: str
     query: str
+    #: The shard's scheduler (transaction ends and checks, docs/transactions.md); empty: the port after
+    #: the query service's, where ``mqstore up`` puts it (query base+3, scheduler base+4).
+    scheduler: str = ""
+
+    @property
+    def scheduler_address(self) -> str:
+        if self.scheduler:
+            return self.scheduler
+        host, _, port = self.query.rpartition(":")
+        return f"{host}:{int(port) + 1}" if port.isdigit() else self.query
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,9 +166,10 @@ def _shard(index: int, raw: Any) -> ShardSettings:
         return raw
     if not isinstance(raw, dict) or not {"commitlog", "query"} <= set(raw):
         raise ConfigError(f"shards[{index}]: expected a mapping with commitlog and query addresses, got {raw!r}")
-    extra = set(raw) - {"name", "commitlog", "query"}
+    extra = set(raw) - {"name", "commitlog", "query", "scheduler"}
     if extra:
         raise ConfigError(f"shards[{index}]: unknown keys {sorted(extra)}")
-    return ShardSettings(str(raw.get("name", f"shard-{index}")), str(raw["commitlog"]), str(raw["query"]))
+    return ShardSettings(str(raw.get("name", f"shard-{index}")), str(raw["commitlog"]), str(raw["query"]),
+                         str(raw.get("scheduler") or ""))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 
 from gateway.resilience import BackendError, backend_error
 from gateway.settings import ShardSettings
@@ -45,6 +45,10 @@ class ShardClient:
         self._query_channel = aio_channel(settings.query, CHANNEL_OPTIONS)
         self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._commitlog_channel)
         self.query = query_pb2_grpc.QueryServiceStub(self._query_channel)
+        # The shard's scheduler: transaction ends and checks (gateway/transactions.py).
+        self._scheduler_channel = aio_channel(settings.scheduler_address, CHANNEL_OPTIONS)
+        self.transactions = scheduler_pb2_grpc.TransactionServiceStub(self._scheduler_channel)
+        self._scheduler_what = f"the scheduler of {self.name} ({settings.scheduler_address})"
         # Requests already serialised by the gateway (see the module docstring).
         self.append_batch_bytes = self._commitlog_channel.unary_unary(
             "/mqstore.v1.CommitLogService/AppendBatch", request_serializer=_identity,
@@ -63,6 +67,7 @@ class ShardClient:
     async def close(self) -> None:
         await self._commitlog_channel.close(None)
         await self._query_channel.close(None)
+        await self._scheduler_channel.close(None)
 
     async def on_commitlog(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
         try:
@@ -75,6 +80,12 @@ class ShardClient:
             return await call(request, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             raise backend_error(self._query_what, exc) from None
+
+    async def on_scheduler(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
+        try:
+            return await call(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise backend_error(self._scheduler_what, exc) from None
 
     async def topics(self, timeout: float) -> list[common_pb2.TopicConfig]:
         response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(), timeout)
