@@ -62,6 +62,7 @@ from services.store.record import (
 )
 from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
+from services.store.timer_message import TIMER_TOPIC
 from services.store.topics import PERM_WRITE, TopicConfig
 from services.store.transient_store_pool import TransientStorePool
 
@@ -134,7 +135,8 @@ class CommitLog:
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
         self.quarantine = QuarantineTable(self.root)
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
-                                      config.mapped_file_size_commit_log, len(self._delay_levels_ms))
+                                      config.mapped_file_size_commit_log, len(self._delay_levels_ms),
+                                      config.timer_max_delay_sec)
         self.queue_table: dict[QueueKey, int] = {}
         self._put_lock = threading.Lock()
         # RocketMQ's beginTimeInLock: when the put holding the lock started (0 = none), for isOSPageCacheBusy.
@@ -428,8 +430,9 @@ class CommitLog:
                 check_topic_name(topic)
             except InvalidArgumentError as exc:
                 raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, str(exc), index) from None
-            # SCHEDULE_TOPIC_XXXX is the store's own: it exists whenever a DELAY message needs it.
-            if not self.config.auto_create_topic_enable and topic != SCHEDULE_TOPIC:
+            # SCHEDULE_TOPIC_XXXX and rmq_sys_wheel_timer are the store's own: they exist whenever a
+            # DELAY or timer message needs them.
+            if not self.config.auto_create_topic_enable and topic not in (SCHEDULE_TOPIC, TIMER_TOPIC):
                 raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
             # Checked against the topic it would get; created only once the whole put is valid.
             config = self.topics.auto_config(topic)

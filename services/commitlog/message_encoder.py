@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
+from services.store.due_message import DueMessage
 from services.store.message import (
     BORNHOST_V6_FLAG,
     NAME_VALUE_SEPARATOR,
@@ -41,6 +42,18 @@ from services.store.record import (
     unfilled_head_struct,
 )
 from services.store.socket_address import AddressError, encode_address
+from services.store.timer_message import (
+    DEFAULT_TIMER_MAX_DELAY_SEC,
+    PROPERTY_TIMER_DELAY_MS,
+    PROPERTY_TIMER_DELAY_SEC,
+    PROPERTY_TIMER_DELIVER_MS,
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_QUEUE_ID,
+    TIMER_REQUEST_PROPERTIES,
+    TIMER_TOPIC,
+    TimerPropertyError,
+    timer_deliver_ms,
+)
 
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _PROPS_LENGTH = struct.Struct(">h")  # PROPERTIESLENGTH: refuses more than MAX_PROPERTIES_LENGTH
@@ -76,12 +89,13 @@ class _BornHost(NamedTuple):
 
 class MessageEncoder:
     def __init__(self, store_host: str, max_message_size: int, mapped_file_size: int,
-                 max_delay_level: int) -> None:
+                 max_delay_level: int, timer_max_delay_sec: int = DEFAULT_TIMER_MAX_DELAY_SEC) -> None:
         self.store_host = encode_address(store_host)
         self._store_v6 = STOREHOSTADDRESS_V6_FLAG if len(self.store_host) > IPV4_HOST_LENGTH else 0
         self.max_message_size = max_message_size
         self._max_record = min(max_message_size, mapped_file_size - END_FILE_MIN_BLANK_LENGTH)
         self.max_delay_level = max_delay_level
+        self.timer_max_delay_sec = timer_max_delay_sec
         self._born_hosts: dict[str, _BornHost] = {}
         # Per topic: TOPICLENGTH and the topic's bytes, the constant start of every record's tail.
         self._topics: dict[str, bytes] = {}
@@ -105,7 +119,10 @@ class MessageEncoder:
         # struct refuses it as it refuses the other fields.
         sys_flag = (msg.sys_flag & ~_V6_FLAGS) | v6_flags
         if properties:
-            if PROPERTY_DELAY_TIME_LEVEL in properties:
+            # (the scheduler's re-put, a DueMessage, keeps DELAY / TIMER_* as they are)
+            if (PROPERTY_DELAY_TIME_LEVEL in properties or PROPERTY_TIMER_DELIVER_MS in properties
+                    or PROPERTY_TIMER_DELAY_SEC in properties or PROPERTY_TIMER_DELAY_MS in properties) \
+                    and type(msg) is not DueMessage:
                 topic, queue_id, properties = self._schedule(topic, queue_id, properties, sys_flag, index)
             try:  # name \x01 value pairs joined by \x02, in C (a comprehension is a Python-level call)
                 props_text = PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, properties.items()))
@@ -193,10 +210,16 @@ class MessageEncoder:
 
         A level above the highest of ``messageDelayLevel`` is lowered to it and stored so, as RocketMQ
         4.9.8 does (``msg.setDelayTimeLevel(maxDelayLevel)``): its clients send such levels and expect
-        the longest delay, not an error."""
+        the longest delay, not an error.
+
+        Without a DELAY level, timer properties park it in rmq_sys_wheel_timer queue 0 until its
+        deliver time (RocketMQ 5's HookUtils.handleScheduleMessage, services/store/timer_message.py);
+        with one, they are cleared (the level wins, as in RocketMQ 5)."""
         if transaction_type(sys_flag) not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
             return topic, queue_id, properties
-        delay = properties[PROPERTY_DELAY_TIME_LEVEL]
+        delay = properties.get(PROPERTY_DELAY_TIME_LEVEL)
+        if delay is None:
+            return self._schedule_timer(topic, queue_id, properties, index)
         levels = self.max_delay_level
         try:
             level = java_parse_int(delay)
@@ -204,7 +227,9 @@ class MessageEncoder:
             raise _illegal(f"{PROPERTY_DELAY_TIME_LEVEL} property {delay!r} is not an integer: give a delay level "
                            f"1..{levels} (messageDelayLevel), or 0 for none", index) from None
         if level <= 0:
-            return topic, queue_id, properties
+            return self._schedule_timer(topic, queue_id, properties, index)
+        if any(name in properties for name in TIMER_REQUEST_PROPERTIES):
+            properties = {k: v for k, v in properties.items() if k not in TIMER_REQUEST_PROPERTIES}
         if levels <= 0:
             raise _illegal(f"{PROPERTY_DELAY_TIME_LEVEL} level {level} cannot be served: messageDelayLevel defines "
                            "no delay levels on this store; send without DELAY", index)
@@ -213,6 +238,19 @@ class MessageEncoder:
             properties = {**properties, PROPERTY_DELAY_TIME_LEVEL: str(level)}
         properties = {**properties, PROPERTY_REAL_TOPIC: topic, PROPERTY_REAL_QUEUE_ID: str(queue_id)}
         return SCHEDULE_TOPIC, level - 1, properties
+
+    def _schedule_timer(self, topic: str, queue_id: int, properties: dict[str, str],
+                        index: int | None) -> tuple[str, int, dict[str, str]]:
+        now = time.time_ns() // 1_000_000
+        try:
+            deliver = timer_deliver_ms(properties, now, self.timer_max_delay_sec)
+        except TimerPropertyError as exc:
+            raise _illegal(str(exc), index) from None
+        if deliver is None or deliver <= now:  # due already: stored under its own topic at once
+            return topic, queue_id, properties
+        properties = {**properties, PROPERTY_TIMER_OUT_MS: str(deliver), PROPERTY_REAL_TOPIC: topic,
+                      PROPERTY_REAL_QUEUE_ID: str(queue_id)}
+        return TIMER_TOPIC, TIMER_QUEUE_ID, properties
 
 
 def _illegal(detail: str, index: int | None) -> PutMessageError:

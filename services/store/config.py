@@ -66,6 +66,8 @@ class MessageStoreConfig:
     # records after it stay); "cut" ends the log there as RocketMQ does. A torn tail is cut either way.
     recover_corruption_mode: str = "quarantine"
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    # RocketMQ 5's timerMaxDelaySec: how far ahead a timer message (TIMER_DELIVER_MS) may be (7 days).
+    timer_max_delay_sec: int = 7 * 24 * 3600
     max_hash_slot_num: int = 5_000_000
     max_index_num: int = 5_000_000 * 4
     max_msgs_num_batch: int = 64
@@ -107,7 +109,8 @@ class MessageStoreConfig:
                               f"{self.recover_corruption_mode!r}")
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
-        for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout"):
+        for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout",
+                     "timer_max_delay_sec"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{camel_name(name)} must be positive")
 

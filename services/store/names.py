@@ -35,7 +35,7 @@ SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 SYSTEM_TOPICS = frozenset({
     SCHEDULE_TOPIC, AUTO_CREATE_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC",
     "RMQ_SYS_TRACE_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC", "SELF_TEST_TOPIC", "OFFSET_MOVED_EVENT",
-    "BenchmarkTest",
+    "BenchmarkTest", "rmq_sys_wheel_timer",
 })
 
 
@@ -74,7 +74,8 @@ def check_producer_topic(topic: str) -> None:
     check_topic_name(topic)
     if is_system_topic(topic):
         raise InvalidArgumentError(f"topic {topic!r} is a system topic: producers may not send to it "
-                                   "(delayed messages use the DELAY property, not SCHEDULE_TOPIC_XXXX)")
+                                   "(delayed messages use the DELAY property or TIMER_DELIVER_MS, not "
+                                   "SCHEDULE_TOPIC_XXXX or rmq_sys_wheel_timer)")
     if is_group_topic(topic):
         raise InvalidArgumentError(f"topic {topic!r} belongs to a consumer group's retry or dead-letter "
                                    "flow: producers may not send to it")
