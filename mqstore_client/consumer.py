@@ -8,6 +8,7 @@ yet processed (at-least-once, as in RocketMQ).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import queue
 import re
@@ -24,6 +25,13 @@ from mqstore_client.connection import Connection, Endpoint, Tls
 from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
 from mqstore_client.models import Message, TopicRoute
 from mqstore_client.offsets import start_offsets
+from mqstore_client.rebalance import (
+    DEFAULT_REBALANCE_INTERVAL_S,
+    AllocationStrategy,
+    GroupMembership,
+    plan,
+    strategy_of,
+)
 from mqstore_client.records import decode_records
 from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
 
@@ -110,6 +118,16 @@ class OffsetTracker:
                 i = self._order.index(last)
                 self._order = self._order[i + 1:] + self._order[:i + 1]
         return taken
+
+    def add(self, queue_id: int, start: int, committed: int | None) -> None:
+        """A queue this consumer was given (a rebalance)."""
+        self.queues[queue_id] = QueueState(queue_id, start, start, committed)
+        self._order.append(queue_id)
+
+    def remove(self, queue_id: int) -> QueueState:
+        """A queue this consumer gave up (a rebalance): what was fetched of it and not taken is dropped."""
+        self._order.remove(queue_id)
+        return self.queues.pop(queue_id)
 
     def seek(self, queue_id: int, offset: int) -> None:
         state = self.queues[queue_id]
@@ -230,7 +248,14 @@ class PullConsumer(PullOptions, Endpoint):
     min offset (``from_latest``: its max). With ``auto_commit`` the consumed offsets are committed
     every ``commit_interval_s`` (checked in poll) and at close: a message counts as consumed once
     the next poll is made. ``group=None`` reads without committing. Not thread-safe: one consumer
-    per thread; several consumers of one group should split the queues with ``queue_ids``.
+    per thread.
+
+    A consumer with a group and no ``queue_ids`` joins the group (``docs/consumer-groups.md``): it
+    heartbeats every ``rebalance_interval_s`` from ``poll()`` and consumes the share of the topic's
+    queues (and of ``%RETRY%<group>``'s) that ``allocation`` gives it among the live members; a member
+    not heard from for ``member_timeout_s`` (default 3 intervals) loses its queues, so call ``poll()``
+    at least that often. ``rebalance=False`` (or explicit ``queue_ids``) reads every queue (or those)
+    without joining.
 
     Pulls ask for the stored record bytes (``raw_records``, RocketMQ's zero-copy pull) and decode them
     here, which spares the store a protobuf message per record; ``raw_records=False`` asks the store to
@@ -243,10 +268,18 @@ class PullConsumer(PullOptions, Endpoint):
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
                  from_latest: bool = False, start_offsets: Mapping[int, int] | None = None,
                  timeout: float | None = None, raw_records: bool = True, retry: bool = True,
-                 tls: Tls | bool | None = None) -> None:
+                 tls: Tls | bool | None = None, rebalance: bool = True,
+                 allocation: str | AllocationStrategy = "average",
+                 rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S, member_timeout_s: float | None = None,
+                 client_id: str | None = None) -> None:
         super().__init__(address, token, connection=connection, tls=tls)
         self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
+        #: Group mode (see the class docstring): set up in start().
+        self._membership: GroupMembership | None = None
+        if group is not None and queue_ids is None and rebalance:
+            self._membership = GroupMembership(self.connection, group, strategy_of(allocation), rebalance_interval_s,
+                                               member_timeout_s, client_id, timeout)
         #: With a group: also consume %RETRY%<group> (see :mod:`mqstore_client.retry`).
         self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))
         self._retry_feed: PullConsumer | None = None
@@ -257,6 +290,10 @@ class PullConsumer(PullOptions, Endpoint):
     def start(self) -> None:
         """Reads the route and the starting offsets; poll() calls it on first use."""
         if self._tracker is not None:
+            return
+        if self._membership is not None:
+            self._tracker = OffsetTracker({})
+            self._rebalance()
             return
         if self._queue_ids is None:
             request = gateway_pb2.GetRouteRequest(topic=self.topic)
@@ -295,10 +332,15 @@ class PullConsumer(PullOptions, Endpoint):
         if self._closed:
             raise RuntimeError("the consumer is closed")
         tracker = self.tracker
+        membership = self._membership
+        if membership is not None and membership.due_in() <= 0:
+            self._rebalance()
         if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
             self.commit()
         if not tracker.buffered:
             wait_s = self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0)
+            if membership is not None:
+                wait_s = min(wait_s, membership.due_in())
             self._fetch(wait_s)
         messages = tracker.take(max(max_messages, 1))
         if len(messages) < max_messages:
@@ -309,7 +351,7 @@ class PullConsumer(PullOptions, Endpoint):
 
     def _retries(self) -> PullConsumer | None:
         """The group's retry topic's consumer, once the topic exists (the first send back creates it)."""
-        if self._retry_feed is not None or not self._retry_wanted:
+        if self._retry_feed is not None or not self._retry_wanted or self._membership is not None:
             return self._retry_feed
         if time.monotonic() - self._retry_checked_at < RETRY_ROUTE_RECHECK_S:
             return None
@@ -329,6 +371,101 @@ class PullConsumer(PullOptions, Endpoint):
             return None
         self._retry_feed = feed
         return feed
+
+    # -- the group ---------------------------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str | None:
+        """This member's id in its group (None when it reads without joining)."""
+        return self._membership.client_id if self._membership is not None else None
+
+    def assignment(self) -> dict[str, list[int]]:
+        """Topic -> the queues this consumer reads now (its retry topic's included)."""
+        held = {self.topic: sorted(self.tracker.queues)}
+        if self._retry_feed is not None and self._retry_feed._tracker is not None:
+            held[self._retry_feed.topic] = sorted(self._retry_feed._tracker.queues)
+        return held
+
+    def _group_topics(self) -> dict[str, list[int]]:
+        """Topic -> readable queue ids, for the topic and (once it exists) the group's retry topic."""
+        route = self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=self.topic), self.timeout)
+        topics = {self.topic: TopicRoute.from_proto(route).readable_queue_ids}
+        if self._retry_wanted:
+            assert self.group is not None
+            name = retry_topic(self.group)
+            try:
+                retry_route = self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=name), self.timeout)
+            except NotFoundError:
+                return topics
+            except PermissionDeniedError:
+                self._retry_wanted = False
+                return topics
+            if self._retry_feed is None:
+                self._retry_feed = PullConsumer(self.group, name, connection=self.connection, queue_ids=[],
+                                                batch_size=self.batch_size, auto_commit=self.auto_commit,
+                                                commit_interval_s=self.commit_interval_s, timeout=self.timeout,
+                                                raw_records=self.raw_records, retry=False)
+                self._retry_feed.start()
+            topics[name] = TopicRoute.from_proto(retry_route).readable_queue_ids
+        return topics
+
+    def _consumers(self) -> dict[str, PullConsumer]:
+        consumers = {self.topic: self}
+        if self._retry_feed is not None:
+            consumers[self._retry_feed.topic] = self._retry_feed
+        return consumers
+
+    def _rebalance(self) -> None:
+        """One round: heartbeat, release what is no longer ours (commit first, then heartbeat again so the
+        next owner sees it free), take what is ours and free. A failed heartbeat keeps the queues held
+        and tries again a quarter interval later; a gateway without groups (UNIMPLEMENTED) makes this
+        consumer read every queue, as before groups."""
+        membership = self._membership
+        assert membership is not None and self._tracker is not None
+        try:
+            topics = self._group_topics()
+            members = membership.heartbeat(list(topics), self.assignment())
+            step = plan(membership.client_id, members, topics, self.assignment(), membership.strategy)
+            if any(step.release.values()):
+                for topic, queue_ids in step.release.items():
+                    self._consumers()[topic]._release(queue_ids)
+                members = membership.heartbeat(list(topics), self.assignment())
+                step = plan(membership.client_id, members, topics, self.assignment(), membership.strategy)
+            for topic, queue_ids in step.acquire.items():
+                if queue_ids:
+                    self._consumers()[topic]._acquire(queue_ids)
+            if any(step.acquire.values()):
+                membership.heartbeat(list(topics), self.assignment())
+        except MqstoreError as exc:
+            if exc.code == "UNIMPLEMENTED":
+                self._membership = None
+                self._tracker = None
+                self.start()
+                return
+            if not exc.retryable:
+                raise
+            membership.schedule(waiting=True)
+            return
+        membership.schedule(waiting=step.waits)
+
+    def _release(self, queue_ids: Sequence[int]) -> None:
+        """Gives queues up: their consumed offsets committed (with auto_commit) before anything else."""
+        tracker = self.tracker
+        if self.auto_commit:
+            pending = [(q, tracker.queues[q].consumed_offset) for q in queue_ids
+                       if tracker.queues[q].consumed_offset != tracker.queues[q].committed_offset]
+            if pending:
+                answers = self.connection.call_many("CommitOffset", self._commit_requests(pending), self.timeout)
+                self._committed(pending, answers)
+        for q in queue_ids:
+            tracker.remove(q)
+
+    def _acquire(self, queue_ids: Sequence[int]) -> None:
+        tracker = self.tracker
+        starts = start_offsets(self.connection, self.group, self.topic, queue_ids, self._explicit, self.from_latest,
+                               self.timeout)
+        for q, (start, committed) in starts.items():
+            tracker.add(q, start, committed)
 
     def consume_later(self, message: Message | str, delay_level: int = 0, *,
                       max_reconsume_times: int | None = None) -> SendBackReceipt:
@@ -424,6 +561,10 @@ class PullConsumer(PullOptions, Endpoint):
         try:
             if self.auto_commit and self._tracker is not None:
                 self.commit()
+            if self._membership is not None and self._tracker is not None:
+                with contextlib.suppress(MqstoreError):
+                    # The others take this member's queues at their next round, not after its timeout.
+                    self._membership.unregister()
         finally:
             if self._retry_feed is not None:
                 self._retry_feed._closed = True
