@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from mqstore.v1 import commitlog_pb2, gateway_pb2, groups_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 from gateway.servicer import MessagingServicer
 from gateway.wire import SERVICE_NAME, decoder, serialize
@@ -34,6 +34,7 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         "Heartbeat": (servicer.Heartbeat, groups_pb2.HeartbeatRequest),
         "UnregisterConsumer": (servicer.UnregisterConsumer, groups_pb2.UnregisterConsumerRequest),
         "DescribeGroups": (servicer.DescribeGroups, groups_pb2.DescribeGroupsRequest),
+        "EndTransaction": (servicer.EndTransaction, transaction_pb2.EndTransactionRequest),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=decoder(request_type),
@@ -44,5 +45,8 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         servicer.SendStream, request_deserializer=decoder(gateway_pb2.SendRequest), response_serializer=serialize)
     handlers["SendBatchStream"] = grpc.stream_stream_rpc_method_handler(
         servicer.SendBatchStream, request_deserializer=decoder(gateway_pb2.SendBatchRequest),
+        response_serializer=serialize)
+    handlers["TransactionChecks"] = grpc.stream_stream_rpc_method_handler(
+        servicer.TransactionChecks, request_deserializer=decoder(transaction_pb2.TransactionCheckStreamRequest),
         response_serializer=serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
-from gateway import metrics, send_back
+from gateway import metrics, send_back, transactions
 from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
 from gateway.groups import GroupDirectory
 from gateway.message_finder import MessageFinder
@@ -109,9 +109,11 @@ class MessagingServicer:
         self._creating: set[str] = set()
         self._batchers = [SendBatcher(shard, self._backend_timeout_s) for shard in self.shards]
         self.finder = MessageFinder(self.shards, self.retry)
+        self.transactions = transactions.Transactions(self.shards, routes, self.finder)
         self.groups = GroupDirectory(self.shards, routes, self.retry, tokens)
 
     async def close(self) -> None:
+        await self.transactions.close()
         for batcher in self._batchers:
             await batcher.close()
 
@@ -247,6 +249,8 @@ class MessagingServicer:
         route, explicit = await self._send_route(self._principal(context), request, context)
         sharding_key = request.sharding_key
         uniq_key = self._prepare(message, _peer_host(context))
+        if transactions.is_transactional(message):
+            return await self._send_half(route, sharding_key, explicit, uniq_key, message, context)
         request.ClearField("sharding_key")
         request.ClearField("queue_id")
 
@@ -305,6 +309,7 @@ class MessagingServicer:
         for i, message in enumerate(messages):
             _check_body(message, i)
             _check_producer_fields(message, i)
+            transactions.refuse_in_batch(message, i)
             if message.topic != topic:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
@@ -507,6 +512,7 @@ class MessagingServicer:
                     raise InvalidArgumentError(request.reason)
                 message = request.message
                 topic = message.topic
+                transactions.refuse_in_batch(message, None)
                 route, explicit = await self._send_route(principal, request, context)
                 queue = self.selector.select(route, request.sharding_key, explicit)
                 if route.provisional:
@@ -737,6 +743,37 @@ class MessagingServicer:
     async def DescribeGroups(self, request: groups_pb2.DescribeGroupsRequest,
                              context: Context) -> groups_pb2.DescribeGroupsResponse:
         return await self.groups.describe(self._principal(context), request, self._timeout(context))
+
+    # -- transactions (gateway/transactions.py) ------------------------------------------------------
+
+    async def _send_half(self, route: TopicRoute, sharding_key: str, explicit: int | None, uniq_key: str,
+                         message: common_pb2.Message, context: Context) -> gateway_pb2.SendResult:
+        queue, result = await transactions.send_half(self._append, route, sharding_key, explicit, message,
+                                                     self._timeout(context))
+        if route.provisional:
+            await self._created(message.topic, context)
+        metrics.SENT_MESSAGES.inc()
+        return self._result(result, queue, message.topic, uniq_key)
+
+    async def _end_transaction(self, principal: Principal, request: transaction_pb2.EndTransactionRequest,
+                               context: Context) -> gateway_pb2.EndTransactionResult:
+        return await self.transactions.end(
+            request, lambda topic: self.tokens.authorize(principal, Action.PRODUCE, topic), self._timeout(context))
+
+    @unary
+    async def EndTransaction(self, request: transaction_pb2.EndTransactionRequest,
+                             context: Context) -> gateway_pb2.EndTransactionResult:
+        return await self._end_transaction(self._principal(context), request, context)
+
+    async def TransactionChecks(self, request_iterator: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
+                                context: Context) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        try:
+            principal = self._principal(context)
+            async for check in self.transactions.checks(
+                    request_iterator, lambda answer: self._end_transaction(principal, answer, context)):
+                yield check
+        except (StoreError, BackendError, AuthError) as exc:
+            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
 
     # -- topics ---------------------------------------------------------------------------------------
 

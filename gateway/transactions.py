@@ -1,0 +1,220 @@
+"""Transactional messages at the gateway: half sends, ends and the check relay (docs/transactions.md).
+
+* **Half send**: a Send whose message has ``TRAN_MSG`` = "true" and ``PGROUP``. The real queue is
+  chosen as for any send; the record stored is the half (``services/store/transactions.py``) under
+  ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, appended with ``transaction_flow``. Batches and streams refuse
+  transactional messages (RocketMQ refuses transactional batches): a half is sent alone.
+* **EndTransaction**: the half is found by its offset msg id (which names its shard), the token must
+  be allowed to produce to its real topic, and the shard's scheduler ends it (the one writer of the
+  shard's op records: a second end applies nothing).
+* **TransactionChecks**: a producer holds a stream per producer group; while a group has at least
+  one such stream on this gateway, the gateway watches every shard's scheduler for the group's checks
+  and hands each to one of the group's streams (round robin). Answers come back on the same stream
+  and are ended as EndTransaction with ``from_transaction_check``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Protocol, TypeAlias
+
+import grpc
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2, scheduler_pb2, transaction_pb2
+
+from gateway.message_finder import MessageFinder
+from gateway.resilience import BackendError
+from gateway.route import QueueRoute, RouteTable, TopicRoute
+from gateway.shard import ShardClient
+from services.store import transactions as tx
+from services.store.errors import InvalidArgumentError
+from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
+from services.store.message_id import MessageIdKind, check_message_id
+from services.store.names import check_group
+
+log = logging.getLogger(__name__)
+
+#: after a broken WatchChecks stream (the scheduler restarting)
+REWATCH_S = 1.0
+_RESOLUTIONS = (transaction_pb2.COMMIT, transaction_pb2.ROLLBACK, transaction_pb2.UNKNOWN)
+
+
+def is_transactional(message: common_pb2.Message) -> bool:
+    return tx.is_transactional(message.properties)
+
+
+def refuse_in_batch(message: common_pb2.Message, index: int | None) -> None:
+    """Batches and streams: INVALID_ARGUMENT for a transactional message (RocketMQ refuses them too)."""
+    if tx.is_transactional(message.properties):
+        where = "" if index is None else f"message #{index}: "
+        raise InvalidArgumentError(f"{where}a transactional message (TRAN_MSG=true) cannot be sent in a batch or a "
+                                   "stream: send each half alone with Send (or TransactionProducer)")
+
+
+def half_message(message: common_pb2.Message, shard_queue_id: int) -> common_pb2.Message:
+    """parseHalfMessageInner on the wire form: ``message``, bound for ``shard_queue_id`` of its topic."""
+    half = common_pb2.Message()
+    half.CopyFrom(message)
+    half.properties[PROPERTY_REAL_TOPIC] = message.topic
+    half.properties[PROPERTY_REAL_QUEUE_ID] = str(shard_queue_id)
+    half.topic = tx.HALF_TOPIC
+    half.queue_id = 0
+    half.sys_flag = tx.reset_transaction_type(message.sys_flag, TRANSACTION_NOT_TYPE)
+    return half
+
+
+AppendResult: TypeAlias = commitlog_pb2.AppendResult
+Append: TypeAlias = Callable[[TopicRoute, str, "int | None", Callable[[QueueRoute], Awaitable[AppendResult]]],
+                             Awaitable[tuple[QueueRoute, AppendResult]]]
+
+
+async def send_half(append: Append, route: TopicRoute, sharding_key: str, explicit: int | None,
+                    message: common_pb2.Message, timeout: float) -> tuple[QueueRoute, AppendResult]:
+    """The half of ``message`` on the queue the selector picks (``append``: the servicer's send with
+    retries), stored with ``transaction_flow``."""
+    tx.check_half_properties(message.properties)
+
+    async def send(queue: QueueRoute) -> AppendResult:
+        request = commitlog_pb2.AppendRequest(message=half_message(message, queue.shard_queue_id),
+                                              transaction_flow=True)
+        result: AppendResult = await queue.shard.on_commitlog(queue.shard.commitlog.Append, request, timeout)
+        return result
+
+    return await append(route, sharding_key, explicit, send)
+
+
+class Authorize(Protocol):
+    def __call__(self, topic: str) -> None: ...
+
+
+def check_end_request(request: transaction_pb2.EndTransactionRequest) -> None:
+    check_group(request.producer_group)
+    if not request.offset_msg_id:
+        raise InvalidArgumentError("offset_msg_id is empty: give the half send's offset_msg_id")
+    check_message_id(request.offset_msg_id, MessageIdKind.OFFSET)
+    if request.resolution not in _RESOLUTIONS:
+        raise InvalidArgumentError(f"resolution {request.resolution} is not COMMIT, ROLLBACK or UNKNOWN")
+
+
+class Transactions:
+    """Ends and the check relay of one gateway process."""
+
+    def __init__(self, shards: Sequence[ShardClient], routes: RouteTable, finder: MessageFinder) -> None:
+        self.shards = tuple(shards)
+        self.routes = routes
+        self.finder = finder
+        self._producers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
+        self._watches: dict[str, list[asyncio.Task[None]]] = {}
+        self._turn = 0
+
+    async def close(self) -> None:
+        for tasks in self._watches.values():
+            for task in tasks:
+                task.cancel()
+        self._watches.clear()
+
+    # -- ends ----------------------------------------------------------------------------------------
+    async def end(self, request: transaction_pb2.EndTransactionRequest, authorize: Authorize,
+                  timeout: float) -> gateway_pb2.EndTransactionResult:
+        check_end_request(request)
+        view = query_pb2.ViewMessageRequest(msg_id=request.offset_msg_id, kind=query_pb2.MESSAGE_ID_KIND_OFFSET)
+        found, shard = await self.finder.find(view, request.offset_msg_id, timeout)
+        half = found.message
+        if half.topic != tx.HALF_TOPIC:
+            raise InvalidArgumentError(f"offset_msg_id {request.offset_msg_id} names a message of topic "
+                                       f"{half.topic!r}, "
+                                       f"not a half ({tx.HALF_TOPIC}): give the half send's offset_msg_id")
+        real_topic = half.properties.get(PROPERTY_REAL_TOPIC, "")
+        authorize(real_topic)
+        answer = await shard.on_scheduler(
+            shard.transactions.EndHalf,
+            scheduler_pb2.EndHalfRequest(request=request, commitlog_offset=half.commitlog_offset), timeout)
+        result = gateway_pb2.EndTransactionResult(applied=answer.applied)
+        if answer.HasField("committed"):
+            c = answer.committed
+            route = await self.routes.route(c.topic)
+            base = route.bases.get(shard, 0) if route is not None else 0
+            result.committed.MergeFrom(gateway_pb2.SendResult(
+                status=c.status, msg_id=half.uniq_key or request.transaction_id, offset_msg_id=c.msg_id,
+                topic=c.topic, queue_id=c.queue_id + base, queue_offset=c.queue_offset,
+                store_timestamp=c.store_timestamp, shard=shard.name))
+        return result
+
+    # -- the check relay -----------------------------------------------------------------------------
+    async def checks(self, requests: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
+                     end: Callable[[transaction_pb2.EndTransactionRequest], Awaitable[object]]
+                     ) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        """One producer's TransactionChecks stream: the first request names its group, later ones answer."""
+        first = await anext(aiter(requests), None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "producer_group":
+            raise InvalidArgumentError("the first message of a TransactionChecks stream must be producer_group")
+        group = first.producer_group
+        check_group(group)
+        queue: asyncio.Queue[transaction_pb2.TransactionCheck] = asyncio.Queue()
+        self._producers.setdefault(group, []).append(queue)
+        if group not in self._watches:
+            self._watches[group] = [asyncio.create_task(self._watch(group, shard), name=f"watch-checks-{group}")
+                                    for shard in self.shards]
+        reader = asyncio.create_task(self._answers(group, requests, end))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait((getter, reader), return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                    continue
+                getter.cancel()
+                reader.result()  # an error in the answers ends the stream with it
+                return  # the producer closed its side
+        finally:
+            reader.cancel()
+            producers = self._producers.get(group, [])
+            if queue in producers:
+                producers.remove(queue)
+            if not producers:
+                self._producers.pop(group, None)
+                for task in self._watches.pop(group, []):
+                    task.cancel()
+            # Checks handed to this producer and not sent: the scheduler checks them again next interval.
+
+    async def _answers(self, group: str, requests: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
+                       end: Callable[[transaction_pb2.EndTransactionRequest], Awaitable[object]]) -> None:
+        async for request in requests:
+            if request.WhichOneof("kind") != "answer":
+                raise InvalidArgumentError("after producer_group, a TransactionChecks stream carries only answers")
+            answer = request.answer
+            if not answer.producer_group:
+                answer.producer_group = group
+            answer.from_transaction_check = True
+            try:
+                await end(answer)
+            except (BackendError, InvalidArgumentError) as exc:
+                # RocketMQ's broker logs a failed check answer too: the half is checked again.
+                log.warning("transaction check answer for %s of group %r not applied: %s", answer.offset_msg_id,
+                            group, getattr(exc, "details", str(exc)))
+
+    async def _watch(self, group: str, shard: ShardClient) -> None:
+        while True:
+            call = shard.transactions.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group))
+            try:
+                async for check in call:
+                    check.shard = shard.name
+                    self._hand_out(group, check)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.CANCELLED:
+                    return
+                log.debug("check stream of group %r from %s broke: %s", group, shard.name, exc.code())
+            finally:
+                call.cancel()
+            await asyncio.sleep(REWATCH_S)
+
+    def _hand_out(self, group: str, check: transaction_pb2.TransactionCheck) -> None:
+        producers = self._producers.get(group)
+        if not producers:
+            return
+        self._turn += 1
+        producers[self._turn % len(producers)].put_nowait(check)
+
