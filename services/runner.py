@@ -29,6 +29,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
+from gateway.tls import ENV_SETTINGS as TLS_ENV_SETTINGS
 from gateway.workers import workers_from_env
 from services.query import DEFAULT_LISTEN as QUERY_LISTEN
 from services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
@@ -134,6 +135,11 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
         except ConfigError as exc:
             log.error("%s", exc)
             return 2
+    tls = [name for name in TLS_ENV_SETTINGS.values() if os.environ.get(name, "").strip()]
+    if tls:  # its readiness checks, and the welcome's grpcurl line, speak plaintext to the gateway
+        log.error("%s set: mqstore up runs a plaintext gateway for one machine; for TLS run `mqstore gateway "
+                  "--tls-cert ... --tls-key ...` in front of the shard (docs/security.md)", ", ".join(tls))
+        return 2
     root = Path(store)
     root.mkdir(parents=True, exist_ok=True)
     addresses = Addresses.of(config_file, base_port)

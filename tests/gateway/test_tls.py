@@ -242,3 +242,10 @@ def test_unusable_tls_settings_exit_2_naming_what_to_fix(certs: Certs, tmp_path:
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=commitlog_env())
     assert result.returncode == 2, result.stderr
     assert fragment in result.stderr, result.stderr
+
+
+def test_mqstore_up_refuses_gateway_tls_settings_it_cannot_honour(tmp_path: Path) -> None:
+    """``mqstore up`` checks its children in plaintext: rather than hang, it says where TLS belongs."""
+    result = subprocess.run([*mqstore_command(), "up", "--store", str(tmp_path / "store")], capture_output=True,
+                            text=True, timeout=60, env=commitlog_env({"MQSTORE_GATEWAY_TLS_CERT": "server.crt"}))
+    assert result.returncode == 2 and "mqstore gateway --tls-cert" in result.stderr, result.stderr
