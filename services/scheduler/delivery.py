@@ -209,7 +209,7 @@ class DelayScheduler:
 
     def _message_of(self, lv: _Level, unit: ScheduledUnit) -> Message | None:
         """The re-put message of a due unit; None (logged, counted) for one that cannot be delivered."""
-        metrics.SCHEDULED_SEEN.labels(level=str(lv.level)).inc()
+        metrics.SCHEDULED_SEEN.labels(kind="level", level=str(lv.level)).inc()
         if not unit.valid:
             log.warning("delay level %d: unit %d is not valid (%d, %d): passed over", lv.level, unit.queue_offset,
                         unit.commitlog_offset, unit.size)
@@ -223,7 +223,7 @@ class DelayScheduler:
                     return message_timeup(record)
                 except NotDeliverable as exc:
                     log.error("delay level %d: %s: passed over", lv.level, exc)
-        metrics.SKIPPED.labels(level=str(lv.level)).inc()
+        metrics.SKIPPED.labels(kind="level", level=str(lv.level)).inc()
         return None
 
     async def _append(self, lv: _Level, batch: list[tuple[ScheduledUnit, Message]], end: int) -> bool:
@@ -239,16 +239,16 @@ class DelayScheduler:
                         self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
             return False
         done = now_ms()
-        delivered = metrics.DELIVERED.labels(level=str(lv.level))
+        delivered = metrics.DELIVERED.labels(kind="level", level=str(lv.level))
         for (unit, message), result in zip(batch, results, strict=False):
             if result.status in STORED:
                 delivered.inc()
                 self.delivered += 1
-                metrics.LATENESS.observe(max(0, done - unit.deliver_at) / 1000)
+                metrics.LATENESS.labels(kind="level").observe(max(0, done - unit.deliver_at) / 1000)
             elif result.status in REFUSED:
                 log.error("delay level %d: the store refused unit %d for %s queue %d for good (%s): passed over",
                           lv.level, unit.queue_offset, message.topic, message.queue_id, result.status)
-                metrics.SKIPPED.labels(level=str(lv.level)).inc()
+                metrics.SKIPPED.labels(kind="level", level=str(lv.level)).inc()
             else:
                 log.warning("delay level %d: unit %d not stored (status %d); retrying in %.1fs", lv.level,
                             unit.queue_offset, result.status, RETRY_S)

@@ -4,10 +4,12 @@ One asyncio event loop: the delivery loop (services/scheduler/delivery.py), a ``
 with only health and reflection (the scheduler answers no RPC of its own), Prometheus metrics on
 ``MQSTORE_METRICS_PORT``. It reads the shard's files (``--store-root``: the commitlog service's store
 root; the indexer's is ``STORE_ROOT/indexer`` unless ``--indexer-store`` says otherwise) and writes
-only ``config/delayOffset.json`` under its own ``--store``.
+only under its own ``--store``: ``config/delayOffset.json`` (delay levels) and ``timer/`` (timer
+messages, services/scheduler/timer_delivery.py; docs/scheduling.md).
 
 Exit codes: 0 after a clean stop, 2 for bad settings or an address it cannot listen on, 3 when
-another process holds its store's lock, 4 when delayOffset.json and its backup are unreadable.
+another process holds its store's lock, 4 when delayOffset.json and its backup, or the timer store,
+are unreadable.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from services.scheduler import DEFAULT_LISTEN
 from services.scheduler.delivery import DelayScheduler
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
 from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timer_delivery import TimerScheduler
 from services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
 from services.scheduler.transaction_check import SERVICE_NAME as TX_SERVICE_NAME
 from services.scheduler.transaction_check import CheckSettings, TransactionChecker
@@ -102,35 +105,41 @@ async def _serve(options: SchedulerOptions) -> int:
         commitlog = CommitLogPeer(options.commitlog or config.commitlog_listen)
         scheduler = DelayScheduler(levels, root / "config" / FILE_NAME, files, indexer, commitlog,
                                    options.persist_interval_ms / 1000)
+        # Timer messages (services/scheduler/timer_delivery.py): rmq_sys_wheel_timer, state under ROOT/timer.
+        timers = TimerScheduler(root, files, indexer, commitlog, options.persist_interval_ms / 1000,
+                                config.timer_max_delay_sec)
         # Transactions (services/scheduler/transaction_check.py): ends and check-backs of the shard's halves.
         checker = TransactionChecker(check_settings, files, Path(options.indexer_store) if options.indexer_store else
                                      store_root / INDEXER_DIR, config.mapped_file_size_consume_queue, indexer,
                                      options.commitlog or config.commitlog_listen, root / "config" / TX_OFFSETS_FILE)
         try:
             scheduler.load()
+            timers.load()
             checker.load()
         except ValueError as exc:
             log.error("cannot start: %s", exc)
             return EXIT_BAD_OFFSETS_FILE
-        return await _run(options, scheduler, files, indexer, commitlog, signals, metrics_port, checker)
+        return await _run(options, scheduler, files, indexer, commitlog, signals, metrics_port, checker, timers)
     finally:
         lock.release()
 
 
 async def _run(options: SchedulerOptions, scheduler: DelayScheduler, files: ScheduleFiles, indexer: IndexerPeer,
                commitlog: CommitLogPeer, signals: ShutdownSignal, metrics_port: int | None,
-               checker: TransactionChecker) -> int:
+               checker: TransactionChecker, timers: TimerScheduler) -> int:
     settings = ServerSettings(listen=options.listen or DEFAULT_LISTEN).as_internal()
     server = AioGrpcServer(settings, [TX_SERVICE_NAME], register_transactions(checker))
 
     async def stopped() -> None:
         await checker.stop()
+        await timers.stop()
         await scheduler.stop()
         await indexer.close()
         await commitlog.close()
         files.close()
 
     scheduler.start()
+    timers.start()
     checker.start()
     bound = await start_aio_service(server, metrics_port, stopped)
     if bound is None:

@@ -73,16 +73,18 @@ class CommitLogPeer:
         self._stub = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
 
     async def append(self, messages: Sequence[Message]) -> list[commitlog_pb2.AppendResult]:
-        """A result per message stored or refused, in order; fewer results than messages when a call
-        failed after the ones answered (the rest must be tried again). AioRpcError when nothing was
-        answered.
+        """A result per message stored or refused, in order (appended as due messages,
+        ``scheduled_delivery``: their DELAY / TIMER_* properties do not park them again); fewer results
+        than messages when a call failed after the ones answered (the rest must be tried again).
+        AioRpcError when nothing was answered.
 
         One AppendBatch normally. A consumer group's %RETRY% / %DLQ% topic (a send-back delivered after
         its delay) is written only through Append with ``group_flow``; and a batch the store refuses as a
         whole (INVALID_ARGUMENT) is retried one message at a time, so that only the refused message gets
         a MESSAGE_ILLEGAL result and the others are delivered."""
         if not any(is_group_topic(m.topic) for m in messages):
-            request = commitlog_pb2.AppendBatchRequest(messages=[message_to_proto(m) for m in messages])
+            request = commitlog_pb2.AppendBatchRequest(messages=[message_to_proto(m) for m in messages],
+                                                       scheduled_delivery=True)
             try:
                 response = await self._stub.AppendBatch(request, timeout=CALL_TIMEOUT_S)
                 return list(response.results)
@@ -92,7 +94,8 @@ class CommitLogPeer:
         results: list[commitlog_pb2.AppendResult] = []
         for message in messages:
             request_one = commitlog_pb2.AppendRequest(message=message_to_proto(message),
-                                                      group_flow=is_group_topic(message.topic))
+                                                      group_flow=is_group_topic(message.topic),
+                                                      scheduled_delivery=True)
             try:
                 results.append(await self._stub.Append(request_one, timeout=CALL_TIMEOUT_S))
             except grpc.aio.AioRpcError as exc:

@@ -35,17 +35,19 @@ class ScheduledUnit(NamedTuple):
 
 class ScheduleFiles:
     def __init__(self, store_root: Path, indexer_root: Path, commitlog_file_size: int, cq_file_size: int) -> None:
-        self._cq_root = indexer_root / CONSUMEQUEUE_DIR / SCHEDULE_TOPIC
+        self._cq_root = indexer_root / CONSUMEQUEUE_DIR
         self._cq_file_size = cq_file_size
-        self._queues: dict[int, ReadOnlyFiles] = {}
+        self._queues: dict[tuple[str, int], ReadOnlyFiles] = {}
         self._commitlog = ReadOnlyFiles(store_root / COMMITLOG_DIR, commitlog_file_size)
 
-    def unit(self, queue_id: int, queue_offset: int) -> ScheduledUnit | None:
+    def unit(self, queue_id: int, queue_offset: int, topic: str = SCHEDULE_TOPIC) -> ScheduledUnit | None:
         """The unit at ``queue_offset`` (the caller knows it is below the published max), None when its
-        file is not readable yet (being created)."""
-        files = self._queues.get(queue_id)
+        file is not readable yet (being created). ``topic``: SCHEDULE_TOPIC_XXXX, or rmq_sys_wheel_timer
+        (whose units' last field is a plain tags code)."""
+        files = self._queues.get((topic, queue_id))
         if files is None:
-            files = self._queues[queue_id] = ReadOnlyFiles(self._cq_root / str(queue_id), self._cq_file_size)
+            files = self._queues[topic, queue_id] = ReadOnlyFiles(self._cq_root / topic / str(queue_id),
+                                                                  self._cq_file_size)
         position = queue_offset * UNIT_SIZE
         found = files.find(position)
         if found is None:

@@ -1,28 +1,26 @@
-"""What a due delayed message becomes: RocketMQ 4.9.8's ``ScheduleMessageService.messageTimeup``.
+"""What a due delayed or timer message becomes.
 
-The re-put message keeps body, flag, sys_flag, born timestamp, born host, reconsume times and every
-property (REAL_TOPIC and REAL_QID included); its topic and queue are REAL_TOPIC / REAL_QID; DELAY is
-cleared (so the store does not park it again); the prepared transaction offset is 0 (messageTimeup
-does not copy it). The store gives it a new store timestamp, store host (the same commitlog service),
-commitlog and queue offsets, and the indexer a tags code of its TAGS (not a deliver time any more,
-since the topic is not SCHEDULE_TOPIC_XXXX).
+Delay levels, RocketMQ 4.9.8's ``ScheduleMessageService.messageTimeup``: the re-put message keeps
+body, flag, sys_flag, born timestamp, born host, reconsume times and every property (REAL_TOPIC,
+REAL_QID and DELAY included: 4.9.8 serialises the properties string *before* it clears DELAY, so its
+record still carries DELAY=n); its topic and queue are REAL_TOPIC / REAL_QID; the prepared transaction
+offset is 0 (messageTimeup does not copy it). The scheduler appends it as a due message
+(``scheduled_delivery``) so that the store does not park it again for its DELAY.
 
-One difference from 4.9.8's bytes: 4.9.8 serialises the properties string *before* it clears DELAY,
-so its stored record still carries DELAY=n; the commitlog service would park such a message again,
-so here the stored properties lack DELAY. Readers see the same topic, queue, body and properties
-otherwise.
+Timers, RocketMQ 5's ``TimerMessageStore.convert`` / ``convertMessage``: the same fields, every
+property kept (TIMER_OUT_MS, REAL_TOPIC, REAL_QID, the producer's TIMER_*), plus TIMER_ENQUEUE_MS (when
+the scheduler took the message into its timer store) and TIMER_DEQUEUE_MS (when it delivered it).
+
+The store gives the record a new store timestamp, store host (the same commitlog service), commitlog
+and queue offsets, and the indexer a tags code of its TAGS (not a deliver time: the topic is not
+SCHEDULE_TOPIC_XXXX).
 """
 
 from __future__ import annotations
 
-from services.store.message import (
-    PROPERTY_DELAY_TIME_LEVEL,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    Message,
-    MessageRecord,
-)
+from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageRecord
 from services.store.record import java_parse_int
+from services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
 
 
 class NotDeliverable(ValueError):
@@ -30,8 +28,16 @@ class NotDeliverable(ValueError):
 
 
 def message_timeup(record: MessageRecord) -> Message:
-    properties = dict(record.properties)
-    properties.pop(PROPERTY_DELAY_TIME_LEVEL, None)
+    return _real_message(record, dict(record.properties))
+
+
+def timer_timeup(record: MessageRecord, enqueue_ms: int, dequeue_ms: int) -> Message:
+    properties = {**record.properties, PROPERTY_TIMER_ENQUEUE_MS: str(enqueue_ms),
+                  PROPERTY_TIMER_DEQUEUE_MS: str(dequeue_ms)}
+    return _real_message(record, properties)
+
+
+def _real_message(record: MessageRecord, properties: dict[str, str]) -> Message:
     topic = properties.get(PROPERTY_REAL_TOPIC)
     queue_text = properties.get(PROPERTY_REAL_QUEUE_ID)
     if not topic or queue_text is None:

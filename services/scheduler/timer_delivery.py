@@ -1,0 +1,287 @@
+"""Timer delivery: RocketMQ 5's TimerMessageStore for messages parked in rmq_sys_wheel_timer.
+
+Two steps in one loop (one asyncio task, so they never interleave):
+
+* take in: rmq_sys_wheel_timer queue 0 is read from the enqueue offset up to the indexer's published
+  max; each record's TIMER_OUT_MS (its deliver time) files a unit under its second in the timer store
+  (services/store/timer_files.py), or under the second being delivered when that time has passed;
+* deliver: the second being delivered (``delivered_second``) has its units re-put (timer_timeup) once
+  their deliver ms has come; the second is done once it has ended and all its units are acknowledged.
+
+The checkpoint (enqueue offset, timerlog length, delivered second, and the units of that second already
+delivered) is written every persist interval and at stop, after the timer files are fsynced. So a
+clean restart repeats nothing; after kill -9 the repeats are the deliveries since the last checkpoint
+(at most one persist interval's worth), and nothing is lost: a unit leaves the store only by its
+second being passed, which happens after its delivery was acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+from pathlib import Path
+
+import grpc
+
+from services.scheduler import metrics
+from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timeup import NotDeliverable, timer_timeup
+from services.server import tracing
+from services.store.message import Message
+from services.store.timer_files import TimerFiles, TimerUnit
+from services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, TIMER_TOPIC
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0
+RETRY_S = 1.0
+MAX_BATCH = 256
+#: units taken in per round before delivering (a backlog does not hold deliveries up)
+ENQUEUE_PER_ROUND = 4096
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def wheel_slots(max_delay_sec: int) -> int:
+    """Slots of a new timer store: twice the horizon (plus a minute), so a second within the horizon
+    of the delivered second never meets a slot still holding an undelivered one."""
+    return 2 * max_delay_sec + 60
+
+
+class TimerScheduler:
+    def __init__(self, store: Path, files: ScheduleFiles, indexer: IndexerPeer, commitlog: CommitLogPeer,
+                 persist_interval_s: float, max_delay_sec: int) -> None:
+        self._store = store
+        self._files = files
+        self._indexer = indexer
+        self._commitlog = commitlog
+        self._persist_interval_s = persist_interval_s
+        self._max_delay_sec = max_delay_sec
+        self._timer: TimerFiles | None = None
+        self.enqueue_offset = 0
+        self.delivered_second = 0
+        self._max_offset = 0
+        self._min_offset = 0
+        #: the units of delivered_second (loaded once per second) and those of them delivered
+        self._current: list[TimerUnit] | None = None
+        self._done: set[int] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._dirty = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.delivered = 0
+
+    @property
+    def timer(self) -> TimerFiles:
+        assert self._timer is not None, "load() first"
+        return self._timer
+
+    def load(self) -> None:
+        """Open and recover the timer store (ValueError when it is unreadable)."""
+        self._timer = TimerFiles.open(self._store, wheel_slots(self._max_delay_sec))
+        check = self._timer.checkpoint
+        self.enqueue_offset = check.enqueue_offset
+        self.delivered_second = check.delivered_second or now_ms() // 1000
+        self._done = set(check.done_positions)
+
+    def persist(self) -> None:
+        self.timer.save(self.enqueue_offset, self.delivered_second, sorted(self._done))
+        self._dirty = False
+
+    # -- running -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._loop(), name="deliver-timers"),
+                       asyncio.create_task(self._watch_arrivals(), name="watch-timer-arrivals"),
+                       asyncio.create_task(self._persist_loop(), name="persist-timer-checkpoint")]
+
+    async def stop(self) -> None:
+        """Finish the round in flight, then write the checkpoint."""
+        self._stopping = True
+        self._wake.set()
+        loop, *others = self._tasks
+        for task in others:
+            task.cancel()
+        for task in [*others, loop]:
+            with suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self._timer is not None:
+            try:
+                self.persist()
+            except OSError:
+                log.exception("cannot write the timer checkpoint at stop: deliveries since the last one may repeat")
+            self._timer.close()
+            self._timer = None
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._persist_interval_s)
+            if self._dirty:
+                try:
+                    self.persist()  # in the loop's thread: the files are never written meanwhile
+                except OSError:
+                    log.exception("cannot write the timer checkpoint; retrying in %.1fs", self._persist_interval_s)
+
+    async def _watch_arrivals(self) -> None:
+        while True:
+            try:
+                async for topic, queue_id, max_offset in self._indexer.arrivals():
+                    if topic == TIMER_TOPIC and queue_id == TIMER_QUEUE_ID and max_offset > self._max_offset:
+                        self._max_offset = max_offset
+                        self._wake.set()
+            except grpc.aio.AioRpcError as exc:
+                log.debug("arrival stream from the indexer at %s broke: %s", self._indexer.address, exc.code())
+            await asyncio.sleep(RETRY_S)
+
+    async def _refresh_bounds(self) -> None:
+        offsets = await self._indexer.queue_offsets(TIMER_TOPIC, TIMER_QUEUE_ID)
+        if offsets is None:
+            return
+        self._min_offset, self._max_offset = offsets
+        if self.enqueue_offset < self._min_offset:
+            log.warning("timers: enqueue offset %d is below the queue's min offset %d: skipping to it",
+                        self.enqueue_offset, self._min_offset)
+            self.enqueue_offset, self._dirty = self._min_offset, True
+        elif self.enqueue_offset > self._max_offset:
+            log.warning("timers: enqueue offset %d is past the queue's max offset %d: going back to it",
+                        self.enqueue_offset, self._max_offset)
+            self.enqueue_offset, self._dirty = self._max_offset, True
+
+    async def _loop(self) -> None:
+        last_refresh = 0.0
+        while not self._stopping:
+            self._wake.clear()
+            wait_s = POLL_S
+            try:
+                if time.monotonic() - last_refresh >= POLL_S:
+                    await self._refresh_bounds()
+                    last_refresh = time.monotonic()
+                if self._enqueue():
+                    self._wake.set()  # more to take in: another round at once
+                wait_s = min(wait_s, await self._deliver())
+            except grpc.aio.AioRpcError as exc:
+                log.warning("timers: %s: %s; retrying in %.1fs", exc.code().name, exc.details(), RETRY_S)
+                wait_s = RETRY_S
+            if self._stopping:
+                break
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait_s))
+
+    # -- take in -------------------------------------------------------------------------------
+    def _enqueue(self) -> bool:
+        """Take in units up to the published max; True when more remain for the next round."""
+        timer = self.timer
+        for _ in range(ENQUEUE_PER_ROUND):
+            offset = self.enqueue_offset
+            if offset >= self._max_offset:
+                return False
+            unit = self._files.unit(TIMER_QUEUE_ID, offset, TIMER_TOPIC)
+            if unit is None:
+                return False
+            deliver = self._deliver_ms_of(unit.commitlog_offset, unit.size, offset) if unit.valid else None
+            if deliver is not None:
+                second = max(deliver // 1000, self.delivered_second)
+                if second - self.delivered_second >= timer.slots:
+                    return False  # the wheel's far side still holds undelivered seconds: wait for them
+                filed = timer.append(second, deliver, now_ms(), unit.commitlog_offset, unit.size, offset)
+                metrics.SCHEDULED.labels(kind="timer").inc()
+                if second == self.delivered_second and self._current is not None:
+                    self._current.append(filed)
+            else:
+                metrics.SKIPPED.labels(kind="timer", level="").inc()
+            self.enqueue_offset, self._dirty = offset + 1, True
+        return True
+
+    def _deliver_ms_of(self, commitlog_offset: int, size: int, queue_offset: int) -> int | None:
+        record = self._files.record(commitlog_offset)
+        if record is None:
+            log.warning("timers: the record of unit %d (commitlog offset %d) is gone: passed over", queue_offset,
+                        commitlog_offset)
+            return None
+        text = record.properties.get(PROPERTY_TIMER_OUT_MS)
+        try:
+            return int(text) if text is not None else None
+        except ValueError:
+            pass
+        log.error("timers: unit %d (commitlog offset %d) has no usable TIMER_OUT_MS (%r): passed over",
+                  queue_offset, commitlog_offset, text)
+        return None
+
+    # -- deliver -------------------------------------------------------------------------------
+    async def _deliver(self) -> float:
+        """Deliver what is due; the seconds until something may be due next."""
+        timer = self.timer
+        passed = 0
+        while not self._stopping:
+            second = self.delivered_second
+            if self._current is None:
+                self._current = timer.units_of(second)
+            now = now_ms()
+            due = [u for u in self._current if u.position not in self._done and u.deliver_ms <= now]
+            for start in range(0, len(due), MAX_BATCH):
+                if not await self._append(second, due[start:start + MAX_BATCH]):
+                    return RETRY_S
+            later = [u.deliver_ms for u in self._current if u.position not in self._done]
+            if later:
+                return max(0.0, (min(later) - now_ms()) / 1000)
+            if now_ms() < (second + 1) * 1000:
+                return ((second + 1) * 1000 - now_ms()) / 1000
+            self.delivered_second, self._current, self._done, self._dirty = second + 1, None, set(), True
+            passed += 1
+            if passed % 1000 == 0:  # catching up on a long stop: let the rest of the loop run
+                await asyncio.sleep(0)
+        return 0.0
+
+    async def _append(self, second: int, units: list[TimerUnit]) -> bool:
+        """Re-put ``units`` (all due); False when the rest must be tried again."""
+        batch: list[tuple[TimerUnit, Message]] = []
+        dequeue = now_ms()
+        for unit in units:
+            metrics.SCHEDULED_SEEN.labels(kind="timer", level="").inc()
+            record = self._files.record(unit.commitlog_offset)
+            message = None
+            if record is None:
+                log.warning("timers: the record at commitlog offset %d is gone: passed over", unit.commitlog_offset)
+            else:
+                try:
+                    message = timer_timeup(record, unit.enqueue_ms, dequeue)
+                except NotDeliverable as exc:
+                    log.error("timers: %s: passed over", exc)
+            if message is None:
+                metrics.SKIPPED.labels(kind="timer", level="").inc()
+                self._done.add(unit.position)
+                self._dirty = True
+            else:
+                batch.append((unit, message))
+        if not batch:
+            return True
+        try:
+            with tracing.span("scheduler.deliver", kind="timer", second=second, messages=len(batch)):
+                results = await self._commitlog.append([message for _, message in batch])
+        except grpc.aio.AioRpcError as exc:
+            log.warning("timers: AppendBatch to %s failed (%s: %s); retrying in %.1fs", self._commitlog.address,
+                        exc.code().name, exc.details(), RETRY_S)
+            return False
+        done = now_ms()
+        delivered = metrics.DELIVERED.labels(kind="timer", level="")
+        lateness = metrics.LATENESS.labels(kind="timer")
+        for (unit, message), result in zip(batch, results, strict=False):
+            if result.status in STORED:
+                delivered.inc()
+                self.delivered += 1
+                lateness.observe(max(0, done - unit.deliver_ms) / 1000)
+            elif result.status in REFUSED:
+                log.error("timers: the store refused the message for %s queue %d for good (%s): passed over",
+                          message.topic, message.queue_id, result.status)
+                metrics.SKIPPED.labels(kind="timer", level="").inc()
+            else:
+                log.warning("timers: a message not stored (status %d); retrying in %.1fs", result.status, RETRY_S)
+                return False
+            self._done.add(unit.position)
+            self._dirty = True
+        return len(results) >= len(batch)

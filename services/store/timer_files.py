@@ -1,0 +1,205 @@
+"""The scheduler's timer store under ``<scheduler store>/timer/``: a time-bucketed log on disk.
+
+Three files (RocketMQ 5's TimerMessageStore keeps the same three: timerlog, timerwheel, timercheck):
+
+* ``timerlog``: append-only, one fixed 56-byte unit per timer message taken in (``>iqqqqiqq``: magic,
+  the second it is filed under, deliver ms, enqueue ms, commitlog offset, size, rmq_sys_wheel_timer
+  queue offset, position of the previous unit of the same second or -1). The units of one second form
+  a list, newest first. A unit is filed under its deliver second, or under the next second to deliver
+  when that one has passed already (overdue on arrival).
+* ``timerwheel``: ``slots`` fixed 24-byte slots (``>qqq``: the second it holds, position of its newest
+  unit or -1, unit count); second ``s`` lives in slot ``s % slots``. A slot holding another second is
+  reused: the store never takes in a second ``slots`` or more ahead of the delivered-up-to second,
+  so a reused slot always held a second already delivered.
+* ``timercheck``: JSON, written atomically after both files are fsynced: the next queue offset to take
+  in (``enqueueOffset``), the timerlog length covering exactly the units of the offsets below it
+  (``timerLogPos``), the first second not yet wholly delivered (``deliveredSecond``), the timerlog
+  positions of that second's units already delivered (``donePositions``), ``slots``.
+
+Recovery (:meth:`TimerFiles.open`) undoes the units past ``timerLogPos`` (taken in after the last
+checkpoint, taken in again from ``enqueueOffset``): newest first, each is unlinked from its slot when
+the slot still points at it, then the log is cut at ``timerLogPos``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from services.store.store_root import write_atomically
+
+TIMER_DIR = "timer"
+LOG_NAME = "timerlog"
+WHEEL_NAME = "timerwheel"
+CHECK_NAME = "timercheck"
+
+UNIT_MAGIC = 0x54494D31  # "TIM1"
+_UNIT = struct.Struct(">iqqqqiqq")
+UNIT_SIZE = _UNIT.size
+_SLOT = struct.Struct(">qqq")
+SLOT_SIZE = _SLOT.size
+
+
+class TimerUnit(NamedTuple):
+    position: int
+    second: int
+    deliver_ms: int
+    enqueue_ms: int
+    commitlog_offset: int
+    size: int
+    queue_offset: int
+    prev: int
+
+
+class Slot(NamedTuple):
+    second: int
+    last: int
+    units: int
+
+
+@dataclass(slots=True)
+class TimerCheckpoint:
+    enqueue_offset: int = 0
+    timer_log_pos: int = 0
+    delivered_second: int = 0
+    slots: int = 0
+    done_positions: list[int] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return json.dumps({"enqueueOffset": self.enqueue_offset, "timerLogPos": self.timer_log_pos,
+                           "deliveredSecond": self.delivered_second, "slots": self.slots,
+                           "donePositions": self.done_positions}).encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> TimerCheckpoint:
+        doc = json.loads(data)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+        check = cls(int(doc["enqueueOffset"]), int(doc["timerLogPos"]), int(doc["deliveredSecond"]),
+                    int(doc["slots"]), [int(p) for p in doc.get("donePositions", [])])
+        if min(check.enqueue_offset, check.timer_log_pos, check.delivered_second) < 0 or check.slots <= 0 \
+                or check.timer_log_pos % UNIT_SIZE:
+            raise ValueError(f"impossible values {check}")
+        return check
+
+
+def read_checkpoint(path: Path) -> TimerCheckpoint | None:
+    """The checkpoint in ``path`` or its ``.bak``; None when neither exists; ValueError when neither reads."""
+    errors: list[str] = []
+    for candidate in (path, path.with_name(path.name + ".bak")):
+        try:
+            return TimerCheckpoint.parse(candidate.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            errors.append(f"{candidate}: {exc}")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return None
+
+
+class TimerFiles:
+    """The timerlog and timerwheel files (positioned reads and writes) and the checkpoint."""
+
+    def __init__(self, directory: Path, checkpoint: TimerCheckpoint) -> None:
+        self.directory = directory
+        self.checkpoint = checkpoint
+        self.slots = checkpoint.slots
+        self._log = os.open(directory / LOG_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        self._wheel = os.open(directory / WHEEL_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        self.log_end = os.fstat(self._log).st_size // UNIT_SIZE * UNIT_SIZE
+
+    @classmethod
+    def open(cls, store: Path, slots: int) -> TimerFiles:
+        """Open (or create) ``store/timer``; a new store gets ``slots`` slots, an existing one keeps its
+        count. ValueError when the checkpoint is unreadable."""
+        directory = store / TIMER_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        checkpoint = read_checkpoint(directory / CHECK_NAME)
+        fresh = checkpoint is None
+        files = cls(directory, checkpoint or TimerCheckpoint(slots=slots))
+        if fresh:
+            os.ftruncate(files._log, 0)
+            os.ftruncate(files._wheel, 0)
+            files.log_end = 0
+        files._recover()
+        return files
+
+    def _recover(self) -> None:
+        keep = self.checkpoint.timer_log_pos
+        if self.log_end < keep:
+            raise ValueError(f"{self.directory / LOG_NAME} is {self.log_end} bytes, shorter than the "
+                             f"checkpoint's timerLogPos {keep}: the timer store is damaged")
+        position = self.log_end - UNIT_SIZE
+        while position >= keep:
+            unit = self.unit(position)
+            slot = self.slot_at(unit.second)
+            if slot.second == unit.second and slot.last == position:
+                self.write_slot(slot._replace(last=unit.prev, units=max(0, slot.units - 1)))
+            position -= UNIT_SIZE
+        os.ftruncate(self._log, keep)
+        self.log_end = keep
+
+    # -- units ---------------------------------------------------------------------------------
+    def unit(self, position: int) -> TimerUnit:
+        data = os.pread(self._log, UNIT_SIZE, position)
+        magic, *fields = _UNIT.unpack(data)
+        if magic != UNIT_MAGIC:
+            raise ValueError(f"timerlog unit at {position} has magic {magic:#x}")
+        return TimerUnit(position, *fields)
+
+    def append(self, second: int, deliver_ms: int, enqueue_ms: int, commitlog_offset: int, size: int,
+               queue_offset: int) -> TimerUnit:
+        """File a unit under ``second`` (the caller keeps it within ``slots`` of the delivered second)."""
+        slot = self.slot(second)
+        position = self.log_end
+        unit = TimerUnit(position, second, deliver_ms, enqueue_ms, commitlog_offset, size, queue_offset, slot.last)
+        os.pwrite(self._log, _UNIT.pack(UNIT_MAGIC, *unit[1:]), position)
+        self.log_end = position + UNIT_SIZE
+        self.write_slot(Slot(second, position, slot.units + 1))
+        return unit
+
+    def units_of(self, second: int) -> list[TimerUnit]:
+        """The units filed under ``second``, oldest first."""
+        slot = self.slot(second)
+        found: list[TimerUnit] = []
+        position = slot.last
+        while position >= 0 and len(found) < slot.units:
+            unit = self.unit(position)
+            found.append(unit)
+            position = unit.prev
+        found.reverse()
+        return found
+
+    # -- slots ---------------------------------------------------------------------------------
+    def slot_at(self, second: int) -> Slot:
+        """The raw slot ``second`` maps to (whatever second it holds)."""
+        data = os.pread(self._wheel, SLOT_SIZE, (second % self.slots) * SLOT_SIZE)
+        if len(data) < SLOT_SIZE or data == bytes(SLOT_SIZE):
+            return Slot(-1, -1, 0)
+        return Slot(*_SLOT.unpack(data))
+
+    def slot(self, second: int) -> Slot:
+        """The slot of ``second``: empty when it holds another second (or nothing)."""
+        slot = self.slot_at(second)
+        return slot if slot.second == second else Slot(second, -1, 0)
+
+    def write_slot(self, slot: Slot) -> None:
+        os.pwrite(self._wheel, _SLOT.pack(*slot), (slot.second % self.slots) * SLOT_SIZE)
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int]) -> None:
+        """Make the units and slots so far durable, then record how far both sides got."""
+        os.fsync(self._log)
+        os.fsync(self._wheel)
+        self.checkpoint = TimerCheckpoint(enqueue_offset, self.log_end, delivered_second, self.slots,
+                                          done_positions)
+        write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
+
+    def close(self) -> None:
+        os.close(self._log)
+        os.close(self._wheel)
