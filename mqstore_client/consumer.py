@@ -293,7 +293,11 @@ class PullConsumer(PullOptions, Endpoint):
             return
         if self._membership is not None:
             self._tracker = OffsetTracker({})
-            self._rebalance()
+            try:
+                self._rebalance()
+            except BaseException:
+                self._tracker = None  # the next start() tries again
+                raise
             return
         if self._queue_ids is None:
             request = gateway_pb2.GetRouteRequest(topic=self.topic)
@@ -446,7 +450,10 @@ class PullConsumer(PullOptions, Endpoint):
                 raise
             membership.schedule(waiting=True)
             return
-        membership.schedule(waiting=step.waits)
+        # Until the retry topic exists (the first consume_later creates it), look for it as often as before
+        # groups (RETRY_ROUTE_RECHECK_S), not only once an interval.
+        soon = self._retry_wanted and self._retry_feed is None
+        membership.schedule(waiting=step.waits, within=RETRY_ROUTE_RECHECK_S if soon else None)
 
     def _release(self, queue_ids: Sequence[int]) -> None:
         """Gives queues up: their consumed offsets committed (with auto_commit) before anything else."""
@@ -473,7 +480,10 @@ class PullConsumer(PullOptions, Endpoint):
         retry topic after its delay level (0: 3 + reconsume times), or goes to ``%DLQ%<group>`` once
         it was retried ``max_reconsume_times`` (16) times, or at once with ``delay_level=-1``."""
         request = send_back_request(self.group, message, delay_level, max_reconsume_times)
-        return SendBackReceipt.from_proto(self.connection.call("ConsumerSendBack", request, self.timeout))
+        receipt = SendBackReceipt.from_proto(self.connection.call("ConsumerSendBack", request, self.timeout))
+        if self._membership is not None and self._retry_feed is None and self._retry_wanted:
+            self._membership.due_at = float("-inf")  # the retry topic may exist now: its queues at the next poll
+        return receipt
 
     def __iter__(self) -> Iterator[Message]:
         """Every message, waiting for new ones forever (stop with break or close())."""

@@ -160,9 +160,12 @@ class GroupMembership:
     def due_in(self) -> float:
         return max(self.due_at - time.monotonic(), 0.0)
 
-    def schedule(self, waiting: bool) -> None:
-        """The next round: one interval on, sooner while a queue waits for its previous owner."""
+    def schedule(self, waiting: bool, within: float | None = None) -> None:
+        """The next round: one interval on, sooner while a queue waits for its previous owner (or
+        ``within`` seconds, if sooner)."""
         interval = self.rebalance_interval_s / (WAITING_SPEEDUP if waiting else 1)
+        if within is not None:
+            interval = min(interval, within)
         self.due_at = time.monotonic() + interval
 
     def heartbeat(self, topics: Sequence[str], held: Mapping[str, Iterable[int]]) -> list[MemberView]:
