@@ -24,6 +24,7 @@ from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN,
 from mqstore_client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
 from mqstore_client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
 from mqstore_client.errors import MqstoreError
+from mqstore_client.groups import describe_groups
 from mqstore_client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessage, SendReceipt, perm_text
 from mqstore_client.output import MAX_CELL, Printer, cell, format_record, timestamp
 from mqstore_client.producer import MAX_BATCH, Producer
@@ -219,6 +220,7 @@ def add_client_commands(commands: Subcommands) -> None:
     _add_offset(commands)
     _add_topics(commands)
     _add_dlq(commands)
+    _add_groups(commands)
 
 
 def _add_send(commands: Subcommands) -> None:
@@ -772,6 +774,36 @@ def _dlq(args: argparse.Namespace) -> int:
                     printer.table(("dead letter", "topic", "queue", "queue_offset", "msg id", "status"),
                                   [(msg_id, receipt.topic, receipt.queue_id, receipt.queue_offset, receipt.msg_id,
                                     receipt.status)])
+    return EXIT_OK
+
+
+# -- groups (members, their queues, lag; docs/consumer-groups.md) ----------------------------------------
+
+
+def _add_groups(commands: Subcommands) -> None:
+    groups = _command(commands, "groups", "consumer groups: members, the queues each consumes, lag per queue "
+                      "(max offset - committed offset)", _groups)
+    groups.add_argument("group", nargs="?", help="one group (default: every group with members or offsets)")
+    _common(groups)
+
+
+def _groups(args: argparse.Namespace) -> int:
+    printer = Printer(args.json)
+    with _client(args) as client:
+        described = describe_groups(client, args.group)
+    if printer.json_mode:
+        for info in described:
+            printer.json(info.to_json())
+        return EXIT_OK
+    rows: list[Sequence[Any]] = []
+    for info in described:
+        rows += [(info.group, q.topic, q.queue_id, q.shard, q.max_offset,
+                  q.committed_offset if q.committed_offset >= 0 else "-", q.lag, q.owner or "-") for q in info.queues]
+        held = {q.owner for q in info.queues}
+        rows += [(info.group, "-", "-", "-", "-", "-", "-", m.client_id) for m in info.members
+                 if m.client_id not in held]
+    printer.table(("group", "topic", "queue", "shard", "max_offset", "committed", "lag", "member"), rows,
+                  empty="no consumer groups")
     return EXIT_OK
 
 
