@@ -256,6 +256,8 @@ class Outcome:
     duplicates: int
     early: int
     lateness_ms: dict[str, list[int]]  # per kind, sorted
+    worst_by_second: list[int]
+    dispatch_lag: str
     behind_ms: float
     send_errors: int
     cores: dict[str, float]
@@ -300,6 +302,30 @@ def analyse(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int
     return lateness, lost, duplicates, early, unknown
 
 
+def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int]]) -> list[int]:
+    """The worst lateness (ms) of first deliveries per second of due time, from the first due second on:
+    lateness that builds up second after second is a scheduler short of throughput; one bad second is a
+    stall (a pause of the process, or of the machine)."""
+    due = {r["proc"]: array("q", r["due"]) for r in reports}
+    seen: set[tuple[int, int]] = set()
+    worst: dict[int, int] = {}
+    for head, store_timestamp in pulled:
+        try:
+            proc, seq = parse_header(head)
+            deadline = due[proc][seq]
+        except (ValueError, KeyError, IndexError):
+            continue
+        if not deadline or (proc, seq) in seen:
+            continue
+        seen.add((proc, seq))
+        second = deadline // 1000
+        worst[second] = max(worst.get(second, -(1 << 62)), store_timestamp - deadline)
+    if not worst:
+        return []
+    first = min(worst)
+    return [worst.get(second, 0) for second in range(first, max(worst) + 1)]
+
+
 def _warm_up(system: Any, delays_ms: tuple[int, ...], timeout_s: float = 30.0) -> None:
     """One DELAY=1 batch delivered before the clock starts: the commitlog's first file, the scheduler's
     first read of the parked records and its first re-put all happen here, not in the measurement."""
@@ -316,6 +342,7 @@ def _warm_up(system: Any, delays_ms: tuple[int, ...], timeout_s: float = 30.0) -
 
 
 def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[int, ...]) -> Outcome:
+    from bench.dispatch_lag import LagSampler
     from bench.gateway import create_topic, running_system, settle
 
     settings = {"MQSTORE_LOG_LEVEL": "WARNING", "MQSTORE_MESSAGE_DELAY_LEVEL": args.delay_levels}
@@ -327,6 +354,9 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
                           args.body_size, kinds, delays_ms, args.timer_ms)
         furthest_ms = max(args.timer_ms if kind == TIMER else delays_ms[int(kind) - 1] for kind in kinds)
         services = {name: CpuMeter([pid], include_self=False) for name, pid in system.children.items()}
+        # The indexer's dispatch lag: the scheduler sees a parked unit only once it is dispatched.
+        sampler = LagSampler(f"127.0.0.1:{system.base_port + 2}")
+        sampler.start()
         profiler = _start_profiler(args.profile, system.children["scheduler"],
                                    args.duration + furthest_ms / 1000 + 3) if args.profile else None
         try:
@@ -339,6 +369,7 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
             progress(f"sent {sent:,}; waiting for their delivery")
             count = wait_delivered(system.gateway, TOPIC, sent, furthest_ms / 1000 + args.wait)
             cores = {name: meter.stop()["cpuOurs"] for name, meter in services.items()}
+            sampler.stop()
             cores["senders"] = figures["clients"]["cpuOurs"]
             cores["other"] = figures["clients"]["cpuOther"]
             if count >= sent:
@@ -347,13 +378,18 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
         finally:
             if profiler is not None:
                 _stop_profiler(profiler, args.profile)
+            sampler.close()
+    lag_ms = sorted(sampler.lag_ms)
+    lag = (f"p50 {percentile(lag_ms, 50):.0f} ms, p99 {percentile(lag_ms, 99):.0f} ms, max {lag_ms[-1]:.0f} ms"
+           if lag_ms else "not sampled")
     seconds = (max(r["ended"] for r in reports) - min(r["started"] for r in reports)) / 1e9
     lateness, lost, duplicates, early, unknown = analyse(reports, pulled, kinds, args.batch)
     if unknown:
         progress(f"warning: {unknown} delivered messages match no acknowledged send")
     return Outcome(sent=sent, send_rate=sent / seconds, delivered=len(pulled), lost=lost, duplicates=duplicates,
                    early=early, lateness_ms=lateness, behind_ms=max(r["behind_ms"] for r in reports),
-                   send_errors=sum(r["error_count"] for r in reports), cores=cores)
+                   send_errors=sum(r["error_count"] for r in reports), cores=cores,
+                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag)
 
 
 def _start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
@@ -385,6 +421,8 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
     for row in [*rows, everything]:
         print(f"{row['kind']:>6} {row['delivered']:>10,} {row['p50']:>8.0f} {row['p99']:>8.0f} {row['max']:>8.0f} "
               f"{row['min']:>8.0f}")
+    print(f"worst lateness per second of due time (ms): {' '.join(str(v) for v in outcome.worst_by_second)}")
+    print(f"indexer dispatch lag while sending and delivering: {outcome.dispatch_lag}")
     print("cores from the first send to the last delivery: "
           + ", ".join(f"{name} {value:.2f}" for name, value in outcome.cores.items()))
     verdict = "met" if everything["p99"] <= TARGET_P99_MS else "MISSED"
@@ -394,7 +432,8 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
         print(json.dumps({"bench": "scheduler_lateness", "config": vars(args),
                           "sent": outcome.sent, "send_rate": round(outcome.send_rate), "delivered": outcome.delivered,
                           "lost": outcome.lost, "duplicates": outcome.duplicates, "early": outcome.early,
-                          "rows": [*rows, everything], "cores": outcome.cores}))
+                          "rows": [*rows, everything], "cores": outcome.cores,
+                          "worst_by_second": outcome.worst_by_second, "dispatch_lag": outcome.dispatch_lag}))
 
 
 def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.ArgumentParser:
