@@ -22,7 +22,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.services import free_port_block
-from mqstore_client import Client, Producer, PullConsumer, Tls, UnavailableError
+from mqstore_client import Client, InvalidArgumentError, Producer, PullConsumer, Tls, UnavailableError
+from mqstore_client.connection import resolve_tls
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import GATEWAY_SERVICE, UpProcess
 
@@ -231,12 +232,16 @@ def test_mutual_tls_with_workers_from_the_environment_refuses_clients_without_a_
     (["--tls-cert", "{server_cert}", "--tls-key", "{client_key}"], "key values mismatch"),
     (["--tls-cert", "{server_cert}", "--tls-key", "{missing}"], "cannot read the TLS private key"),
     (["--tls-cert", "{server_cert}", "--tls-key", "{server_key}", "--tls-client-ca", "{server_csr}"], "not PEM"),
+    (["--tls-cert", "{server_cert}", "--tls-key", "{encrypted_key}"], "the key is encrypted"),
 ])
 def test_unusable_tls_settings_exit_2_naming_what_to_fix(certs: Certs, tmp_path: Path, args: list[str],
                                                          fragment: str) -> None:
     (tmp_path / "not-pem").write_text("hello")
+    _openssl("pkey", "-in", certs.server_key, "-aes256", "-passout", "pass:secret", "-out", "encrypted.key",
+             cwd=tmp_path)
     names = {"server_cert": certs.server_cert, "client_key": certs.client_key, "ca": certs.ca,
-             "server_key": certs.server_key, "missing": tmp_path / "missing.key", "server_csr": tmp_path / "not-pem"}
+             "server_key": certs.server_key, "missing": tmp_path / "missing.key", "server_csr": tmp_path / "not-pem",
+             "encrypted_key": tmp_path / "encrypted.key"}
     command = [*mqstore_command(), "gateway", "--listen", f"127.0.0.1:{free_port_block(1)}",
                *(a.format(**names) for a in args)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=commitlog_env())
@@ -249,3 +254,17 @@ def test_mqstore_up_refuses_gateway_tls_settings_it_cannot_honour(tmp_path: Path
     result = subprocess.run([*mqstore_command(), "up", "--store", str(tmp_path / "store")], capture_output=True,
                             text=True, timeout=60, env=commitlog_env({"MQSTORE_GATEWAY_TLS_CERT": "server.crt"}))
     assert result.returncode == 2 and "mqstore gateway --tls-cert" in result.stderr, result.stderr
+
+
+def test_client_tls_comes_from_the_argument_else_the_environment() -> None:
+    assert resolve_tls(None, {}) is None
+    assert resolve_tls(None, {"MQSTORE_TLS_CA": "ca.crt"}) == Tls("ca.crt")
+    assert resolve_tls(None, {"MQSTORE_TLS_CERT": "c.crt", "MQSTORE_TLS_KEY": "c.key"}) == Tls(None, "c.crt", "c.key")
+    assert resolve_tls(None, {"MQSTORE_TLS": "1"}) == Tls()
+    assert resolve_tls(False, {"MQSTORE_TLS_CA": "ca.crt"}) is None
+    assert resolve_tls(True, {}) == Tls()
+    assert resolve_tls(Tls("mine.crt"), {"MQSTORE_TLS_CA": "ca.crt"}) == Tls("mine.crt")
+    with pytest.raises(InvalidArgumentError, match="give both"):
+        Tls(cert="client.crt").credentials()
+    with pytest.raises(InvalidArgumentError, match="cannot read the TLS CA"):
+        Tls(ca="/nonexistent/ca.crt").credentials()
