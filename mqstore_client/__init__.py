@@ -40,11 +40,18 @@ from mqstore_client.models import (
     TopicRoute,
 )
 from mqstore_client.producer import Producer
+from mqstore_client.transaction_producer import (
+    TransactionCheck,
+    TransactionProducer,
+    TransactionResult,
+    TransactionState,
+)
 
 __all__ = [
     "DEFAULT_ADDRESS", "AlreadyExistsError", "Client", "Connection", "DataLossError", "DeadlineExceededError",
     "FailedPreconditionError", "InvalidArgumentError", "Message", "MqstoreError", "NotFoundError",
     "OutOfRangeError", "OutgoingMessage", "PermissionDeniedError", "Producer", "PullConsumer", "QueryResult",
     "QueueOffsets", "QueueRoute", "ResourceExhaustedError", "SendReceipt", "Tls", "TopicConfig", "TopicRoute",
-    "UnauthenticatedError", "UnavailableError",
+    "TransactionCheck", "TransactionProducer", "TransactionResult", "TransactionState", "UnauthenticatedError",
+    "UnavailableError",
 ]
