@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore_client import Client, Producer
+from mqstore_client import Client, Producer, PullConsumer
 from mqstore_client.groups import describe_groups
+from tests.client.conftest import eventually, run_cli
 
 QUEUES = 8
 INTERVAL_S = 1.0
@@ -37,8 +38,6 @@ BOUND_S = INTERVAL_S + TIMEOUT_S + SLACK_S
 
 def member_main(gateway: str, group: str, topic: str) -> None:
     """One consumer process: prints each message and each change of its queues as JSON lines."""
-    from mqstore_client import PullConsumer
-
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     consumer = PullConsumer(group, topic, gateway, rebalance_interval_s=INTERVAL_S, member_timeout_s=TIMEOUT_S,
@@ -241,3 +240,32 @@ def test_explicit_queues_or_rebalance_off_do_not_join(gateway: str, client: Clie
         assert explicit.client_id is None and everything.client_id is None
         (described,) = describe_groups(client, group)
         assert described.members == []
+
+
+def test_groups_cli_shows_members_queues_and_lag(gateway: str, client: Client, topic: str) -> None:
+    group = f"cli_{topic}"[:200]
+    client.create_topic(topic, 2)
+    producer = client.producer()
+    for i in range(3):
+        producer.send(topic, f"m{i}", queue_id=0)
+    with client.consumer(group, topic, rebalance_interval_s=5.0) as consumer:
+        eventually(lambda: _consumed(consumer, 1))
+        consumer.commit()
+        shown = run_cli("groups", group, "--gateway", gateway, "--json")
+        assert shown.code == 0, shown.stderr
+        (info,) = [json.loads(line) for line in shown.stdout.splitlines()]
+        assert [m["client_id"] for m in info["members"]] == [consumer.client_id]
+        rows = {q["queue_id"]: (q["max_offset"], q["committed_offset"], q["lag"], q["owner"]) for q in info["queues"]}
+        committed = consumer.positions()[0]
+        assert rows[0] == (3, committed, 3 - committed, consumer.client_id)
+        assert rows[1] == (0, 0, 0, consumer.client_id)
+        table = run_cli("groups", "--gateway", gateway)
+        assert table.code == 0 and group in table.stdout and consumer.client_id in table.stdout, table.stderr
+        assert table.stdout.splitlines()[0].split() == ["GROUP", "TOPIC", "QUEUE", "SHARD", "MAX_OFFSET", "COMMITTED",
+                                                        "LAG", "MEMBER"]
+    bad = run_cli("groups", "bad group", "--gateway", gateway)
+    assert bad.code == 1 and "INVALID_ARGUMENT" in bad.stderr
+
+
+def _consumed(consumer: PullConsumer, at_least: int) -> None:
+    assert len(consumer.poll(at_least, timeout=0.5)) >= at_least
