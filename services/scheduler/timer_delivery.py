@@ -18,6 +18,7 @@ second being passed, which happens after its delivery was acknowledged.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from contextlib import suppress
@@ -67,13 +68,15 @@ class TimerScheduler:
         self.delivered_second = 0
         self._max_offset = 0
         self._min_offset = 0
-        #: the units of delivered_second (loaded once per second) and those of them delivered
-        self._current: list[TimerUnit] | None = None
+        #: the undelivered units of delivered_second by deliver time (loaded once per second; None: not
+        #: loaded), and the timerlog positions of those of its units delivered
+        self._current: list[tuple[int, int, TimerUnit]] | None = None
         self._done: set[int] = set()
         self._wake = asyncio.Event()
         self._stopping = False
         self._dirty = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._saving: asyncio.Future[None] | None = None
         self.delivered = 0
 
     @property
@@ -89,9 +92,19 @@ class TimerScheduler:
         self.delivered_second = check.delivered_second or now_ms() // 1000
         self._done = set(check.done_positions)
 
-    def persist(self) -> None:
-        self.timer.save(self.enqueue_offset, self.delivered_second, sorted(self._done))
+    async def persist(self) -> None:
+        """Checkpoint what the loop has done so far. The state is taken here, in the loop's thread; the
+        fsyncs and the write run in a worker thread (units taken in meanwhile lie past the recorded
+        timerlog length: recovery undoes them and they are taken in again)."""
+        timer = self.timer
+        save = (self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
         self._dirty = False
+        self._saving = asyncio.ensure_future(asyncio.to_thread(timer.save, *save))
+        try:
+            await asyncio.shield(self._saving)
+        except BaseException:
+            self._dirty = True
+            raise
 
     # -- running -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -110,9 +123,12 @@ class TimerScheduler:
             with suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self._saving is not None:  # a checkpoint in a worker thread: let it finish with the files
+            with suppress(OSError):
+                await self._saving
         if self._timer is not None:
             try:
-                self.persist()
+                await self.persist()
             except OSError:
                 log.exception("cannot write the timer checkpoint at stop: deliveries since the last one may repeat")
             self._timer.close()
@@ -123,7 +139,7 @@ class TimerScheduler:
             await asyncio.sleep(self._persist_interval_s)
             if self._dirty:
                 try:
-                    self.persist()  # in the loop's thread: the files are never written meanwhile
+                    await self.persist()
                 except OSError:
                     log.exception("cannot write the timer checkpoint; retrying in %.1fs", self._persist_interval_s)
 
@@ -191,7 +207,7 @@ class TimerScheduler:
                 filed = timer.append(second, deliver, now_ms(), unit.commitlog_offset, unit.size, offset)
                 metrics.SCHEDULED.labels(kind="timer").inc()
                 if second == self.delivered_second and self._current is not None:
-                    self._current.append(filed)
+                    heapq.heappush(self._current, (filed.deliver_ms, filed.position, filed))
             else:
                 metrics.SKIPPED.labels(kind="timer", level="").inc()
             self.enqueue_offset, self._dirty = offset + 1, True
@@ -220,15 +236,22 @@ class TimerScheduler:
         while not self._stopping:
             second = self.delivered_second
             if self._current is None:
-                self._current = timer.units_of(second)
+                self._current = [(u.deliver_ms, u.position, u) for u in timer.units_of(second)
+                                 if u.position not in self._done]
+                heapq.heapify(self._current)
+            pending = self._current
             now = now_ms()
-            due = [u for u in self._current if u.position not in self._done and u.deliver_ms <= now]
-            for start in range(0, len(due), MAX_BATCH):
-                if not await self._append(second, due[start:start + MAX_BATCH]):
+            while pending and pending[0][0] <= now:
+                batch: list[TimerUnit] = []
+                while pending and pending[0][0] <= now and len(batch) < MAX_BATCH:
+                    batch.append(heapq.heappop(pending)[2])
+                if not await self._append(second, batch):
+                    for unit in batch:  # tried again next round (those stored are in _done)
+                        if unit.position not in self._done:
+                            heapq.heappush(pending, (unit.deliver_ms, unit.position, unit))
                     return RETRY_S
-            later = [u.deliver_ms for u in self._current if u.position not in self._done]
-            if later:
-                return max(0.0, (min(later) - now_ms()) / 1000)
+            if pending:
+                return max(0.0, (pending[0][0] - now_ms()) / 1000)
             if now_ms() < (second + 1) * 1000:
                 return ((second + 1) * 1000 - now_ms()) / 1000
             self.delivered_second, self._current, self._done, self._dirty = second + 1, None, set(), True

@@ -192,12 +192,14 @@ class TimerFiles:
         os.pwrite(self._wheel, _SLOT.pack(*slot), (slot.second % self.slots) * SLOT_SIZE)
 
     # -- checkpoint ----------------------------------------------------------------------------
-    def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int]) -> None:
-        """Make the units and slots so far durable, then record how far both sides got."""
+    def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int],
+             log_pos: int | None = None) -> None:
+        """Make the units and slots so far durable, then record how far both sides got. ``log_pos``:
+        the timerlog length that goes with ``enqueue_offset`` (default: the length now)."""
+        log_pos = self.log_end if log_pos is None else log_pos
         os.fsync(self._log)
         os.fsync(self._wheel)
-        self.checkpoint = TimerCheckpoint(enqueue_offset, self.log_end, delivered_second, self.slots,
-                                          done_positions)
+        self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions)
         write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
 
     def close(self) -> None:
