@@ -29,6 +29,7 @@ from mqstore_client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessag
 from mqstore_client.output import MAX_CELL, Printer, cell, format_record, timestamp
 from mqstore_client.producer import MAX_BATCH, Producer
 from mqstore_client.progress import Progress
+from mqstore_client.transaction_producer import TransactionProducer, TransactionState
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
@@ -239,6 +240,10 @@ def _add_send(commands: Subcommands) -> None:
     send.add_argument("--batch", type=positive, metavar="N",
                       help=f"send N messages per SendBatch call, each call to one queue (at most {MAX_BATCH}); "
                            "default: pipelined on one SendStream")
+    send.add_argument("--transaction", choices=("commit", "rollback", "unknown"),
+                      help="send each message as a transaction (a half), then end it so; unknown leaves it to be "
+                           "checked with --producer-group's producers (docs/transactions.md)")
+    send.add_argument("--producer-group", default="mqstore-cli", help="the transaction's producer group")
     _common(send)
 
 
@@ -358,6 +363,8 @@ def _send(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch is at most {MAX_BATCH}")
     template = dict(tags=args.tags, keys=args.keys, properties=dict(args.property) or None)
     printer = Printer(args.json)
+    if args.transaction is not None:
+        return _send_transactions(args, topic, messages, template, printer)
     with Producer(args.gateway, args.token, timeout=args.timeout, tls=_tls(args)) as producer:
         if args.file is None:
             if args.batch is not None:
@@ -371,6 +378,28 @@ def _send(args: argparse.Namespace) -> int:
             _print_receipts(printer, receipts)
             return _status_exit(receipts)
         return _send_file(args, producer, topic, template, printer)
+
+
+def _send_transactions(args: argparse.Namespace, topic: str, messages: list[str], template: dict[str, Any],
+                       printer: Printer) -> int:
+    """``send --transaction``: a half per message, ended with the state asked for."""
+    if args.file is not None or args.batch is not None or args.delay_level is not None:
+        raise UsageError("--transaction sends message text one at a time: not with --file, --batch or --delay-level")
+    state = TransactionState[args.transaction.upper()]
+    with TransactionProducer(args.producer_group, lambda message, arg: state, address=args.gateway,
+                             token=args.token, timeout=args.timeout, tls=_tls(args)) as producer:
+        results = [producer.send(topic, text, sharding_key=args.sharding_key, queue_id=args.queue, **template)
+                   for text in messages]
+    if printer.json_mode:
+        for r in results:
+            printer.json({"transaction_id": r.transaction_id, "half_offset_msg_id": r.half.offset_msg_id,
+                          "state": r.state.name, "applied": r.applied,
+                          "committed": r.committed.to_json() if r.committed else None})
+    else:
+        printer.table(("transaction_id", "state", "applied", "queue", "offset", "half_offset_msg_id"),
+                      [(r.transaction_id, r.state.name, r.applied, r.committed.queue_id if r.committed else "",
+                        r.committed.queue_offset if r.committed else "", r.half.offset_msg_id) for r in results])
+    return EXIT_OK
 
 
 def _status_exit(receipts: Sequence[SendReceipt]) -> int:

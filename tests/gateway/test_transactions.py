@@ -5,6 +5,8 @@ bad requests refused with what to fix."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +17,7 @@ import pytest
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, query_pb2_grpc, transaction_pb2
 
 from mqstore_client import TransactionCheck, TransactionProducer, TransactionState
+from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL
 
@@ -229,3 +232,22 @@ def test_bad_requests_are_refused_with_what_to_fix(tx_up: UpProcess) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         _end(tx_up, plain, transaction_pb2.COMMIT)
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not a half" in caught.value.details()
+
+
+def test_cli_send_transaction(tx_up: UpProcess) -> None:
+    def send(state: str, text: str) -> dict[str, object]:
+        done = subprocess.run([*mqstore_command(), "send", "TxCli", text, "--transaction", state, "--gateway",
+                               tx_up.gateway, "--json"], capture_output=True, text=True, timeout=60,
+                              env=commitlog_env())
+        assert done.returncode == 0, done.stderr
+        answer: dict[str, object] = json.loads(done.stdout)
+        return answer
+
+    committed = send("commit", "cli-commit")
+    assert committed["state"] == "COMMIT" and committed["applied"] is True
+    assert isinstance(committed["committed"], dict) and committed["committed"]["topic"] == "TxCli"
+    rolled_back = send("rollback", "cli-rollback")
+    assert rolled_back["applied"] is True and rolled_back["committed"] is None
+    unknown = send("unknown", "cli-unknown")
+    assert unknown["applied"] is False and unknown["committed"] is None
+    assert [m.body for m in _real_queue(tx_up, "TxCli")] == [b"cli-commit"]
