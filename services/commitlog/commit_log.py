@@ -64,6 +64,7 @@ from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
 from services.store.timer_message import TIMER_TOPIC
 from services.store.topics import PERM_WRITE, TopicConfig
+from services.store.transactions import TRANSACTION_TOPICS
 from services.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
@@ -430,9 +431,10 @@ class CommitLog:
                 check_topic_name(topic)
             except InvalidArgumentError as exc:
                 raise PutMessageError(PutMessageStatus.MESSAGE_ILLEGAL, str(exc), index) from None
-            # SCHEDULE_TOPIC_XXXX and rmq_sys_wheel_timer are the store's own: they exist whenever a
-            # DELAY or timer message needs them.
-            if not self.config.auto_create_topic_enable and topic not in (SCHEDULE_TOPIC, TIMER_TOPIC):
+            # SCHEDULE_TOPIC_XXXX, rmq_sys_wheel_timer and the transaction topics are the store's own: they
+            # exist whenever a DELAY, timer or transactional message needs them.
+            if not self.config.auto_create_topic_enable and topic not in (SCHEDULE_TOPIC, TIMER_TOPIC) and \
+                    topic not in TRANSACTION_TOPICS:
                 raise NotFoundError(f"topic {topic!r} does not exist and autoCreateTopicEnable is off: create it first")
             # Checked against the topic it would get; created only once the whole put is valid.
             config = self.topics.auto_config(topic)
