@@ -202,6 +202,10 @@ class Transactions:
             try:
                 async for check in call:
                     check.shard = shard.name
+                    # The scheduler names the shard's queue: the producer knows the route's.
+                    route = await self.routes.route(check.message.topic)
+                    if route is not None:
+                        check.message.queue_id += route.bases.get(shard, 0)
                     self._hand_out(group, check)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.CANCELLED:
