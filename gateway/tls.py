@@ -15,10 +15,17 @@ command line, which wins (``--tls-cert``, ``--tls-key``, ``--tls-client-ca``):
 The files are checked before the gateway listens (a key that does not match its certificate, an
 encrypted key, a file that is not PEM: exit 2 with the file named), because grpc would otherwise
 only say "failed to add port". Workers (gateway/workers.py) each load the same files.
+
+Rotation without a restart (cert-manager renews a Secret, an operator replaces the files): grpc asks
+:class:`CertificateReloader` at each new connection's handshake; when a file changed (inode, size or
+times), the files are read and checked again. Good files serve every new connection from then on
+(connections already open keep theirs) and log ``TLS certificate reloaded``; bad ones (say the
+certificate renewed but the key not yet) keep the files loaded before and log why, once per version.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from collections.abc import Mapping
@@ -27,7 +34,10 @@ from pathlib import Path
 
 import grpc
 
+from gateway.token_reload import file_signature
 from services.store.config import ConfigError
+
+log = logging.getLogger("gateway.tls")
 
 TLS_CERT_ENV = "MQSTORE_GATEWAY_TLS_CERT"
 TLS_KEY_ENV = "MQSTORE_GATEWAY_TLS_KEY"
@@ -74,8 +84,47 @@ def tls_files(cert: str | None, key: str | None, client_ca: str | None) -> TlsFi
 
 
 def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """grpc credentials of ``files`` after checking them with Python's ssl module, so that a bad file
-    is reported by name and reason (grpc itself only fails to add the port)."""
+    """grpc credentials of ``files``, reloaded when they change; ConfigError when they cannot be used."""
+    reloader = CertificateReloader(files)
+    # grpc-stubs say the fetcher returns a configuration; grpc documents None as "no change".
+    return grpc.dynamic_ssl_server_credentials(reloader.initial, reloader,  # type: ignore[arg-type]
+                                               require_client_authentication=files.mutual)
+
+
+class CertificateReloader:
+    """grpc's certificate fetcher: a new configuration when the files changed and are good, else None
+    (grpc then keeps the current one). Called at every handshake, so it only stats the files unless
+    one changed."""
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._seen = self._signature()
+        self.initial = certificate_configuration(files)
+
+    def _signature(self) -> tuple[object, ...]:
+        return tuple(file_signature(p) for p in (self.files.cert, self.files.key, self.files.client_ca) if p)
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            signature = self._signature()
+            if signature == self._seen:
+                return None
+            self._seen = signature
+            configuration = certificate_configuration(self.files)
+        except ConfigError as exc:
+            log.warning("TLS files not reloaded: %s; new connections keep the certificate loaded before", exc)
+            return None
+        except Exception:  # an exception must not escape into grpc's handshake
+            log.exception("TLS files not reloaded; new connections keep the certificate loaded before")
+            return None
+        log.info("TLS certificate reloaded from %s: new connections use it", self.files.cert,
+                 extra={"tls_cert": self.files.cert})
+        return configuration
+
+
+def certificate_configuration(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
+    """The grpc configuration of ``files`` after checking them with Python's ssl module, so that a bad
+    file is reported by name and reason (grpc itself only fails the handshake or the port)."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert, key = _read(files.cert, "certificate"), _read(files.key, "private key")
     try:
@@ -92,7 +141,7 @@ def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
         except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"TLS client CA {files.client_ca}: {_reason(exc)} (expected PEM "
                               "certificates)") from None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
 
 def _read(path: str, what: str) -> bytes:

@@ -268,3 +268,33 @@ def test_client_tls_comes_from_the_argument_else_the_environment() -> None:
         Tls(cert="client.crt").credentials()
     with pytest.raises(InvalidArgumentError, match="cannot read the TLS CA"):
         Tls(ca="/nonexistent/ca.crt").credentials()
+
+
+def test_a_rotated_certificate_serves_new_connections_without_a_restart(up: UpProcess, certs: Certs,
+                                                                         tmp_path: Path) -> None:
+    cert, key = tmp_path / "live.crt", tmp_path / "live.key"
+    shutil.copy(certs.server_cert, cert)
+    shutil.copy(certs.server_key, key)
+    new_ca = _ca(tmp_path, "new-ca")
+    renewed = _signed(tmp_path, "renewed", new_ca, "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    gateway = TlsGateway(up, tmp_path / "gateway.log", ["--tls-cert", str(cert), "--tls-key", str(key)])
+    try:
+        gateway.wait_listening()
+        with grpc.secure_channel(gateway.address, _credentials(new_ca[0])) as channel:
+            assert _refused(channel) == grpc.StatusCode.UNAVAILABLE  # not yet: the old CA signed it
+        for source, target in ((renewed[0], cert), (renewed[1], key)):  # as a Secret update: new files, renamed
+            shutil.copy(source, target.with_suffix(".new"))
+            target.with_suffix(".new").replace(target)
+        with grpc.secure_channel(gateway.address, _credentials(new_ca[0])) as channel:
+            assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert "TLS certificate reloaded" in gateway.logs()
+
+        cert.write_text("not a certificate")  # a bad version: refused, the renewed one stays
+        with grpc.secure_channel(gateway.address, _credentials(new_ca[0])) as channel:
+            assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert "TLS files not reloaded" in gateway.logs() and "is not PEM" in gateway.logs()
+        assert gateway.stop() == 0, gateway.logs()[-3000:]
+    finally:
+        if gateway.proc.poll() is None:
+            gateway.proc.kill()
+            gateway.proc.wait()
