@@ -231,7 +231,7 @@ class DelayScheduler:
         stored (or refused for good), to ``end`` when all were. False when the rest must be tried again."""
         try:
             # One trace per delivered batch: this span, and the AppendBatch call's client span beneath it.
-            with tracing.span("scheduler.deliver", level=lv.level, messages=len(batch),
+            with tracing.span("scheduler.deliver", kind="level", level=lv.level, messages=len(batch),
                               first_queue_offset=batch[0][0].queue_offset):
                 results = await self._commitlog.append([message for _, message in batch])
         except grpc.aio.AioRpcError as exc:
