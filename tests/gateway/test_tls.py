@@ -22,6 +22,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.services import free_port_block
+from gateway.settings import GatewayOptions, load_gateway_settings
+from gateway.workers import worker_args
 from mqstore_client import Client, InvalidArgumentError, Producer, PullConsumer, Tls, UnavailableError
 from mqstore_client.connection import resolve_tls
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
@@ -298,3 +300,10 @@ def test_a_rotated_certificate_serves_new_connections_without_a_restart(up: UpPr
         if gateway.proc.poll() is None:
             gateway.proc.kill()
             gateway.proc.wait()
+
+
+def test_workers_get_the_tls_flags_of_their_supervisor() -> None:
+    options = GatewayOptions(tls_cert="s.crt", tls_key="s.key", tls_client_ca="ca.crt")
+    args = worker_args(options, load_gateway_settings(None, **options.overrides()))
+    assert args[args.index("--tls-cert") + 1] == "s.crt" and args[args.index("--tls-key") + 1] == "s.key"
+    assert args[args.index("--tls-client-ca") + 1] == "ca.crt"
