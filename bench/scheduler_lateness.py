@@ -44,7 +44,7 @@ import grpc
 from mqstore.v1 import commitlog_pb2, gateway_pb2, query_pb2
 
 from bench.client_procs import run_client_processes
-from bench.report import CpuMeter, percentile, progress
+from bench.report import CpuMeter, percentile, progress, wait_quiet
 from bench.workload import QUEUES, print_machine
 from mqstore_client.batch_encoder import encode_entry, properties_bytes
 from mqstore_client.records import decode_records
@@ -258,6 +258,8 @@ class Outcome:
     lateness_ms: dict[str, list[int]]  # per kind, sorted
     worst_by_second: list[int]
     dispatch_lag: str
+    window_s: float  # from the first send to the last delivery
+    load_before: float  # cores the rest of the machine used just before the sends (NaN: not measured)
     behind_ms: float
     send_errors: int
     cores: dict[str, float]
@@ -350,10 +352,12 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
         create_topic(system.gateway, TOPIC)
         _warm_up(system, delays_ms)
         settle(system, 30)
+        quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else float("nan")
         spec = SenderSpec(system.gateway, args.rate / args.procs, args.duration, args.batch, args.inflight,
                           args.body_size, kinds, delays_ms, args.timer_ms)
         furthest_ms = max(args.timer_ms if kind == TIMER else delays_ms[int(kind) - 1] for kind in kinds)
         services = {name: CpuMeter([pid], include_self=False) for name, pid in system.children.items()}
+        window_started = time.monotonic()
         # The indexer's dispatch lag: the scheduler sees a parked unit only once it is dispatched.
         sampler = LagSampler(f"127.0.0.1:{system.base_port + 2}")
         sampler.start()
@@ -364,14 +368,16 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
                      f"{args.procs} process(es)")
             reports, figures = run_client_processes(
                 sender_main, [replace(spec, proc=p) for p in range(args.procs)], "lateness-sender",
-                args.duration, lambda pids: {"clients": CpuMeter(pids, include_self=False)}, what="sender")
+                args.duration, lambda pids: {"clients": CpuMeter(pids, include_self=False),
+                                             "all": CpuMeter([*system.pids, *pids])}, what="sender")
             sent = sum(r["sent"] for r in reports)
             progress(f"sent {sent:,}; waiting for their delivery")
             count = wait_delivered(system.gateway, TOPIC, sent, furthest_ms / 1000 + args.wait)
             cores = {name: meter.stop()["cpuOurs"] for name, meter in services.items()}
+            window_s = time.monotonic() - window_started
             sampler.stop()
             cores["senders"] = figures["clients"]["cpuOurs"]
-            cores["other"] = figures["clients"]["cpuOther"]
+            cores["other (while sending)"] = figures["all"]["cpuOther"]
             if count >= sent:
                 time.sleep(args.grace)  # a repeat would land just after the last first delivery
             pulled = pull_all(system.gateway, TOPIC)
@@ -389,7 +395,8 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
     return Outcome(sent=sent, send_rate=sent / seconds, delivered=len(pulled), lost=lost, duplicates=duplicates,
                    early=early, lateness_ms=lateness, behind_ms=max(r["behind_ms"] for r in reports),
                    send_errors=sum(r["error_count"] for r in reports), cores=cores,
-                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag)
+                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag, window_s=window_s,
+                   load_before=quiet)
 
 
 def _start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
@@ -423,8 +430,11 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
               f"{row['min']:>8.0f}")
     print(f"worst lateness per second of due time (ms): {' '.join(str(v) for v in outcome.worst_by_second)}")
     print(f"indexer dispatch lag while sending and delivering: {outcome.dispatch_lag}")
-    print("cores from the first send to the last delivery: "
-          + ", ".join(f"{name} {value:.2f}" for name, value in outcome.cores.items()))
+    print(f"cores over the {outcome.window_s:.1f} s from the first send to the last delivery: "
+          + ", ".join(f"{name} {value:.2f}" for name, value in outcome.cores.items())
+          + f" (the rest of the machine before the sends: {outcome.load_before:.2f})")
+    per_message = outcome.cores.get("scheduler", 0.0) * outcome.window_s / max(1, outcome.delivered) * 1e6
+    print(f"scheduler CPU per delivered message: {per_message:.0f} us")
     verdict = "met" if everything["p99"] <= TARGET_P99_MS else "MISSED"
     print(f"target p99 <= {TARGET_P99_MS:.0f} ms late at {args.rate:,.0f} msgs/s: {verdict} "
           f"(p99 {everything['p99']:.0f} ms at {outcome.send_rate:,.0f} msgs/s)")
@@ -453,6 +463,8 @@ def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.A
     parser.add_argument("--grace", type=float, default=1.0,
                         help="seconds to wait after the last delivery before reading (duplicates) (1)")
     parser.add_argument("--profile", metavar="FILE", help="py-spy folded stacks of the scheduler into FILE")
+    parser.add_argument("--wait-quiet", type=float, default=60.0, metavar="SECONDS",
+                        help="wait up to this long for a second in which the rest of the machine is idle (60; 0: no)")
     parser.add_argument("--keep-store", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
     parser.add_argument("--quick", action="store_true", help="500 msgs/s for 2 s, level 1 only (smoke test)")
@@ -463,6 +475,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.schedul
     args = build_parser(prog).parse_args(argv)
     if args.quick:
         args.rate, args.duration, args.kinds, args.batch, args.wait, args.grace = 500.0, 2.0, "1", 50, 30.0, 0.5
+        args.wait_quiet = 0.0
     delays_ms = parse_delay_levels(args.delay_levels)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     for kind in kinds:
