@@ -25,6 +25,7 @@ import pytest
 
 from mqstore_client import Client, Producer, PullConsumer
 from mqstore_client.groups import describe_groups
+from mqstore_client.models import Message
 from tests.client.conftest import eventually, run_cli
 
 QUEUES = 8
@@ -32,6 +33,10 @@ INTERVAL_S = 1.0
 TIMEOUT_S = 3.0
 #: Scheduling noise on a shared 2-core machine (process start, GC, a busy gateway).
 SLACK_S = 3.0
+#: Long enough that a kill -9 leaves messages handed out but not committed (they come again: duplicates).
+COMMIT_INTERVAL_S = 1.0
+#: Messages sent per second (round robin over the queues).
+RATE = 20
 #: A message is consumed within this long of being sent, whatever happens to the members.
 BOUND_S = INTERVAL_S + TIMEOUT_S + SLACK_S
 
@@ -41,7 +46,7 @@ def member_main(gateway: str, group: str, topic: str) -> None:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     consumer = PullConsumer(group, topic, gateway, rebalance_interval_s=INTERVAL_S, member_timeout_s=TIMEOUT_S,
-                            commit_interval_s=0.2, long_poll_ms=200)
+                            commit_interval_s=COMMIT_INTERVAL_S, long_poll_ms=200)
 
     def emit(**event: object) -> None:
         print(json.dumps({"t": time.time(), **event}), flush=True)
@@ -92,7 +97,7 @@ class Sender:
             self.producer.send(self.topic, body, queue_id=queue_id)
             self.sent[body] = (queue_id, at)
             n += 1
-            time.sleep(0.05)
+            time.sleep(1 / RATE)
 
 
 @pytest.fixture
@@ -182,6 +187,8 @@ def test_three_members_join_then_one_is_killed(gateway: str, client: Client, top
     print(f"\n{total} messages, {duplicates} duplicates; settled after join b {took_b:.1f}s, join c {took_c:.1f}s, "
           f"kill -9 b {took_kill:.1f}s; consume wait p50 {waits[len(waits) // 2]:.2f}s max {waits[-1]:.2f}s")
     assert waits[-1] <= BOUND_S, f"a message waited {waits[-1]:.1f}s to be consumed"
+    # Only the killed member's messages since its last commit come twice (clean hand-overs commit first).
+    assert duplicates <= RATE * (COMMIT_INTERVAL_S + SLACK_S), duplicates
     # The live members stop cleanly (commit, unregister); lag is then 0 and matches the offsets.
     for m in (a, c):
         m.proc.send_signal(signal.SIGTERM)
@@ -269,3 +276,33 @@ def test_groups_cli_shows_members_queues_and_lag(gateway: str, client: Client, t
 
 def _consumed(consumer: PullConsumer, at_least: int) -> None:
     assert len(consumer.poll(at_least, timeout=0.5)) >= at_least
+
+
+def test_a_member_that_dies_before_committing_has_its_messages_delivered_again(client: Client, topic: str) -> None:
+    """At-least-once: what a dead member handed out but never committed comes again from the member
+    that takes its queues once the group dropped it (nothing skipped)."""
+    group = f"g_{topic}"[:200]
+    client.create_topic(topic, 2)
+    producer = client.producer()
+    for i in range(10):
+        producer.send(topic, f"m{i}", queue_id=i % 2)
+    options = {"rebalance_interval_s": 0.5, "member_timeout_s": 1.5, "long_poll_ms": 100}
+    dying = client.consumer(group, topic, commit_interval_s=3600, **options)
+    handed_out = eventually(lambda: _taken(dying, 4))
+    # ``dying`` is abandoned (no commit, no unregister), as a killed process would be.
+    survivor = client.consumer(group, topic, **options)
+    got: list[str] = []
+    deadline = time.monotonic() + 15
+    while len(set(got)) < 10:
+        got += [m.body.decode() for m in survivor.poll(10, timeout=0.2)]
+        assert time.monotonic() < deadline, sorted(got)
+    assert sorted(got, key=lambda b: int(b[1:])) == [f"m{i}" for i in range(10)]
+    assert {m.body.decode() for m in handed_out} <= set(got), "the dead member's messages came again"
+    assert survivor.queue_ids == [0, 1]
+    survivor.close()
+
+
+def _taken(consumer: PullConsumer, at_least: int) -> list[Message]:
+    messages = consumer.poll(at_least, timeout=0.5)
+    assert len(messages) >= at_least
+    return messages
