@@ -260,6 +260,8 @@ def test_every_gateway_address_resolves_to_a_headless_service_of_a_statefulset_w
             pod, service_name = parts[0], parts[1]
             service = one(rendered, "Service", service_name)
             assert service["spec"].get("clusterIP") == "None", f"{address}: Service {service_name} is not headless"
+            # A shard pod's name must resolve even while one of its containers is not ready.
+            assert service["spec"].get("publishNotReadyAddresses") is True, f"{address}: names vanish when unready"
             owner = [s for s in statefulsets.values() if s["spec"]["serviceName"] == service_name]
             assert len(owner) == 1, f"{address}: no StatefulSet governed by Service {service_name}"
             statefulset = owner[0]
