@@ -27,6 +27,7 @@ from gateway.message_finder import MessageFinder
 from gateway.resilience import BackendError
 from gateway.route import QueueRoute, RouteTable, TopicRoute
 from gateway.shard import ShardClient
+from gateway.wire import Undecodable
 from services.store import transactions as tx
 from services.store.errors import InvalidArgumentError
 from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
@@ -149,6 +150,8 @@ class Transactions:
         first = await anext(aiter(requests), None)
         if first is None:
             return
+        if type(first) is Undecodable:
+            raise InvalidArgumentError(first.reason)
         if first.WhichOneof("kind") != "producer_group":
             raise InvalidArgumentError("the first message of a TransactionChecks stream must be producer_group")
         group = first.producer_group
@@ -183,6 +186,8 @@ class Transactions:
     async def _answers(self, group: str, requests: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
                        end: Callable[[transaction_pb2.EndTransactionRequest], Awaitable[object]]) -> None:
         async for request in requests:
+            if type(request) is Undecodable:
+                raise InvalidArgumentError(request.reason)
             if request.WhichOneof("kind") != "answer":
                 raise InvalidArgumentError("after producer_group, a TransactionChecks stream carries only answers")
             answer = request.answer

@@ -42,7 +42,7 @@ from services.server.status import fail_call
 from services.store import transactions as tx
 from services.store.consume_queue import is_valid_unit
 from services.store.errors import InvalidArgumentError
-from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, Message, MessageRecord
+from services.store.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, Message, MessageRecord
 from services.store.names import check_group
 from services.store.readonly_files import ReadOnlyFiles
 from services.store.store_layout import CONSUMEQUEUE_DIR
@@ -281,13 +281,16 @@ class TransactionChecker:
             return False
         self.checks += 1
         group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
+        try:
+            topic, queue_id = tx.real_queue(record)
+        except tx.NotAHalf:
+            topic, queue_id = record.properties.get(PROPERTY_REAL_TOPIC, ""), 0
         check = transaction_pb2.TransactionCheck(
             transaction_id=record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
             offset_msg_id=result.msg_id, check_times=times,
-            message=common_pb2.Message(topic=record.properties.get("REAL_TOPIC", ""),
-                                       queue_id=int(record.properties.get("REAL_QID", "0") or 0),
-                                       body=record.body, flag=record.flag, properties=record.properties,
-                                       born_timestamp=record.born_timestamp, born_host=record.born_host))
+            message=common_pb2.Message(topic=topic, queue_id=queue_id, body=record.body, flag=record.flag,
+                                       properties=record.properties, born_timestamp=record.born_timestamp,
+                                       born_host=record.born_host))
         watchers = self._watchers.get(group)
         if watchers:
             self._turn += 1
@@ -304,7 +307,7 @@ class TransactionChecker:
         self.discarded += 1
         log.warning("transaction %s of producer group %r (real topic %s) was checked %d times without an answer: "
                     "discarded to %s (msg id %s)", record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                    record.properties.get(tx.PROPERTY_PRODUCER_GROUP), record.properties.get("REAL_TOPIC"),
+                    record.properties.get(tx.PROPERTY_PRODUCER_GROUP), record.properties.get(PROPERTY_REAL_TOPIC),
                     self.settings.check_max, tx.CHECK_MAX_TIME_TOPIC, result.msg_id)
         return True
 

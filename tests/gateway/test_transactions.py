@@ -251,3 +251,14 @@ def test_cli_send_transaction(tx_up: UpProcess) -> None:
     unknown = send("unknown", "cli-unknown")
     assert unknown["applied"] is False and unknown["committed"] is None
     assert [m.body for m in _real_queue(tx_up, "TxCli")] == [b"cli-commit"]
+
+
+def test_a_check_stream_must_name_its_group_first(tx_up: UpProcess) -> None:
+    answer = transaction_pb2.TransactionCheckStreamRequest(answer=transaction_pb2.EndTransactionRequest())
+    with pytest.raises(grpc.RpcError) as caught:
+        list(tx_up.stub.TransactionChecks(iter([answer]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "producer_group" in caught.value.details()
+    bad_group = transaction_pb2.TransactionCheckStreamRequest(producer_group="bad group!")
+    with pytest.raises(grpc.RpcError) as caught:
+        list(tx_up.stub.TransactionChecks(iter([bad_group]), timeout=10))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
