@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable
 
+from pipeline.fs import LocationError
 from services.store.commitlog_files import CommitLogError
 from services.store.geometry import GeometryError
 from services.store.index_file import IndexFileError
@@ -25,8 +26,9 @@ EXIT_BAD_INPUT = 2  # the store, its geometry or an argument is wrong: nothing w
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*): (.+)$")
 #: Errors whose message alone says what to fix (the class name would add nothing).
 _SELF_EXPLAINING = {"CommitLogError", "GeometryError", "IndexFileError", "StoreLayoutError", "ExportError",
-                    "FileExistsError", "FileNotFoundError", "ConfigError"}
-_BAD_INPUT = (CommitLogError, GeometryError, IndexFileError, StoreLayoutError, FileExistsError, FileNotFoundError)
+                    "FileExistsError", "FileNotFoundError", "ConfigError", "LocationError"}
+_BAD_INPUT = (CommitLogError, GeometryError, IndexFileError, StoreLayoutError, FileExistsError, FileNotFoundError,
+              LocationError)
 
 
 class JobError(Exception):
@@ -56,14 +58,22 @@ def root_cause(exc: BaseException) -> str:
     return message if name in _SELF_EXPLAINING or isinstance(exc, JobError) else f"{name}: {message}"
 
 
-def run_job(prog: str, job: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+def run_job(prog: str, job: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+            on_error: Callable[[str, int], None] | None = None) -> int:
     """Run ``job(args)``; any exception becomes ``prog: error: <root cause>`` on stderr and an exit code:
-    2 for bad input (nothing was done), 1 for a failure while running."""
+    2 for bad input (nothing was done), 1 for a failure while running. ``on_error(cause, code)`` is told
+    too (``--json`` puts it in the result)."""
     try:
         return job(args)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
+        if on_error is not None:
+            on_error("interrupted", 130)
         return 130
     except Exception as exc:  # noqa: BLE001 (every failure ends in one line, whatever raised it)
-        print(f"{prog}: error: {root_cause(exc)}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(exc, _BAD_INPUT) else EXIT_FAILED
+        cause = root_cause(exc)
+        code = EXIT_BAD_INPUT if isinstance(exc, _BAD_INPUT) else EXIT_FAILED
+        print(f"{prog}: error: {cause}", file=sys.stderr)
+        if on_error is not None:
+            on_error(cause, code)
+        return code

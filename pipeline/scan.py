@@ -1,22 +1,25 @@
 """Spark plumbing shared by the jobs: the store a job reads (layout and geometry, settled at the
-driver), splits as a DataFrame (one partition per split) and a summary accumulator through which
-workers report what is not a row (gaps, undecodable records, counts)."""
+driver; a local path, a ``file://`` URI or a remote Hadoop URI, see pipeline/fs.py), splits as a
+DataFrame (one partition per split) and a summary accumulator through which workers report what is
+not a row (gaps, undecodable records, counts)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 
+from pipeline.fs import RemoteFile, list_remote_commitlog, parse_location
+from pipeline.progress import Progress
 from pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
 from services.store.commitlog_files import CommitLogFile, list_commitlog_files
-from services.store.geometry import GeometryOptions, StoreGeometry
+from services.store.geometry import COMMITLOG_FILE_SIZE, GeometryOptions, StoreGeometry
 from services.store.message import MessageRecord
 from services.store.record import RecordError, decode_record
-from services.store.store_layout import StoreLayout, resolve_store
+from services.store.store_layout import ROCKETMQ, StoreLayout, resolve_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,24 +34,60 @@ SPLIT_COLUMNS = "index INT, path STRING, file_offset BIGINT, file_size BIGINT, s
 @dataclass(frozen=True)
 class StoreInput:
     """The store a job reads: where its files are (either layout) and their geometry (flags, settings,
-    then the files), resolved once at the driver so tasks never guess."""
+    then the files), resolved once at the driver so tasks never guess. A remote store (``remote``: its
+    commitlog files, listed through Hadoop's FileSystem) offers its commitlog only; its ``layout``
+    refuses ConsumeQueue and index access with a message saying to mount it."""
 
     layout: StoreLayout
     geometry: StoreGeometry
+    remote: tuple[RemoteFile, ...] | None = None
+    name: str = ""
 
     @classmethod
     def open(cls, store: str | Path | StoreInput, options: GeometryOptions | None = None,
-             environ: Mapping[str, str] | None = None) -> StoreInput:
+             environ: Mapping[str, str] | None = None, spark: SparkSession | None = None) -> StoreInput:
+        """The store at ``store``: a path, a ``file://`` URI, or a remote URI (listed through the driver's
+        SparkSession, ``spark`` or the configured one, see pipeline/session.py)."""
         if isinstance(store, StoreInput):
             return store
-        return cls(resolve_store(store), StoreGeometry(options, environ))
+        location = parse_location(store)
+        geometry = StoreGeometry(options, environ)
+        if location.local is not None:
+            layout = resolve_store(location.local)
+            return cls(layout, geometry, None, str(layout.root))
+        if spark is None:
+            from pipeline.session import get_session
+
+            spark = get_session()
+        given = geometry.given.get(COMMITLOG_FILE_SIZE[0])
+        commitlog, files = list_remote_commitlog(spark, location, given.value if given else None)
+        layout = StoreLayout(Path(location.uri), ROCKETMQ, Path(commitlog), None,
+                             f"{location.text}: ConsumeQueue and index files are read from a local path or file:// "
+                             "URI only (mount the store on every node); export and stats read remote stores")
+        return cls(layout, geometry, tuple(files), location.uri)
 
     def commitlog_files(self) -> list[CommitLogFile]:
+        if self.remote is not None:
+            return [CommitLogFile(Path(f.uri), f.start_offset, f.size) for f in self.remote]
         commitlog = self.layout.require_commitlog()
         return list_commitlog_files(commitlog, self.geometry.commitlog_file_size(commitlog))
 
+    @property
+    def commitlog_name(self) -> str:
+        """The commitlog directory, as a path or URI (for state files and reports)."""
+        return str(self.layout.commitlog if self.remote is not None else self.layout.commitlog.resolve())
+
     def plan(self, split_size: int, from_offset: int = 0) -> list[Split]:
-        return plan_splits(self.layout.commitlog, split_size, from_offset, self.commitlog_files())
+        splits = plan_splits(self.layout.commitlog, split_size, from_offset, self.commitlog_files())
+        Progress.expect(sum(split.end - split.start for split in splits), len(splits))
+        if self.remote is None:
+            return splits
+        uris = {str(Path(f.uri)): f.uri for f in self.remote}  # Path() folds "//"; the split keeps the URI
+        return [replace(split, path=uris[split.path]) for split in splits]
+
+    def planned_bytes(self, from_offset: int = 0) -> int:
+        """Commitlog bytes a scan from ``from_offset`` covers (for progress: MB/s)."""
+        return sum(max(f.end_offset - max(f.start_offset, from_offset), 0) for f in self.commitlog_files())
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +195,7 @@ def decoded_records(split: Split, summary: ScanSummary,
     their offsets; the rest are counted there, under the split's index. The jobs' one way of walking a
     split."""
     records = record_bytes = offset_sum = 0
-    with MappedSplit(split) as view:
+    with MappedSplit(split) as view:  # a remote file is fetched (pipeline/fs.py)
         layout = scan_split(view, split)
         summary.gaps.update((gap.offset, gap) for gap in layout.gaps)
         for position in iter_record_positions(view, layout.runs):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,9 +31,31 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+@dataclass
+class SessionDefaults:
+    """What ``mqstore pipeline`` settles from its own options before a job runs (a job only says
+    ``get_session(args.master)``): the master, ``--conf`` settings, and whether to show progress on
+    stderr (pipeline/progress.py)."""
+
+    master: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    progress: bool = False
+
+
+DEFAULTS = SessionDefaults()
+
+
+def configure(master: str | None = None, conf: dict[str, str] | None = None, progress: bool = False) -> None:
+    """Set the defaults of the next session this process creates (see :class:`SessionDefaults`)."""
+    DEFAULTS.master = master
+    DEFAULTS.conf = dict(conf or {})
+    DEFAULTS.progress = progress
+
+
 def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
                 conf: dict[str, str] | None = None) -> SparkSession:
-    """The active session, or a new one. ``master`` defaults to ``local[*]`` unless spark-submit set one."""
+    """The active session, or a new one. ``master`` defaults to the configured one, else ``local[*]``
+    unless spark-submit set one. Settings: ``DEFAULT_CONF``, then ``--conf`` (configured), then ``conf``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -42,7 +65,9 @@ def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
         return active
     builder = SparkSession.builder.appName(app_name)
     settings = dict(DEFAULT_CONF)
+    settings.update(DEFAULTS.conf)
     settings.update(conf or {})
+    master = master or DEFAULTS.master
     for key, value in settings.items():
         builder = builder.config(key, value)
     if master is not None:
@@ -51,6 +76,10 @@ def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
         builder = builder.master("local[*]")
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if DEFAULTS.progress:
+        from pipeline.progress import Progress
+
+        Progress.start(session)
     return session
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.fs import local_path
 from services.store.commitlog_files import CommitLogFile, list_commitlog_files
 from services.store.record import (
     BLANK_MAGIC_CODE,
@@ -116,7 +117,7 @@ class MappedSplit:
         self.split = split
 
     def __enter__(self) -> memoryview:
-        with open(self.split.path, "rb") as handle:
+        with open(local_path(self.split.path, self.split.file_size), "rb") as handle:  # a URI: fetched
             self._map = mmap.mmap(handle.fileno(), self.split.file_size, access=mmap.ACCESS_READ)
         self._view = memoryview(self._map)
         return self._view
