@@ -38,6 +38,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, scheduler_
 from services.scheduler.peers import CHANNEL_OPTIONS, STORED, IndexerPeer, message_to_proto
 from services.scheduler.store_reader import ScheduleFiles
 from services.server.channels import aio_channel
+from services.server.metrics import Counter
 from services.server.status import fail_call
 from services.store import transactions as tx
 from services.store.consume_queue import is_valid_unit
@@ -49,6 +50,12 @@ from services.store.store_layout import CONSUMEQUEUE_DIR
 from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
+
+CHECKS = Counter("mqstore_scheduler_transaction_checks", "Halves put back and checked with their producer group")
+DISCARDED = Counter("mqstore_scheduler_transaction_discarded",
+                    "Halves checked transactionCheckMax times, moved to TRANS_CHECK_MAX_TIME_TOPIC")
+ENDS = Counter("mqstore_scheduler_transaction_ends", "Transaction ends by resolution and whether they applied",
+               ["resolution", "applied"])
 
 FILE_NAME = "transactionOffset.json"
 SERVICE_NAME = "mqstore.v1.TransactionService"
@@ -280,6 +287,7 @@ class TransactionChecker:
                         record.commitlog_offset, result.status)
             return False
         self.checks += 1
+        CHECKS.inc()
         group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
         try:
             topic, queue_id = tx.real_queue(record)
@@ -305,6 +313,7 @@ class TransactionChecker:
         if result.status not in STORED:
             return False
         self.discarded += 1
+        DISCARDED.inc()
         log.warning("transaction %s of producer group %r (real topic %s) was checked %d times without an answer: "
                     "discarded to %s (msg id %s)", record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
                     record.properties.get(tx.PROPERTY_PRODUCER_GROUP), record.properties.get(PROPERTY_REAL_TOPIC),
@@ -338,6 +347,13 @@ class TransactionChecker:
 
     async def end(self, request: transaction_pb2.EndTransactionRequest,
                   commitlog_offset: int) -> scheduler_pb2.EndHalfResult:
+        answer = await self._end(request, commitlog_offset)
+        ENDS.labels(resolution=transaction_pb2.TransactionResolution.Name(request.resolution),
+                    applied=str(answer.applied).lower()).inc()
+        return answer
+
+    async def _end(self, request: transaction_pb2.EndTransactionRequest,
+                   commitlog_offset: int) -> scheduler_pb2.EndHalfResult:
         record = await self._read_half(commitlog_offset)
         try:
             tx.real_queue(record)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,6 +210,13 @@ def test_a_half_never_answered_is_discarded_after_the_max_checks(tx_up: UpProces
     assert "was checked 3 times without an answer: discarded to TRANS_CHECK_MAX_TIME_TOPIC" in tx_up.logs()
     assert not _end(tx_up, sent, transaction_pb2.COMMIT, group="nobodyListens").applied
     assert _real_queue_or_empty(tx_up, "TxNeverAnswered") == []
+    # The scheduler's metrics (its port follows the gateway's): checks, discards, ends by outcome.
+    with urllib.request.urlopen(f"http://127.0.0.1:{tx_up.metrics_base_port + 5}/metrics", timeout=10) as page:
+        text = page.read().decode()
+    assert "mqstore_scheduler_transaction_checks_total" in text
+    assert 'mqstore_scheduler_transaction_ends_total{applied="false",resolution="COMMIT"}' in text
+    discarded = [line for line in text.splitlines() if line.startswith("mqstore_scheduler_transaction_discarded_total")]
+    assert discarded and float(discarded[0].split()[-1]) >= 1
 
 
 def test_bad_requests_are_refused_with_what_to_fix(tx_up: UpProcess) -> None:
