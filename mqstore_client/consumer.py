@@ -250,6 +250,9 @@ class PullConsumer(PullOptions, Endpoint):
     the next poll is made. ``group=None`` reads without committing. Not thread-safe: one consumer
     per thread.
 
+    ``topic`` may be a list of topics: they are pulled and long polled together and served in turns
+    (``queue_ids``, ``start_offsets``, ``positions()``, ``lag()`` and ``seek()`` are then about the first).
+
     A consumer with a group and no ``queue_ids`` joins the group (``docs/consumer-groups.md``): it
     heartbeats every ``rebalance_interval_s`` from ``poll()`` and consumes the share of the topic's
     queues (and of ``%RETRY%<group>``'s) that ``allocation`` gives it among the live members; a member
@@ -262,7 +265,8 @@ class PullConsumer(PullOptions, Endpoint):
     decode (the messages are equal either way).
     """
 
-    def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
+    def __init__(self, group: str | None, topic: str | Sequence[str], address: str | None = None,
+                 token: str | None = None, *,
                  connection: Connection | None = None, queue_ids: Sequence[int] | None = None,
                  subscription: str = "*", long_poll_ms: int = DEFAULT_LONG_POLL_MS, batch_size: int = DEFAULT_BATCH,
                  max_bytes: int = 0, auto_commit: bool = True, commit_interval_s: float = DEFAULT_COMMIT_INTERVAL_S,
@@ -272,18 +276,41 @@ class PullConsumer(PullOptions, Endpoint):
                  allocation: str | AllocationStrategy = "average",
                  rebalance_interval_s: float = DEFAULT_REBALANCE_INTERVAL_S, member_timeout_s: float | None = None,
                  client_id: str | None = None) -> None:
+        topics = [topic] if isinstance(topic, str) else list(topic)
+        if not topics or len(set(topics)) != len(topics):
+            raise ValueError(f"give one or more distinct topics, not {topics!r}")
+        if len(topics) > 1 and (queue_ids is not None or start_offsets):
+            raise ValueError("queue_ids and start_offsets name queues of one topic: give a single topic with them")
         super().__init__(address, token, connection=connection, tls=tls)
-        self._configure(group, topic, queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
+        self._configure(group, topics[0], queue_ids, subscription, long_poll_ms, batch_size, max_bytes, auto_commit,
                         commit_interval_s, from_latest, start_offsets, timeout, raw_records)
         #: Group mode (see the class docstring): set up in start().
         self._membership: GroupMembership | None = None
         if group is not None and queue_ids is None and rebalance:
             self._membership = GroupMembership(self.connection, group, strategy_of(allocation), rebalance_interval_s,
                                                member_timeout_s, client_id, timeout)
+        #: The topics after the first, each read by a consumer of its own on this one's channel, polled
+        #: together with this one (in a group their queues are allocated too).
+        self._feeds = {t: self._feed(t, [] if self._membership is not None else None) for t in topics[1:]}
         #: With a group: also consume %RETRY%<group> (see :mod:`mqstore_client.retry`).
-        self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))
+        self._retry_wanted = retry and group is not None and not topics[0].startswith(("%RETRY%", "%DLQ%"))
         self._retry_feed: PullConsumer | None = None
         self._retry_checked_at = float("-inf")
+        #: Which topic's consumer is served first by the next poll (turns, so no topic starves).
+        self._turn = 0
+
+    def _feed(self, topic: str, queue_ids: list[int] | None) -> PullConsumer:
+        """A consumer of another topic (or the retry topic) for this one to poll along."""
+        return PullConsumer(self.group, topic, connection=self.connection, queue_ids=queue_ids,
+                            subscription=self.subscription, batch_size=self.batch_size, max_bytes=self.max_bytes,
+                            auto_commit=self.auto_commit, commit_interval_s=self.commit_interval_s,
+                            from_latest=self.from_latest, timeout=self.timeout, raw_records=self.raw_records,
+                            retry=False, rebalance=False)
+
+    @property
+    def topics(self) -> list[str]:
+        """The topics this consumer was given (its retry topic not included)."""
+        return [self.topic, *self._feeds]
 
     # -- set-up ------------------------------------------------------------------------------------
 
@@ -305,6 +332,8 @@ class PullConsumer(PullOptions, Endpoint):
             self._queue_ids = TopicRoute.from_proto(response).readable_queue_ids
         starts = start_offsets(self.connection, self.group, self.topic, self._queue_ids, self._explicit,
                                self.from_latest, self.timeout)
+        for feed in self._feeds.values():
+            feed.start()
         self._tracker = OffsetTracker(starts)
 
     @property
@@ -315,6 +344,7 @@ class PullConsumer(PullOptions, Endpoint):
 
     @property
     def queue_ids(self) -> list[int]:
+        """The queues of the first topic this consumer reads now (all topics': :meth:`assignment`)."""
         return list(self.tracker.queues)
 
     def positions(self) -> dict[int, int]:
@@ -335,23 +365,39 @@ class PullConsumer(PullOptions, Endpoint):
         when none is available, and returns [] if none came."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        tracker = self.tracker
+        self.start()
         membership = self._membership
         if membership is not None and membership.due_in() <= 0:
             self._rebalance()
         if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
             self.commit()
-        if not tracker.buffered:
+        self._retries()
+        consumers = list(self._consumers().values())
+        if not any(c.tracker.buffered for c in consumers):
             wait_s = self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0)
             if membership is not None:
                 wait_s = min(wait_s, membership.due_in())
-            self._fetch(wait_s)
-        messages = tracker.take(max(max_messages, 1))
-        if len(messages) < max_messages:
-            feed = self._retries()
-            if feed is not None:
-                messages += [as_original(m) for m in feed.poll(max_messages - len(messages), timeout=0)]
+            self._fetch(consumers, wait_s)
+        # Topics take turns being served first; the retry topic's messages go out under their own topic.
+        turn = self._turn % len(consumers)
+        self._turn += 1
+        wanted = max(max_messages, 1)
+        messages: list[Message] = []
+        for consumer in consumers[turn:] + consumers[:turn]:
+            if len(messages) >= wanted:
+                break
+            taken = consumer.tracker.take(wanted - len(messages))
+            messages += [as_original(m) for m in taken] if consumer is self._retry_feed else taken
         return messages
+
+    def _retry_consumer(self, queue_ids: list[int] | None) -> PullConsumer:
+        """The retry topic's consumer: every message, whatever this one's subscription (RocketMQ's
+        retry subscription is "*"), from its oldest."""
+        assert self.group is not None
+        return PullConsumer(self.group, retry_topic(self.group), connection=self.connection, queue_ids=queue_ids,
+                            batch_size=self.batch_size, auto_commit=self.auto_commit,
+                            commit_interval_s=self.commit_interval_s, timeout=self.timeout,
+                            raw_records=self.raw_records, retry=False, rebalance=False)
 
     def _retries(self) -> PullConsumer | None:
         """The group's retry topic's consumer, once the topic exists (the first send back creates it)."""
@@ -360,11 +406,7 @@ class PullConsumer(PullOptions, Endpoint):
         if time.monotonic() - self._retry_checked_at < RETRY_ROUTE_RECHECK_S:
             return None
         self._retry_checked_at = time.monotonic()
-        assert self.group is not None
-        feed = PullConsumer(self.group, retry_topic(self.group), connection=self.connection,
-                            batch_size=self.batch_size, auto_commit=self.auto_commit,
-                            commit_interval_s=self.commit_interval_s, timeout=self.timeout,
-                            raw_records=self.raw_records, retry=False)
+        feed = self._retry_consumer(None)
         try:
             feed.start()
         except NotFoundError:
@@ -385,15 +427,15 @@ class PullConsumer(PullOptions, Endpoint):
 
     def assignment(self) -> dict[str, list[int]]:
         """Topic -> the queues this consumer reads now (its retry topic's included)."""
-        held = {self.topic: sorted(self.tracker.queues)}
-        if self._retry_feed is not None and self._retry_feed._tracker is not None:
-            held[self._retry_feed.topic] = sorted(self._retry_feed._tracker.queues)
-        return held
+        self.start()
+        return {topic: sorted(c._tracker.queues) for topic, c in self._consumers().items() if c._tracker is not None}
 
     def _group_topics(self) -> dict[str, list[int]]:
         """Topic -> readable queue ids, for the topic and (once it exists) the group's retry topic."""
-        route = self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=self.topic), self.timeout)
-        topics = {self.topic: TopicRoute.from_proto(route).readable_queue_ids}
+        topics: dict[str, list[int]] = {}
+        for name in self.topics:
+            route = self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=name), self.timeout)
+            topics[name] = TopicRoute.from_proto(route).readable_queue_ids
         if self._retry_wanted:
             assert self.group is not None
             name = retry_topic(self.group)
@@ -405,16 +447,14 @@ class PullConsumer(PullOptions, Endpoint):
                 self._retry_wanted = False
                 return topics
             if self._retry_feed is None:
-                self._retry_feed = PullConsumer(self.group, name, connection=self.connection, queue_ids=[],
-                                                batch_size=self.batch_size, auto_commit=self.auto_commit,
-                                                commit_interval_s=self.commit_interval_s, timeout=self.timeout,
-                                                raw_records=self.raw_records, retry=False)
+                self._retry_feed = self._retry_consumer([])
                 self._retry_feed.start()
             topics[name] = TopicRoute.from_proto(retry_route).readable_queue_ids
         return topics
 
     def _consumers(self) -> dict[str, PullConsumer]:
-        consumers = {self.topic: self}
+        """Topic -> its consumer: this one, those of the other topics, the retry topic's once it exists."""
+        consumers: dict[str, PullConsumer] = {self.topic: self, **self._feeds}
         if self._retry_feed is not None:
             consumers[self._retry_feed.topic] = self._retry_feed
         return consumers
@@ -444,6 +484,7 @@ class PullConsumer(PullOptions, Endpoint):
             if exc.code == "UNIMPLEMENTED":
                 self._membership = None
                 self._tracker = None
+                self._feeds = {t: self._feed(t, None) for t in self._feeds}
                 self.start()
                 return
             if not exc.retryable:
@@ -490,62 +531,66 @@ class PullConsumer(PullOptions, Endpoint):
         while not self._closed:
             yield from self.poll(self.batch_size)
 
-    def _fetch(self, wait_s: float) -> int:
-        """Pulls every queue with nothing buffered at once; if none has messages, long polls them
-        all (one call per queue) until one answers with messages or ``wait_s`` passes."""
-        tracker = self.tracker
+    def _fetch(self, consumers: Sequence[PullConsumer], wait_s: float) -> int:
+        """Pulls every queue (of every topic's consumer) with nothing buffered at once; if none has
+        messages, long polls them all (one call per queue) until one answers with messages or
+        ``wait_s`` passes."""
         connection = self.connection
-        pulls = [(q, *self._request(tracker, q, 0)) for q in tracker.fetchable()]
-        futures = [connection.future("Pull", request, PULL_MARGIN_S) for _, _, request in pulls]
+        pulls = [(c, q, *c._request(c.tracker, q, 0)) for c in consumers for q in c.tracker.fetchable()]
+        futures = [connection.future("Pull", request, PULL_MARGIN_S) for _, _, _, request in pulls]
         got = 0
-        for (q, offset, _), future in zip(pulls, futures, strict=True):
-            got += tracker.absorb(q, offset, connection.result(future, PULL_MARGIN_S))
+        for (c, q, offset, _), future in zip(pulls, futures, strict=True):
+            got += c.tracker.absorb(q, offset, connection.result(future, PULL_MARGIN_S))
         if got or wait_s <= 0:
             return got
-        return self._long_poll(time.monotonic() + wait_s)
+        return self._long_poll(consumers, time.monotonic() + wait_s)
 
-    def _long_poll(self, deadline: float) -> int:
-        tracker = self.tracker
+    def _long_poll(self, consumers: Sequence[PullConsumer], deadline: float) -> int:
         connection = self.connection
+        #: (consumer, queue id) by key: what each in-flight call is for.
+        keys = [(c, q) for c in consumers for q in c.tracker.fetchable()]
         done: queue.SimpleQueue[int] = queue.SimpleQueue()
         in_flight: dict[int, tuple[int, grpc.Future]] = {}  # type: ignore[type-arg]
 
-        def launch(q: int) -> None:
+        def launch(key: int) -> None:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
                 return
             wait_ms = min(self.long_poll_ms, remaining_ms)
-            offset, request = self._request(self.tracker, q, wait_ms)
+            c, q = keys[key]
+            offset, request = c._request(c.tracker, q, wait_ms)
             future = connection.future("Pull", request, wait_ms / 1000 + PULL_MARGIN_S)
-            in_flight[q] = (offset, future)
-            future.add_done_callback(functools.partial(_signal, done, q))
+            in_flight[key] = (offset, future)
+            future.add_done_callback(functools.partial(_signal, done, key))
 
         got = 0
         try:
-            for q in tracker.fetchable():
-                launch(q)
+            for key in range(len(keys)):
+                launch(key)
             if not in_flight:
                 # No readable queue: wait as asked instead of making iteration spin.
                 time.sleep(max(deadline - time.monotonic(), 0.0))
             while in_flight and not got:
                 try:
-                    q = done.get(timeout=max(deadline - time.monotonic(), 0.0) + 0.05)
+                    key = done.get(timeout=max(deadline - time.monotonic(), 0.0) + 0.05)
                 except queue.Empty:
                     break
-                offset, future = in_flight.pop(q)
+                offset, future = in_flight.pop(key)
+                c, q = keys[key]
                 try:
-                    got += tracker.absorb(q, offset, connection.result(future))
+                    got += c.tracker.absorb(q, offset, connection.result(future))
                 except MqstoreError as exc:
                     limit = max_long_poll_of(exc)
                     if limit is None or limit >= self.long_poll_ms:
                         raise
                     self.long_poll_ms = limit
                 if not got:
-                    launch(q)
+                    launch(key)
         finally:
-            for q, (offset, future) in in_flight.items():
+            for key, (offset, future) in in_flight.items():
+                c, q = keys[key]
                 if not future.cancel() and future.exception() is None:
-                    got += tracker.absorb(q, offset, future.result())
+                    got += c.tracker.absorb(q, offset, future.result())
         return got
 
     # -- committing --------------------------------------------------------------------------------
@@ -556,8 +601,9 @@ class PullConsumer(PullOptions, Endpoint):
             raise ValueError("this consumer has no group: there is nothing to commit to")
         if self._tracker is None:
             return {}
-        if self._retry_feed is not None:
-            self._retry_feed.commit()
+        for consumer in self._consumers().values():
+            if consumer is not self:
+                consumer.commit()
         pending = self._tracker.to_commit()
         requests = self._commit_requests(pending)
         answers = self.connection.call_many("CommitOffset", requests, self.timeout) if requests else []
@@ -576,8 +622,8 @@ class PullConsumer(PullOptions, Endpoint):
                     # The others take this member's queues at their next round, not after its timeout.
                     self._membership.unregister()
         finally:
-            if self._retry_feed is not None:
-                self._retry_feed._closed = True
+            for consumer in self._consumers().values():
+                consumer._closed = True
             super().close()
 
 

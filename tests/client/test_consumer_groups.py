@@ -306,3 +306,46 @@ def _taken(consumer: PullConsumer, at_least: int) -> list[Message]:
     messages = consumer.poll(at_least, timeout=0.5)
     assert len(messages) >= at_least
     return messages
+
+
+def test_a_member_of_several_topics_gets_its_share_of_each(client: Client, topic: str) -> None:
+    group = f"g_{topic}"[:200]
+    other = f"{topic}_b"
+    for name in (topic, other):
+        client.create_topic(name, 2)
+    producer = client.producer()
+    sent = {(name, f"{name}:{i}") for name in (topic, other) for i in range(8)}
+    for name, body in sorted(sent):
+        producer.send(name, body, queue_id=int(body.rsplit(":", 1)[1]) % 2)
+    options = {"rebalance_interval_s": 0.5, "member_timeout_s": 5.0, "long_poll_ms": 100}
+    first = client.consumer(group, [topic, other], **options)
+    second = client.consumer(group, [topic, other], **options)
+    got: list[tuple[str, str]] = []
+    deadline = time.monotonic() + 15
+    while len(set(got)) < len(sent) or first.assignment() != {topic: [0], other: [0]}:
+        for consumer in (first, second):
+            got += [(m.topic, m.body.decode()) for m in consumer.poll(16, timeout=0.1)]
+        assert time.monotonic() < deadline, (first.assignment(), second.assignment(), len(set(got)))
+    assert set(got) == sent
+    assert second.assignment() == {topic: [1], other: [1]}
+    assert first.topics == [topic, other]
+    first.close()
+    second.close()
+
+
+def test_several_topics_without_a_group_and_what_needs_one_topic(client: Client, topic: str) -> None:
+    other = f"{topic}_b"
+    producer = client.producer()
+    producer.send(topic, "one")
+    producer.send(other, "two")
+    with client.consumer(None, [topic, other]) as consumer:
+        got: set[tuple[str, str]] = set()
+        deadline = time.monotonic() + 10
+        while len(got) < 2:
+            got |= {(m.topic, m.body.decode()) for m in consumer.poll(10, timeout=0.5)}
+            assert time.monotonic() < deadline, got
+        assert got == {(topic, "one"), (other, "two")}
+    with pytest.raises(ValueError, match="single topic"):
+        client.consumer("g", [topic, other], queue_ids=[0])
+    with pytest.raises(ValueError, match="distinct topics"):
+        client.consumer("g", [topic, topic])
