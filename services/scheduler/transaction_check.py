@@ -124,7 +124,7 @@ class EndError(Exception):
 
 class TransactionChecker:
     def __init__(self, settings: CheckSettings, files: ScheduleFiles, indexer_root: Path, cq_file_size: int,
-                 indexer: IndexerPeer, commitlog_address: str, offsets_path: Path, store_host: str = "") -> None:
+                 indexer: IndexerPeer, commitlog_address: str, offsets_path: Path) -> None:
         self.settings = settings
         self.offsets_path = offsets_path
         self._files = files
@@ -133,7 +133,8 @@ class TransactionChecker:
         self._indexer = indexer
         self._channel = aio_channel(commitlog_address, CHANNEL_OPTIONS)
         self._commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._channel)
-        self._born_host = store_host or "127.0.0.1:0"
+        #: the store host, learned at the first op record (makeOpMessageInner's born host)
+        self._born_host = ""
         self.half_offset = 0
         self.op_offset = 0
         #: half queue offset -> op queue offset (None: written by this process, not read back yet)
@@ -279,6 +280,12 @@ class TransactionChecker:
         result: commitlog_pb2.AppendResult = await self._commitlog.Append(request, timeout=CALL_TIMEOUT_S)
         return result
 
+    async def _store_host(self) -> str:
+        if not self._born_host:
+            info = await self._commitlog.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S)
+            self._born_host = info.store_host
+        return self._born_host
+
     async def _check(self, record: MessageRecord, times: int) -> bool:
         """putBackHalfMsgQueue, then the check to one watcher of the half's producer group."""
         result = await self._append(tx.put_back_of(record, times))
@@ -384,7 +391,7 @@ class TransactionChecker:
                     raise EndError(grpc.StatusCode.UNAVAILABLE, f"the commit was not stored (status "
                                                                 f"{committed.status}): end the transaction again")
                 answer.committed.CopyFrom(committed)
-            op = await self._append(tx.op_of(live, now_ms(), self._born_host))
+            op = await self._append(tx.op_of(live, now_ms(), await self._store_host()))
             if op.status not in STORED:
                 raise EndError(grpc.StatusCode.UNAVAILABLE, f"the op record was not stored (status {op.status}): end "
                                                             "the transaction again")

@@ -128,6 +128,7 @@ def test_half_commit_and_op_records_match_rocketmq_4_9_8(tx_up: UpProcess) -> No
     assert (op.topic, op.queue_id, op.sys_flag, op.tags) == (OP_TOPIC, 0, 0, "d")
     assert dict(op.properties) == {"TAGS": "d", "WAIT": "true"}
     assert op.prepared_transaction_offset == 0
+    assert op.born_host == op.store_host == half.store_host, "the broker writes its op records itself"
 
     again = _end(tx_up, sent, transaction_pb2.COMMIT)
     assert not again.applied and not again.HasField("committed"), "a second end changes nothing"
