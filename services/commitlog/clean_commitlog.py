@@ -29,8 +29,8 @@ import logging
 import time
 from pathlib import Path
 
+from services.commitlog import metrics
 from services.commitlog.disk_guard import DiskGuard
-from services.server import metrics
 from services.store.config import MessageStoreConfig
 from services.store.disk_space import MIB
 from services.store.mapped_file import MappedFile

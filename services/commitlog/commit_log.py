@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.commitlog import metrics
 from services.commitlog.clean_commitlog import CommitLogCleaner
 from services.commitlog.disk_guard import DiskGuard
 from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
@@ -31,7 +32,7 @@ from services.commitlog.queue_offsets import (
 from services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
 from services.commitlog.topic_config import TopicConfigManager
 from services.commitlog.topic_discovery import discover_queue_nums
-from services.server import metrics, tracing
+from services.server import tracing
 from services.store.checkpoint import StoreCheckpoint
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
 from services.store.disk_space import is_disk_full
@@ -648,6 +649,15 @@ class CommitLog:
 
     def update_topic(self, config: TopicConfig) -> TopicConfig:
         return self.topics.update(config)
+
+    def delete_topic(self, topic: str) -> int:
+        """Takes the topic out of the topic table; returns the max offset once it is out (every record of
+        the deleted topic lies below it). The queue table keeps the topic's next queue offsets: a topic
+        created again continues them, so no record written before or after can share a queue offset with
+        another, whatever order the indexer sees the deletion and the records in."""
+        self.topics.delete(topic)
+        with self._put_lock:
+            return self.mfq.max_wrote_offset
 
     def clean_expired_files(self, disk_used_ratio: float) -> list[Path]:
         """One round of RocketMQ's CleanCommitLogService at ``disk_used_ratio`` (``clean_commitlog.py``):

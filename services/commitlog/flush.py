@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from services.server.metrics import FLUSH_LATENCY
+from services.commitlog.metrics import FLUSH_LATENCY
 from services.store.mapped_file_queue import MappedFileQueue
 from services.store.service_thread import LeastPages, ServiceThread
 

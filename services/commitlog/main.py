@@ -16,9 +16,9 @@ from pathlib import Path
 
 from mqstore.v1 import commitlog_pb2_grpc
 
+from services.commitlog import metrics
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
-from services.server import metrics
 from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     AioGrpcServer,

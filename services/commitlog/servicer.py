@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
+from services.commitlog import metrics
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.convert import (
     append_batch_response,
@@ -40,11 +41,12 @@ from services.commitlog.convert import (
 )
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from services.server import metrics, tracing
+from services.server import tracing
 from services.server.status import status_code_of
 from services.store.config import SYNC_FLUSH
 from services.store.errors import InvalidArgumentError, StoreError
 from services.store.message import Message
+from services.store.names import check_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +465,9 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             transient_store_pool_enable=engine.pool_enabled,
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
             incarnation=engine.incarnation, store_host=config.store_host,
-            quarantined=engine.quarantine.ranges)
+            quarantined=engine.quarantine.ranges,
+            disk_clean_ratio=config.disk_max_used_space_ratio / 100,
+            disk_refuse_ratio=config.disk_space_warning_level_ratio, disk_full=engine.disk_full)
 
     async def CreateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
         return await self._change_topic(request, context, "CreateTopic")
@@ -482,6 +486,15 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             return topic_config_to_proto(await asyncio.to_thread(change, config))  # writes the topics file
         except StoreError as exc:
             await _abort(context, method, status_code_of(exc), str(exc))
+
+    async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
+                          context: Context) -> admin_pb2.DeleteTopicResponse:
+        try:
+            check_topic_name(request.topic)
+            offset = await asyncio.to_thread(self.engine.delete_topic, request.topic)  # writes the topics file
+        except StoreError as exc:
+            await _abort(context, "DeleteTopic", status_code_of(exc), str(exc))
+        return admin_pb2.DeleteTopicResponse(commitlog_offset=offset)
 
     async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
                          context: Context) -> commitlog_pb2.ListTopicsResponse:

@@ -3,16 +3,20 @@ reput service and the store when scraped; reads of queue units counted once per 
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from collections.abc import Callable, Iterator
+
+from prometheus_client import REGISTRY, Metric
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
+from services.server.metrics import Counter, Gauge
 
 BEHIND_BYTES = Gauge("mqstore_indexer_dispatch_behind_bytes", "Commitlog bytes not dispatched yet")
 BEHIND_SECONDS = Gauge("mqstore_indexer_dispatch_behind_seconds",
                        "Age of the newest dispatched record while records are pending, else 0")
 REPUT_OFFSET = Gauge("mqstore_indexer_reput_offset", "Next commitlog offset to dispatch")
-DISPATCHED = Gauge("mqstore_indexer_dispatched_records", "Records dispatched since start")
 CONNECTED = Gauge("mqstore_indexer_commitlog_connected", "1 while the Tail stream is up")
 CONSUME_QUEUES = Gauge("mqstore_indexer_consume_queues", "ConsumeQueues (topic, queue id) in this indexer")
 INDEX_FILES = Gauge("mqstore_indexer_index_files", "IndexFiles on disk")
@@ -25,11 +29,35 @@ RECOVERY_REWOUND_ENTRIES = Gauge("mqstore_indexer_recovery_rewound_entries",
                                  "Index entries the last start-up removed to re-dispatch them")
 RECOVERY_SECONDS = Gauge("mqstore_indexer_recovery_seconds",
                          "Time the last start-up took to recover the ConsumeQueues and rewind the index")
-READ_BYTES = Gauge("mqstore_indexer_commitlog_read_bytes",
-                   "Commitlog bytes the reput took for dispatch since start, by source: read from the store's "
-                   "files (files) or sent by the commitlog's Tail (tail)", ["source"])
 QUEUE_READS = Counter("mqstore_indexer_queue_entry_reads", "GetQueueEntries calls answered (one per pull)")
 QUEUE_UNITS_SERVED = Counter("mqstore_indexer_queue_units_served", "ConsumeQueue units returned by GetQueueEntries")
+
+
+
+
+class DispatchCounters(Collector):
+    """What the reput counts as it goes (records dispatched, commitlog bytes taken by source), exposed
+    as counters (``_total``: they only grow from the start of the process) and read when scraped, so
+    the dispatch loop keeps its plain integer adds."""
+
+    def __init__(self, dispatched: Callable[[], int], read_bytes: Callable[[], dict[str, int]]) -> None:
+        self._dispatched = dispatched
+        self._read_bytes = read_bytes
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("mqstore_indexer_dispatched_records", "Records dispatched since start",
+                                  value=self._dispatched())
+        read = CounterMetricFamily(
+            "mqstore_indexer_commitlog_read_bytes",
+            "Commitlog bytes the reput took for dispatch since start, by source: read from the store's files "
+            "(files) or sent by the commitlog's Tail (tail)", labels=["source"])
+        by_source = self._read_bytes()
+        for source in ("files", "tail"):
+            read.add_metric([source], by_source.get(source, 0))
+        yield read
+
+
+_dispatch_counters: DispatchCounters | None = None
 
 
 def observe_queue_read(units: int) -> None:
@@ -47,9 +75,11 @@ def bind(store: IndexerStore, reput: ReputService) -> None:
     BEHIND_BYTES.set_function(lambda: reput.behind_bytes)
     BEHIND_SECONDS.set_function(lambda: reput.behind_ms / 1000)
     REPUT_OFFSET.set_function(lambda: store.reput_offset)
-    DISPATCHED.set_function(lambda: store.dispatched_records)
-    READ_BYTES.labels(source="files").set_function(lambda: reput.read_bytes["files"])
-    READ_BYTES.labels(source="tail").set_function(lambda: reput.read_bytes["tail"])
+    global _dispatch_counters
+    if _dispatch_counters is not None:
+        REGISTRY.unregister(_dispatch_counters)
+    _dispatch_counters = DispatchCounters(lambda: store.dispatched_records, lambda: dict(reput.read_bytes))
+    REGISTRY.register(_dispatch_counters)
     CONNECTED.set_function(lambda: 1 if reput.lag.connected else 0)
     CONSUME_QUEUES.set_function(lambda: len(store.consume_queues.queues()))
     INDEX_FILES.set_function(lambda: len(store.index.files) if store.index is not None else 0)

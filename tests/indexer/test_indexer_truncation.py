@@ -97,7 +97,7 @@ def test_dispatch_lag_is_reported_by_rpc_and_metrics(start_commitlog: StartCommi
         assert status.reput_offset == results[-1].commitlog_offset + results[-1].wrote_bytes
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert "mqstore_indexer_dispatch_behind_bytes 0.0" in text
-        assert "mqstore_indexer_dispatched_records 40.0" in text
+        assert "mqstore_indexer_dispatched_records_total 40.0" in text
         commitlog.kill9()  # the indexer notices the commitlog is gone
         deadline = time.monotonic() + 10
         while indexer.status().connected and time.monotonic() < deadline:

@@ -63,10 +63,10 @@ def test_every_service_exposes_metrics_that_move_with_traffic(observed: Observed
     assert value(commitlog, "mqstore_commitlog_disk_full") == 0
 
     indexer = scrape(ports["indexer"])
-    assert value(indexer, "mqstore_indexer_dispatched_records") >= 3
+    assert value(indexer, "mqstore_indexer_dispatched_records_total") >= 3
     assert value(indexer, "mqstore_indexer_dispatch_behind_bytes") == 0
     assert value(indexer, "mqstore_indexer_reput_offset") == max_offset
-    assert value(indexer, "mqstore_indexer_commitlog_read_bytes", source="files") >= max_offset
+    assert value(indexer, "mqstore_indexer_commitlog_read_bytes_total", source="files") >= max_offset
     assert value(indexer, "mqstore_indexer_consume_queues") >= 2
     assert value(indexer, "mqstore_indexer_index_files") >= 1
     assert value(indexer, "mqstore_indexer_index_entries") >= 2  # the KEYS of the two messages

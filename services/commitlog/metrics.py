@@ -1,0 +1,201 @@
+"""The commitlog service's Prometheus metrics: puts, reads, the Tail, flushes, recovery, early deletion,
+and the store's state (offsets, files, disk).
+
+Only the commitlog process imports this module, so only it exports ``mqstore_commitlog_*`` (other
+processes used to export all these series at 0, because they lived in the shared server layer).
+
+The counters are process-wide and always updated: an update is a lock and an add, and the put path
+records once per append call (a batch or a stream batch), never per byte; reads once per call, flushes
+once per fdatasync round. Gauges of the store's state (offsets, files, disk) are read from the engine
+only when scraped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import REGISTRY, Metric
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.server.metrics import Counter, Gauge, Histogram
+
+PUTS = Counter("mqstore_commitlog_puts", "Messages put into the commitlog, by PutMessageStatus or rejection",
+               ["status"])
+PUT_LATENCY = Histogram(
+    "mqstore_commitlog_put_latency_seconds",
+    "Duration of one engine append call (one message, a batch or a stream batch), flush wait included",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+APPENDED_BYTES = Counter("mqstore_commitlog_appended_bytes", "Record bytes appended to the commitlog")
+TAIL_CHUNKS = Counter("mqstore_commitlog_tail_chunks", "Tail chunks sent, data or empty heartbeat", ["kind"])
+RPC_ERRORS = Counter("mqstore_commitlog_rpc_errors", "RPCs ended with an error status", ["method", "code"])
+FLUSH_LATENCY = Histogram(
+    "mqstore_commitlog_flush_latency_seconds",
+    "Duration of one flush round that made data durable (fdatasync; group commit or flush service)",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+READS = Counter("mqstore_commitlog_reads", "Read and ReadBatch calls answered", ["method"])
+READ_BYTES = Counter("mqstore_commitlog_read_bytes", "Record bytes sent by Read, ReadBatch and Tail", ["method"])
+
+# What the last start-up's recovery found (set once per start; see services/commitlog/recovery.py).
+COMMITLOG_QUARANTINED_BYTES = Gauge(
+    "mqstore_commitlog_quarantined_bytes",
+    "Commitlog bytes in quarantined ranges: damaged records recovery stepped over (reads answer DATA_LOSS)")
+RECOVERY_SECONDS = Gauge("mqstore_commitlog_recovery_seconds", "Duration of the last start-up's recovery walk")
+RECOVERY_SCANNED_BYTES = Gauge("mqstore_commitlog_recovery_scanned_bytes",
+                               "Commitlog bytes the last start-up's recovery walked")
+RECOVERY_DROPPED_BYTES = Gauge(
+    "mqstore_commitlog_recovery_dropped_bytes",
+    "Bytes the last recovery cut off at a torn or damaged record (to the end of the data found after it); "
+    "0 for a clean end of the log")
+RECOVERY_DROPPED_RECORDS = Gauge(
+    "mqstore_commitlog_recovery_dropped_records",
+    "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
+
+# Commitlog files deleted before fileReservedTime because the disk was past diskSpaceCleanForciblyRatio
+# (services/commitlog/clean_commitlog.py); each deletion is also a WARNING naming the file and the
+# consumer groups whose unconsumed messages it held.
+EARLY_DELETED_FILES = Counter("mqstore_commitlog_early_deleted_files",
+                              "Commitlog files deleted before fileReservedTime because the disk was too full")
+EARLY_DELETED_BYTES = Counter("mqstore_commitlog_early_deleted_bytes",
+                              "Bytes of commitlog files deleted before fileReservedTime because the disk was too full")
+
+# Bound children: a labels() lookup per call is the expensive part of a prometheus update.
+_PUT_OK = PUTS.labels(status="PUT_OK")
+TAIL_DATA_CHUNKS = TAIL_CHUNKS.labels(kind="data")
+TAIL_HEARTBEATS = TAIL_CHUNKS.labels(kind="heartbeat")
+TAIL_POSITION_CHUNKS = TAIL_CHUNKS.labels(kind="position")  # Tail positions_only
+READ_CALLS = READS.labels(method="Read")
+READ_BATCH_CALLS = READS.labels(method="ReadBatch")
+READ_BYTES_READ = READ_BYTES.labels(method="Read")
+READ_BYTES_READ_BATCH = READ_BYTES.labels(method="ReadBatch")
+READ_BYTES_TAIL = READ_BYTES.labels(method="Tail")
+
+
+class _Put(Protocol):
+    @property
+    def status(self) -> enum.Enum: ...
+
+    @property
+    def wrote_bytes(self) -> int: ...
+
+
+def observe_append(results: Sequence[_Put], elapsed_s: float) -> None:
+    """Record one engine append call that returned ``results``."""
+    PUT_LATENCY.observe(elapsed_s)
+    ok = written = 0
+    for result in results:
+        written += result.wrote_bytes
+        if result.status.name == "PUT_OK":
+            ok += 1
+        else:
+            PUTS.labels(status=result.status.name).inc()
+    _PUT_OK.inc(ok)
+    APPENDED_BYTES.inc(written)
+
+
+class _Damage(Protocol):
+    @property
+    def dropped_bytes(self) -> int: ...
+
+    @property
+    def intact_records(self) -> int: ...
+
+
+class _Recovery(Protocol):
+    @property
+    def scanned_bytes(self) -> int: ...
+
+    @property
+    def damage(self) -> _Damage | None: ...
+
+
+def observe_recovery(result: _Recovery, elapsed_s: float) -> None:
+    """Record what a start-up's recovery walked and what it cut off."""
+    RECOVERY_SECONDS.set(elapsed_s)
+    RECOVERY_SCANNED_BYTES.set(result.scanned_bytes)
+    damage = result.damage
+    RECOVERY_DROPPED_BYTES.set(damage.dropped_bytes if damage is not None else 0)
+    RECOVERY_DROPPED_RECORDS.set(damage.intact_records if damage is not None else 0)
+
+
+def observe_early_deletion(file_bytes: int) -> None:
+    """Record one commitlog file of ``file_bytes`` deleted before its reserved time."""
+    EARLY_DELETED_FILES.inc()
+    EARLY_DELETED_BYTES.inc(file_bytes)
+
+
+def observe_read(calls: Counter, read_bytes: Counter, size: int) -> None:
+    """Record one answered read call of ``size`` bytes (bound children of READS and READ_BYTES)."""
+    calls.inc()
+    read_bytes.inc(size)
+
+
+class _Stats(Protocol):
+    """What the store gauges read of the engine's StoreStats."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    @property
+    def flushed_offset(self) -> int: ...
+
+    @property
+    def mapped_file_count(self) -> int: ...
+
+    @property
+    def disk_total_bytes(self) -> int: ...
+
+    @property
+    def disk_used_bytes(self) -> int: ...
+
+
+class StoreCollector(Collector):
+    """The commitlog's state, read from the engine when scraped (one ``stats()`` call, one statvfs):
+    nothing on the put path."""
+
+    def __init__(self, stats: Callable[[], _Stats], file_size: int, disk_full: Callable[[], bool]) -> None:
+        self._stats = stats
+        self._file_size = file_size
+        self._disk_full = disk_full
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._stats()
+        ratio = st.disk_used_bytes / st.disk_total_bytes if st.disk_total_bytes else 0.0
+        for name, doc, value in (
+            ("min_offset", "First commitlog offset still on disk", st.min_offset),
+            ("max_offset", "Commitlog offset the next record is written at", st.max_offset),
+            ("flushed_offset", "Commitlog offset made durable so far", st.flushed_offset),
+            ("files", "Commitlog files on disk", st.mapped_file_count),
+            ("files_bytes", "Disk space the commitlog files take (files x file size)",
+             st.mapped_file_count * self._file_size),
+            ("disk_used_ratio", "Used fraction of the store's filesystem (writes stop above "
+             "diskSpaceWarningLevelRatio)", ratio),
+            ("disk_used_bytes", "Used bytes of the store's filesystem", st.disk_used_bytes),
+            ("disk_total_bytes", "Size of the store's filesystem", st.disk_total_bytes),
+            ("disk_full", "1 while writes are refused because the disk is too full", int(self._disk_full())),
+        ):
+            yield GaugeMetricFamily(f"mqstore_commitlog_{name}", doc, value=value)
+
+
+_store_collector: StoreCollector | None = None
+
+
+def bind_commitlog(stats: Callable[[], _Stats], file_size: int, disk_full: Callable[[], bool]) -> None:
+    """Expose the store gauges of one engine (replacing those of an earlier one in this process)."""
+    global _store_collector
+    if _store_collector is not None:
+        REGISTRY.unregister(_store_collector)
+    _store_collector = StoreCollector(stats, file_size, disk_full)
+    REGISTRY.register(_store_collector)
+
+
+def observe_rejected(status: str, count: int = 1) -> None:
+    """Record messages refused before anything was written (``status`` names why)."""
+    PUTS.labels(status=status).inc(count)
