@@ -118,7 +118,8 @@ def topic_config_to_proto(config: TopicConfig) -> common_pb2.TopicConfig:
 def store_info_to_proto(stats: StoreStats, *, flush_disk_type: str, transient_store_pool_enable: bool,
                         mapped_file_size: int, store_root: str, incarnation: str,
                         store_host: str,
-                        quarantined: Sequence[QuarantinedRange] = ()) -> commitlog_pb2.StoreInfo:
+                        quarantined: Sequence[QuarantinedRange] = (), disk_clean_ratio: float = 0.0,
+                        disk_refuse_ratio: float = 0.0, disk_full: bool = False) -> commitlog_pb2.StoreInfo:
     """StoreStats plus the settings a caller needs to interpret them (file size, flush mode), and
     the quarantined ranges a Tail may skip."""
     return commitlog_pb2.StoreInfo(
@@ -139,4 +140,7 @@ def store_info_to_proto(stats: StoreStats, *, flush_disk_type: str, transient_st
         recovered_offset=stats.recovered_offset,
         quarantined_ranges=[commitlog_pb2.QuarantinedRange(start_offset=r.start, end_offset=r.end, reason=r.reason)
                             for r in quarantined],
+        disk_clean_ratio=disk_clean_ratio,
+        disk_refuse_ratio=disk_refuse_ratio,
+        disk_full=disk_full,
     )

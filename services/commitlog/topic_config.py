@@ -3,7 +3,9 @@
 Topics come into the table four ways: CreateTopic, a first message (auto-creation, with
 ``defaultTopicQueueNums`` queues), the DELAY rewrite (``SCHEDULE_TOPIC_XXXX``, one queue per delay
 level, as RocketMQ's broker creates it), and discovery at start (topics the store's data already
-holds, see ``topic_discovery.py``).
+holds, see ``topic_discovery.py``). DeleteTopic takes one out; its name is then kept in the file's
+``deleted`` list so that discovery at the next start does not bring it back from the records the
+commitlog still holds (they expire as usual). Creating the topic again takes the name off that list.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 from services.store.disk_space import disk_full_error, is_disk_full
 from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from services.store.message import SCHEDULE_TOPIC
-from services.store.names import MAX_QUEUE_NUMS
+from services.store.names import MAX_QUEUE_NUMS, is_system_topic
 from services.store.store_root import write_atomically
 from services.store.topics import TopicConfig, check_topic_config
 from services.store.transactions import TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPICS
@@ -33,6 +35,8 @@ class TopicConfigManager:
         self.schedule_queue_nums = max(schedule_queue_nums, 1)
         self._lock = threading.Lock()
         self._topics: dict[str, TopicConfig] = {}
+        #: Topics deleted since the data of which discovery must not re-add (see the module docstring).
+        self._deleted: frozenset[str] = frozenset()
 
     def load(self) -> None:
         source = self.path if self.path.exists() else self.path.with_name(self.path.name + ".bak")
@@ -40,6 +44,7 @@ class TopicConfigManager:
             return
         data = json.loads(source.read_text())
         self._topics = {name: TopicConfig(topic=name, **fields) for name, fields in data["topics"].items()}
+        self._deleted = frozenset(str(name) for name in data.get("deleted", ()))
 
     def get(self, topic: str) -> TopicConfig | None:
         return self._topics.get(topic)
@@ -72,6 +77,23 @@ class TopicConfigManager:
             self._put(config)
         return config
 
+    def delete(self, topic: str) -> TopicConfig:
+        """Takes the topic out of the table (NotFoundError if it is not there) and remembers its name
+        as deleted. System topics are refused: the store's own flows write them."""
+        if is_system_topic(topic):
+            raise InvalidArgumentError(f"topic {topic!r} is a system topic: the store's own flows use it, it "
+                                       "cannot be deleted")
+        with self._lock:
+            found = self._topics.get(topic)
+            if found is None:
+                raise NotFoundError(f"topic {topic!r} does not exist: nothing to delete")
+            topics = {name: c for name, c in self._topics.items() if name != topic}
+            self._write(topics, self._deleted | {topic})
+        return found
+
+    def is_deleted(self, topic: str) -> bool:
+        return topic in self._deleted
+
     def get_or_create(self, topic: str) -> TopicConfig:
         found = self._topics.get(topic)
         if found is not None:
@@ -94,7 +116,7 @@ class TopicConfigManager:
             topics = dict(self._topics)
             changed: builtins.list[TopicConfig] = []
             for topic, nums in sorted(queue_nums.items()):
-                if topic not in topics:
+                if topic not in topics and topic not in self._deleted:
                     nums = min(max(nums, 1), MAX_QUEUE_NUMS)
                     if topic == SCHEDULE_TOPIC:
                         nums = max(nums, self.schedule_queue_nums)
@@ -118,11 +140,14 @@ class TopicConfigManager:
                 f"(levels 1..{levels} park in queues 0..{levels - 1}): give it at least {levels}")
 
     def _put(self, config: TopicConfig) -> None:
-        self._write({**self._topics, config.topic: config})
+        self._write({**self._topics, config.topic: config}, self._deleted - {config.topic})
 
-    def _write(self, topics: dict[str, TopicConfig]) -> None:
-        body = {"topics": {name: {k: v for k, v in asdict(c).items() if k != "topic"}
-                           for name, c in sorted(topics.items())}}
+    def _write(self, topics: dict[str, TopicConfig], deleted: frozenset[str] | None = None) -> None:
+        deleted = self._deleted if deleted is None else deleted
+        body: dict[str, object] = {"topics": {name: {k: v for k, v in asdict(c).items() if k != "topic"}
+                                              for name, c in sorted(topics.items())}}
+        if deleted:
+            body["deleted"] = sorted(deleted)
         try:
             write_atomically(self.path, json.dumps(body, indent=2).encode(), keep_backup=True)
         except OSError as exc:
@@ -130,3 +155,4 @@ class TopicConfigManager:
                 raise disk_full_error(self.path.parent, f"writing {self.path.name}", exc) from None
             raise
         self._topics = topics
+        self._deleted = deleted

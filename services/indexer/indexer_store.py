@@ -12,6 +12,7 @@ restart re-reads what was dispatched since the last flush round, whatever the si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -45,6 +46,8 @@ class ArrivalBatch:
     maxima: dict[QueueKey, int]
     reput_offset: int
     truncated: bool = False
+    #: A topic whose queues were deleted (``IndexerStore.delete_topic``): readers forget them.
+    deleted: str = ""
 
 
 ArrivalListener = Callable[[ArrivalBatch], None]
@@ -86,6 +89,8 @@ class IndexerStore:
         #: bumped by every rewind: a flush round's snapshot taken before one must not be saved after it
         self._rewinds = 0
         self._save_lock = threading.Lock()
+        #: held by a flush round's ConsumeQueue flush and by a topic deletion (no flush of a deleted file)
+        self._flush_lock = threading.Lock()
         self.recovery: RecoveryReport | None = None
         self._lock = threading.RLock()
         self.reput_offset = 0
@@ -243,6 +248,23 @@ class IndexerStore:
             # Readers of the files bound their reads by the max offsets published before: lower them.
             self._publish(batch)
 
+    def delete_topic(self, topic: str) -> int:
+        """RocketMQ's deleteTopics for one topic: its ConsumeQueues' files removed, the queues forgotten
+        (a later record of the topic starts new ones), followers told (an arrival with ``deleted``).
+        The index keeps its entries: they expire with their files. Returns how many queues went."""
+        with self._lock, self._flush_lock:
+            queues = self.consume_queues.remove_topic(topic)
+            for queue in queues:
+                queue.destroy()
+            with contextlib.suppress(OSError):  # gone already, or holds something that is not ours
+                (self.consume_queues.root / topic).rmdir()
+            self._save_dispatch_checkpoint()  # a restart resumes past the deleted records
+            batch = ArrivalBatch({}, self.reput_offset, deleted=topic)
+        log.info("topic %s deleted: %d ConsumeQueues removed", topic, len(queues), extra={"topic": topic})
+        if self._listeners:
+            self._publish(batch)
+        return len(queues)
+
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         with self._lock:
             self.consume_queues.correct_min_offset(commitlog_min_offset)
@@ -274,7 +296,8 @@ class IndexerStore:
         """Flush the ConsumeQueues and the index, then checkpoint: the store times they now cover, and
         (the index msync'd first) the dispatch checkpoint a crash restart will resume from."""
         logics_stamp = self.consume_queues.logics_msg_timestamp
-        self.consume_queues.flush_all(least_pages)
+        with self._flush_lock:
+            self.consume_queues.flush_all(least_pages)
         with self._lock:
             snapshot, rewinds = self._dispatch_snapshot(), self._rewinds
         index_stamp = self.index.flush() if self.index is not None else 0

@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import grpc
-from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
+from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
 
 from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import ArrivalBatch, IndexerStore
 from services.indexer.reput import ReputService
+from services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
 from services.server.status import status_code_of
 from services.store.consume_queue import ConsumeQueue
 from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
@@ -179,8 +180,22 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
                                               reput_offset=reput, truncated=truncated)
                 if truncated and not arrivals.maxima:
                     yield indexer_pb2.Arrival(reput_offset=reput, truncated=True)
+                if arrivals.deleted:
+                    yield indexer_pb2.Arrival(topic=arrivals.deleted, reput_offset=reput, deleted=True)
         finally:
             self.hub.unsubscribe(subscription)
+
+    def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
+                    context: grpc.ServicerContext) -> admin_pb2.DeleteTopicResponse:
+        try:
+            check_topic_name(request.topic)
+            if request.commitlog_offset < 0:
+                raise InvalidArgumentError(f"commitlog_offset {request.commitlog_offset} is negative")
+        except StoreError as exc:
+            _abort(context, exc)
+        deleted = delete_topic(self.store, request.topic, request.commitlog_offset,
+                               context.time_remaining() or DELETE_WAIT_S)
+        return admin_pb2.DeleteTopicResponse(deleted_queues=deleted)
 
     def ListQueues(self, request: indexer_pb2.ListQueuesRequest,
                    context: grpc.ServicerContext) -> indexer_pb2.ListQueuesResponse:

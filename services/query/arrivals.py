@@ -132,7 +132,7 @@ class ArrivalWatcher:
                     if not self.connected:
                         self._connected()
                         backoff = RECONNECT_MIN_S
-                    if arrival.topic:  # a truncation notice names no queue
+                    if arrival.topic and not arrival.deleted:  # a truncation notice names no queue
                         self.arrived((arrival.topic, arrival.queue_id), arrival.max_offset)
             except StoreError as exc:
                 if self.connected:

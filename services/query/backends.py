@@ -84,6 +84,8 @@ class QueueArrival:
     reput_offset: int = 0
     #: the commitlog was truncated: max offsets learned before may be too high
     truncated: bool = False
+    #: the topic's queues were deleted (queue_id and max_offset are 0): forget them
+    deleted: bool = False
 
 
 def _translate(service: str, address: str, exc: grpc.aio.AioRpcError) -> StoreError:
@@ -168,7 +170,7 @@ class IndexerClient:
         try:
             async for arrival in call:
                 yield QueueArrival(arrival.topic, arrival.queue_id, arrival.max_offset, arrival.reput_offset,
-                                   arrival.truncated)
+                                   arrival.truncated, arrival.deleted)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
         finally:

@@ -27,6 +27,7 @@ What a reader may read (docs/architecture.md, "Reads from the files"):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import struct
@@ -212,14 +213,26 @@ class LocalIndexer(IndexerClient):
         self._bounds.clear()
         self._generation += 1
 
+    def forget_files(self, topic: str | None = None) -> None:
+        """Unmap the ConsumeQueue files of ``topic`` (None: of every queue): the indexer deleted them,
+        and a file of the same name made later is another file (a topic deleted and created again)."""
+        for key in [k for k in self._queues if topic is None or k[0] == topic]:
+            files = self._queues.pop(key)
+            with contextlib.suppress(BufferError):  # a read holds a view of it: the mapping goes with the view
+                files.close()
+            self._bounds.pop(key, None)
+
     async def arrivals(self) -> AsyncIterator[QueueArrival]:
         """The arrival stream, also taken as the dispatch bound: max offsets only grow, the reput offset
         too, until a truncation notice. A new stream (an indexer restart) starts from no bounds."""
         self.forget_bounds()
+        self.forget_files()  # a topic may have been deleted while no stream said so
         self._commitlog.note_dispatched(0, reset=True)  # the indexer may have rewound: GetStoreInfo bounds reads
         try:
             async for arrival in super().arrivals():
-                if arrival.truncated:
+                if arrival.deleted:
+                    self.forget_files(arrival.topic)
+                elif arrival.truncated:
                     self.forget_bounds()
                     self._commitlog.note_dispatched(arrival.reput_offset, reset=True)
                 else:

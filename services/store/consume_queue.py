@@ -650,6 +650,13 @@ class ConsumeQueueStore:
                 queues[queue_id] = queue
             return queue
 
+    def remove_topic(self, topic: str) -> list[ConsumeQueue]:
+        """Takes every queue of ``topic`` out of the table (the caller destroys them): a later unit of
+        the topic starts a new queue."""
+        with self._lock:
+            queues = self._table.pop(topic, {})
+        return [queues[queue_id] for queue_id in sorted(queues)]
+
     def queues(self) -> list[ConsumeQueue]:
         """Every queue, topics in Java string order, queue ids ascending. A snapshot: the dispatcher
         may add queues meanwhile."""
