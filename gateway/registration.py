@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from mqstore.v1 import commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
+from mqstore.v1 import admin_pb2, commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 from gateway.servicer import MessagingServicer
 from gateway.wire import SERVICE_NAME, decoder, serialize
@@ -35,6 +35,8 @@ def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:
         "UnregisterConsumer": (servicer.UnregisterConsumer, groups_pb2.UnregisterConsumerRequest),
         "DescribeGroups": (servicer.DescribeGroups, groups_pb2.DescribeGroupsRequest),
         "EndTransaction": (servicer.EndTransaction, transaction_pb2.EndTransactionRequest),
+        "GetClusterStatus": (servicer.GetClusterStatus, admin_pb2.GetClusterStatusRequest),
+        "DeleteTopic": (servicer.DeleteTopic, admin_pb2.DeleteTopicRequest),
     }
     handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         name: grpc.unary_unary_rpc_method_handler(handler, request_deserializer=decoder(request_type),

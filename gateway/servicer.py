@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 from gateway import metrics, send_back, transactions
+from gateway.admin import Admin
 from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
 from gateway.groups import GroupDirectory
 from gateway.message_finder import MessageFinder
@@ -111,9 +112,11 @@ class MessagingServicer:
         self.finder = MessageFinder(self.shards, self.retry)
         self.transactions = transactions.Transactions(self.shards, routes, self.finder)
         self.groups = GroupDirectory(self.shards, routes, self.retry, tokens)
+        self.admin = Admin(self.shards)
 
     async def close(self) -> None:
         await self.transactions.close()
+        await self.admin.close()
         for batcher in self._batchers:
             await batcher.close()
 
@@ -821,6 +824,20 @@ class MessagingServicer:
                 functools.partial(shard.on_commitlog, shard.commitlog.UpdateTopic, request, timeout))
         self.routes.invalidate()
         return updated
+
+    @unary
+    async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
+                          context: Context) -> admin_pb2.DeleteTopicResponse:
+        self.tokens.authorize(self._principal(context), Action.ADMIN, request.topic)
+        response = await self.admin.delete_topic(request.topic, self._timeout(context))
+        self.routes.invalidate()
+        return response
+
+    @unary
+    async def GetClusterStatus(self, request: admin_pb2.GetClusterStatusRequest,
+                               context: Context) -> admin_pb2.ClusterStatus:
+        self._principal(context)  # any token may look
+        return await self.admin.cluster_status(self._timeout(context))
 
     @unary
     async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,

@@ -5,7 +5,7 @@ runs the embedded default: one shard made of the services ``mqstore up`` starts 
 
     listen: 127.0.0.1:9876
     shards:
-      - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}  # scheduler: the query port + 1
+      - {name: shard-0, commitlog: 127.0.0.1:9901, query: 127.0.0.1:9903}  # scheduler, indexer: see below
     queue_selection: round_robin        # or latency (avoid queues whose sends were slow or failing)
     auth_file: tokens.yaml              # bearer tokens; without it every call is allowed
     tls_cert: /etc/mqstore/tls.crt      # TLS on the listen port (gateway/tls.py), with tls_key
@@ -42,6 +42,16 @@ class ShardSettings:
     #: The shard's scheduler (transaction ends and checks, docs/transactions.md); empty: the port after
     #: the query service's, where ``mqstore up`` puts it (query base+3, scheduler base+4).
     scheduler: str = ""
+    #: The shard's indexer (``mqstore status`` asks it for the dispatch lag); empty: the port after the
+    #: commitlog's, where ``mqstore up`` puts it (commitlog base+1, indexer base+2).
+    indexer: str = ""
+
+    @property
+    def indexer_address(self) -> str:
+        if self.indexer:
+            return self.indexer
+        host, _, port = self.commitlog.rpartition(":")
+        return f"{host}:{int(port) + 1}" if port.isdigit() else self.commitlog
 
     @property
     def scheduler_address(self) -> str:
@@ -166,10 +176,10 @@ def _shard(index: int, raw: Any) -> ShardSettings:
         return raw
     if not isinstance(raw, dict) or not {"commitlog", "query"} <= set(raw):
         raise ConfigError(f"shards[{index}]: expected a mapping with commitlog and query addresses, got {raw!r}")
-    extra = set(raw) - {"name", "commitlog", "query", "scheduler"}
+    extra = set(raw) - {"name", "commitlog", "query", "scheduler", "indexer"}
     if extra:
         raise ConfigError(f"shards[{index}]: unknown keys {sorted(extra)}")
     return ShardSettings(str(raw.get("name", f"shard-{index}")), str(raw["commitlog"]), str(raw["query"]),
-                         str(raw.get("scheduler") or ""))
+                         str(raw.get("scheduler") or ""), str(raw.get("indexer") or ""))
 
 
