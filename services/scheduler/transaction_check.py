@@ -258,7 +258,13 @@ class TransactionChecker:
                     continue
                 age = now_ms() - record.born_timestamp
                 if 0 <= age < tx.immunity_ms(record, self.settings.timeout_ms):
-                    break  # halves are in store order: the ones after it are younger
+                    if tx.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS not in record.properties:
+                        break  # halves are in store order: the ones after it are younger
+                    # 4.9.8's putImmunityMsgBackToHalfQueue: a long immunity does not hold the queue.
+                    if (await self._append(tx.immune_put_back_of(record))).status not in STORED:
+                        break
+                    i += 1
+                    continue
                 if not await self._check(record, 1 if times is None else times + 1):
                     break
                 i += 1

@@ -54,6 +54,7 @@ REMOVE_TAG = "d"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
 PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 #: BrokerConfig defaults: transactionTimeOut (ms), transactionCheckMax, transactionCheckInterval (ms).
 DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
 DEFAULT_TRANSACTION_CHECK_MAX = 15
@@ -144,6 +145,15 @@ def put_back_of(half: MessageRecord, times: int) -> Message:
     """renewHalfMessageInner with TRANSACTION_CHECK_TIMES = ``times`` (needDiscard counted it)."""
     properties = dict(half.properties)
     properties[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times)
+    return Message(HALF_TOPIC, half.queue_id, half.body, half.flag, properties, half.born_timestamp,
+                   half.born_host, half.sys_flag & ~STOREHOSTADDRESS_V6_FLAG, half.reconsume_times, 0)
+
+
+def immune_put_back_of(half: MessageRecord) -> Message:
+    """renewImmunityHalfMessageInner: a half still within its CHECK_IMMUNITY_TIME_IN_SECONDS re-put (so it
+    does not hold the half queue), remembering the first copy's queue offset in TRAN_PREPARED_QUEUE_OFFSET."""
+    properties = dict(half.properties)
+    properties.setdefault(PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET, str(half.queue_offset))
     return Message(HALF_TOPIC, half.queue_id, half.body, half.flag, properties, half.born_timestamp,
                    half.born_host, half.sys_flag & ~STOREHOSTADDRESS_V6_FLAG, half.reconsume_times, 0)
 

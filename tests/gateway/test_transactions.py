@@ -271,3 +271,27 @@ def test_a_check_stream_must_name_its_group_first(tx_up: UpProcess) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         list(tx_up.stub.TransactionChecks(iter([bad_group]), timeout=10))
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_long_immunity_does_not_hold_the_half_queue(tx_up: UpProcess) -> None:
+    immune = _half(tx_up, "TxImmune", group="immuneGroup", body=b"immune", CHECK_IMMUNITY_TIME_IN_SECONDS="60")
+    immune_half = _view(tx_up, immune.offset_msg_id)
+    checked = threading.Event()
+
+    def check(c: TransactionCheck) -> TransactionState:
+        checked.set()
+        return TransactionState.COMMIT
+
+    with TransactionProducer("afterImmune", check=check, address=tx_up.gateway) as producer:
+        producer.send_half("TxImmune", b"after")
+        assert checked.wait(15), "a half after one within a long immunity is checked in time"
+        deadline = time.monotonic() + 10
+        while b"after" not in [m.body for m in _real_queue_or_empty(tx_up, "TxImmune")] and time.monotonic() < deadline:
+            time.sleep(0.1)
+    copies = [m for m in _system_queue(tx_up, HALF_TOPIC) if m.uniq_key == immune.msg_id]
+    assert len(copies) >= 2, "4.9.8's putImmunityMsgBackToHalfQueue"
+    assert all(dict(m.properties)["TRAN_PREPARED_QUEUE_OFFSET"] == str(immune_half.queue_offset) for m in copies[1:])
+    assert all("TRANSACTION_CHECK_TIMES" not in m.properties for m in copies), "not checked yet"
+    assert _end(tx_up, immune, transaction_pb2.COMMIT, group="immuneGroup").applied
+    assert not _end(tx_up, immune, transaction_pb2.COMMIT, group="immuneGroup").applied
+    assert sorted(m.body for m in _real_queue_or_empty(tx_up, "TxImmune")) == [b"after", b"immune"]
