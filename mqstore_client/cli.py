@@ -222,6 +222,9 @@ def add_client_commands(commands: Subcommands) -> None:
     _add_topics(commands)
     _add_dlq(commands)
     _add_groups(commands)
+    from mqstore_client.admin_cli import add_status_command
+
+    add_status_command(commands)
 
 
 def _add_send(commands: Subcommands) -> None:
@@ -289,7 +292,7 @@ def _add_offset(commands: Subcommands) -> None:
                       "queue offsets (min, max), a group's committed offsets and lag, offsets by time", _offset)
     _offset_arguments(offset, nested=False)
     offset.add_argument("--commit", type=str, metavar="OFFSET",
-                        help="set the group's offset (a number, min, max or a time) for the --queue(s)")
+                        help="deprecated: use 'offset commit --to OFFSET' (it does the same)")
     actions = offset.add_subparsers(dest="offset_action", metavar="{show,commit}")
     show = actions.add_parser("show", allow_abbrev=False,
                               help="a group's committed offsets and lag (same as --group without action)")
@@ -319,7 +322,7 @@ def _offset_arguments(parser: argparse.ArgumentParser, nested: bool) -> None:
 def _add_topics(commands: Subcommands) -> None:
     topics = _command(commands, "topics", "list topics; create, update, or show a topic's route", _topics)
     _common(topics)
-    actions = topics.add_subparsers(dest="topics_action", metavar="{list,create,update,route}")
+    actions = topics.add_subparsers(dest="topics_action", metavar="{list,create,update,route,delete}")
     listing = actions.add_parser("list", allow_abbrev=False, help="every topic the token may see (the default)")
     listing.set_defaults(handler=_handled(_topics), client_parser=listing)
     _common(listing, nested=True)
@@ -339,6 +342,9 @@ def _add_topics(commands: Subcommands) -> None:
     route.set_defaults(handler=_handled(_topics), client_parser=route)
     route.add_argument("name", metavar="TOPIC")
     _common(route, nested=True)
+    from mqstore_client.admin_cli import add_topic_delete
+
+    add_topic_delete(actions)
 
 
 # -- send ----------------------------------------------------------------------------------------------
@@ -637,6 +643,9 @@ def _query_by_key(args: argparse.Namespace) -> int:
 def _offset(args: argparse.Namespace) -> int:
     topic = _topic(args)
     action = args.offset_action or ("commit" if args.commit is not None else "show")
+    if args.offset_action is None and args.commit is not None:
+        print(f"{PROG}: warning: 'offset --commit' is deprecated: use 'offset commit --to {args.commit}'",
+              file=sys.stderr, flush=True)
     target: str | None = getattr(args, "to", None) if args.offset_action == "commit" else args.commit
     if action == "commit" and not args.group:
         raise UsageError("committing an offset needs --group")
@@ -839,6 +848,9 @@ def _groups(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The client commands alone (``python -m mqstore_client.cli``); ``mqstore`` has them too."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    from mqstore_client.admin_cli import add_version_option
+
+    add_version_option(parser)
     add_client_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     handler: Handler = args.handler

@@ -13,6 +13,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqstore", description=__doc__)
+    from mqstore_client.admin_cli import add_version_option
+
+    add_version_option(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
     _add_inspect(commands)
