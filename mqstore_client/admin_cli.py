@@ -10,21 +10,19 @@ a disk refuses writes, so scripts and probes can use it as it is.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 from mqstore_client import admin
-from mqstore_client.cli import (
-    EXIT_ERROR,
-    EXIT_OK,
-    PROG,
-    Subcommands,
-    _client,
-    _command,
-    _common,
-    _handled,
-)
+from mqstore_client.client import Client
 from mqstore_client.output import Printer
+
+PROG = "mqstore"
+EXIT_OK, EXIT_ERROR = 0, 1
+#: ``mqstore_client.cli``'s helpers, handed in by it (this module does not import it: no cycle).
+ClientFactory = Callable[[argparse.Namespace], Client]
+Handler = Callable[[argparse.Namespace], int]
 
 SERVICES = ("commitlog", "indexer", "query", "scheduler")
 #: How a service's health shows in the table.
@@ -44,24 +42,27 @@ def add_version_option(parser: argparse.ArgumentParser) -> None:
                         help="print the mqstore version and exit")
 
 
-def add_status_command(commands: Subcommands) -> None:
-    status = _command(commands, "status", "every shard's services, offsets, disk, flush and dispatch lag (exit 1 "
-                                          "when something is down)", _status)
-    _common(status)
+def add_status_command(commands: Any, command: Callable[..., Any], common: Callable[..., None],
+                       client: ClientFactory) -> None:
+    """``mqstore status`` (``command``, ``common``: cli's ``_command`` and ``_common``)."""
+    status = command(commands, "status", "every shard's services, offsets, disk, flush and dispatch lag (exit 1 "
+                                         "when something is down)", lambda args: _status(args, client))
+    common(status)
 
 
-def add_topic_delete(actions: Any) -> None:
+def add_topic_delete(actions: Any, handled: Callable[[Handler], Handler], common: Callable[..., None],
+                     client: ClientFactory) -> None:
     """``mqstore topics delete NAME`` (``actions``: the topics command's subparsers)."""
     delete = actions.add_parser("delete", allow_abbrev=False,
                                 help="delete a topic's config and ConsumeQueues on every shard (admin token)")
-    delete.set_defaults(handler=_handled(_delete_topic), client_parser=delete)
+    delete.set_defaults(handler=handled(lambda args: _delete_topic(args, client)), client_parser=delete)
     delete.add_argument("name", metavar="TOPIC")
-    _common(delete, nested=True)
+    common(delete, nested=True)
 
 
-def _delete_topic(args: argparse.Namespace) -> int:
+def _delete_topic(args: argparse.Namespace, client_of: ClientFactory) -> int:
     printer = Printer(args.json)
-    with _client(args) as client:
+    with client_of(args) as client:
         result = admin.delete_topic(client, args.name)
     if printer.json_mode:
         printer.json(result)
@@ -71,9 +72,9 @@ def _delete_topic(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _status(args: argparse.Namespace) -> int:
+def _status(args: argparse.Namespace, client_of: ClientFactory) -> int:
     printer = Printer(args.json)
-    with _client(args) as client:
+    with client_of(args) as client:
         status = admin.cluster_status(client)
     if printer.json_mode:
         printer.json(status)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO, TypeAlias, TypeVar
 
+from mqstore_client import admin_cli
 from mqstore_client.client import Client
 from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN, Tls
 from mqstore_client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
@@ -222,9 +223,7 @@ def add_client_commands(commands: Subcommands) -> None:
     _add_topics(commands)
     _add_dlq(commands)
     _add_groups(commands)
-    from mqstore_client.admin_cli import add_status_command
-
-    add_status_command(commands)
+    admin_cli.add_status_command(commands, _command, _common, _client)
 
 
 def _add_send(commands: Subcommands) -> None:
@@ -342,9 +341,7 @@ def _add_topics(commands: Subcommands) -> None:
     route.set_defaults(handler=_handled(_topics), client_parser=route)
     route.add_argument("name", metavar="TOPIC")
     _common(route, nested=True)
-    from mqstore_client.admin_cli import add_topic_delete
-
-    add_topic_delete(actions)
+    admin_cli.add_topic_delete(actions, _handled, _common, _client)
 
 
 # -- send ----------------------------------------------------------------------------------------------
@@ -848,9 +845,7 @@ def _groups(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """The client commands alone (``python -m mqstore_client.cli``); ``mqstore`` has them too."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
-    from mqstore_client.admin_cli import add_version_option
-
-    add_version_option(parser)
+    admin_cli.add_version_option(parser)
     add_client_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     handler: Handler = args.handler
