@@ -16,6 +16,7 @@ from services.store.message import SCHEDULE_TOPIC, MessageRecord
 from services.store.readonly_files import ReadOnlyFiles
 from services.store.record import RecordError, decode_record
 from services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
+from services.store.timer_message import record_timer_out_ms
 
 _UNIT = struct.Struct(">qiq")
 UNIT_SIZE = _UNIT.size
@@ -66,6 +67,18 @@ class ScheduleFiles:
             return decode_record(mapped, commitlog_offset - start)
         except RecordError:
             return None
+
+    def timer_out_ms(self, commitlog_offset: int) -> tuple[bool, int | None]:
+        """(found, TIMER_OUT_MS) of the record at ``commitlog_offset``, read from its properties only;
+        found is False when its file is gone or it does not decode."""
+        found = self._commitlog.find(commitlog_offset)
+        if found is None:
+            return False, None
+        start, mapped = found
+        try:
+            return True, record_timer_out_ms(mapped, commitlog_offset - start)
+        except RecordError:
+            return False, None
 
     def close(self) -> None:
         for files in self._queues.values():

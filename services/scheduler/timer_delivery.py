@@ -214,19 +214,14 @@ class TimerScheduler:
         return True
 
     def _deliver_ms_of(self, commitlog_offset: int, size: int, queue_offset: int) -> int | None:
-        record = self._files.record(commitlog_offset)
-        if record is None:
+        found, deliver = self._files.timer_out_ms(commitlog_offset)
+        if not found:
             log.warning("timers: the record of unit %d (commitlog offset %d) is gone: passed over", queue_offset,
                         commitlog_offset)
-            return None
-        text = record.properties.get(PROPERTY_TIMER_OUT_MS)
-        try:
-            return int(text) if text is not None else None
-        except ValueError:
-            pass
-        log.error("timers: unit %d (commitlog offset %d) has no usable TIMER_OUT_MS (%r): passed over",
-                  queue_offset, commitlog_offset, text)
-        return None
+        elif deliver is None:
+            log.error("timers: unit %d (commitlog offset %d) has no usable %s: passed over", queue_offset,
+                      commitlog_offset, PROPERTY_TIMER_OUT_MS)
+        return deliver
 
     # -- deliver -------------------------------------------------------------------------------
     async def _deliver(self) -> float:

@@ -27,7 +27,18 @@ again (RocketMQ 5's "double check").
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
+
+from services.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from services.store.record import (
+    BORNHOST_POS,
+    MESSAGE_MAGIC_CODE,
+    SYSFLAG_POS,
+    Buffer,
+    RecordError,
+    host_lengths,
+)
 
 #: RocketMQ 5's TimerMessageStore.TIMER_TOPIC (rmq_sys_wheel_timer), one queue.
 TIMER_TOPIC = "rmq_sys_wheel_timer"
@@ -84,3 +95,42 @@ def timer_deliver_ms(properties: Mapping[str, str], now_ms: int, max_delay_sec: 
             f"{name} {properties[name][:40]!r} asks for delivery {(deliver - now_ms) / 1000:.0f} s from now, beyond "
             f"the limit of {max_delay_sec} s (timerMaxDelaySec): send it closer to its time")
     return deliver
+
+
+_SYS_FLAG = struct.Struct(">i")
+_BODY_LENGTH = struct.Struct(">i")
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_I16 = struct.Struct(">h")
+_OUT_ITEM = f"{PROPERTY_SEPARATOR}{PROPERTY_TIMER_OUT_MS}{NAME_VALUE_SEPARATOR}".encode()
+
+
+def record_timer_out_ms(buf: Buffer, pos: int) -> int | None:
+    """TIMER_OUT_MS of the record at ``pos`` (a whole record, as the indexer dispatched it), read from
+    its properties alone: the scheduler takes timer messages in at the store's put rate, and decoding
+    whole records (hosts, body) there would double its work. None when the property is missing or not
+    a number; RecordError when the record is malformed."""
+    try:
+        size, magic = struct.unpack_from(">iI", buf, pos)
+        sys_flag = _SYS_FLAG.unpack_from(buf, pos + SYSFLAG_POS)[0]
+        born_len, store_len = host_lengths(sys_flag)
+        p = pos + BORNHOST_POS + born_len + 8 + store_len + 12
+        p += 4 + _BODY_LENGTH.unpack_from(buf, p)[0]
+        if magic == MESSAGE_MAGIC_CODE:
+            p += 1 + _U8.unpack_from(buf, p)[0]
+        else:
+            p += 2 + _U16.unpack_from(buf, p)[0]
+        props_len = _I16.unpack_from(buf, p)[0]
+        p += 2
+    except struct.error as exc:
+        raise RecordError(f"offset {pos}: malformed record ({exc})") from None
+    if props_len < 0 or p + props_len > pos + size:
+        raise RecordError(f"offset {pos}: properties length {props_len} exceeds the record")
+    props = PROPERTY_SEPARATOR.encode() + bytes(buf[p:p + props_len])
+    i = props.rfind(_OUT_ITEM)
+    if i < 0:
+        return None
+    start = i + len(_OUT_ITEM)
+    end = props.find(PROPERTY_SEPARATOR.encode(), start)
+    text = props[start:end if end >= 0 else len(props)]
+    return int(text) if text.isdigit() else None

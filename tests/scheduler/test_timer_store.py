@@ -15,7 +15,7 @@ from services.store.due_message import DueMessage
 from services.store.message import SCHEDULE_TOPIC, Message
 from services.store.record import decode_record
 from services.store.timer_files import UNIT_SIZE, TimerFiles
-from services.store.timer_message import TIMER_TOPIC
+from services.store.timer_message import TIMER_TOPIC, record_timer_out_ms
 from tests.test_commitlog_engine import make_log
 
 
@@ -81,3 +81,15 @@ def test_recovery_undoes_units_taken_in_after_the_checkpoint(tmp_path: Path) -> 
         assert [u.queue_offset for u in files.units_of(1000)] == [0, 1, 2, 4]
     finally:
         files.close()
+
+
+@pytest.mark.parametrize("born_host", ["10.0.0.1:1", "[2001:db8::1]:9876"])
+def test_timer_out_ms_read_from_the_properties_alone_matches_the_decoded_record(log: CommitLog,
+                                                                                born_host: str) -> None:
+    deliver = time.time_ns() // 1_000_000 + 90_000
+    result = log.put_message(Message("Later", 1, b"body" * 50, born_host=born_host,
+                                     properties={"TAGS": "a", "TIMER_DELIVER_MS": str(deliver), "z": "TIMER_OUT_MS"}))
+    data = b"pad" + log.read(result.commitlog_offset, result.wrote_bytes)
+    assert record_timer_out_ms(data, 3) == int(decode_record(data, 3).properties["TIMER_OUT_MS"]) == deliver
+    plain = log.put_message(Message("Later", 1, b"x", properties={"TAGS": "a"}))
+    assert record_timer_out_ms(log.read(plain.commitlog_offset, plain.wrote_bytes), 0) is None
