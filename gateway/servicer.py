@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -157,16 +157,18 @@ class MessagingServicer:
         config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
         return TopicRoute.build(topic, [(shard, config) for shard in self.shards], provisional=True)
 
-    async def _created(self, topic: str, context: Context) -> None:
+    async def _created(self, topic: str, context: Context, stored_on: Collection[str] = ()) -> None:
         """After a send under a provisional route: the topic now exists on one shard; create it on all
-        (once for concurrent first sends; the route table is read again afterwards)."""
+        (once for concurrent first sends; the route table is read again afterwards). ``stored_on``: the
+        shards that stored the send, which created the topic there: not asked again, so a first send
+        makes no ALREADY_EXISTS call (an error span in every trace of a first send)."""
         if topic in self._creating:
             return
         self._creating.add(topic)
         try:
             nums = self.settings.default_topic_queue_nums
             config = common_pb2.TopicConfig(topic=topic, read_queue_nums=nums, write_queue_nums=nums, perm=6)
-            await self._create_on_shards(config, context, tolerate_existing=True)
+            await self._create_on_shards(config, context, tolerate_existing=True, skip=stored_on)
         finally:
             self._creating.discard(topic)
 
@@ -269,7 +271,7 @@ class MessagingServicer:
 
         queue, result = await self._append(route, sharding_key, explicit, send)
         if route.provisional:
-            await self._created(topic, context)
+            await self._created(topic, context, (queue.shard.name,))
         metrics.SENT_MESSAGES.inc()
         return self._result(result, queue, topic, uniq_key)
 
@@ -350,7 +352,7 @@ class MessagingServicer:
 
         queue, response = await self._append(route, sharding_key, explicit, send)
         if route.provisional:
-            await self._created(topic, context)
+            await self._created(topic, context, (queue.shard.name,))
         metrics.SENT_MESSAGES.inc(batch.count)
         answer = gateway_pb2.SendBatchResponse()
         if response.HasField("receipt"):
@@ -531,7 +533,8 @@ class MessagingServicer:
             request.ClearField("queue_id")
         results, append_error = await self._append_runs(picks, group, sequence, self._timeout(context))
         for topic in provisional & {topic for _, topic, _ in picks[:len(results)]}:
-            await self._created(topic, context)  # stored under a provisional route: it exists now
+            # stored under a provisional route: it exists now (on the shards that stored it)
+            await self._created(topic, context, {q.shard.name for q, t, _ in picks[:len(results)] if t == topic})
         return results, append_error or error
 
     async def _append_runs(self, picks: list[tuple[QueueRoute, str, str]], group: list[gateway_pb2.SendRequest],
@@ -781,12 +784,16 @@ class MessagingServicer:
     # -- topics ---------------------------------------------------------------------------------------
 
     async def _create_on_shards(self, config: common_pb2.TopicConfig, context: Context,
-                                tolerate_existing: bool) -> int:
-        """Creates the topic on every shard that lacks it; returns how many already had it."""
+                                tolerate_existing: bool, skip: Collection[str] = ()) -> int:
+        """Creates the topic on every shard that lacks it (``skip``: names of shards known to have it);
+        returns how many already had it."""
         timeout = self._timeout(context)
         request = commitlog_pb2.TopicRequest(topic=config)
         existing = 0
         for shard in self.shards:
+            if shard.name in skip:
+                existing += 1
+                continue
             try:
                 await self.retry.read(functools.partial(shard.on_commitlog, shard.commitlog.CreateTopic, request,
                                                         timeout))
