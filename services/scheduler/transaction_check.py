@@ -21,7 +21,6 @@ of a half (the producer's send result, or a check's put-back copy): the live cop
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import struct
@@ -47,7 +46,6 @@ from services.store.message import PROPERTY_REAL_TOPIC, PROPERTY_UNIQ_CLIENT_MES
 from services.store.names import check_group
 from services.store.readonly_files import ReadOnlyFiles
 from services.store.store_layout import CONSUMEQUEUE_DIR
-from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +55,7 @@ DISCARDED = Counter("mqstore_scheduler_transaction_discarded",
 ENDS = Counter("mqstore_scheduler_transaction_ends", "Transaction ends by resolution and whether they applied",
                ["resolution", "applied"])
 
-FILE_NAME = "transactionOffset.json"
+FILE_NAME = tx.CHECK_OFFSETS_FILE
 SERVICE_NAME = "mqstore.v1.TransactionService"
 _UNIT = struct.Struct(">qiq")
 CALL_TIMEOUT_S = 10.0
@@ -153,23 +151,14 @@ class TransactionChecker:
 
     # -- progress ----------------------------------------------------------------------------------
     def load(self) -> None:
-        """ValueError when the file is unreadable (its .bak is tried first)."""
-        for path in (self.offsets_path, self.offsets_path.with_name(self.offsets_path.name + ".bak")):
-            if path.exists():
-                try:
-                    data = json.loads(path.read_text())
-                    self.half_offset, self.op_offset = int(data["halfOffset"]), int(data["opOffset"])
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    log.warning("cannot read %s: %s", path, exc)
-                    continue
-                self._ops_read = self.op_offset
-                return
-        if self.offsets_path.exists():
-            raise ValueError(f"{self.offsets_path} and its .bak are unreadable")
+        """ValueError when the file and its .bak are unreadable."""
+        offsets = tx.read_check_offsets(self.offsets_path)
+        if offsets is not None:
+            self.half_offset, self.op_offset = offsets
+            self._ops_read = self.op_offset
 
     def persist(self) -> None:
-        data = json.dumps({"halfOffset": self.half_offset, "opOffset": self.op_offset}).encode()
-        write_atomically(self.offsets_path, data, keep_backup=True)
+        tx.write_check_offsets(self.offsets_path, self.half_offset, self.op_offset)
 
     # -- running -----------------------------------------------------------------------------------
     def start(self) -> None:

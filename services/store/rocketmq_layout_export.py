@@ -41,6 +41,7 @@ from services.store.index_file import IndexFileError
 from services.store.inspect_index import infer_geometry
 from services.store.message import SCHEDULE_TOPIC
 from services.store.store_root import ABORT_FILE, LOCK_FILE, fsync_dir
+from services.store.transactions import CHECK_OFFSETS_FILE, check_consumer_offsets
 
 INDEXER_DIR = "indexer"
 QUERY_DIR = "query"
@@ -275,7 +276,8 @@ def _write(source: SourceStore, dest: Path, transfers: list[_Transfer], copy: bo
     summary.checkpoint = _write_checkpoint(source, dest)
     summary.topics = _write_topics(source.root / CONFIG_DIR / TOPICS_FILE, dest / CONFIG_DIR / TOPICS_FILE)
     summary.consumer_offsets = _write_consumer_offsets(source.query_root / CONFIG_DIR / CONSUMER_OFFSET_FILE,
-                                                       dest / CONFIG_DIR / CONSUMER_OFFSET_FILE)
+                                                       dest / CONFIG_DIR / CONSUMER_OFFSET_FILE,
+                                                       source.root / SCHEDULER_DIR / CONFIG_DIR / CHECK_OFFSETS_FILE)
     summary.delay_levels = _write_delay_offsets(dest, source.root / SCHEDULER_DIR / CONFIG_DIR / DELAY_OFFSET_FILE)
     summary.settings = _settings(transfers)
     for directory in sorted({(dest / t.target).parent for t in transfers} | {dest, dest / CONFIG_DIR}):
@@ -355,9 +357,11 @@ def _write_topics(source: Path, target: Path) -> int:
     return len(config)
 
 
-def _write_consumer_offsets(source: Path, target: Path) -> int:
+def _write_consumer_offsets(source: Path, target: Path, check_offsets: Path | None = None) -> int:
     """ConsumerOffsetManager's file: ``{"offsetTable": {"topic@group": {"queueId": offset}}}``. The query
-    service already keeps that shape; queue ids stay quoted (strict JSON, which fastjson reads too)."""
+    service already keeps that shape; queue ids stay quoted (strict JSON, which fastjson reads too).
+    ``check_offsets``: the scheduler's transaction checker progress, RocketMQ's CID_RMQ_SYS_TRANS offsets
+    of the half and op queues (so a broker does not check again what mqstore checked or discarded)."""
     document = _read_json(source, "consumer offsets", CONSUMER_OFFSET_FILE)
     raw = document.get("offsetTable", {}) if document is not None else {}
     table: dict[str, dict[str, int]] = {}
@@ -369,6 +373,11 @@ def _write_consumer_offsets(source: Path, target: Path) -> int:
     except (AttributeError, TypeError, ValueError):
         raise ExportError(f"{source}: offsetTable is not {{\"topic@group\": {{queue: offset}}}}; repair it or "
                           "restore its .bak") from None
+    if check_offsets is not None:
+        try:
+            table.update(check_consumer_offsets(check_offsets))
+        except ValueError as exc:
+            raise ExportError(f"{exc}; repair it or restore its .bak") from None
     _write_json(target, {"offsetTable": table})
     return sum(len(queues) for queues in table.values())
 

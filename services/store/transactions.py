@@ -24,7 +24,9 @@ writes commits, ops, put-back halves and discards; ``mqstore inspect`` and a Roc
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 from services.store.errors import InvalidArgumentError
 from services.store.message import (
@@ -42,6 +44,7 @@ from services.store.message import (
     MessageRecord,
 )
 from services.store.record import java_parse_int
+from services.store.store_root import write_atomically
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -59,6 +62,12 @@ PROPERTY_TRANSACTION_PREPARED_QUEUE_OFFSET = "TRAN_PREPARED_QUEUE_OFFSET"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 6_000
 DEFAULT_TRANSACTION_CHECK_MAX = 15
 DEFAULT_TRANSACTION_CHECK_INTERVAL_MS = 60_000
+
+
+#: The checker's progress under the scheduler's store (``config/``): ``{"halfOffset": h, "opOffset": o}``.
+CHECK_OFFSETS_FILE = "transactionOffset.json"
+#: The consumer group RocketMQ keeps the same two offsets under (MixAll.CID_SYS_RMQ_TRANS).
+CHECK_CONSUMER_GROUP = "CID_RMQ_SYS_TRANS"
 
 
 class NotAHalf(ValueError):
@@ -183,3 +192,38 @@ def op_half_offset(record: MessageRecord) -> int | None:
         return int(record.body.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         return None
+
+
+def read_check_offsets(path: Path) -> tuple[int, int] | None:
+    """(half offset, op offset) from the file or its ``.bak``; None when neither exists, ValueError when
+    what exists is unreadable."""
+    backup = path.with_name(path.name + ".bak")
+    problems = []
+    for candidate in (path, backup):
+        if not candidate.exists():
+            continue
+        try:
+            data = json.loads(candidate.read_text())
+            return int(data["halfOffset"]), int(data["opOffset"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{candidate.name}: {exc}")
+    if problems:
+        raise ValueError(f"{path} is unreadable ({'; '.join(problems)})")
+    return None
+
+
+def write_check_offsets(path: Path, half_offset: int, op_offset: int) -> None:
+    data = json.dumps({"halfOffset": half_offset, "opOffset": op_offset}).encode()
+    write_atomically(path, data, keep_backup=True)
+
+
+def check_consumer_offsets(path: Path) -> dict[str, dict[str, int]]:
+    """The checker's progress as RocketMQ's consumer offsets of CID_RMQ_SYS_TRANS (for
+    consumerOffset.json); empty when the checker never moved (0 is where a broker starts anyway).
+    ValueError when the file is unreadable."""
+    offsets = read_check_offsets(path)
+    if offsets is None or offsets == (0, 0):
+        return {}
+    half_offset, op_offset = offsets
+    return {f"{HALF_TOPIC}@{CHECK_CONSUMER_GROUP}": {"0": half_offset},
+            f"{OP_TOPIC}@{CHECK_CONSUMER_GROUP}": {"0": op_offset}}

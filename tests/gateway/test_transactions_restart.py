@@ -5,6 +5,8 @@ checker put copies of it back), and a half left open is checked and committed on
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ import pytest
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, transaction_pb2
 
 from mqstore_client import TransactionCheck, TransactionProducer, TransactionState
+from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL
 
@@ -101,4 +104,13 @@ def test_commit_and_check_back_across_a_restart_of_every_service(tmp_path: Path,
         assert second.stop() == 0, second.logs()[-5000:]
     finally:
         second.kill_all()
-    assert (store / "scheduler" / "config" / "transactionOffset.json").exists()
+    progress = json.loads((store / "scheduler" / "config" / "transactionOffset.json").read_text())
+    assert progress["halfOffset"] >= 3 and progress["opOffset"] >= 3, progress
+    # A RocketMQ broker given the store starts checking where mqstore's checker stopped.
+    dest = tmp_path / "rocketmq"
+    done = subprocess.run([*mqstore_command(), "export-rocketmq-store", str(store), str(dest)], capture_output=True,
+                          text=True, timeout=120, env=commitlog_env())
+    assert done.returncode == 0, done.stderr
+    table = json.loads((dest / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert table["RMQ_SYS_TRANS_HALF_TOPIC@CID_RMQ_SYS_TRANS"] == {"0": progress["halfOffset"]}
+    assert table["RMQ_SYS_TRANS_OP_HALF_TOPIC@CID_RMQ_SYS_TRANS"] == {"0": progress["opOffset"]}
