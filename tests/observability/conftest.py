@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service, start_commitlog
+from tests.gateway.system_process import UpProcess, start_up
 from tests.indexer.indexer_process import start_indexer
 from tests.observability.otlp_receiver import OtlpReceiver, tracing_env
 from tests.query.query_process import System, start_query
@@ -79,3 +80,31 @@ def gateway(observed: Observed) -> Iterator[GatewayProcess]:
     finally:
         if handle.running:
             handle.kill9()
+
+
+@dataclass
+class TracedUp:
+    """``mqstore up`` (every service a real process) with tracing on to ``receiver``, and the metrics
+    endpoint of each process by service name."""
+
+    up: UpProcess
+    receiver: OtlpReceiver
+
+    def metrics_url(self, service: str) -> str:
+        # mqstore up: commitlog, indexer, query, gateway worker(s) at base + 1.., then the scheduler.
+        offset = {"commitlog": 1, "indexer": 2, "query": 3, "gateway": 4, "scheduler": 5}[service]
+        return f"http://127.0.0.1:{self.up.metrics_base_port + offset}/metrics"
+
+
+@pytest.fixture(scope="package")
+def traced_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedUp]:
+    receiver = OtlpReceiver().start()
+    try:
+        started = start_up(tmp_path_factory.mktemp("traced-up") / "store", env_overrides=tracing_env(receiver))
+        try:
+            yield TracedUp(started, receiver)
+            assert started.stop() == 0, started.logs()[-5000:]
+        finally:
+            started.kill_all()
+    finally:
+        receiver.stop()

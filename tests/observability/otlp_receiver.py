@@ -22,6 +22,9 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 SPAN_KIND_SERVER = trace_pb2.Span.SPAN_KIND_SERVER
 SPAN_KIND_CLIENT = trace_pb2.Span.SPAN_KIND_CLIENT
 SPAN_KIND_INTERNAL = trace_pb2.Span.SPAN_KIND_INTERNAL
+SPAN_KIND_PRODUCER = trace_pb2.Span.SPAN_KIND_PRODUCER
+SPAN_KIND_CONSUMER = trace_pb2.Span.SPAN_KIND_CONSUMER
+STATUS_ERROR = trace_pb2.Status.STATUS_CODE_ERROR
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,16 @@ class ReceivedSpan:
     attributes: dict[str, object] = field(default_factory=dict)
     start_ns: int = 0
     end_ns: int = 0
+    #: (trace id, span id) of each link.
+    links: tuple[tuple[str, str], ...] = ()
+    status_code: int = 0
+    status_message: str = ""
 
 
 def _value(value: common_pb2.AnyValue) -> object:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
     return getattr(value, kind) if kind in ("string_value", "bool_value", "int_value", "double_value") else None
 
 
@@ -70,7 +79,9 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                     received.append(ReceivedSpan(
                         service, span.name, span.kind, span.trace_id.hex(), span.span_id.hex(),
                         span.parent_span_id.hex(), {a.key: _value(a.value) for a in span.attributes},
-                        span.start_time_unix_nano, span.end_time_unix_nano))
+                        span.start_time_unix_nano, span.end_time_unix_nano,
+                        tuple((link.trace_id.hex(), link.span_id.hex()) for link in span.links),
+                        span.status.code, span.status.message))
         with self._cond:
             self.spans.extend(received)
             self.exports += 1
