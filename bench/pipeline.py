@@ -1,7 +1,13 @@
-"""Pipeline throughput: export (decode + Parquet write) and reindex over a commitlog of 1 KiB messages,
-against a plain single-process Python decode loop over the same files.
+"""Pipeline throughput: export (decode + Parquet write), reindex and verify over a commitlog of 1 KiB
+messages, against a plain single-process Python decode loop over the same files (per record, and
+columnar without Spark).
 
     .venv/bin/python -m bench.pipeline [--gib 2] [--store /tmp/mqstore-bench-pipeline] [--master local[*]]
+        [--jobs export,reindex,verify] [--skip-plain]
+
+Besides wall time, every Spark job reports the CPU seconds its processes used (the JVM and its
+Python workers, read from /proc): on a shared machine the wall time depends on what else runs, the
+CPU per MB does much less, and ``mb_per_cpu_s * 2`` is what 2 free cores would reach.
 
 The store is written once by mqstore's own CommitLog (1 GiB files, 1 topic, 8 queues) and reused.
 MB = 10^6 bytes of stored records (what is read), so figures compare with the RocketMQ perf anchor.
@@ -16,9 +22,12 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.export import export
+from pipeline.columnar import export_batches
+from pipeline.export import SCHEMA, decode_split, export, records_batch
 from pipeline.reindex import reindex
+from pipeline.scan import ScanSummary, StoreInput
 from pipeline.session import get_session
+from pipeline.verify import verify
 from services.commitlog.commit_log import CommitLog
 from services.store.commitlog_files import RecordEntry, iter_commitlog, list_commitlog_files
 from services.store.config import load_config
@@ -56,6 +65,69 @@ def plain_decode(commitlog: Path) -> tuple[int, int, float]:
     return records, size, time.perf_counter() - start
 
 
+def _tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of process ``root`` and its descendants, reaped ones included."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15]) / ticks  # utime stime cutime cstime
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo += [child for child, parent in parents.items() if parent == pid]
+    return total
+
+
+class CpuMeter:
+    """Wall and CPU seconds of the Spark JVM (with its Python workers) and this driver over a block."""
+
+    def __init__(self, jvm_pid: int) -> None:
+        self.jvm_pid = jvm_pid
+
+    def __enter__(self) -> CpuMeter:
+        self.wall = time.perf_counter()
+        self.cpu = _tree_cpu(self.jvm_pid) + time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = _tree_cpu(self.jvm_pid) + time.process_time() - self.cpu
+
+
+def _figures(meter: CpuMeter, records: int, size: int) -> dict[str, float]:
+    return {"records": records, "bytes": size, "seconds": round(meter.wall, 2),
+            "mb_per_s": round(size / meter.wall / 1e6, 1), "records_per_s": round(records / meter.wall),
+            "cpu_s": round(meter.cpu, 1), "cores": round(meter.cpu / meter.wall, 2),
+            "mb_per_cpu_s": round(size / meter.cpu / 1e6, 1), "records_per_cpu_s": round(records / meter.cpu)}
+
+
+def plain_columnar(store: Path, split_size: int, per_record: bool) -> dict[str, float]:
+    """One process decoding every split into export's Arrow batches, columnar or record by record."""
+    source = StoreInput.open(store)
+    summary = ScanSummary()
+    start, cpu = time.perf_counter(), time.process_time()
+    for split in source.plan(split_size):
+        if per_record:
+            batches = decode_split(split, False, summary)
+        else:
+            batches = export_batches(split, False, summary, 4096, SCHEMA, lambda r: records_batch(r, False))
+        for _ in batches:
+            pass
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"records": summary.records, "bytes": summary.record_bytes, "seconds": round(seconds, 2),
+            "mb_per_s": round(summary.record_bytes / seconds / 1e6, 1),
+            "records_per_s": round(summary.records / seconds), "cpu_s": round(cpu, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=2.0, help="commitlog size in GiB (default 2)")
@@ -63,7 +135,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/mqstore-bench-pipeline-out"))
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--split-size", type=int, default=64 * 1024 * 1024)
-    parser.add_argument("--skip-plain", action="store_true", help="skip the single-process baseline")
+    parser.add_argument("--skip-plain", action="store_true", help="skip the single-process baselines")
+    parser.add_argument("--jobs", default="export,reindex,verify", help="Spark jobs to time (comma-separated)")
     args = parser.parse_args()
     target = int(args.gib * (1 << 30))
     files = list_commitlog_files(args.store / "commitlog") if (args.store / "commitlog").is_dir() else []
@@ -74,28 +147,36 @@ def main() -> None:
         write_store(args.store, target)
         print(f"wrote the store in {time.perf_counter() - t:.1f} s")
     results: dict[str, object] = {"gib": args.gib, "master": args.master, "split_size": args.split_size}
+    jobs = args.jobs.split(",")
     if not args.skip_plain:
         records, size, seconds = plain_decode(args.store / "commitlog")
         results["plain"] = {"records": records, "bytes": size, "seconds": round(seconds, 2),
                             "mb_per_s": round(size / seconds / 1e6, 1), "records_per_s": round(records / seconds)}
-        print("plain decode loop:", results["plain"])
+        print("plain decode loop (iter_commitlog):", results["plain"], flush=True)
+        results["plain_export_rows"] = plain_columnar(args.store, args.split_size, per_record=True)
+        print("one process, export rows, record by record:", results["plain_export_rows"], flush=True)
+        results["plain_columnar"] = plain_columnar(args.store, args.split_size, per_record=False)
+        print("one process, export rows, columnar:", results["plain_columnar"], flush=True)
     spark = get_session(args.master)
-    shutil.rmtree(args.out, ignore_errors=True)
-    t = time.perf_counter()
-    result = export(spark, args.store, str(args.out / "parquet"), from_offset=0, split_size=args.split_size)
-    seconds = time.perf_counter() - t
-    size = result.summary.record_bytes
-    results["export"] = {"records": result.summary.records, "bytes": size, "seconds": round(seconds, 2),
-                         "mb_per_s": round(size / seconds / 1e6, 1),
-                         "records_per_s": round(result.summary.records / seconds)}
-    print("spark export:", results["export"])
-    t = time.perf_counter()
-    reindexed = reindex(spark, args.store, args.out / "reindex", split_size=args.split_size, force=True)
-    seconds = time.perf_counter() - t
-    results["reindex"] = {"records": reindexed.records, "seconds": round(seconds, 2),
-                          "records_per_s": round(reindexed.records / seconds),
-                          "index_files": len(reindexed.index_files), "queues": reindexed.queues}
-    print("spark reindex:", results["reindex"])
+    jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    if "export" in jobs:
+        shutil.rmtree(args.out, ignore_errors=True)
+        with CpuMeter(jvm_pid) as meter:
+            result = export(spark, args.store, str(args.out / "parquet"), from_offset=0, split_size=args.split_size)
+        results["export"] = _figures(meter, result.summary.records, result.summary.record_bytes)
+        print("spark export:", results["export"], flush=True)
+    if "reindex" in jobs:
+        with CpuMeter(jvm_pid) as meter:
+            reindexed = reindex(spark, args.store, None, split_size=args.split_size, force=True)  # verify reads them
+        results["reindex"] = {**_figures(meter, reindexed.records, 0), "index_files": len(reindexed.index_files),
+                              "queues": reindexed.queues}
+        print("spark reindex:", results["reindex"], flush=True)
+    if "verify" in jobs:
+        with CpuMeter(jvm_pid) as meter:
+            report = verify(spark, args.store, split_size=args.split_size)
+        results["verify"] = {**_figures(meter, report.records, report.record_bytes), "ok": report.ok}
+        print("spark verify:", results["verify"], flush=True)
+    spark.stop()
     print(json.dumps(results))
 
 

@@ -3,7 +3,7 @@
 Stage 1 parses every split into dispatch requests (the library's ``parse_dispatch_requests``, bodies
 never copied) and the index items the online indexer would put for them (``IndexService``'s own
 collection code). Stage 2 builds each topic-queue with ``ConsumeQueueStore.dispatch_batch`` (one task a
-queue) and each index file with ``IndexFile.put_items`` (one task a file): a file holds exactly
+queue) and each index file with ``IndexFile.put_columns`` (one task a file): a file holds exactly
 ``indexNum - 1`` items and starts from the previous file's last item, so the items a file gets follow
 from the item counts per split, which the driver adds up. The output is what the online indexer
 builds: ConsumeQueue files byte-identical, index files with identical headers and entries; index files
@@ -29,12 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from pipeline.failures import run_job
 from pipeline.scan import StoreInput, splits_rdd
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, scan_split
 from services.store.consume_queue import ConsumeQueueStore
+from services.store.dispatch_columns import DispatchColumns
 from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
 from services.store.index_file import (
+    IndexColumns,
     IndexFile,
     IndexHeader,
     index_file_name,
@@ -101,25 +105,54 @@ def _requests(view: memoryview, split: Split, start: int, end: int) -> list[Disp
         return requests
 
 
+_REQUEST_DTYPE = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8"),
+                           ("queue_offset", ">i8"), ("sys_flag", ">i4"), ("store_timestamp", ">i8")])
+_ITEM_DTYPE = np.dtype([("key_hash", ">i4"), ("phy_offset", ">i8"), ("store_timestamp", ">i8")])
+assert _REQUEST_DTYPE.itemsize == _REQUEST.size and _ITEM_DTYPE.itemsize == _ITEM.size
+
+
+def _pack_items(items: IndexColumns) -> bytes:
+    packed = np.empty(items.key_hash.size, dtype=_ITEM_DTYPE)
+    packed["key_hash"], packed["phy_offset"], packed["store_timestamp"] = items
+    return packed.tobytes()
+
+
 def dispatch_split(split: Split) -> SplitDispatch:
+    """Requests per topic-queue and index items of one split, as packed bytes. Each run of records
+    is parsed once (``parse_dispatch_requests``) into the library's DispatchColumns, which groups the
+    queues and collects the index items with NumPy (the online indexer's columnar path), so no
+    per-record struct packing or key hashing is left in Python."""
     queues: dict[tuple[str, int], bytearray] = {}
     items = bytearray()
-    pack = _REQUEST.pack
     records = 0
+    end_phy_offset = 0
     with MappedSplit(split) as view:
         layout = scan_split(view, split)
         for start, end in layout.runs:
             requests = _requests(view, split, start, end)
+            if not requests:
+                continue
             records += len(requests)
-            for r in requests:
-                key = (r.topic, r.queue_id)
+            columns = DispatchColumns(requests)
+            packed = np.empty(columns.count, dtype=_REQUEST_DTYPE)
+            packed["commitlog_offset"] = columns.commitlog_offset
+            packed["size"] = columns.msg_size
+            packed["tags_code"] = columns.tags_code
+            packed["queue_offset"] = columns.queue_offset
+            packed["sys_flag"] = [r.sys_flag for r in requests]
+            packed["store_timestamp"] = columns.store_timestamp
+            rows, bounds, keys = columns.queue_groups
+            grouped = packed[rows]
+            for i, key in enumerate(keys):
                 units = queues.get(key)
                 if units is None:
                     units = queues[key] = bytearray()
-                units += pack(r.commitlog_offset, r.msg_size, r.tags_code, r.queue_offset, r.sys_flag,
-                              r.store_timestamp)
-            for item in IndexService.collect_items(requests, 0) or ():
-                items += _ITEM.pack(*item)
+                units += grouped[bounds[i]:bounds[i + 1]].tobytes()
+            # Offsets ascend within a split, so the skip rule (offset below the last file's end) never
+            # drops anything here: end_phy_offset stays 0 as in the per-record path.
+            collected = IndexService.collect_columns(columns, end_phy_offset)
+            if collected is not None:
+                items += _pack_items(collected)
     return SplitDispatch(split.index, {key: bytes(units) for key, units in queues.items()}, bytes(items), records,
                          layout.gaps)
 
@@ -162,14 +195,17 @@ def build_index_file(file_number: int, pieces: Iterable[IndexPiece], directory: 
     """Write index file ``file_number`` (a temporary name; the driver renames it)."""
     ordered = sorted(pieces, key=lambda piece: piece.first)
     first = ordered[0].first if ordered else 0
-    items = [item for piece in ordered for item in _ITEM.iter_unpack(piece.items)]
+    packed = np.frombuffer(b"".join(piece.items for piece in ordered), dtype=_ITEM_DTYPE)
     prev_offset = prev_timestamp = 0
     if file_number > 0 and first == file_number * per_file - 1:
-        _, prev_offset, prev_timestamp = items.pop(0)
+        prev_offset, prev_timestamp = int(packed["phy_offset"][0]), int(packed["store_timestamp"][0])
+        packed = packed[1:]
+    items = IndexColumns(packed["key_hash"].astype(np.int64), packed["phy_offset"].astype(np.int64),
+                         packed["store_timestamp"].astype(np.int64))
     index = IndexFile(Path(directory) / f".reindex-{file_number:08d}", hash_slot_num, index_num, create=True,
                       prev_end_phy_offset=prev_offset, prev_end_timestamp=prev_timestamp)
     try:
-        index.put_items(items)
+        index.put_columns(items)
         index.flush()
         return file_number, index.header
     finally:

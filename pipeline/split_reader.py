@@ -45,7 +45,8 @@ _MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 _HEAD = struct.Struct(">iI")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _HEAD_CHECK = struct.Struct(f">iI{PHYSICAL_OFFSET_POS - 8}xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
-_ZERO_CHUNK = 4 * 1024 * 1024
+_ZERO_CHUNK = 1024 * 1024
+_ZEROS = bytes(_ZERO_CHUNK)
 
 GAP_ZEROS = "zeros"
 GAP_CORRUPT = "corrupt"
@@ -146,11 +147,22 @@ def _blank_ok(view: memoryview, file_size: int, position: int) -> bool:
 
 
 def _all_zero(view: memoryview, start: int, end: int) -> bool:
+    """Whether ``[start, end)`` is all zero bytes (a bytes comparison is a memcmp: ~10 GB/s)."""
     for chunk_start in range(start, end, _ZERO_CHUNK):
-        chunk = bytes(view[chunk_start:min(chunk_start + _ZERO_CHUNK, end)])
-        if chunk.count(0) != len(chunk):
+        chunk = view[chunk_start:min(chunk_start + _ZERO_CHUNK, end)]
+        if chunk.tobytes() != _ZEROS[:len(chunk)]:
             return False
     return True
+
+
+def _zeros_end(mm: mmap.mmap, start: int, end: int) -> int:
+    """The start of the first whole chunk from ``start`` that is not all zeros (or where fewer than a
+    chunk is left before ``end``): a magic code cannot start before it. ``find`` crawls through the
+    unused tail of a preallocated file at well under 1 GB/s; this compares at memory speed."""
+    position = start
+    while position + _ZERO_CHUNK <= end and mm[position:position + _ZERO_CHUNK] == _ZEROS:
+        position += _ZERO_CHUNK
+    return position
 
 
 def is_boundary(view: memoryview, file_offset: int, file_size: int, position: int) -> bool:
@@ -174,6 +186,9 @@ def resync(view: memoryview, file_offset: int, file_size: int, start: int, limit
     position = start
     while position < limit:
         search_end = min(limit + 4 + 4, file_size)
+        position = max(position, _zeros_end(mm, position + 4, search_end) - 4)
+        if position >= limit:
+            return None
         candidates = [found - 4 for found in (mm.find(_MESSAGE_MAGIC_PREFIX, position + 4, search_end),
                                                mm.find(_BLANK_MAGIC, position + 4, search_end))
                       if found >= 0 and found - 4 < limit]
