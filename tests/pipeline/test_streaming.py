@@ -1,0 +1,185 @@
+"""``format("mqstore")`` end to end: ``mqstore up`` in 64 KiB commitlog files (so the stream reads
+across rolls), a local Spark (local[2]) streaming a topic into Parquet while messages are sent, the
+query stopped mid-stream and restarted from its checkpoint: every message sent is in the output
+exactly once, with the export's columns and values."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from mqstore.v1 import common_pb2, gateway_pb2
+
+from pipeline.streaming import (
+    STREAM_SCHEMA,
+    StreamOptionError,
+    StreamOptions,
+    capped,
+    split_ranges,
+    start_parquet_stream,
+)
+from tests.gateway.system_process import UpProcess, start_up
+from tests.pipeline.services_store import ENV
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+TOPIC = "Stream"
+QUEUES = 4
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[UpProcess]:
+    handle = start_up(tmp_path / "store", env_overrides=ENV, extra_args=["--no-metrics"])
+    try:
+        handle.stub.CreateTopic(_topic_request(), timeout=30)
+        yield handle
+    finally:
+        handle.kill_all()
+
+
+def _topic_request() -> object:
+    from mqstore.v1 import commitlog_pb2
+
+    return commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(topic=TOPIC, read_queue_nums=QUEUES,
+                                                                   write_queue_nums=QUEUES, perm=6))
+
+
+def _send(up: UpProcess, first: int, count: int, batch: int = 25) -> None:
+    """Messages ``first .. first+count-1``: KEYS ``m-<i>``, bodies of 10 B .. 3 KB (the 64 KiB files roll)."""
+    for start in range(first, first + count, batch):
+        messages = [common_pb2.Message(topic=TOPIC, body=f"message {i} ".encode() * (1 + (i % 7) ** 3),
+                                       properties={"KEYS": f"m-{i}", "TAGS": f"T{i % 3}"})
+                    for i in range(start, min(start + batch, first + count))]
+        up.stub.SendBatch(gateway_pb2.SendBatchRequest(messages=messages), timeout=30)
+
+
+def _wait_rows(query: object, rows: int, timeout_s: float = 60.0) -> None:
+    """Until the query's finished batches have read ``rows`` rows in all."""
+    deadline = time.monotonic() + timeout_s
+    while sum(p["numInputRows"] for p in query.recentProgress) < rows:  # type: ignore[attr-defined]
+        assert query.isActive, query.exception()  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"the stream read fewer than {rows} rows in {timeout_s}s"
+        time.sleep(0.2)
+
+
+def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    options = {"endpoint": up.gateway, "topic": TOPIC, "maxMessagesPerTrigger": "150",
+               "maxMessagesPerPartition": "40"}
+    _send(up, 0, 200)  # before the stream starts
+
+    first = start_parquet_stream(spark, options, output, checkpoint, trigger_s=0.5, query_name="mqstore_first")
+    sender = threading.Thread(target=_send, args=(up, 200, 300, 10))  # while it runs
+    try:
+        sender.start()
+        _wait_rows(first, 250)
+    finally:
+        sender.join()
+        first.stop()  # mid-stream: it has not read everything sent
+    assert first.exception() is None
+    read_first = sum(p["numInputRows"] for p in first.recentProgress)
+    _send(up, 500, 100)  # while no query runs
+
+    second = start_parquet_stream(spark, options, output, checkpoint, available_now=True)
+    second.awaitTermination(120)
+    assert not second.isActive and second.exception() is None
+    assert read_first < 600, "the first query was to stop before it had read everything"
+
+    frame = spark.read.parquet(output)
+    assert frame.columns == STREAM_SCHEMA.names
+    rows = frame.select("key", "queue_id", "queue_offset", "body", "topic", "tags").collect()
+    keys = sorted(int(r["key"][2:]) for r in rows)
+    assert keys == list(range(600)), "every message sent, each once"
+    by_queue: dict[int, list[int]] = {}
+    for r in rows:
+        by_queue.setdefault(r["queue_id"], []).append(r["queue_offset"])
+        i = int(r["key"][2:])
+        assert r["body"] == f"message {i} ".encode() * (1 + (i % 7) ** 3) and r["tags"] == f"T{i % 3}"
+    assert sorted(by_queue) == list(range(QUEUES))
+    for offsets in by_queue.values():
+        assert sorted(offsets) == list(range(len(offsets)))
+
+    # A third run from the same checkpoint finds nothing new and writes nothing.
+    third = start_parquet_stream(spark, options, output, checkpoint, available_now=True)
+    third.awaitTermination(60)
+    assert third.exception() is None
+    assert spark.read.parquet(output).count() == 600
+
+
+def test_stream_rows_equal_export(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
+    """The stream's rows are the export's rows of the same store, column for column."""
+    from pipeline.export import export
+
+    _send(up, 0, 120)
+    output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+    query = start_parquet_stream(spark, {"endpoint": up.gateway, "topic": TOPIC}, output, checkpoint,
+                                 available_now=True)
+    query.awaitTermination(120)
+    assert query.exception() is None
+    exported = str(tmp_path / "export")
+    export(spark, up.store / "commitlog", exported)
+    columns = STREAM_SCHEMA.names
+    streamed = spark.read.parquet(output).select(*columns)
+    offline = spark.read.parquet(exported).where(f"topic = '{TOPIC}'").select(*columns)
+    assert streamed.count() == 120
+    assert streamed.exceptAll(offline).count() == 0 and offline.exceptAll(streamed).count() == 0
+
+
+def test_starting_offsets_latest_and_explicit(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
+    _send(up, 0, 40)
+    for name, starting, expected in (("latest", "latest", set(range(40, 60))),
+                                     ("explicit", '{"0": 5}', None)):
+        output, checkpoint = str(tmp_path / name), str(tmp_path / f"{name}-checkpoint")
+        options = {"endpoint": up.gateway, "topic": TOPIC, "startingOffsets": starting}
+        if name == "latest":  # the first batch fixes where "latest" was; what comes after is read
+            query = start_parquet_stream(spark, options, output, checkpoint, trigger_s=0.5)
+            try:
+                deadline = time.monotonic() + 60
+                while not query.recentProgress:
+                    assert time.monotonic() < deadline and query.isActive, query.exception()
+                    time.sleep(0.2)
+                _send(up, 40, 20)
+                _wait_rows(query, 20)
+            finally:
+                query.stop()
+        else:
+            query = start_parquet_stream(spark, options, output, checkpoint, available_now=True)
+            query.awaitTermination(120)
+        assert query.exception() is None
+        rows = spark.read.parquet(output).select("key", "queue_id", "queue_offset").collect()
+        if expected is not None:
+            assert {int(r["key"][2:]) for r in rows} == expected and len(rows) == len(expected)
+        else:
+            assert all(r["queue_offset"] >= 5 for r in rows if r["queue_id"] == 0)
+            assert len(rows) == 60 - 5
+
+
+def test_options_refused_with_what_to_fix() -> None:
+    with pytest.raises(StreamOptionError, match="'endpoint' is required"):
+        StreamOptions.parse({"topic": "T"})
+    with pytest.raises(StreamOptionError, match="startingOffsets"):
+        StreamOptions.parse({"endpoint": "h:1", "topic": "T", "startingOffsets": "oldest"})
+    with pytest.raises(StreamOptionError, match="maxMessagesPerTrigger"):
+        StreamOptions.parse({"endpoint": "h:1", "topic": "T", "maxMessagesPerTrigger": "0"})
+    with pytest.raises(StreamOptionError, match="unknown option"):
+        StreamOptions.parse({"endpoint": "h:1", "topic": "T", "startingOffset": "latest"})
+    parsed = StreamOptions.parse({"Endpoint": "h:1", "TOPIC": "T", "failOnDataLoss": "false"})
+    assert (parsed.endpoint, parsed.topic, parsed.fail_on_data_loss) == ("h:1", "T", False)
+
+
+def test_capped_spreads_the_limit_and_split_ranges_covers_each_offset_once() -> None:
+    start = {"0": 10, "1": 0, "2": 5}
+    available = {"0": 110, "1": 3, "2": 5, "3": 0}
+    assert capped(start, available, None) == available
+    end = capped(start, available, 50)
+    assert end == {"0": 57, "1": 3, "2": 5, "3": 0}  # queue 1's unused share goes to queue 0
+    assert sum(end[q] - start.get(q, end[q]) for q in end) == 50
+    parts = split_ranges(start, end, 20)
+    covered = [(p.queue_id, o) for p in parts for o in range(p.start, p.end)]
+    assert sorted(covered) == sorted({(int(q), o) for q in end for o in range(start.get(q, end[q]), end[q])})
+    assert all(p.end - p.start <= 20 for p in parts)
