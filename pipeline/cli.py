@@ -102,18 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         _normalize_locations(args)
         return 0
 
-    code = run_job(prog, prepare, args, on_error)
-    if code == 0:
-        try:
-            if args.json:
-                code = run_job(prog, lambda a: _run_json(a, outcome), args, on_error)
-            else:
-                handler: Callable[[argparse.Namespace], int] = args.handler
-                code = handler(args)
-        finally:
-            from pipeline.progress import Progress
+    try:
+        code = run_job(prog, prepare, args, on_error)
+        if code == 0 and args.json:
+            code = run_job(prog, lambda a: _run_json(a, outcome), args, on_error)
+        elif code == 0:
+            handler: Callable[[argparse.Namespace], int] = args.handler
+            code = handler(args)
+    finally:
+        from pipeline import session
+        from pipeline.progress import Progress
 
-            Progress.stop()
+        Progress.stop()
+        session.configure()  # a caller in this process (a test) gets the plain defaults back
     if args.json:
         outcome.setdefault("ok", code == 0)
         outcome.setdefault("exit_code", code)

@@ -1,10 +1,11 @@
 """Progress of a running job on stderr, the way Spark's console shows it (``[Stage 3: (12 + 2) / 40]``),
 plus what Spark cannot know: how much of the commitlog has been read, and at what rate.
 
-A daemon thread polls the SparkContext's status tracker (no listener, nothing in the tasks): active
-stages with their done, running and total tasks. Commitlog bytes are estimated from the scan's stage:
-the job says how many bytes and splits it planned (:meth:`Progress.expect`), and a stage with one task
-per split has read ``planned bytes x done / total`` of them. On a terminal the line is redrawn in
+A daemon thread polls the SparkContext's status tracker (no listener, nothing in the tasks): the
+stages of the jobs started since, with their done, running and total tasks. Commitlog bytes are
+estimated from the scan's stage: the job says how many bytes and splits it planned
+(:meth:`Progress.expect`), and a stage with one task per split has read ``planned bytes x done /
+total`` of them. On a terminal the line is redrawn in
 place; otherwise (``--progress`` into a file or pipe) a line is written every few seconds when it
 changed. Only ``mqstore pipeline`` starts it (``--progress``, or stderr is a terminal).
 """
@@ -36,6 +37,8 @@ class Progress:
         self.tty = stream.isatty()
         self.started = time.monotonic()
         self.stages: dict[int, tuple[int, int]] = {}  # stage id -> (done, total), kept after it ends
+        self.active: list[tuple[int, int, int, int]] = []
+        self.known_jobs = set(self.tracker.getJobIdsForGroup())  # earlier jobs of the session are not ours
         self.scanned_fraction = 0.0
         self.last_line = ""
         self.last_written = 0.0
@@ -73,29 +76,29 @@ class Progress:
                 return
 
     def _poll(self) -> list[tuple[int, int, int, int]]:
-        """(stage id, done, running, total) of the active stages; remembers every stage seen."""
+        """(stage id, done, running, total) of the active stages; remembers every stage of every job
+        started since the reporter was (a stage too short to be seen active is still counted)."""
+        tracker = self.tracker
+        stage_ids = {sid for job_id in set(tracker.getJobIdsForGroup()) - self.known_jobs
+                     for sid in (getattr(tracker.getJobInfo(job_id), "stageIds", None) or [])}
         active = []
-        for stage_id in sorted(self.tracker.getActiveStageIds()):
-            info = self.tracker.getStageInfo(stage_id)
+        for stage_id in sorted(stage_ids | set(tracker.getActiveStageIds())):
+            info = tracker.getStageInfo(stage_id)
             if info is None:
                 continue
-            active.append((stage_id, info.numCompletedTasks, info.numActiveTasks, info.numTasks))
-        for stage_id, (_, total) in list(self.stages.items()):
-            info = self.tracker.getStageInfo(stage_id)
-            if info is not None:
-                self.stages[stage_id] = (info.numCompletedTasks, total)
-        for stage_id, done, _, total in active:
-            self.stages[stage_id] = (done, total)
+            self.stages[stage_id] = (info.numCompletedTasks, info.numTasks)
+            if info.numActiveTasks or info.numCompletedTasks < info.numTasks:
+                active.append((stage_id, info.numCompletedTasks, info.numActiveTasks, info.numTasks))
         for done, total in self.stages.values():
             if total and total == self.planned_splits:
                 self.scanned_fraction = max(self.scanned_fraction, done / total)
-        self.active = active
-        return active
+        self.active = [stage for stage in active if stage[2]]  # running now
+        return self.active
 
     def line(self) -> str:
         elapsed = time.monotonic() - self.started
         parts = [" ".join(f"[Stage {sid}: ({done} + {running}) / {total}]"
-                          for sid, done, running, total in getattr(self, "active", []))]
+                          for sid, done, running, total in self.active)]
         done_tasks = sum(done for done, _ in self.stages.values())
         parts.append(f"{len(self.stages)} stages, {done_tasks} tasks done")
         if self.planned_bytes:

@@ -41,7 +41,8 @@ class StoreInput:
     layout: StoreLayout
     geometry: StoreGeometry
     remote: tuple[RemoteFile, ...] | None = None
-    name: str = ""
+    name: str = ""  # the store as a path or URI
+    remote_commitlog: str = ""  # a remote store's commitlog URI (a Path would fold its "//")
 
     @classmethod
     def open(cls, store: str | Path | StoreInput, options: GeometryOptions | None = None,
@@ -64,7 +65,7 @@ class StoreInput:
         layout = StoreLayout(Path(location.uri), ROCKETMQ, Path(commitlog), None,
                              f"{location.text}: ConsumeQueue and index files are read from a local path or file:// "
                              "URI only (mount the store on every node); export and stats read remote stores")
-        return cls(layout, geometry, tuple(files), location.uri)
+        return cls(layout, geometry, tuple(files), location.uri, commitlog)
 
     def commitlog_files(self) -> list[CommitLogFile]:
         if self.remote is not None:
@@ -75,7 +76,7 @@ class StoreInput:
     @property
     def commitlog_name(self) -> str:
         """The commitlog directory, as a path or URI (for state files and reports)."""
-        return str(self.layout.commitlog if self.remote is not None else self.layout.commitlog.resolve())
+        return self.remote_commitlog if self.remote is not None else str(self.layout.commitlog.resolve())
 
     def plan(self, split_size: int, from_offset: int = 0) -> list[Split]:
         splits = plan_splits(self.layout.commitlog, split_size, from_offset, self.commitlog_files())

@@ -62,7 +62,7 @@ def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        return active
+        return _with_progress(active)
     builder = SparkSession.builder.appName(app_name)
     settings = dict(DEFAULT_CONF)
     settings.update(DEFAULTS.conf)
@@ -76,6 +76,10 @@ def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
         builder = builder.master("local[*]")
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    return _with_progress(session)
+
+
+def _with_progress(session: SparkSession) -> SparkSession:
     if DEFAULTS.progress:
         from pipeline.progress import Progress
 
