@@ -134,11 +134,14 @@ class Connection:
         self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
         self._closed = False
 
-    def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        """One unary call; raises MqstoreError."""
+    def call(self, method: str, request: Any, timeout: float | None = None,
+             metadata: Sequence[tuple[str, str]] | None = None) -> Any:
+        """One unary call; raises MqstoreError. ``metadata``: instead of the token's alone (it must
+        include it), e.g. with a ``traceparent`` (mqstore_client/tracing.py)."""
         deadline = self.timeout if timeout is None else timeout
         try:
-            return getattr(self.stub, method)(request, timeout=deadline, metadata=self.metadata)
+            return getattr(self.stub, method)(request, timeout=deadline,
+                                              metadata=self.metadata if metadata is None else metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address, deadline) from None
 

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 from mqstore.v1 import gateway_pb2
 
+from mqstore_client import tracing
 from mqstore_client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
 from mqstore_client.connection import MIB, Endpoint
 from mqstore_client.errors import MqstoreError, from_rpc_error
@@ -43,9 +44,10 @@ class BatchChunk:
 
 
 def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, keys: Keys | None = None,
-                 properties: Mapping[str, str] | None = None) -> Iterator[BatchChunk]:
+                 properties: Mapping[str, str] | None = None,
+                 trace_properties: Mapping[str, str] | None = None) -> Iterator[BatchChunk]:
     """Blobs the gateway accepts (<= 1024 messages, <= 16 MiB), each message with its own UNIQ_KEY (one it
-    carries in its properties is kept)."""
+    carries in its properties is kept) and the send's ``trace_properties`` (mqstore_client/tracing.py)."""
     parts: list[bytes] = []
     uniq_keys: list[str] = []
     size = 0
@@ -57,6 +59,8 @@ def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, 
         if message.topic and message.topic != topic:
             raise ValueError(f"message topic {message.topic!r} differs from the batch's topic {topic!r}")
         wire_properties = message.wire_properties()
+        if trace_properties:
+            tracing.add_properties(wire_properties, trace_properties)
         uniq_key = wire_properties.get(UNIQ_KEY) or wire_properties.setdefault(UNIQ_KEY, UNIQ_KEYS.next())
         entry = encode_entry(encode_body(message.body), message.flag, properties_bytes(wire_properties))
         if parts and (len(parts) >= MAX_BATCH or size + len(entry) > MAX_BATCH_BYTES):
@@ -120,7 +124,14 @@ class Producer(Endpoint):
         return self.send_message(message, timeout=timeout)
 
     def send_message(self, message: OutgoingMessage, *, timeout: float | None = None) -> SendReceipt:
-        return SendReceipt.from_proto(self.connection.call("Send", message.to_request(), timeout))
+        connection = self.connection
+        with tracing.send_span(message.topic, connection.address, tags=message.tags, keys=message.keys) as span:
+            request = message.to_request()
+            tracing.add_properties(request.message.properties, tracing.message_properties(span))
+            receipt = SendReceipt.from_proto(connection.call("Send", request, timeout,
+                                                             tracing.call_metadata(span, connection.metadata)))
+            tracing.sent(span, [receipt.msg_id])
+            return receipt
 
     def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
                    keys: Keys | None = None, properties: Mapping[str, str] | None = None,
@@ -130,13 +141,18 @@ class Producer(Endpoint):
         under one hold of the store's lock. Receipts come in message order. On a failure the error's
         ``receipts`` lists the messages stored before it."""
         receipts: list[SendReceipt] = []
-        for chunk in batch_chunks(topic, messages, tags, keys, properties):
-            try:
-                response = self.connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id), timeout)
-            except MqstoreError as exc:
-                exc.receipts = receipts
-                raise
-            receipts.extend(batch_receipts(chunk, response))
+        connection = self.connection
+        with tracing.send_span(topic, connection.address, tags=tags, keys=keys) as span:
+            metadata = tracing.call_metadata(span, connection.metadata)
+            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span)):
+                try:
+                    response = connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id), timeout,
+                                               metadata)
+                except MqstoreError as exc:
+                    exc.receipts = receipts
+                    raise
+                receipts.extend(batch_receipts(chunk, response))
+            tracing.sent(span, [r.msg_id for r in receipts])
         return receipts
 
     def send_stream(self, messages: Iterable[Item], topic: str | None = None, *, tags: str | None = None,

@@ -20,7 +20,7 @@ ChannelOptions = Sequence[tuple[str, int | str]]
 
 def aio_channel(address: str, options: ChannelOptions = ()) -> grpc.aio.Channel:
     """A ``grpc.aio`` channel to another mqstore service."""
-    interceptors = [*tracing.aio_client_interceptors(),
+    interceptors = [*tracing.aio_client_interceptors(address),
                     *service_auth.aio_client_interceptors(service_auth.load_service_token())]
     return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors or None)
 
@@ -33,4 +33,4 @@ def sync_channel(address: str, options: ChannelOptions = ()) -> grpc.Channel:
     token = service_auth.load_service_token()
     if token:
         channel = grpc.intercept_channel(channel, service_auth.SyncTokenClientInterceptor(token))
-    return tracing.intercept_sync_channel(channel)
+    return tracing.intercept_sync_channel(channel, address)

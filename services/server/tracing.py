@@ -195,12 +195,21 @@ def _instrumentation(module: str = "") -> Any:
     return importlib.import_module("opentelemetry.instrumentation.grpc" + module)
 
 
+def _rpc_provider(target: str | None = None) -> Any:
+    """The provider the gRPC instrumentation gets: its spans carry the current attribute names
+    (services/server/rpc_semconv.py), a client channel's also its ``server.address``."""
+    from services.server.rpc_semconv import RpcTracerProvider
+
+    assert _provider is not None
+    return RpcTracerProvider(_provider, target)
+
+
 def server_interceptors() -> list[grpc.ServerInterceptor[Any, Any]]:
     """Interceptors for a ``grpc.server``: a SERVER span per call, parented by the caller's
     ``traceparent``. Empty when tracing is off."""
     if not ENABLED:
         return []
-    return [_instrumentation().server_interceptor(tracer_provider=_provider, filter_=_filter())]
+    return [_instrumentation().server_interceptor(tracer_provider=_rpc_provider(), filter_=_filter())]
 
 
 def aio_server_interceptors() -> list[grpc.aio.ServerInterceptor[Any, Any]]:
@@ -210,27 +219,29 @@ def aio_server_interceptors() -> list[grpc.aio.ServerInterceptor[Any, Any]]:
     return [_aio_server_interceptor()]
 
 
-def client_interceptors() -> list[Any]:
+def client_interceptors(target: str | None = None) -> list[Any]:
     """Interceptors for a blocking channel, to be applied with OpenTelemetry's own ``intercept_channel``
     (they are not ``grpc.*ClientInterceptor``s; :func:`services.server.channels.sync_channel` does it).
-    A CLIENT span per call and the ``traceparent`` header. Empty when tracing is off."""
+    A CLIENT span per call (``server.address``/``server.port``: ``target``) and the ``traceparent``
+    header. Empty when tracing is off."""
     if not ENABLED:
         return []
-    return [_instrumentation().client_interceptor(tracer_provider=_provider, filter_=_filter())]
+    return [_instrumentation().client_interceptor(tracer_provider=_rpc_provider(target), filter_=_filter())]
 
 
-def aio_client_interceptors() -> list[grpc.aio.ClientInterceptor]:
-    """Interceptors for a ``grpc.aio`` channel. Empty when tracing is off."""
+def aio_client_interceptors(target: str | None = None) -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors for a ``grpc.aio`` channel to ``target``. Empty when tracing is off."""
     if not ENABLED:
         return []
     interceptors: list[grpc.aio.ClientInterceptor] = _instrumentation().aio_client_interceptors(
-        tracer_provider=_provider, filter_=_filter())
+        tracer_provider=_rpc_provider(target), filter_=_filter())
     return interceptors
 
 
-def intercept_sync_channel(channel: grpc.Channel) -> grpc.Channel:
-    """``channel`` with the blocking client interceptors, or ``channel`` itself when tracing is off."""
-    interceptors = client_interceptors()
+def intercept_sync_channel(channel: grpc.Channel, target: str | None = None) -> grpc.Channel:
+    """``channel`` (to ``target``) with the blocking client interceptors, or ``channel`` itself when
+    tracing is off."""
+    interceptors = client_interceptors(target)
     if not interceptors:
         return channel
     intercepted: grpc.Channel = _instrumentation(".grpcext").intercept_channel(channel, *interceptors)
@@ -267,7 +278,7 @@ def _aio_server_interceptor() -> grpc.aio.ServerInterceptor[Any, Any]:
 
             return _write_interceptor
 
-    tracer = trace.get_tracer("opentelemetry.instrumentation.grpc", tracer_provider=_provider)
+    tracer = trace.get_tracer("opentelemetry.instrumentation.grpc", tracer_provider=_rpc_provider())
     interceptor: grpc.aio.ServerInterceptor[Any, Any] = _Interceptor(tracer, filter_=_filter())
     return interceptor
 

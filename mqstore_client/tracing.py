@@ -1,0 +1,171 @@
+"""OpenTelemetry spans of the Python client, after the messaging semantic conventions.
+
+The client has no tracing of its own to configure: it uses the application's global tracer provider
+(``opentelemetry.trace.set_tracer_provider``, or the ``opentelemetry-instrument`` agent). Without the
+``opentelemetry-api`` package, or while no provider is set, every helper here is a no-op that costs
+one check, so the client keeps its small dependency set (grpcio, protobuf).
+
+What a traced application gets:
+
+* ``Producer.send``/``send_message``/``send_batch``: a PRODUCER span ``send <topic>`` (the spec's kind
+  for a send that creates the message). Its context goes with the call as gRPC metadata (the gateway's
+  SERVER span is its child) and is stored *with the message* in the user property ``traceparent``
+  (plus ``tracestate`` when there is one), the W3C Trace Context header written by the global
+  propagator. That is what RocketMQ 5 does: its OpenTelemetry instrumentations (rocketmq-clients and
+  the Java agent's rocketmq-client instrumentation) inject the context into the message's user
+  properties under the propagator's own keys, so a RocketMQ-aware consumer finds it where it looks.
+* :func:`process`: a CONSUMER span ``process <topic>`` around the handling of one pulled message,
+  linked to the send that produced it (and its child when nothing else is current, so Jaeger shows
+  producer and consumer as one trace).
+
+``messaging.system`` is ``rocketmq``: mqstore stores and serves RocketMQ's message model (topics and
+queues, tags, keys, UNIQ_KEY message ids, consumer groups, RocketMQ's record and property layout), so
+the conventions' well-known value for RocketMQ, and its ``messaging.rocketmq.*`` attributes, say
+what the spans mean to tools that already know that system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+try:
+    from opentelemetry import propagate, trace
+except ImportError:  # pragma: no cover - the client works without opentelemetry-api
+    trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from mqstore_client.models import Message
+
+MESSAGING_SYSTEM = "rocketmq"
+#: The user property the producer's trace context is stored under (W3C Trace Context).
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+_SCOPE = "mqstore_client"
+
+
+def _tracer() -> Any:
+    """The application's tracer, or None when tracing is not set up (no API, or the default no-op
+    provider): then nothing is created, injected or recorded."""
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer(_SCOPE)
+
+
+def _server_attributes(address: str) -> dict[str, Any]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        return {"server.address": address}
+    attributes: dict[str, Any] = {"server.address": host.strip("[]")}
+    if port.isdigit():
+        attributes["server.port"] = int(port)
+    return attributes
+
+
+@contextlib.contextmanager
+def send_span(topic: str, address: str, count: int = 1, *, tags: str | None = None,
+              keys: Iterable[str] | str | None = None) -> Iterator[Span | None]:
+    """A PRODUCER span around one send (``count`` > 1: a batch); None when tracing is off. The
+    caller stores :func:`message_properties` with the messages and sends :func:`call_metadata`."""
+    tracer = _tracer()
+    if tracer is None:
+        yield None
+        return
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.destination.name": topic,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        **_server_attributes(address),
+    }
+    if count > 1:
+        attributes["messaging.batch.message_count"] = count
+    if tags:
+        attributes["messaging.rocketmq.message.tag"] = tags
+    if keys:
+        attributes["messaging.rocketmq.message.keys"] = list(keys.split() if isinstance(keys, str) else keys)
+    with tracer.start_as_current_span(f"send {topic}", kind=trace.SpanKind.PRODUCER,
+                                      attributes=attributes) as span:
+        yield span
+
+
+def sent(span: Span | None, msg_ids: Sequence[str]) -> None:
+    """Record what the store answered: the message id of a single send, the count of a batch."""
+    if span is None:
+        return
+    if len(msg_ids) == 1:
+        span.set_attribute("messaging.message.id", msg_ids[0])
+    elif msg_ids:
+        span.set_attribute("messaging.batch.message_count", len(msg_ids))
+
+
+def message_properties(span: Span | None) -> dict[str, str]:
+    """The current context as message properties (``traceparent``...); empty when tracing is off."""
+    if span is None:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in (TRACEPARENT, TRACESTATE)}
+
+
+def add_properties(properties: MutableMapping[str, str], trace_properties: Mapping[str, str]) -> None:
+    """Add the trace properties, keeping a ``traceparent`` the application set itself."""
+    if trace_properties and TRACEPARENT not in properties:
+        properties.update(trace_properties)
+
+
+def call_metadata(span: Span | None, metadata: Sequence[tuple[str, str]]) -> Sequence[tuple[str, str]]:
+    """``metadata`` plus the current context's ``traceparent`` header, for the gateway's spans."""
+    if span is None:
+        return metadata
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return [*metadata, *carrier.items()]
+
+
+@contextlib.contextmanager
+def process(message: Message, group: str | None = None) -> Iterator[Span | None]:
+    """A CONSUMER span around the processing of one message, linked to the send that produced it
+    (the ``traceparent`` stored with the message). With no span current, the send's context is also
+    the parent, so the message's path from producer to consumer is one trace. None when tracing is off::
+
+        for message in consumer.poll():
+            with mqstore_client.tracing.process(message, group="orders"):
+                handle(message)
+    """
+    tracer = _tracer()
+    if tracer is None:
+        yield None
+        return
+    producer = propagate.extract({k: v for k, v in message.properties.items() if k in (TRACEPARENT, TRACESTATE)})
+    producer_context = trace.get_current_span(producer).get_span_context()
+    links = [trace.Link(producer_context)] if producer_context.is_valid else []
+    parent = None
+    if producer_context.is_valid and not trace.get_current_span().get_span_context().is_valid:
+        parent = producer
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.destination.name": message.topic,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.message.id": message.msg_id,
+        "messaging.destination.partition.id": str(message.queue_id),
+        "messaging.rocketmq.message.queue_offset": message.queue_offset,
+    }
+    if group:
+        attributes["messaging.consumer.group.name"] = group
+    if message.tags:
+        attributes["messaging.rocketmq.message.tag"] = message.tags
+    if message.keys:
+        attributes["messaging.rocketmq.message.keys"] = list(message.keys)
+    with tracer.start_as_current_span(f"process {message.topic}", context=parent, kind=trace.SpanKind.CONSUMER,
+                                      attributes=attributes, links=links) as span:
+        yield span
+
+__all__ = ["MESSAGING_SYSTEM", "TRACEPARENT", "process", "send_span"]
