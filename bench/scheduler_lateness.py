@@ -258,6 +258,7 @@ class Outcome:
     lateness_ms: dict[str, list[int]]  # per kind, sorted
     worst_by_second: list[int]
     dispatch_lag: str
+    pulled: Sequence[tuple[bytes, int]]
     window_s: float  # from the first send to the last delivery
     load_before: float  # cores the rest of the machine used just before the sends (NaN: not measured)
     behind_ms: float
@@ -306,8 +307,9 @@ def analyse(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int
 
 def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int]]) -> list[int]:
     """The worst lateness (ms) of first deliveries per second of due time, from the first due second on:
-    lateness that builds up second after second is a scheduler short of throughput; one bad second is a
-    stall (a pause of the process, or of the machine)."""
+    lateness that builds up second after second is a scheduler short of throughput (its deliveries per
+    second then, :func:`peak_delivery_rate`, are what it can do); one bad second is a stall (a pause of
+    the process, or of the machine)."""
     due = {r["proc"]: array("q", r["due"]) for r in reports}
     seen: set[tuple[int, int]] = set()
     worst: dict[int, int] = {}
@@ -326,6 +328,16 @@ def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple
         return []
     first = min(worst)
     return [worst.get(second, 0) for second in range(first, max(worst) + 1)]
+
+
+def peak_delivery_rate(pulled: Sequence[tuple[bytes, int]]) -> int:
+    """The most deliveries stored in one second (of store time, whole seconds between the first and
+    the last delivery only)."""
+    per_second: dict[int, int] = {}
+    for _, store_timestamp in pulled:
+        per_second[store_timestamp // 1000] = per_second.get(store_timestamp // 1000, 0) + 1
+    inner = sorted(per_second)[1:-1]
+    return max((per_second[second] for second in inner), default=0)
 
 
 def _warm_up(system: Any, delays_ms: tuple[int, ...], timeout_s: float = 30.0) -> None:
@@ -395,8 +407,8 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
     return Outcome(sent=sent, send_rate=sent / seconds, delivered=len(pulled), lost=lost, duplicates=duplicates,
                    early=early, lateness_ms=lateness, behind_ms=max(r["behind_ms"] for r in reports),
                    send_errors=sum(r["error_count"] for r in reports), cores=cores,
-                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag, window_s=window_s,
-                   load_before=quiet)
+                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag, pulled=pulled,
+                   window_s=window_s, load_before=quiet)
 
 
 def _start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
@@ -429,7 +441,8 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
         print(f"{row['kind']:>6} {row['delivered']:>10,} {row['p50']:>8.0f} {row['p99']:>8.0f} {row['max']:>8.0f} "
               f"{row['min']:>8.0f}")
     print(f"worst lateness per second of due time (ms): {' '.join(str(v) for v in outcome.worst_by_second)}")
-    print(f"indexer dispatch lag while sending and delivering: {outcome.dispatch_lag}")
+    print(f"indexer dispatch lag while sending and delivering: {outcome.dispatch_lag}; most deliveries in one "
+          f"second: {peak_delivery_rate(outcome.pulled):,}")
     print(f"cores over the {outcome.window_s:.1f} s from the first send to the last delivery: "
           + ", ".join(f"{name} {value:.2f}" for name, value in outcome.cores.items())
           + f" (the rest of the machine before the sends: {outcome.load_before:.2f})")
@@ -443,7 +456,8 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
                           "sent": outcome.sent, "send_rate": round(outcome.send_rate), "delivered": outcome.delivered,
                           "lost": outcome.lost, "duplicates": outcome.duplicates, "early": outcome.early,
                           "rows": [*rows, everything], "cores": outcome.cores,
-                          "worst_by_second": outcome.worst_by_second, "dispatch_lag": outcome.dispatch_lag}))
+                          "worst_by_second": outcome.worst_by_second, "dispatch_lag": outcome.dispatch_lag,
+                          "peak_delivery_rate": peak_delivery_rate(outcome.pulled)}))
 
 
 def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.ArgumentParser:
