@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 PROTOS := $(sort $(wildcard proto/mqstore/v1/*.proto))
+# RocketMQ 5's gRPC protocol, vendored from apache/rocketmq-apis (docs/rocketmq5.md).
+RMQ5_PROTOS := $(sort $(wildcard proto/apache/rocketmq/v2/*.proto))
 GENERATED := gen/.generated
 STORE ?= ./data
 PYTEST_ARGS ?=
@@ -18,10 +20,11 @@ $(INSTALLED): requirements.lock
 	touch $@
 
 # Generated code is never edited by hand: it is rebuilt from proto/ whenever a .proto changes.
-$(GENERATED): $(INSTALLED) $(PROTOS) pyproject.toml
+$(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) pyproject.toml
 	rm -rf gen && mkdir -p gen
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS) $(RMQ5_PROTOS)
 	touch gen/mqstore/__init__.py gen/mqstore/v1/__init__.py
+	touch gen/apache/__init__.py gen/apache/rocketmq/__init__.py gen/apache/rocketmq/v2/__init__.py
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
