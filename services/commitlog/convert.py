@@ -14,7 +14,7 @@ from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
 from services.store.batch_codec import decode_blob
 from services.store.due_message import DueMessage
-from services.store.message import Message
+from services.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Message
 from services.store.producer_message import check_producer_message
 from services.store.quarantine import QuarantinedRange
 from services.store.topics import TopicConfig
@@ -49,8 +49,10 @@ def _message(pb: common_pb2.Message, born_host: str, index: int | None, group_fl
     # costs twice as much).
     props = pb.properties
     properties = {k: props[k] for k in props}
+    # A due message parked as a committed transaction message keeps its commit type, as 4.9.8 delivers it.
+    committed_due = due and pb.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_COMMIT_TYPE
     check_producer_message(pb.topic, properties, pb.flag, pb.sys_flag, pb.born_timestamp, pb.reconsume_times,
-                           pb.prepared_transaction_offset, index, group_flow, transaction_flow)
+                           pb.prepared_transaction_offset, index, group_flow, transaction_flow or committed_due)
     return (DueMessage if due else Message)(pb.topic, pb.queue_id, pb.body, pb.flag, properties, pb.born_timestamp,
                                             born_host, pb.sys_flag, pb.reconsume_times, pb.prepared_transaction_offset)
 

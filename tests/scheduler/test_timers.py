@@ -10,6 +10,7 @@ delivered since the last checkpoint (docs/scheduling.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -184,3 +185,31 @@ def test_timers_across_kill9_during_delivery_lose_nothing(shard: Shard) -> None:
     print(f"timers: {len(before)} delivered before kill -9, {duplicates} duplicates after the restart")
     assert duplicates <= len(before)
     assert all(bodies.count(b) <= 2 for b in set(bodies))
+
+
+def test_committed_transaction_messages_with_a_delay_or_timer_keep_their_commit_type(shard: Shard) -> None:
+    """4.9.8 parks a committed transaction message with DELAY (RocketMQ 5: with a timer) and delivers it
+    with its commit sys_flag; the scheduler's re-put of such a message must not be refused."""
+    store = "timer-commit"
+    topic = "timer-commit"
+    _fresh_timer_store(shard, store)
+    levels = {str(q + 1): 0 for q in range(3)}
+    for queue_id in range(3):
+        with contextlib.suppress(grpc.RpcError):
+            levels[str(queue_id + 1)] = shard.indexer.stub.GetQueueOffsets(
+                indexer_pb2.GetQueueOffsetsRequest(topic="SCHEDULE_TOPIC_XXXX", queue_id=queue_id),
+                timeout=5).max_offset
+    (shard.root / store / "config").mkdir(parents=True)
+    (shard.root / store / "config" / "delayOffset.json").write_text(json.dumps({"offsetTable": levels}))
+    scheduler = _scheduler(shard, store)
+    try:
+        for body, props in ((b"delay", {"DELAY": "1"}), (b"timer", {"TIMER_DELAY_MS": "800"})):
+            message = _timer(topic, 0, body, **props)
+            message.sys_flag = 0x8  # TRANSACTION_COMMIT_TYPE
+            result = shard.commitlog.stub.Append(commitlog_pb2.AppendRequest(message=message, transaction_flow=True),
+                                                 timeout=10)
+            assert result.topic in ("SCHEDULE_TOPIC_XXXX", TIMER_TOPIC)
+        delivered = wait_for_records(shard.commitlog, shard.indexer, topic, 0, 2, timeout_s=10)
+    finally:
+        assert scheduler.stop() == 0, scheduler.logs()
+    assert sorted((r.body, r.sys_flag & 0xC) for _, r in delivered) == [(b"delay", 0x8), (b"timer", 0x8)]
