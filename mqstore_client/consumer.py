@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from mqstore.v1 import gateway_pb2, query_pb2
 
+from mqstore_client import tracing
 from mqstore_client.connection import Connection, Endpoint, Tls
 from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
 from mqstore_client.models import Message, TopicRoute
@@ -365,6 +366,7 @@ class PullConsumer(PullOptions, Endpoint):
         when none is available, and returns [] if none came."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        started_ns = time.time_ns()
         self.start()
         membership = self._membership
         if membership is not None and membership.due_in() <= 0:
@@ -388,6 +390,7 @@ class PullConsumer(PullOptions, Endpoint):
                 break
             taken = consumer.tracker.take(wanted - len(messages))
             messages += [as_original(m) for m in taken] if consumer is self._retry_feed else taken
+        tracing.received(self.group, self.connection.address, started_ns, messages)
         return messages
 
     def _retry_consumer(self, queue_ids: list[int] | None) -> PullConsumer:

@@ -14,6 +14,8 @@ What a traced application gets:
   propagator. That is what RocketMQ 5 does: its OpenTelemetry instrumentations (rocketmq-clients and
   the Java agent's rocketmq-client instrumentation) inject the context into the message's user
   properties under the propagator's own keys, so a RocketMQ-aware consumer finds it where it looks.
+* ``PullConsumer.poll``: a CLIENT span ``receive <topic>`` for a poll that returned messages, linked
+  to the send of each (:func:`received`).
 * :func:`process`: a CONSUMER span ``process <topic>`` around the handling of one pulled message,
   linked to the send that produced it (and its child when nothing else is current, so Jaeger shows
   producer and consumer as one trace).
@@ -129,6 +131,41 @@ def call_metadata(span: Span | None, metadata: Sequence[tuple[str, str]]) -> Seq
     return [*metadata, *carrier.items()]
 
 
+def _producer_context(message: Message) -> Any:
+    """The context the send stored with ``message`` (an empty one when it stored none)."""
+    return propagate.extract({k: v for k, v in message.properties.items() if k in (TRACEPARENT, TRACESTATE)})
+
+
+def received(group: str | None, address: str, started_ns: int, messages: Sequence[Message]) -> None:
+    """A ``receive`` span for one poll that returned ``messages``, from ``started_ns`` to now, linked
+    to each message's send. Kind CLIENT, as the conventions (1.26 and later) give a receive that asks
+    the broker (it was CONSUMER before). A poll that returns nothing makes no span: long polls that
+    come back empty would only fill the traces."""
+    tracer = _tracer() if messages else None
+    if tracer is None:
+        return
+    links = []
+    for message in messages:
+        context = trace.get_current_span(_producer_context(message)).get_span_context()
+        if context.is_valid:
+            links.append(trace.Link(context))
+    topics = {m.topic for m in messages}
+    attributes: dict[str, Any] = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "receive",
+        "messaging.operation.name": "receive",
+        "messaging.batch.message_count": len(messages),
+        **_server_attributes(address),
+    }
+    if len(topics) == 1:
+        attributes["messaging.destination.name"] = messages[0].topic
+    if group:
+        attributes["messaging.consumer.group.name"] = group
+    name = f"receive {messages[0].topic}" if len(topics) == 1 else "receive"
+    tracer.start_span(name, kind=trace.SpanKind.CLIENT, attributes=attributes, links=links,
+                      start_time=started_ns).end()
+
+
 @contextlib.contextmanager
 def process(message: Message, group: str | None = None) -> Iterator[Span | None]:
     """A CONSUMER span around the processing of one message, linked to the send that produced it
@@ -143,7 +180,7 @@ def process(message: Message, group: str | None = None) -> Iterator[Span | None]
     if tracer is None:
         yield None
         return
-    producer = propagate.extract({k: v for k, v in message.properties.items() if k in (TRACEPARENT, TRACESTATE)})
+    producer = _producer_context(message)
     producer_context = trace.get_current_span(producer).get_span_context()
     links = [trace.Link(producer_context)] if producer_context.is_valid else []
     parent = None
@@ -168,4 +205,4 @@ def process(message: Message, group: str | None = None) -> Iterator[Span | None]
                                       attributes=attributes, links=links) as span:
         yield span
 
-__all__ = ["MESSAGING_SYSTEM", "TRACEPARENT", "process", "send_span"]
+__all__ = ["MESSAGING_SYSTEM", "TRACEPARENT", "process", "received", "send_span"]

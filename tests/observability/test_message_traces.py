@@ -5,6 +5,7 @@ in-process OTLP receiver.
 - the producer's send is a PRODUCER span with the messaging conventions' attributes; its context goes
   to the gateway (the gateway's SERVER span is its child) and is stored with the message in the
   ``traceparent`` property;
+- the poll that returned it is a CLIENT ``receive`` span linked to the send;
 - the consumer's processing of that message is a CONSUMER span linked to (and, with nothing else
   current, a child of) the send;
 - the gRPC hops carry the current attribute names (``server.address``/``server.port`` on CLIENT spans,
@@ -123,6 +124,22 @@ def test_the_consumers_processing_span_links_to_the_send(traced_up: TracedUp, ap
     assert process.attributes["messaging.destination.name"] == "TracedOrders"
     assert process.attributes["messaging.consumer.group.name"] == "trace-group"
     assert process.attributes["messaging.message.id"] == app_run["msg_id"]
+
+
+def test_a_poll_that_returns_the_message_is_a_receive_span_linked_to_the_send(
+        traced_up: TracedUp, app_run: dict[str, object]) -> None:
+    properties = app_run["properties"]
+    assert isinstance(properties, dict)
+    _, trace_id, send_span_id, _ = str(properties["traceparent"]).split("-")
+    receives = [s for s in traced_up.receiver.spans if s.service == APP and s.name == "receive TracedOrders"]
+    assert len(receives) == 1, receives
+    receive = receives[0]
+    assert receive.kind == SPAN_KIND_CLIENT  # the conventions' kind for a receive since 1.26
+    assert (trace_id, send_span_id) in receive.links
+    assert receive.attributes["messaging.operation.type"] == "receive"
+    assert receive.attributes["messaging.batch.message_count"] == 1
+    assert receive.attributes["messaging.consumer.group.name"] == "trace-group"
+    assert receive.attributes["messaging.destination.name"] == "TracedOrders"
 
 
 def test_a_batch_send_is_one_producer_span_with_its_message_count(traced_up: TracedUp,
