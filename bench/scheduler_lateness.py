@@ -1,7 +1,7 @@
 """Delayed delivery on time under load: how late does the scheduler re-put due messages?
 
-    python -m bench.scheduler_lateness                     # 10,000 msgs/s for 10 s, DELAY levels 1 and 2
-    python -m bench.scheduler_lateness --kinds 1,2,timer   # and timer messages (TIMER_DELIVER_MS = send + 2 s)
+    python -m bench.scheduler_lateness                     # 10,000 msgs/s for 10 s: DELAY 1, DELAY 2, timers
+    python -m bench.scheduler_lateness --kinds 1,2         # DELAY levels 1 and 2 only
     python -m bench.scheduler_lateness --quick             # a few seconds: checks the harness (smoke test)
     python -m bench.scheduler_lateness --profile FILE      # py-spy folded stacks of the scheduler as well
     mqstore bench scheduler-lateness ...                   # the same
@@ -465,7 +465,8 @@ def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.A
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=10_000, help="scheduled msgs/s over all senders (10,000)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of sending (10)")
-    parser.add_argument("--kinds", default="1,2", help="comma list: delay levels and/or 'timer' (1,2)")
+    parser.add_argument("--kinds", default="1,2,timer",
+                        help="comma list: delay levels and/or 'timer' (1,2,timer)")
     parser.add_argument("--timer-ms", type=int, default=2000, help="timer messages: due this long after the send")
     parser.add_argument("--delay-levels", default=DEFAULT_MESSAGE_DELAY_LEVEL, help="the store's messageDelayLevel")
     parser.add_argument("--batch", type=int, default=100, help="messages per SendBatch (100)")
@@ -481,14 +482,15 @@ def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.A
                         help="wait up to this long for a second in which the rest of the machine is idle (60; 0: no)")
     parser.add_argument("--keep-store", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print one JSON line")
-    parser.add_argument("--quick", action="store_true", help="500 msgs/s for 2 s, level 1 only (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="500 msgs/s for 2 s, level 1 and 1 s timers (smoke test)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.scheduler_lateness") -> int:
     args = build_parser(prog).parse_args(argv)
     if args.quick:
-        args.rate, args.duration, args.kinds, args.batch, args.wait, args.grace = 500.0, 2.0, "1", 50, 30.0, 0.5
+        args.rate, args.duration, args.kinds, args.batch, args.wait, args.grace = 500.0, 2.0, "1,timer", 50, 30.0, 0.5
+        args.timer_ms = 1000
         args.wait_quiet = 0.0
     delays_ms = parse_delay_levels(args.delay_levels)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
