@@ -180,6 +180,12 @@ class HadoopFiles:
 
 def hadoop_message(exc: BaseException) -> str:
     """The Java exception's own message, not py4j's wrapping (``No FileSystem for scheme "x"``)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            return str(java.getMessage() or java.toString())
+        except Exception:  # noqa: BLE001 (the gateway is gone: fall back to the text)
+            pass
     text = str(exc)
     for line in text.splitlines():
         line = line.strip()
