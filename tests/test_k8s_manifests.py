@@ -250,8 +250,8 @@ def test_every_gateway_address_resolves_to_a_headless_service_of_a_statefulset_w
     statefulsets = {s["metadata"]["name"]: s for s in find(rendered, "StatefulSet")}
     covered: dict[str, set[int]] = {}
     for shard in settings.shards:
-        for role, address in (("commitlog", shard.commitlog), ("query", shard.query),
-                              ("scheduler", shard.scheduler_address)):
+        for role, address in (("commitlog", shard.commitlog), ("indexer", shard.indexer_address),
+                              ("query", shard.query), ("scheduler", shard.scheduler_address)):
             host, port_text = address.rsplit(":", 1)
             port = int(port_text)
             parts = host.split(".")
@@ -413,7 +413,7 @@ def test_the_gateway_is_the_only_ingress_and_shards_accept_only_the_gateway(
                                  if any("podSelector" in p and "namespaceSelector" not in p for p in r["from"])))
     settings = _gateway_settings(rendered)
     dialled = {int(a.rsplit(":", 1)[1]) for s in settings.shards
-               for a in (s.commitlog, s.query, s.scheduler_address)}
+               for a in (s.commitlog, s.indexer_address, s.query, s.scheduler_address)}
     assert from_gateway == dialled
 
 
