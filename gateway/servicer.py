@@ -31,6 +31,7 @@ from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key import UniqKeyGenerator
 from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
+from services.server import tracing
 from services.server.peer import peer_address
 from services.server.status import fail_call
 from services.store.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
@@ -254,6 +255,9 @@ class MessagingServicer:
         route, explicit = await self._send_route(self._principal(context), request, context)
         sharding_key = request.sharding_key
         uniq_key = self._prepare(message, _peer_host(context))
+        if tracing.ENABLED:
+            tracing.annotate({"messaging.system": tracing.MESSAGING_SYSTEM, "messaging.destination.name": topic,
+                              "messaging.message.id": uniq_key})
         if transactions.is_transactional(message):
             return await self._send_half(route, sharding_key, explicit, uniq_key, message, context)
         request.ClearField("sharding_key")
@@ -588,6 +592,10 @@ class MessagingServicer:
     @unary
     async def Pull(self, request: query_pb2.PullMessageRequest, context: Context) -> Any:
         check_pull_request(request)  # every bound, before any backend call
+        if tracing.ENABLED:
+            tracing.annotate({"messaging.system": tracing.MESSAGING_SYSTEM,
+                              "messaging.destination.name": request.topic,
+                              "messaging.destination.partition.id": str(request.queue_id)})
         queue = await self._readable_queue(context, request.topic, request.queue_id)
         request.queue_id = queue.shard_queue_id
         timeout = self._timeout(context, request.long_poll_ms / 1000)

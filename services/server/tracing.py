@@ -46,6 +46,8 @@ UNTRACED_METHODS = frozenset({"Tail", "WatchArrivals"})
 #: gRPC services never traced: probes and tooling.
 UNTRACED_SERVICE_PREFIXES = ("grpc.health.", "grpc.reflection.")
 EXCLUDED_SERVICES_ENV = "OTEL_PYTHON_GRPC_EXCLUDED_SERVICES"
+#: ``messaging.system`` of mqstore's spans: it stores RocketMQ's message model (docs/observability.md).
+MESSAGING_SYSTEM = "rocketmq"
 SHUTDOWN_TIMEOUT_S = 3.0
 
 _provider: TracerProvider | None = None
@@ -137,6 +139,18 @@ def child_span(name: str, **attributes: AttributeValue) -> AbstractContextManage
     if not current_span().get_span_context().is_valid:
         return _NOOP
     return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def annotate(attributes: Mapping[str, AttributeValue]) -> None:
+    """Add ``attributes`` to the current span (in a servicer: the RPC's SERVER span), e.g. the
+    messaging attributes that let Jaeger find a message's trace by topic or message id. Nothing when
+    tracing is off or no span is recording."""
+    current_span = _current_span
+    if current_span is None:
+        return
+    span = current_span()
+    if span.is_recording():
+        span.set_attributes(attributes)
 
 
 def current_trace_id() -> str | None:
@@ -285,7 +299,9 @@ def _aio_server_interceptor() -> grpc.aio.ServerInterceptor[Any, Any]:
 
 __all__ = [
     "ENABLED",
+    "MESSAGING_SYSTEM",
     "aio_client_interceptors",
+    "annotate",
     "aio_server_interceptors",
     "child_span",
     "client_interceptors",

@@ -105,7 +105,11 @@ def test_the_producer_stores_its_trace_context_with_the_message(traced_up: Trace
         "messaging.message.id": app_run["msg_id"], "messaging.rocketmq.message.tag": "created",
         "messaging.rocketmq.message.keys": ["order-1"], "server.address": "127.0.0.1", "server.port": port}
     # The gateway's span of the call is the send's child: the context went along as gRPC metadata.
-    assert _one(spans, GATEWAY, SEND, SPAN_KIND_SERVER).parent_span_id == span_id
+    gateway_send = _one(spans, GATEWAY, SEND, SPAN_KIND_SERVER)
+    assert gateway_send.parent_span_id == span_id
+    # ... and names the message, so Jaeger finds the trace by topic or message id.
+    assert gateway_send.attributes["messaging.destination.name"] == "TracedOrders"
+    assert gateway_send.attributes["messaging.message.id"] == app_run["msg_id"]
 
 
 def test_the_consumers_processing_span_links_to_the_send(traced_up: TracedUp, app_run: dict[str, object]) -> None:
