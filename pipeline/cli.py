@@ -29,9 +29,9 @@ JsonRunner = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]
 
 
 def _jobs() -> dict[str, ModuleType]:
-    from pipeline import export, reindex, stats, verify
+    from pipeline import export, reindex, stats, streaming, verify
 
-    return {"export": export, "reindex": reindex, "verify": verify, "stats": stats}
+    return {"export": export, "reindex": reindex, "verify": verify, "stats": stats, "stream": streaming}
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +67,9 @@ def parse_conf(pairs: Sequence[str]) -> dict[str, str]:
 
 def _normalize_locations(args: argparse.Namespace) -> None:
     """Check every location argument; turn ``file://`` outputs the job writes locally into paths."""
+    if args.job == "stream":  # reads from a gateway, not a store
+        parse_location(args.output)
+        return
     parse_location(args.store)
     if args.job == "export":
         parse_location(args.output)
@@ -179,5 +182,11 @@ def _stats_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     return 0, {"store": source.name, "records": result.records, "tables": result.tables, "report": str(result.report)}
 
 
+def _stream_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    from pipeline.streaming import run_json
+
+    return run_json(args)
+
+
 JSON_RUNNERS: dict[str, JsonRunner] = {"export": _export_json, "reindex": _reindex_json, "verify": _verify_json,
-                                       "stats": _stats_json}
+                                       "stats": _stats_json, "stream": _stream_json}
