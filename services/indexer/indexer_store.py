@@ -258,7 +258,10 @@ class IndexerStore:
                 queue.destroy()
             with contextlib.suppress(OSError):  # gone already, or holds something that is not ours
                 (self.consume_queues.root / topic).rmdir()
-            self._save_dispatch_checkpoint()  # a restart resumes past the deleted records
+            try:
+                self._save_dispatch_checkpoint()  # a restart resumes past the deleted records
+            except OSError as exc:  # the queues are gone all the same; the next flush round saves it
+                log.warning("dispatch checkpoint not saved after deleting topic %s: %s", topic, exc)
             batch = ArrivalBatch({}, self.reput_offset, deleted=topic)
         log.info("topic %s deleted: %d ConsumeQueues removed", topic, len(queues), extra={"topic": topic})
         if self._listeners:
