@@ -43,7 +43,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -63,6 +63,8 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 SOURCE_NAME = "mqstore"
+PROG = "mqstore pipeline stream"
+EXIT_BAD_OPTIONS = 2
 #: Messages a pull asks for (the gateway's maximum) and the bytes it may answer with.
 PULL_MESSAGES = 1024
 PULL_BYTES = 4 * 1024 * 1024
@@ -485,16 +487,24 @@ def reader_options_of(args: argparse.Namespace) -> dict[str, str]:
     return options
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the stream until it is stopped (Ctrl-C) or, with ``--available-now``, until it has caught up."""
+@dataclass(frozen=True)
+class StreamResult:
+    """What a run of the stream did (``--json``): micro-batches finished and the messages they read."""
+
+    batches: int
+    rows: int
+    output: str
+    checkpoint: str
+
+
+def run_stream(args: argparse.Namespace) -> StreamResult:
+    """Run the stream until it is stopped (Ctrl-C) or, with ``--available-now``, until it has caught up.
+    Raises StreamOptionError for bad options (before Spark starts), JobError when the query fails."""
+    from pipeline.failures import JobError, root_cause
     from pipeline.session import get_session
 
     options = reader_options_of(args)
-    try:
-        StreamOptions.parse(options)
-    except StreamOptionError as exc:
-        print(f"mqstore pipeline stream: error: {exc}", file=sys.stderr)
-        return 2
+    StreamOptions.parse(options)
     spark = get_session(args.master, "mqstore-stream")
     query = start_parquet_stream(spark, options, args.output, args.checkpoint, trigger_s=args.trigger_seconds,
                                  available_now=args.available_now)
@@ -502,11 +512,35 @@ def run(args: argparse.Namespace) -> int:
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
-    exception = query.exception()
-    if exception is not None:
-        print(f"mqstore pipeline stream: error: {exception}", file=sys.stderr)
-        return 1
-    return 0
+    except Exception as exc:  # noqa: BLE001 (a failed query: its cause in one line)
+        raise JobError(f"the stream failed: {root_cause(exc)}") from None
+    progress = query.recentProgress
+    return StreamResult(batches=len(progress), rows=sum(int(p["numInputRows"]) for p in progress),
+                        output=args.output, checkpoint=args.checkpoint)
+
+
+def run_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """``mqstore pipeline stream --json``: exit code and result (bad options: exit 2, nothing started)."""
+    try:
+        return 0, asdict(run_stream(args))
+    except StreamOptionError as exc:
+        return EXIT_BAD_OPTIONS, {"error": str(exc)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.failures import run_job
+
+    def stream(_: argparse.Namespace) -> int:
+        try:
+            result = run_stream(args)
+        except StreamOptionError as exc:
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return EXIT_BAD_OPTIONS
+        print(f"streamed {result.rows} messages in {result.batches} micro-batches to {result.output}",
+              file=sys.stderr)
+        return 0
+
+    return run_job(PROG, stream, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

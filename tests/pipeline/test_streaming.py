@@ -5,6 +5,7 @@ exactly once, with the export's columns and values."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -28,37 +29,45 @@ from tests.pipeline.services_store import ENV
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-TOPIC = "Stream"
 QUEUES = 4
 
 
-@pytest.fixture
-def up(tmp_path: Path) -> Iterator[UpProcess]:
-    handle = start_up(tmp_path / "store", env_overrides=ENV, extra_args=["--no-metrics"])
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    """One ``mqstore up`` for the module (each test streams its own topic)."""
+    handle = start_up(tmp_path_factory.mktemp("stream") / "store", env_overrides=ENV, extra_args=["--no-metrics"])
     try:
-        handle.stub.CreateTopic(_topic_request(), timeout=30)
         yield handle
     finally:
+        code = handle.stop()
         handle.kill_all()
+        assert code == 0, handle.logs()[-3000:]
 
 
-def _topic_request() -> object:
+@pytest.fixture
+def topic(up: UpProcess, request: pytest.FixtureRequest) -> str:
+    """A new topic of QUEUES queues for this test."""
     from mqstore.v1 import commitlog_pb2
 
-    return commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(topic=TOPIC, read_queue_nums=QUEUES,
-                                                                   write_queue_nums=QUEUES, perm=6))
+    name = "Stream" + "".join(c for c in request.node.name.title() if c.isalnum())[:60]
+    config = common_pb2.TopicConfig(topic=name, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6)
+    up.stub.CreateTopic(commitlog_pb2.TopicRequest(topic=config), timeout=30)
+    return name
 
 
-def _send(up: UpProcess, first: int, count: int, batch: int = 25) -> None:
+def _body(i: int) -> bytes:
+    return f"message {i} ".encode() * (1 + (i % 7) ** 3)
+
+
+def _send(up: UpProcess, topic: str, first: int, count: int, batch: int = 25) -> None:
     """Messages ``first .. first+count-1``: KEYS ``m-<i>``, bodies of 10 B .. 3 KB (the 64 KiB files roll)."""
     for start in range(first, first + count, batch):
-        messages = [common_pb2.Message(topic=TOPIC, body=f"message {i} ".encode() * (1 + (i % 7) ** 3),
-                                       properties={"KEYS": f"m-{i}", "TAGS": f"T{i % 3}"})
+        messages = [common_pb2.Message(topic=topic, body=_body(i), properties={"KEYS": f"m-{i}", "TAGS": f"T{i % 3}"})
                     for i in range(start, min(start + batch, first + count))]
         up.stub.SendBatch(gateway_pb2.SendBatchRequest(messages=messages), timeout=30)
 
 
-def _wait_rows(query: object, rows: int, timeout_s: float = 60.0) -> None:
+def _wait_rows(query: object, rows: int, timeout_s: float = 180.0) -> None:
     """Until the query's finished batches have read ``rows`` rows in all."""
     deadline = time.monotonic() + timeout_s
     while sum(p["numInputRows"] for p in query.recentProgress) < rows:  # type: ignore[attr-defined]
@@ -67,14 +76,15 @@ def _wait_rows(query: object, rows: int, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
+def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: UpProcess, topic: str,
+                                                        tmp_path: Path) -> None:
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    options = {"endpoint": up.gateway, "topic": TOPIC, "maxMessagesPerTrigger": "150",
-               "maxMessagesPerPartition": "40"}
-    _send(up, 0, 200)  # before the stream starts
+    options = {"endpoint": up.gateway, "topic": topic, "maxMessagesPerTrigger": "150",
+               "maxMessagesPerPartition": "100"}
+    _send(up, topic, 0, 200)  # before the stream starts
 
     first = start_parquet_stream(spark, options, output, checkpoint, trigger_s=0.5, query_name="mqstore_first")
-    sender = threading.Thread(target=_send, args=(up, 200, 300, 10))  # while it runs
+    sender = threading.Thread(target=_send, args=(up, topic, 200, 300, 10))  # while it runs
     try:
         sender.start()
         _wait_rows(first, 250)
@@ -83,7 +93,7 @@ def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: 
         first.stop()  # mid-stream: it has not read everything sent
     assert first.exception() is None
     read_first = sum(p["numInputRows"] for p in first.recentProgress)
-    _send(up, 500, 100)  # while no query runs
+    _send(up, topic, 500, 100)  # while no query runs
 
     second = start_parquet_stream(spark, options, output, checkpoint, available_now=True)
     second.awaitTermination(120)
@@ -99,7 +109,7 @@ def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: 
     for r in rows:
         by_queue.setdefault(r["queue_id"], []).append(r["queue_offset"])
         i = int(r["key"][2:])
-        assert r["body"] == f"message {i} ".encode() * (1 + (i % 7) ** 3) and r["tags"] == f"T{i % 3}"
+        assert r["body"] == _body(i) and r["tags"] == f"T{i % 3}"
     assert sorted(by_queue) == list(range(QUEUES))
     for offsets in by_queue.values():
         assert sorted(offsets) == list(range(len(offsets)))
@@ -111,39 +121,39 @@ def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: 
     assert spark.read.parquet(output).count() == 600
 
 
-def test_stream_rows_equal_export(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
+def test_stream_rows_equal_export(spark: SparkSession, up: UpProcess, topic: str, tmp_path: Path) -> None:
     """The stream's rows are the export's rows of the same store, column for column."""
     from pipeline.export import export
 
-    _send(up, 0, 120)
+    _send(up, topic, 0, 120)
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    query = start_parquet_stream(spark, {"endpoint": up.gateway, "topic": TOPIC}, output, checkpoint,
+    query = start_parquet_stream(spark, {"endpoint": up.gateway, "topic": topic}, output, checkpoint,
                                  available_now=True)
     query.awaitTermination(120)
     assert query.exception() is None
     exported = str(tmp_path / "export")
     export(spark, up.store / "commitlog", exported)
-    columns = STREAM_SCHEMA.names
-    streamed = spark.read.parquet(output).select(*columns)
-    offline = spark.read.parquet(exported).where(f"topic = '{TOPIC}'").select(*columns)
-    assert streamed.count() == 120
-    assert streamed.exceptAll(offline).count() == 0 and offline.exceptAll(streamed).count() == 0
+    streamed = [r.asDict() for r in spark.read.parquet(output).orderBy("commitlog_offset").collect()]
+    offline = [r.asDict() for r in spark.read.parquet(exported).where(f"topic = '{topic}'")
+               .select(*STREAM_SCHEMA.names).orderBy("commitlog_offset").collect()]
+    assert len(streamed) == 120
+    assert streamed == offline
 
 
-def test_starting_offsets_latest_and_explicit(spark: SparkSession, up: UpProcess, tmp_path: Path) -> None:
-    _send(up, 0, 40)
+def test_starting_offsets_latest_and_explicit(spark: SparkSession, up: UpProcess, topic: str, tmp_path: Path) -> None:
+    _send(up, topic, 0, 40)
     for name, starting, expected in (("latest", "latest", set(range(40, 60))),
                                      ("explicit", '{"0": 5}', None)):
         output, checkpoint = str(tmp_path / name), str(tmp_path / f"{name}-checkpoint")
-        options = {"endpoint": up.gateway, "topic": TOPIC, "startingOffsets": starting}
+        options = {"endpoint": up.gateway, "topic": topic, "startingOffsets": starting}
         if name == "latest":  # the first batch fixes where "latest" was; what comes after is read
             query = start_parquet_stream(spark, options, output, checkpoint, trigger_s=0.5)
             try:
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + 180
                 while not query.recentProgress:
                     assert time.monotonic() < deadline and query.isActive, query.exception()
                     time.sleep(0.2)
-                _send(up, 40, 20)
+                _send(up, topic, 40, 20)
                 _wait_rows(query, 20)
             finally:
                 query.stop()
@@ -157,6 +167,26 @@ def test_starting_offsets_latest_and_explicit(spark: SparkSession, up: UpProcess
         else:
             assert all(r["queue_offset"] >= 5 for r in rows if r["queue_id"] == 0)
             assert len(rows) == 60 - 5
+
+
+def test_cli_stream_available_now_json(spark: SparkSession, up: UpProcess, topic: str, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``mqstore pipeline stream --available-now --json``: reads what is there, says how much, stops;
+    a rerun on the same checkpoint reads nothing; a bad option is exit 2 before Spark is asked."""
+    from pipeline.cli import main
+
+    _send(up, topic, 0, 30)
+    args = ["stream", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "checkpoint"), "--endpoint", up.gateway,
+            "--topic", topic, "--available-now", "--json"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["job"], result["ok"], result["rows"]) == ("stream", True, 30)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 0
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 30
+    assert main([*args, "--starting-offsets", "oldest"]) == 2
+    failed = json.loads(capsys.readouterr().out)
+    assert failed["ok"] is False and "startingOffsets" in failed["error"]
 
 
 def test_options_refused_with_what_to_fix() -> None:
