@@ -97,6 +97,7 @@ class TimerScheduler:
         fsyncs and the write run in a worker thread (units taken in meanwhile lie past the recorded
         timerlog length: recovery undoes them and they are taken in again)."""
         timer = self.timer
+        timer.flush_writes()
         save = (self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
         self._dirty = False
         self._saving = asyncio.ensure_future(asyncio.to_thread(timer.save, *save))
@@ -191,7 +192,15 @@ class TimerScheduler:
     # -- take in -------------------------------------------------------------------------------
     def _enqueue(self) -> bool:
         """Take in units up to the published max; True when more remain for the next round."""
+        try:
+            return self._enqueue_round()
+        finally:
+            self.timer.flush_writes()
+
+    def _enqueue_round(self) -> bool:
         timer = self.timer
+        scheduled = metrics.SCHEDULED.labels(kind="timer")
+        enqueue_ms = now_ms()
         for _ in range(ENQUEUE_PER_ROUND):
             offset = self.enqueue_offset
             if offset >= self._max_offset:
@@ -204,8 +213,8 @@ class TimerScheduler:
                 second = max(deliver // 1000, self.delivered_second)
                 if second - self.delivered_second >= timer.slots:
                     return False  # the wheel's far side still holds undelivered seconds: wait for them
-                filed = timer.append(second, deliver, now_ms(), unit.commitlog_offset, unit.size, offset)
-                metrics.SCHEDULED.labels(kind="timer").inc()
+                filed = timer.append(second, deliver, enqueue_ms, unit.commitlog_offset, unit.size, offset)
+                scheduled.inc()
                 if second == self.delivered_second and self._current is not None:
                     heapq.heappush(self._current, (filed.deliver_ms, filed.position, filed))
             else:

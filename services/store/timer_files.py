@@ -42,6 +42,7 @@ _UNIT = struct.Struct(">iqqqqiqq")
 UNIT_SIZE = _UNIT.size
 _SLOT = struct.Struct(">qqq")
 SLOT_SIZE = _SLOT.size
+_READ_BLOCK = 1024 * UNIT_SIZE
 
 
 class TimerUnit(NamedTuple):
@@ -112,6 +113,11 @@ class TimerFiles:
         self._log = os.open(directory / LOG_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         self._wheel = os.open(directory / WHEEL_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         self.log_end = os.fstat(self._log).st_size // UNIT_SIZE * UNIT_SIZE
+        # Write-behind (flush_writes): the units appended since, from position _written, and the slots
+        # changed since, by slot index. Reads see them.
+        self._written = self.log_end
+        self._pending = bytearray()
+        self._dirty_slots: dict[int, Slot] = {}
 
     @classmethod
     def open(cls, store: Path, slots: int) -> TimerFiles:
@@ -141,13 +147,23 @@ class TimerFiles:
             if slot.second == unit.second and slot.last == position:
                 self.write_slot(slot._replace(last=unit.prev, units=max(0, slot.units - 1)))
             position -= UNIT_SIZE
+        self.flush_writes()
         os.ftruncate(self._log, keep)
-        self.log_end = keep
+        self.log_end = self._written = keep
 
     # -- units ---------------------------------------------------------------------------------
     def unit(self, position: int) -> TimerUnit:
-        data = os.pread(self._log, UNIT_SIZE, position)
-        magic, *fields = _UNIT.unpack(data)
+        if position >= self._written:
+            data = bytes(self._pending[position - self._written:position - self._written + UNIT_SIZE])
+        else:
+            data = os.pread(self._log, UNIT_SIZE, position)
+        return self._decode(position, data)
+
+    @staticmethod
+    def _decode(position: int, data: bytes | memoryview) -> TimerUnit:
+        if len(data) < UNIT_SIZE:
+            raise ValueError(f"timerlog unit at {position} is cut short")
+        magic, *fields = _UNIT.unpack_from(data)
         if magic != UNIT_MAGIC:
             raise ValueError(f"timerlog unit at {position} has magic {magic:#x}")
         return TimerUnit(position, *fields)
@@ -158,18 +174,38 @@ class TimerFiles:
         slot = self.slot(second)
         position = self.log_end
         unit = TimerUnit(position, second, deliver_ms, enqueue_ms, commitlog_offset, size, queue_offset, slot.last)
-        os.pwrite(self._log, _UNIT.pack(UNIT_MAGIC, *unit[1:]), position)
+        self._pending += _UNIT.pack(UNIT_MAGIC, *unit[1:])
         self.log_end = position + UNIT_SIZE
-        self.write_slot(Slot(second, position, slot.units + 1))
+        self._dirty_slots[second % self.slots] = Slot(second, position, slot.units + 1)
         return unit
 
+    def flush_writes(self) -> None:
+        """Write the units and slots appended since the last call (one write for the units, one per
+        slot changed): the scheduler calls it after each round of taking in."""
+        if self._pending:
+            os.pwrite(self._log, self._pending, self._written)
+            self._written += len(self._pending)
+            self._pending = bytearray()
+        for slot in self._dirty_slots.values():
+            os.pwrite(self._wheel, _SLOT.pack(*slot), (slot.second % self.slots) * SLOT_SIZE)
+        self._dirty_slots.clear()
+
     def units_of(self, second: int) -> list[TimerUnit]:
-        """The units filed under ``second``, oldest first."""
+        """The units filed under ``second``, oldest first. The list is walked newest first through
+        blocks of the log (a second's units mostly lie close together); a unit of another second ends
+        the walk (a slot left pointing past the log by a power loss)."""
+        self.flush_writes()
         slot = self.slot(second)
         found: list[TimerUnit] = []
         position = slot.last
-        while position >= 0 and len(found) < slot.units:
-            unit = self.unit(position)
+        block_start, block = 0, b""
+        while 0 <= position < self.log_end and len(found) < slot.units:
+            if not block_start <= position <= block_start + len(block) - UNIT_SIZE:
+                block_start = max(0, position + UNIT_SIZE - _READ_BLOCK)
+                block = os.pread(self._log, position + UNIT_SIZE - block_start, block_start)
+            unit = self._decode(position, memoryview(block)[position - block_start:])
+            if unit.second != second:
+                break
             found.append(unit)
             position = unit.prev
         found.reverse()
@@ -178,6 +214,9 @@ class TimerFiles:
     # -- slots ---------------------------------------------------------------------------------
     def slot_at(self, second: int) -> Slot:
         """The raw slot ``second`` maps to (whatever second it holds)."""
+        dirty = self._dirty_slots.get(second % self.slots)
+        if dirty is not None:
+            return dirty
         data = os.pread(self._wheel, SLOT_SIZE, (second % self.slots) * SLOT_SIZE)
         if len(data) < SLOT_SIZE or data == bytes(SLOT_SIZE):
             return Slot(-1, -1, 0)
@@ -189,19 +228,23 @@ class TimerFiles:
         return slot if slot.second == second else Slot(second, -1, 0)
 
     def write_slot(self, slot: Slot) -> None:
-        os.pwrite(self._wheel, _SLOT.pack(*slot), (slot.second % self.slots) * SLOT_SIZE)
+        self._dirty_slots[slot.second % self.slots] = slot
 
     # -- checkpoint ----------------------------------------------------------------------------
     def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int],
              log_pos: int | None = None) -> None:
         """Make the units and slots so far durable, then record how far both sides got. ``log_pos``:
-        the timerlog length that goes with ``enqueue_offset`` (default: the length now)."""
+        the timerlog length that goes with ``enqueue_offset`` (default: the length now). The writes
+        must have been flushed (:meth:`flush_writes`, in the thread that appends)."""
         log_pos = self.log_end if log_pos is None else log_pos
+        if log_pos > self._written:
+            raise ValueError(f"checkpoint at timerlog position {log_pos}, past what was written ({self._written})")
         os.fsync(self._log)
         os.fsync(self._wheel)
         self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions)
         write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
 
     def close(self) -> None:
+        self.flush_writes()
         os.close(self._log)
         os.close(self._wheel)

@@ -62,6 +62,7 @@ def test_recovery_undoes_units_taken_in_after_the_checkpoint(tmp_path: Path) -> 
     for i in range(3):
         files.append(1000, 1_000_000 + i, 5, 100 * i, 50, i)
     files.append(1001, 1_001_000, 5, 400, 50, 3)
+    files.flush_writes()
     files.save(enqueue_offset=4, delivered_second=1000, done_positions=[0])
     # taken in after the checkpoint, then a crash (no save)
     files.append(1000, 1_000_500, 5, 500, 50, 4)
