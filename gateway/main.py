@@ -25,6 +25,7 @@ import grpc
 from gateway.auth import TokenTable, load_token_table
 from gateway.queue_selector import FaultTable, QueueSelector
 from gateway.registration import add_to_server
+from gateway.rocketmq5 import registration as rocketmq5
 from gateway.route import RouteTable
 from gateway.servicer import MessagingServicer
 from gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
@@ -110,7 +111,12 @@ async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: Worker
     servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
     server_settings = dataclasses.replace(_server_settings(settings, reuse_port=identity is not None),
                                           credentials=credentials)
-    server = AioGrpcServer(server_settings, [SERVICE_NAME], lambda s: add_to_server(servicer, s))
+    def register(server: grpc.aio.Server) -> None:
+        add_to_server(servicer, server)
+        rocketmq5.add_to_server(servicer, server)  # RocketMQ 5's protocol (docs/rocketmq5.md)
+
+    names = [SERVICE_NAME, *([rocketmq5.SERVICE_NAME] if rocketmq5.enabled() else [])]
+    server = AioGrpcServer(server_settings, names, register)
 
     async def stopped() -> None:
         if reload_task is not None:

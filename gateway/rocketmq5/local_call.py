@@ -1,0 +1,81 @@
+"""Calling the gateway's mqstore.v1 handlers in process from the RocketMQ 5 servicer.
+
+The handlers take a ``grpc.aio.ServicerContext`` and report failures by setting its code and details
+(services.server.status.fail_call). :class:`LocalContext` is the small part of that context they use:
+the caller's metadata (for auth), peer and deadline, and the status they set, which :func:`call` turns
+into :class:`MqstoreCallError`. No loopback connection: TLS and tokens apply once, to the outer call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+
+class MqstoreCallError(Exception):
+    """An mqstore.v1 handler answered with a status other than OK."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class LocalContext:
+    """What the mqstore.v1 handlers use of a servicer context."""
+
+    def __init__(self, metadata: Sequence[tuple[str, Any]], peer: str, timeout_s: float | None) -> None:
+        self._metadata = tuple(metadata)
+        self._peer = peer
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
+        return self._metadata
+
+    def peer(self) -> str:
+        return self._peer
+
+    def time_remaining(self) -> float | None:
+        return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.code = code
+
+    def set_details(self, details: str) -> None:
+        self.details = details
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+async def call(handler: Handler, request: Any, context: LocalContext, answer_type: Any = None) -> Any:
+    """Run one mqstore.v1 handler; its answer (bytes a handler relays are parsed as ``answer_type``), or
+    MqstoreCallError with the status it set."""
+    context.code = None
+    answer = await handler(request, context)
+    if context.code is not None and context.code != grpc.StatusCode.OK:
+        raise MqstoreCallError(context.code, context.details)
+    if isinstance(answer, (bytes, bytearray, memoryview)) and answer_type is not None:
+        return answer_type.FromString(bytes(answer))
+    return answer
+
+
+def bearer_metadata(metadata: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The outer call's metadata for the mqstore.v1 handlers. RocketMQ 5 clients sign with an access
+    key and secret key ("authorization: MQv2-HMAC-SHA1 Credential=<AK>, ..."); the access key is read
+    as an mqstore token ("authorization: Bearer <AK>"). The signature itself is not checked."""
+    out: list[tuple[str, Any]] = []
+    for key, value in metadata:
+        if key == "authorization" and isinstance(value, str) and not value.startswith("Bearer "):
+            credential = next((part.split("=", 1)[1] for part in value.replace(",", " ").split()
+                               if part.startswith("Credential=")), None)
+            if credential:
+                out.append(("authorization", f"Bearer {credential.split('/')[0]}"))
+            continue
+        out.append((key, value))
+    return out

@@ -1,0 +1,120 @@
+"""RocketMQ 5 messages (apache.rocketmq.v2.Message) to and from mqstore's (mqstore.v1 Message and
+StoredMessage), with RocketMQ's own property names, so a message reads the same through both protocols:
+
+* tag -> TAGS, keys -> KEYS (space separated), user properties as they are;
+* message group (FIFO) -> __SHARDINGKEY (RocketMQ 5's property) and the send's sharding key, so one
+  group stays in one queue;
+* delivery timestamp -> TIMER_DELIVER_MS (RocketMQ 5's timer message);
+* transactional -> TRAN_MSG + PGROUP (mqstore's half message flow);
+* message id -> the UNIQ_KEY the gateway gives the message. RocketMQ 5 clients make 34-digit ids
+  ("01" + 32 hex digits) that are not RocketMQ 4 UNIQ_KEYs, so the gateway's id is the one returned
+  by the send (SendReceipt.message_id) and seen by consumers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+from apache.rocketmq.v2 import definition_pb2
+from google.protobuf import timestamp_pb2
+from mqstore.v1 import common_pb2, query_pb2
+
+TAGS = "TAGS"
+KEYS = "KEYS"
+UNIQ_KEY = "UNIQ_KEY"
+SHARDING_KEY = "__SHARDINGKEY"
+TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+TRANSACTION_PREPARED = "TRAN_MSG"
+PRODUCER_GROUP = "PGROUP"
+#: The producer group of half messages sent over the v2 protocol (its clients name no producer group).
+V2_PRODUCER_GROUP = "RMQ5_PRODUCER_GROUP"
+#: Properties that are system properties in v2 (not handed to consumers as user properties).
+_SYSTEM = {TAGS, KEYS, UNIQ_KEY, SHARDING_KEY, TIMER_DELIVER_MS, TRANSACTION_PREPARED, PRODUCER_GROUP,
+           "DELAY", "WAIT", "REAL_TOPIC", "REAL_QID", "TIMER_OUT_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS",
+           "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "MIN_OFFSET", "MAX_OFFSET", "CLUSTER", "TRACE_ON",
+           "CONSUME_START_TIME", "TRAN_PREPARED_QUEUE_OFFSET", "__transactionId__"}
+MessageType = definition_pb2.MessageType
+
+
+class BadMessage(ValueError):
+    """A v2 message mqstore cannot store as given (the reason says what to fix)."""
+
+
+def to_mqstore(message: definition_pb2.Message, max_body_bytes: int) -> tuple[common_pb2.Message, str]:
+    """The mqstore message for a v2 one, and its sharding key ("" unless FIFO)."""
+    system = message.system_properties
+    body = bytes(message.body)
+    if system.body_encoding == definition_pb2.Encoding.GZIP:
+        try:
+            body = gzip.decompress(body)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise BadMessage(f"the body is marked GZIP but does not decompress: {exc}") from exc
+    if len(body) > max_body_bytes:
+        raise BadMessage(f"the body is {len(body)} bytes, more than the {max_body_bytes} allowed")
+    properties = dict(message.user_properties)
+    clashing = sorted(set(properties) & _SYSTEM)
+    if clashing:
+        raise BadMessage(f"user properties may not use the system property names {clashing}")
+    if system.HasField("tag"):
+        properties[TAGS] = system.tag
+    if system.keys:
+        properties[KEYS] = " ".join(system.keys)
+    sharding_key = ""
+    if system.HasField("message_group"):
+        if not system.message_group:
+            raise BadMessage("the message group is empty: give a FIFO message a non-empty message group")
+        sharding_key = properties[SHARDING_KEY] = system.message_group
+    if system.HasField("delivery_timestamp"):
+        properties[TIMER_DELIVER_MS] = str(_millis(system.delivery_timestamp))
+    if system.message_type == MessageType.TRANSACTION:
+        properties[TRANSACTION_PREPARED] = "true"
+        properties[PRODUCER_GROUP] = V2_PRODUCER_GROUP
+    born_ms = _millis(system.born_timestamp) if system.HasField("born_timestamp") else 0
+    return common_pb2.Message(topic=message.topic.name, body=body, properties=properties,
+                              born_timestamp=born_ms), sharding_key
+
+
+def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue_id: int, receipt_handle: str,
+          invisible_ms: int, delivery_attempt: int) -> definition_pb2.Message:
+    """The v2 message a consumer receives for a stored one."""
+    props = stored.properties
+    body = bytes(stored.body)
+    if stored.body_compressed:
+        body = zlib.decompress(body)
+    system = definition_pb2.SystemProperties(
+        message_id=stored.uniq_key or stored.msg_id,
+        body_digest=definition_pb2.Digest(type=definition_pb2.DigestType.CRC32,
+                                          checksum=format(zlib.crc32(body) & 0xFFFFFFFF, "08X")),
+        body_encoding=definition_pb2.Encoding.IDENTITY,
+        born_timestamp=_timestamp(stored.born_timestamp), born_host=stored.born_host.rsplit(":", 1)[0],
+        store_timestamp=_timestamp(stored.store_timestamp), store_host=stored.store_host,
+        receipt_handle=receipt_handle, queue_id=queue_id, queue_offset=stored.queue_offset,
+        delivery_attempt=delivery_attempt)
+    system.invisible_duration.FromMilliseconds(invisible_ms)
+    system.message_type = MessageType.NORMAL
+    if TAGS in props:
+        system.tag = props[TAGS]
+    if props.get(KEYS):
+        system.keys.extend(props[KEYS].split())
+    if SHARDING_KEY in props:
+        system.message_group = props[SHARDING_KEY]
+        system.message_type = MessageType.FIFO
+    elif TIMER_DELIVER_MS in props or "DELAY" in props:
+        system.message_type = MessageType.DELAY
+        if props.get(TIMER_DELIVER_MS, "").isdigit():
+            system.delivery_timestamp.CopyFrom(_timestamp(int(props[TIMER_DELIVER_MS])))
+    elif TRANSACTION_PREPARED in props:
+        system.message_type = MessageType.TRANSACTION
+    user = {k: v for k, v in props.items() if k not in _SYSTEM}
+    return definition_pb2.Message(topic=topic, user_properties=user, system_properties=system, body=body)
+
+
+def _millis(ts: timestamp_pb2.Timestamp) -> int:
+    return ts.seconds * 1000 + ts.nanos // 1_000_000
+
+
+def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromMilliseconds(ms)
+    return ts

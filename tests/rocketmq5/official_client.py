@@ -1,0 +1,129 @@
+"""Scenarios run with the official RocketMQ 5 Python client (rocketmq-python-client, unmodified) against
+the gateway, in a process of their own: the client's generated protocol modules define the same
+protobuf names as the gateway's (apache.rocketmq.v2), which one process cannot hold twice.
+
+``python -m tests.rocketmq5.official_client <scenario> <endpoint> <json args>`` prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
+                      TransactionChecker)
+from rocketmq.grpc_protocol import TransactionResolution
+
+
+class Checker(TransactionChecker):  # type: ignore[misc]
+    def check(self, message: Message) -> Any:
+        return TransactionResolution.COMMIT
+
+
+def _config(endpoint: str) -> ClientConfiguration:
+    return ClientConfiguration(endpoint, Credentials())
+
+
+def _message(topic: str, body: str, tag: str | None = None, keys: list[str] | None = None,
+             properties: dict[str, str] | None = None) -> Message:
+    message = Message()
+    message.topic = topic
+    message.body = body.encode()
+    if tag:
+        message.tag = tag
+    for key in keys or ():
+        message.keys = key  # the setter adds one key
+    for name, value in (properties or {}).items():
+        message.add_property(name, value)
+    return message
+
+
+def produce(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    topic, fifo_topic = args["topic"], args["fifo_topic"]
+    producer = Producer(_config(endpoint), (topic, fifo_topic), Checker())
+    producer.startup()
+    out: dict[str, Any] = {}
+    try:
+        normal = _message(topic, "normal body", "TagA", ["order-1", "user-7"], {"color": "blue"})
+        out["normal"] = producer.send(normal).message_id
+        delayed = _message(topic, "delayed body", "TagD")
+        out["delay_due_s"] = int(time.time()) + args["delay_s"]
+        delayed.delivery_timestamp = out["delay_due_s"]  # this client sends it as seconds
+        out["delayed"] = producer.send(delayed).message_id
+        out["fifo"] = []
+        for i in range(args["fifo_count"]):
+            fifo = _message(fifo_topic, f"fifo {i}", "TagF")
+            fifo.message_group = "group-1"
+            out["fifo"].append(producer.send(fifo).message_id)
+        for outcome in ("commit", "rollback"):
+            transaction = producer.begin_transaction()
+            half = _message(topic, f"{outcome} body", "TagT", [f"tx-{outcome}"])
+            receipt = producer.send(half, transaction)
+            (transaction.commit if outcome == "commit" else transaction.rollback)()
+            out[outcome] = receipt.message_id
+    finally:
+        producer.shutdown()
+    return out
+
+
+def _received(message: Any) -> dict[str, Any]:
+    return {"id": message.message_id, "body": message.body.decode(), "tag": message.tag,
+            "keys": sorted(message.keys), "properties": dict(message.properties),
+            "attempt": message.delivery_attempt, "group": message.message_group, "at": time.time()}
+
+
+def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive ``expect`` messages; ack all but ``keep`` (its invisible duration changed to ``change_s``
+    instead), then receive it again once visible and ack it."""
+    consumer = SimpleConsumer(_config(endpoint), args["group"], {args["topic"]: FilterExpression()}, 2)
+    consumer.startup()
+    received: list[dict[str, Any]] = []
+    again: list[dict[str, Any]] = []
+    try:
+        deadline = time.time() + args["timeout_s"]
+        kept = None
+        while len(received) < args["expect"] and time.time() < deadline:
+            for message in consumer.receive(32, args["invisible_s"]) or []:
+                received.append(_received(message))
+                if message.body.decode() == args["keep"] and kept is None:
+                    kept = message
+                    consumer.change_invisible_duration(message, args["change_s"])
+                    received[-1]["changed_at"] = time.time()
+                else:
+                    consumer.ack(message)
+        while kept is not None and not again and time.time() < deadline:
+            for message in consumer.receive(32, args["invisible_s"]) or []:
+                again.append(_received(message))
+                consumer.ack(message)
+    finally:
+        consumer.shutdown()
+    return {"received": received, "again": again}
+
+
+def consume_fifo(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Receive one FIFO group's messages, acking each: the order they came in, and how many each
+    receive returned."""
+    consumer = SimpleConsumer(_config(endpoint), args["group"], {args["topic"]: FilterExpression()}, 2)
+    consumer.startup()
+    order: list[str] = []
+    batches: list[int] = []
+    try:
+        deadline = time.time() + args["timeout_s"]
+        while len(order) < args["expect"] and time.time() < deadline:
+            messages = consumer.receive(32, 10) or []
+            batches.append(len(messages))
+            for message in messages:
+                order.append(message.body.decode())
+                consumer.ack(message)
+    finally:
+        consumer.shutdown()
+    return {"order": order, "batches": batches}
+
+
+SCENARIOS = {"produce": produce, "consume": consume, "consume_fifo": consume_fifo}
+
+if __name__ == "__main__":
+    result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))
+    print("RESULT " + json.dumps(result), flush=True)
