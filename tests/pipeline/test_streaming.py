@@ -213,3 +213,29 @@ def test_capped_spreads_the_limit_and_split_ranges_covers_each_offset_once() -> 
     covered = [(p.queue_id, o) for p in parts for o in range(p.start, p.end)]
     assert sorted(covered) == sorted({(int(q), o) for q in end for o in range(start.get(q, end[q]), end[q])})
     assert all(p.end - p.start <= 20 for p in parts)
+
+
+def test_read_range_pulls_exactly_the_range_and_names_missing_offsets(up: UpProcess, topic: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executors' side without Spark: a range is read whole, in queue order, across pulls of at
+    most PULL_MESSAGES; a range the queue does not have fails, naming queue and offsets."""
+    from mqstore_client import Client
+    from pipeline import streaming
+
+    _send(up, topic, 0, 80, batch=1)
+    with Client(up.gateway) as client:
+        ends = {r.queue_id: r.max_offset for r in client.all_queue_offsets(topic)}
+    queue = max(ends, key=lambda q: ends[q])
+    assert ends[queue] >= 17
+    options = StreamOptions.parse({"endpoint": up.gateway, "topic": topic})
+    monkeypatch.setattr(streaming, "PULL_MESSAGES", 7)  # several pulls per range
+    batches = list(streaming.read_range(options, streaming.QueueRange(queue, 3, 17)))
+    offsets = [o for b in batches for o in b.column("queue_offset").to_pylist()]
+    assert offsets == list(range(3, 17))
+    assert {q for b in batches for q in b.column("queue_id").to_pylist()} == {queue}
+    assert all(b.schema == STREAM_SCHEMA for b in batches)
+    monkeypatch.setattr(streaming, "EMPTY_PULL_WAIT_S", 0.01)
+    end = ends[queue]
+    with pytest.raises(streaming.DataLossError,
+                       match=rf"queue {queue}: queue offsets \[{end}, {end + 20}\) were in the queue"):
+        list(streaming.read_range(options, streaming.QueueRange(queue, end - 5, end + 20)))
