@@ -82,7 +82,7 @@ def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     received: list[dict[str, Any]] = []
     again: list[dict[str, Any]] = []
     try:
-        deadline = time.time() + args["timeout_s"]
+        deadline = time.time() + args["wait_s"]
         kept = None
         while len(received) < args["expect"] and time.time() < deadline:
             for message in consumer.receive(32, args["invisible_s"]) or []:
@@ -110,7 +110,7 @@ def consume_fifo(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     order: list[str] = []
     batches: list[int] = []
     try:
-        deadline = time.time() + args["timeout_s"]
+        deadline = time.time() + args["wait_s"]
         while len(order) < args["expect"] and time.time() < deadline:
             messages = consumer.receive(32, 10) or []
             batches.append(len(messages))

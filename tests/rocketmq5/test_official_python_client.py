@@ -77,7 +77,7 @@ def test_produce_and_simple_consume_with_the_official_client(up: UpProcess, tmp_
     assert (committed.topic, committed.body, committed.keys) == (topic, b"commit body", "tx-commit")
 
     got = official("consume", up.gateway, tmp_path, topic=topic, group="rmq5-simple", expect=3,
-                   invisible_s=20, keep="normal body", change_s=2, timeout_s=40)
+                   invisible_s=20, keep="normal body", change_s=2, wait_s=40)
     by_body = {m["body"]: m for m in got["received"]}
     assert set(by_body) == {"normal body", "delayed body", "commit body"}, "a rolled back half is never seen"
     first = by_body["normal body"]
@@ -92,6 +92,6 @@ def test_produce_and_simple_consume_with_the_official_client(up: UpProcess, tmp_
     assert 1.5 <= back["at"] - first["changed_at"] < 15
 
     fifo = official("consume_fifo", up.gateway, tmp_path, topic=fifo_topic, group="rmq5-fifo-group", expect=5,
-                    timeout_s=40)
+                    wait_s=40)
     assert fifo["order"] == [f"fifo {i}" for i in range(5)]
     assert max(fifo["batches"]) == 1, "a message group's next message waits for the ack of the one before"
