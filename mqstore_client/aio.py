@@ -22,6 +22,7 @@ from typing import Any, Self
 import grpc
 from mqstore.v1 import gateway_pb2, gateway_pb2_grpc, query_pb2
 
+from mqstore_client import tracing
 from mqstore_client.connection import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT_S,
@@ -61,10 +62,12 @@ class AsyncConnection:
                         else grpc.aio.secure_channel(self.address, self.tls.credentials(), options=options))
         self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
 
-    async def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+    async def call(self, method: str, request: Any, timeout: float | None = None,
+                   metadata: Sequence[tuple[str, str]] | None = None) -> Any:
         deadline = self.timeout if timeout is None else timeout
         try:
-            return await getattr(self.stub, method)(request, timeout=deadline, metadata=self.metadata)
+            return await getattr(self.stub, method)(request, timeout=deadline,
+                                                    metadata=self.metadata if metadata is None else metadata)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address, deadline) from None
 
@@ -117,7 +120,14 @@ class AsyncProducer(_AsyncEndpoint):
         return await self.send_message(message, timeout=timeout)
 
     async def send_message(self, message: OutgoingMessage, *, timeout: float | None = None) -> SendReceipt:
-        return SendReceipt.from_proto(await self.connection.call("Send", message.to_request(), timeout))
+        connection = self.connection
+        with tracing.send_span(message.topic, connection.address, tags=message.tags, keys=message.keys) as span:
+            request = message.to_request()
+            tracing.add_properties(request.message.properties, tracing.message_properties(span))
+            receipt = SendReceipt.from_proto(await connection.call("Send", request, timeout,
+                                                                   tracing.call_metadata(span, connection.metadata)))
+            tracing.sent(span, [receipt.msg_id])
+            return receipt
 
     async def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
                          keys: Keys | None = None, properties: Mapping[str, str] | None = None,
@@ -125,14 +135,18 @@ class AsyncProducer(_AsyncEndpoint):
                          timeout: float | None = None) -> list[SendReceipt]:
         """As Producer.send_batch: SendBatch calls of up to 1024 messages, receipts in order."""
         receipts: list[SendReceipt] = []
-        for chunk in batch_chunks(topic, messages, tags, keys, properties):
-            try:
-                response = await self.connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id),
-                                                      timeout)
-            except MqstoreError as exc:
-                exc.receipts = receipts
-                raise
-            receipts.extend(batch_receipts(chunk, response))
+        connection = self.connection
+        with tracing.send_span(topic, connection.address, tags=tags, keys=keys) as span:
+            metadata = tracing.call_metadata(span, connection.metadata)
+            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span)):
+                try:
+                    response = await connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id),
+                                                     timeout, metadata)
+                except MqstoreError as exc:
+                    exc.receipts = receipts
+                    raise
+                receipts.extend(batch_receipts(chunk, response))
+            tracing.sent(span, [r.msg_id for r in receipts])
         return receipts
 
     async def send_stream(self, messages: Iterable[Item] | AsyncIterable[Item], topic: str | None = None, *,
@@ -223,12 +237,14 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
         """Up to ``max_messages`` messages, waiting up to ``timeout`` s (default: the long poll)."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        started_ns = time.time_ns()
         tracker = await self.start()
         if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
             await self.commit()
         if not tracker.buffered:
             await self._fetch(tracker, self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0))
         messages = tracker.take(max(max_messages, 1))
+        tracing.received(self.group, self.connection.address, started_ns, messages)  # the retry feed: its own
         if len(messages) < max_messages:
             feed = await self._retries()
             if feed is not None:

@@ -40,7 +40,7 @@ SEND = "/mqstore.v1.MessagingService/Send"
 APPEND_BATCH = "/mqstore.v1.CommitLogService/AppendBatch"
 
 _APP_SCRIPT = """
-import json, sys, time
+import asyncio, json, sys, time
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -67,6 +67,21 @@ with PullConsumer("trace-group", topic, gateway, rebalance=False, long_poll_ms=1
         context = span.get_span_context()
         out["process"] = [format(context.trace_id, "032x"), format(context.span_id, "016x")]
     out["properties"] = message.properties
+
+
+async def aio_send():
+    from mqstore_client.aio import AsyncProducer, AsyncPullConsumer
+
+    async with AsyncProducer(gateway) as producer:
+        msg_id = (await producer.send(topic + "Aio", b"async")).msg_id
+    async with AsyncPullConsumer("aio-group", topic + "Aio", gateway, long_poll_ms=1000) as consumer:
+        messages = []
+        while not messages:
+            messages = await consumer.poll(timeout=1)
+    return msg_id, messages[0].properties["traceparent"]
+
+
+out["aio_msg_id"], out["aio_traceparent"] = asyncio.run(aio_send())
 provider.shutdown()
 print(json.dumps(out), flush=True)
 """
@@ -180,3 +195,13 @@ def test_a_first_send_to_a_new_topic_has_no_error_span(traced_up: TracedUp, app_
     errors = [(s.service, s.name, s.status_message) for s in spans if s.status_code == STATUS_ERROR]
     assert not errors, errors
     assert not [s for s in spans if s.name.endswith("/CreateTopic")]
+
+
+def test_the_asyncio_client_traces_alike(traced_up: TracedUp, app_run: dict[str, object]) -> None:
+    _, trace_id, span_id, _ = str(app_run["aio_traceparent"]).split("-")
+    spans = traced_up.receiver.wait_for(trace_id, lambda s: any(x.name == SEND and x.service == GATEWAY for x in s))
+    send = _one(spans, APP, "send TracedOrdersAio", SPAN_KIND_PRODUCER)
+    assert send.span_id == span_id and send.attributes["messaging.message.id"] == app_run["aio_msg_id"]
+    assert _one(spans, GATEWAY, SEND, SPAN_KIND_SERVER).parent_span_id == span_id
+    receive = next(s for s in traced_up.receiver.spans if s.service == APP and s.name == "receive TracedOrdersAio")
+    assert receive.kind == SPAN_KIND_CLIENT and (trace_id, span_id) in receive.links
