@@ -48,6 +48,8 @@ const UNARY_METHODS = Object.freeze({
   updateTopic: 'UpdateTopic',
   listTopics: 'ListTopics',
   getRoute: 'GetRoute',
+  getClusterStatus: 'GetClusterStatus',
+  deleteTopic: 'DeleteTopic',
 });
 
 let cachedPackage = null;
