@@ -12,8 +12,15 @@ import sys
 import time
 from typing import Any
 
-from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer,
-                      TransactionChecker)
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+    TransactionChecker,
+)
 from rocketmq.grpc_protocol import TransactionResolution
 
 

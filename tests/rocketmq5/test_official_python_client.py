@@ -9,25 +9,14 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
-import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
-
-from tests.gateway.system_process import UpProcess, running_up
+from tests.gateway.system_process import UpProcess
+from tests.rocketmq5.topics import create_topic, stored
 
 REPO = Path(__file__).resolve().parents[2]
 DELAY_S = 3
-
-
-@pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    with running_up(tmp_path_factory.mktemp("up") / "store") as started:
-        yield started
 
 
 def official(scenario: str, endpoint: str, home: Path, timeout_s: float = 90, **args: Any) -> dict[str, Any]:
@@ -41,22 +30,6 @@ def official(scenario: str, endpoint: str, home: Path, timeout_s: float = 90, **
                                            f"{done.stderr[-5000:]}"
     result: dict[str, Any] = json.loads(lines[-1][len("RESULT "):])
     return result
-
-
-def create_topic(up: UpProcess, topic: str, queues: int) -> None:
-    config = common_pb2.TopicConfig(topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6)
-    up.stub.CreateTopic(commitlog_pb2.TopicRequest(topic=config), timeout=10)
-
-
-def stored(up: UpProcess, msg_id: str, topic: str = "") -> query_pb2.StoredMessage:
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            return up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=msg_id, topic=topic), timeout=5).message
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def test_produce_and_simple_consume_with_the_official_client(up: UpProcess, tmp_path: Path) -> None:

@@ -1,0 +1,137 @@
+"""The RocketMQ 5 protocol's answers, called with the vendored stubs (apache.rocketmq.v2) against
+``mqstore up``: its status codes for bad input (unknown topic, too large a body, unknown or outdated
+receipt handles, bad invisible durations, SQL filters, RPCs mqstore does not serve), the settings
+stream, and ForwardMessageToDeadLetterQueue ending in %DLQ%<group> (readable through mqstore.v1)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
+from google.protobuf import duration_pb2
+from mqstore.v1 import query_pb2
+
+from tests.gateway.system_process import UpProcess
+from tests.rocketmq5.topics import create_topic
+
+Code = d.Code
+
+
+@pytest.fixture(scope="module")
+def v2(up: UpProcess) -> Iterator[service_pb2_grpc.MessagingServiceStub]:
+    yield service_pb2_grpc.MessagingServiceStub(up.channel)
+
+
+def endpoints(up: UpProcess) -> d.Endpoints:
+    host, port = up.gateway.rsplit(":", 1)
+    return d.Endpoints(scheme=d.AddressScheme.IPv4, addresses=[d.Address(host=host, port=int(port))])
+
+
+def message(topic: str, body: bytes, tag: str = "T") -> d.Message:
+    return d.Message(topic=d.Resource(name=topic), body=body,
+                     system_properties=d.SystemProperties(tag=tag, message_type=d.MessageType.NORMAL,
+                                                          body_encoding=d.Encoding.IDENTITY))
+
+
+def seconds(value: float) -> duration_pb2.Duration:
+    out = duration_pb2.Duration()
+    out.FromMilliseconds(int(value * 1000))
+    return out
+
+
+def receive(v2: service_pb2_grpc.MessagingServiceStub, topic: str, group: str, invisible_s: float,
+            wait_s: float = 2, expression: str = "*", kind: int = d.FilterType.TAG
+            ) -> tuple[list[d.Message], d.Status]:
+    request = s.ReceiveMessageRequest(group=d.Resource(name=group), batch_size=16,
+                                      message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+                                      filter_expression=d.FilterExpression(type=kind, expression=expression),
+                                      invisible_duration=seconds(invisible_s), long_polling_timeout=seconds(wait_s))
+    messages, status = [], None
+    for answer in v2.ReceiveMessage(request, timeout=wait_s + 5):
+        if answer.HasField("message"):
+            messages.append(answer.message)
+        elif answer.HasField("status"):
+            status = answer.status
+    assert status is not None
+    return messages, status
+
+
+def ack(v2: service_pb2_grpc.MessagingServiceStub, topic: str, group: str, handle: str) -> s.AckMessageResponse:
+    return v2.AckMessage(s.AckMessageRequest(group=d.Resource(name=group), topic=d.Resource(name=topic),
+                                             entries=[s.AckMessageEntry(receipt_handle=handle)]), timeout=10)
+
+
+def test_routes_settings_and_bad_input(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    create_topic(up, "rmq5-proto", 2)
+    route = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="rmq5-proto"), endpoints=endpoints(up)),
+                          timeout=10)
+    assert route.status.code == Code.OK == 20000
+    assert [q.id for q in route.message_queues] == [0, 1]
+    assert route.message_queues[0].broker.endpoints == endpoints(up)
+    missing = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="rmq5-none"), endpoints=endpoints(up)),
+                            timeout=10)
+    assert missing.status.code == Code.TOPIC_NOT_FOUND and "rmq5-none" in missing.status.message
+
+    settings = d.Settings(client_type=d.ClientType.PRODUCER, publishing=d.Publishing(topics=[d.Resource(name="x")]))
+    [answer] = list(v2.Telemetry(iter([s.TelemetryCommand(settings=settings)]), timeout=10))
+    assert answer.status.code == Code.OK and answer.settings.publishing.max_body_size == 4 * 1024 * 1024
+
+    too_large = v2.SendMessage(s.SendMessageRequest(messages=[message("rmq5-proto", b"x" * (4 * 1024 * 1024 + 1))]),
+                               timeout=10)
+    assert too_large.status.code == Code.MESSAGE_BODY_TOO_LARGE
+    sent = v2.SendMessage(s.SendMessageRequest(messages=[message("rmq5-proto", b"hello")]), timeout=10)
+    assert sent.status.code == Code.OK and len(sent.entries[0].message_id) == 32
+
+    bogus = ack(v2, "rmq5-proto", "g-proto", "not-a-handle")
+    assert bogus.status.code == Code.INVALID_RECEIPT_HANDLE and bogus.entries[0].status.code == bogus.status.code
+    _, bad_time = receive(v2, "rmq5-proto", "g-proto", invisible_s=0.1)
+    assert bad_time.code == Code.ILLEGAL_INVISIBLE_TIME
+    _, sql = receive(v2, "rmq5-proto", "g-proto", 5, expression="a > 1", kind=d.FilterType.SQL)
+    assert sql.code == Code.ILLEGAL_FILTER_EXPRESSION
+    [pull] = list(v2.PullMessage(s.PullMessageRequest(group=d.Resource(name="g")), timeout=10))
+    assert pull.status.code == Code.NOT_IMPLEMENTED
+
+
+def test_redelivery_outdated_handles_and_dead_letters(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub
+                                                      ) -> None:
+    topic, group = "rmq5-redeliver", "g-redeliver"
+    create_topic(up, topic, 1)
+    sent = v2.SendMessage(s.SendMessageRequest(messages=[message(topic, b"once", tag="A"),
+                                                         message(topic, b"filtered", tag="B")]), timeout=10)
+    assert sent.status.code == Code.OK
+    [first], status = receive(v2, topic, group, invisible_s=1, expression="A")
+    assert status.code == Code.OK and first.system_properties.delivery_attempt == 1
+    time.sleep(1.2)
+    [again], _ = receive(v2, topic, group, invisible_s=30, expression="A")
+    assert again.system_properties.message_id == first.system_properties.message_id
+    assert again.system_properties.delivery_attempt == 2
+    outdated = ack(v2, topic, group, first.system_properties.receipt_handle)
+    assert outdated.status.code == Code.INVALID_RECEIPT_HANDLE and "earlier hand-out" in outdated.status.message
+    forwarded = v2.ForwardMessageToDeadLetterQueue(s.ForwardMessageToDeadLetterQueueRequest(
+        group=d.Resource(name=group), topic=d.Resource(name=topic),
+        receipt_handle=again.system_properties.receipt_handle, message_id=again.system_properties.message_id,
+        delivery_attempt=2, max_delivery_attempts=16), timeout=10)
+    assert forwarded.status.code == Code.OK
+    assert ack(v2, topic, group, again.system_properties.receipt_handle).status.code == Code.INVALID_RECEIPT_HANDLE
+    nothing, status = receive(v2, topic, group, invisible_s=5, wait_s=0.5, expression="A")
+    assert (nothing, status.code) == ([], Code.MESSAGE_NOT_FOUND)
+
+    dlq = up.stub.Pull(query_pb2.PullMessageRequest(topic=f"%DLQ%{group}", queue_id=0, queue_offset=0,
+                                                    long_poll_ms=3000), timeout=10)
+    assert [m.body for m in dlq.messages] == [b"once"]
+    assert dlq.messages[0].uniq_key == first.system_properties.message_id
+    # Everything up to the acked (forwarded) message and the filtered one is committed for the group.
+    committed = up.stub.QueryOffset(query_pb2.QueryConsumerOffsetRequest(consumer_group=group, topic=topic,
+                                                                         queue_id=0), timeout=10)
+    assert committed.offset == 2
+
+
+def test_the_flag_turns_the_protocol_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.rocketmq5 import registration
+    assert registration.enabled()
+    monkeypatch.setenv(registration.ENV_FLAG, "0")
+    assert not registration.enabled()
