@@ -205,3 +205,18 @@ def test_the_asyncio_client_traces_alike(traced_up: TracedUp, app_run: dict[str,
     assert _one(spans, GATEWAY, SEND, SPAN_KIND_SERVER).parent_span_id == span_id
     receive = next(s for s in traced_up.receiver.spans if s.service == APP and s.name == "receive TracedOrdersAio")
     assert receive.kind == SPAN_KIND_CLIENT and (trace_id, span_id) in receive.links
+
+
+def test_without_a_tracer_provider_the_client_adds_nothing(traced_up: TracedUp) -> None:
+    """This test process set no provider: the client makes no span and stores no traceparent."""
+    from opentelemetry import trace
+
+    from mqstore_client import Producer, PullConsumer
+
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    with Producer(traced_up.up.gateway) as producer:
+        producer.send("UntracedOrders", b"plain")
+    with PullConsumer(None, "UntracedOrders", traced_up.up.gateway, long_poll_ms=1000) as consumer:
+        messages = consumer.poll(timeout=5)
+    assert [m.body for m in messages] == [b"plain"]
+    assert "traceparent" not in messages[0].properties
