@@ -18,7 +18,7 @@ import zlib
 
 from apache.rocketmq.v2 import definition_pb2
 from google.protobuf import timestamp_pb2
-from mqstore.v1 import common_pb2, query_pb2
+from mqstore.v1 import common_pb2, query_pb2, transaction_pb2
 
 TAGS = "TAGS"
 KEYS = "KEYS"
@@ -118,3 +118,18 @@ def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromMilliseconds(ms)
     return ts
+
+
+def check_message(check: transaction_pb2.TransactionCheck) -> definition_pb2.Message:
+    """The half of a transaction check as the v2 message a producer's TransactionChecker sees."""
+    props = check.message.properties
+    system = definition_pb2.SystemProperties(message_id=check.transaction_id,
+                                             message_type=MessageType.TRANSACTION,
+                                             body_encoding=definition_pb2.Encoding.IDENTITY)
+    if TAGS in props:
+        system.tag = props[TAGS]
+    if props.get(KEYS):
+        system.keys.extend(props[KEYS].split())
+    user = {k: v for k, v in props.items() if k not in _SYSTEM}
+    return definition_pb2.Message(topic=definition_pb2.Resource(name=check.message.topic), user_properties=user,
+                                  system_properties=system, body=bytes(check.message.body))

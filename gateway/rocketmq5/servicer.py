@@ -20,6 +20,7 @@ from apache.rocketmq.v2 import definition_pb2, service_pb2
 from mqstore.v1 import gateway_pb2, query_pb2, transaction_pb2
 
 from gateway.rocketmq5 import status as st
+from gateway.rocketmq5.checks import CheckRelay
 from gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
 from gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
 from gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
@@ -56,6 +57,7 @@ class RocketMQ5Servicer:
         self.max_delivery_attempts = max_delivery_attempts
         self._leases: dict[tuple[str, str, int], QueueLease] = {}
         self._lease_lock = asyncio.Lock()
+        self.checks = CheckRelay(mq)
 
     # -- the edge ------------------------------------------------------------------------------------
     @staticmethod
@@ -99,11 +101,30 @@ class RocketMQ5Servicer:
     async def Telemetry(self, requests: AsyncIterator[service_pb2.TelemetryCommand], context: Context
                         ) -> AsyncIterator[service_pb2.TelemetryCommand]:
         """The settings stream: each Settings the client sends is answered with the server's (clients
-        do not start before the first answer). Other commands (stack traces, verify results) are
-        taken and ignored."""
-        async for command in requests:
-            if command.HasField("settings"):
-                yield service_pb2.TelemetryCommand(status=st.ok(), settings=self._settings(command.settings))
+        do not start before the first answer). A producer's stream also carries the transaction checks
+        of its topics (checks.py). Other commands (stack traces, verify results) are taken and ignored."""
+        outbox: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue(maxsize=1024)
+
+        async def read() -> None:
+            try:
+                async for command in requests:
+                    if not command.HasField("settings"):
+                        continue
+                    await outbox.put(service_pb2.TelemetryCommand(status=st.ok(),
+                                                                  settings=self._settings(command.settings)))
+                    if command.settings.WhichOneof("pub_sub") == "publishing":
+                        topics = {t.name for t in command.settings.publishing.topics}
+                        self.checks.join(outbox, topics, self._local(context))
+            finally:
+                await outbox.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (item := await outbox.get()) is not None:
+                yield item
+        finally:
+            reader.cancel()
+            self.checks.leave(outbox)
 
     def _settings(self, client: definition_pb2.Settings) -> definition_pb2.Settings:
         settings = definition_pb2.Settings()

@@ -23,9 +23,14 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import TransactionResolution
 
+CHECKED: list[str] = []
+
 
 class Checker(TransactionChecker):  # type: ignore[misc]
+    """Commits every half it is asked about (and records its id)."""
+
     def check(self, message: Message) -> Any:
+        CHECKED.append(message.message_id)
         return TransactionResolution.COMMIT
 
 
@@ -129,7 +134,23 @@ def consume_fifo(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"order": order, "batches": batches}
 
 
-SCENARIOS = {"produce": produce, "consume": consume, "consume_fifo": consume_fifo}
+def orphan(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A half left without commit or rollback: the server's check reaches the checker, which commits."""
+    producer = Producer(_config(endpoint), (args["topic"],), Checker())
+    producer.startup()
+    try:
+        transaction = producer.begin_transaction()
+        receipt = producer.send(_message(args["topic"], "orphan body", "TagO"), transaction)
+        deadline = time.time() + args["wait_s"]
+        while not CHECKED and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # the checker's EndTransaction is sent asynchronously
+    finally:
+        producer.shutdown()
+    return {"id": receipt.message_id, "checked": CHECKED}
+
+
+SCENARIOS = {"orphan": orphan, "produce": produce, "consume": consume, "consume_fifo": consume_fifo}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))
