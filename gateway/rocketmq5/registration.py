@@ -1,5 +1,6 @@
 """Registering apache.rocketmq.v2.MessagingService on the gateway's server (beside mqstore.v1), on unless
-MQSTORE_RMQ5=0 (or false/off) is set for the gateway."""
+MQSTORE_RMQ5=0 (or false/off) is set for the gateway. MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS (default 16,
+RocketMQ's) is how often a message is delivered to a consumer group before it goes to %DLQ%<group>."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import grpc
 from apache.rocketmq.v2 import service_pb2_grpc
 
+from gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS
 from gateway.rocketmq5.servicer import RocketMQ5Servicer
 
 if TYPE_CHECKING:
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 ENV_FLAG = "MQSTORE_RMQ5"
+ENV_MAX_DELIVERY_ATTEMPTS = "MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS"
 
 
 def enabled() -> bool:
@@ -26,6 +29,9 @@ def add_to_server(mq: MessagingServicer, server: grpc.aio.Server) -> RocketMQ5Se
     """Serve RocketMQ 5's protocol over ``mq`` on ``server`` (when enabled); the servicer, or None."""
     if not enabled():
         return None
-    servicer = RocketMQ5Servicer(mq)
+    attempts = os.environ.get(ENV_MAX_DELIVERY_ATTEMPTS, "").strip()
+    if attempts and not (attempts.isdigit() and int(attempts) >= 1):
+        raise ValueError(f"{ENV_MAX_DELIVERY_ATTEMPTS}={attempts!r}: give a whole number of at least 1")
+    servicer = RocketMQ5Servicer(mq, max_delivery_attempts=int(attempts) if attempts else DEFAULT_MAX_DELIVERY_ATTEMPTS)
     service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
     return servicer

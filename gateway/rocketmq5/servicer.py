@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from apache.rocketmq.v2 import definition_pb2, service_pb2
+from google.protobuf import timestamp_pb2
 from mqstore.v1 import gateway_pb2, query_pb2, transaction_pb2
 
 from gateway.rocketmq5 import status as st
@@ -43,6 +44,9 @@ MAX_LONG_POLL_S = 30.0
 #: How often a waiting receive looks again (mqstore's pulls are asked without waiting, one per queue).
 POLL_INTERVAL_S = 0.1
 MAX_BATCH = 1024
+#: RocketMQ's retry delays of consumer groups (messageDelayLevel from level 3 on: "1s 5s 10s 30s 1m 2m 3m 4m
+#: 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"), in seconds.
+RETRY_DELAYS_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
 ACCEPTED_TYPES = [definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.FIFO,
                   definition_pb2.MessageType.DELAY, definition_pb2.MessageType.TRANSACTION]
 
@@ -127,17 +131,18 @@ class RocketMQ5Servicer:
             self.checks.leave(outbox)
 
     def _settings(self, client: definition_pb2.Settings) -> definition_pb2.Settings:
+        """The server's settings for a client: its own, with the limits and retry policy of mqstore.
+        Producers retry sends with exponential backoff; consumers get RocketMQ's retry delays (the
+        delay levels 1s 5s 10s 30s 1m 2m ...) and the group's max delivery attempts, after which the
+        gateway moves a message to %DLQ%<group>."""
         settings = definition_pb2.Settings()
         settings.CopyFrom(client)
         backoff = settings.backoff_policy
+        backoff.Clear()
         backoff.max_attempts = self.max_delivery_attempts
-        backoff.exponential_backoff.initial.FromMilliseconds(1000)
-        backoff.exponential_backoff.max.FromMilliseconds(60_000)
-        backoff.exponential_backoff.multiplier = 2.0
-        if client.WhichOneof("pub_sub") == "publishing":
-            settings.publishing.max_body_size = self.max_body_bytes
-            settings.publishing.validate_message_type = False
-        elif client.WhichOneof("pub_sub") == "subscription":
+        if client.WhichOneof("pub_sub") == "subscription":
+            for level_s in RETRY_DELAYS_S[:max(self.max_delivery_attempts, 1)]:
+                backoff.customized_backoff.next.add().FromSeconds(level_s)
             sub = settings.subscription
             if not sub.HasField("fifo"):
                 sub.fifo = False
@@ -145,6 +150,14 @@ class RocketMQ5Servicer:
                 sub.receive_batch_size = 32
             if not sub.HasField("long_polling_timeout"):
                 sub.long_polling_timeout.FromSeconds(int(DEFAULT_LONG_POLL_S))
+        else:
+            backoff.max_attempts = 3
+            backoff.exponential_backoff.initial.FromMilliseconds(10)
+            backoff.exponential_backoff.max.FromMilliseconds(1000)
+            backoff.exponential_backoff.multiplier = 2.0
+            if client.WhichOneof("pub_sub") == "publishing":
+                settings.publishing.max_body_size = self.max_body_bytes
+                settings.publishing.validate_message_type = False
         return settings
 
     # -- producing -----------------------------------------------------------------------------------
@@ -250,6 +263,9 @@ class RocketMQ5Servicer:
         if not found:
             yield service_pb2.ReceiveMessageResponse(status=st.status(Code.MESSAGE_NOT_FOUND, "no new message"))
             return
+        delivered = timestamp_pb2.Timestamp()
+        delivered.GetCurrentTime()
+        yield service_pb2.ReceiveMessageResponse(delivery_timestamp=delivered)  # clients time their latency by it
         for message in found:
             yield service_pb2.ReceiveMessageResponse(message=message)
         yield service_pb2.ReceiveMessageResponse(status=st.ok())

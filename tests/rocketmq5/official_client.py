@@ -14,10 +14,13 @@ from typing import Any
 
 from rocketmq import (
     ClientConfiguration,
+    ConsumeResult,
     Credentials,
     FilterExpression,
     Message,
+    MessageListener,
     Producer,
+    PushConsumer,
     SimpleConsumer,
     TransactionChecker,
 )
@@ -150,7 +153,29 @@ def orphan(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"id": receipt.message_id, "checked": CHECKED}
 
 
-SCENARIOS = {"orphan": orphan, "produce": produce, "consume": consume, "consume_fifo": consume_fifo}
+def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer whose listener succeeds for every message but ``fail``: what it consumed, with
+    each message's delivery attempt."""
+    seen: list[dict[str, Any]] = []
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Message) -> Any:
+            seen.append(_received(message))
+            return ConsumeResult.FAILURE if message.body.decode() == args["fail"] else ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(_config(endpoint), args["group"], Listener(), {args["topic"]: FilterExpression()})
+    consumer.startup()
+    try:
+        deadline = time.time() + args["wait_s"]
+        while time.time() < deadline and sum(m["body"] == args["fail"] for m in seen) < args["attempts"]:
+            time.sleep(0.1)
+        time.sleep(args["linger_s"])
+    finally:
+        consumer.shutdown()
+    return {"seen": seen}
+
+
+SCENARIOS = {"push": push, "orphan": orphan, "produce": produce, "consume": consume, "consume_fifo": consume_fifo}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))
