@@ -76,10 +76,21 @@ def _wait_rows(query: object, rows: int, timeout_s: float = 180.0) -> None:
         time.sleep(0.2)
 
 
+def _crash_after_planning(checkpoint: Path, output: Path) -> int:
+    """Make the checkpoint look as if the query died after logging its last batch's offsets but before
+    the Parquet sink or the commit log recorded it (the files the batch wrote stay, orphaned, as a
+    crash leaves them). Returns that batch's id: a restart must rerun it with the same ranges."""
+    last = max(int(p.name) for p in (checkpoint / "offsets").iterdir() if p.name.isdigit())
+    for log in (checkpoint / "commits", output / "_spark_metadata"):
+        for name in (str(last), f".{last}.crc"):
+            (log / name).unlink(missing_ok=True)
+    return last
+
+
 def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: UpProcess, topic: str,
                                                         tmp_path: Path) -> None:
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
-    options = {"endpoint": up.gateway, "topic": topic, "maxMessagesPerTrigger": "150",
+    options = {"endpoint": up.gateway, "topic": topic, "maxMessagesPerTrigger": "200",
                "maxMessagesPerPartition": "100"}
     _send(up, topic, 0, 200)  # before the stream starts
 
@@ -93,11 +104,13 @@ def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: 
         first.stop()  # mid-stream: it has not read everything sent
     assert first.exception() is None
     read_first = sum(p["numInputRows"] for p in first.recentProgress)
+    replayed = _crash_after_planning(Path(checkpoint), Path(output))
     _send(up, topic, 500, 100)  # while no query runs
 
     second = start_parquet_stream(spark, options, output, checkpoint, available_now=True)
     second.awaitTermination(120)
     assert not second.isActive and second.exception() is None
+    assert second.recentProgress[0]["batchId"] == replayed, "the restart reran the uncommitted batch first"
     assert read_first < 600, "the first query was to stop before it had read everything"
 
     frame = spark.read.parquet(output)
