@@ -23,14 +23,20 @@ the slot still points at it, then the log is cut at ``timerLogPos``.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import json
+import logging
 import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from services.store.store_root import write_atomically
+
+log = logging.getLogger(__name__)
 
 TIMER_DIR = "timer"
 LOG_NAME = "timerlog"
@@ -43,6 +49,26 @@ UNIT_SIZE = _UNIT.size
 _SLOT = struct.Struct(">qqq")
 SLOT_SIZE = _SLOT.size
 _READ_BLOCK = 1024 * UNIT_SIZE
+#: units per chunk of the timerlog whose disk space is given back once all its seconds are delivered
+CHUNK_UNITS = 1 << 20
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def _punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Give ``length`` bytes at ``offset`` back to the file system (Linux fallocate PUNCH_HOLE): the file
+    keeps its size and reads of the range give zeros. False where that is not supported."""
+    fallocate = _fallocate()
+    return fallocate is not None and fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, offset, length) == 0
+
+
+@functools.cache
+def _fallocate() -> Any:
+    libc_name = ctypes.util.find_library("c")
+    fallocate = getattr(ctypes.CDLL(libc_name, use_errno=True), "fallocate", None) if libc_name else None
+    if fallocate is not None:
+        fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    return fallocate
 
 
 class TimerUnit(NamedTuple):
@@ -69,11 +95,14 @@ class TimerCheckpoint:
     delivered_second: int = 0
     slots: int = 0
     done_positions: list[int] = field(default_factory=list)
+    #: per timerlog chunk not given back yet (index -> the latest second filed in it)
+    chunk_seconds: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps({"enqueueOffset": self.enqueue_offset, "timerLogPos": self.timer_log_pos,
                            "deliveredSecond": self.delivered_second, "slots": self.slots,
-                           "donePositions": self.done_positions}).encode()
+                           "donePositions": self.done_positions,
+                           "chunkSeconds": {str(k): v for k, v in sorted(self.chunk_seconds.items())}}).encode()
 
     @classmethod
     def parse(cls, data: bytes) -> TimerCheckpoint:
@@ -81,7 +110,8 @@ class TimerCheckpoint:
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         check = cls(int(doc["enqueueOffset"]), int(doc["timerLogPos"]), int(doc["deliveredSecond"]),
-                    int(doc["slots"]), [int(p) for p in doc.get("donePositions", [])])
+                    int(doc["slots"]), [int(p) for p in doc.get("donePositions", [])],
+                    {int(k): int(v) for k, v in doc.get("chunkSeconds", {}).items()})
         if min(check.enqueue_offset, check.timer_log_pos, check.delivered_second) < 0 or check.slots <= 0 \
                 or check.timer_log_pos % UNIT_SIZE:
             raise ValueError(f"impossible values {check}")
@@ -106,10 +136,12 @@ def read_checkpoint(path: Path) -> TimerCheckpoint | None:
 class TimerFiles:
     """The timerlog and timerwheel files (positioned reads and writes) and the checkpoint."""
 
-    def __init__(self, directory: Path, checkpoint: TimerCheckpoint) -> None:
+    def __init__(self, directory: Path, checkpoint: TimerCheckpoint, chunk_units: int = CHUNK_UNITS) -> None:
         self.directory = directory
         self.checkpoint = checkpoint
         self.slots = checkpoint.slots
+        self._chunk_bytes = chunk_units * UNIT_SIZE
+        self._chunk_seconds = dict(checkpoint.chunk_seconds)
         self._log = os.open(directory / LOG_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         self._wheel = os.open(directory / WHEEL_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         self.log_end = os.fstat(self._log).st_size // UNIT_SIZE * UNIT_SIZE
@@ -120,14 +152,14 @@ class TimerFiles:
         self._dirty_slots: dict[int, Slot] = {}
 
     @classmethod
-    def open(cls, store: Path, slots: int) -> TimerFiles:
+    def open(cls, store: Path, slots: int, chunk_units: int = CHUNK_UNITS) -> TimerFiles:
         """Open (or create) ``store/timer``; a new store gets ``slots`` slots, an existing one keeps its
         count. ValueError when the checkpoint is unreadable."""
         directory = store / TIMER_DIR
         directory.mkdir(parents=True, exist_ok=True)
         checkpoint = read_checkpoint(directory / CHECK_NAME)
         fresh = checkpoint is None
-        files = cls(directory, checkpoint or TimerCheckpoint(slots=slots))
+        files = cls(directory, checkpoint or TimerCheckpoint(slots=slots), chunk_units)
         if fresh:
             os.ftruncate(files._log, 0)
             os.ftruncate(files._wheel, 0)
@@ -176,6 +208,9 @@ class TimerFiles:
         unit = TimerUnit(position, second, deliver_ms, enqueue_ms, commitlog_offset, size, queue_offset, slot.last)
         self._pending += _UNIT.pack(UNIT_MAGIC, *unit[1:])
         self.log_end = position + UNIT_SIZE
+        chunk = position // self._chunk_bytes
+        if self._chunk_seconds.get(chunk, -1) < second:
+            self._chunk_seconds[chunk] = second
         self._dirty_slots[second % self.slots] = Slot(second, position, slot.units + 1)
         return unit
 
@@ -241,8 +276,20 @@ class TimerFiles:
             raise ValueError(f"checkpoint at timerlog position {log_pos}, past what was written ({self._written})")
         os.fsync(self._log)
         os.fsync(self._wheel)
-        self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions)
+        chunks = {chunk: second for chunk, second in list(self._chunk_seconds.items())
+                  if chunk * self._chunk_bytes < log_pos}
+        # Whole chunks below log_pos whose every second is delivered: nothing will read them again.
+        spent = [chunk for chunk, second in chunks.items()
+                 if second < delivered_second and (chunk + 1) * self._chunk_bytes <= log_pos]
+        for chunk in spent:
+            del chunks[chunk]
+        self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions,
+                                          chunks)
         write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
+        for chunk in spent:  # after the checkpoint that no longer lists them
+            self._chunk_seconds.pop(chunk, None)
+            if not _punch_hole(self._log, chunk * self._chunk_bytes, self._chunk_bytes):
+                log.debug("timerlog chunk %d could not be given back (no hole punching here)", chunk)
 
     def close(self) -> None:
         self.flush_writes()

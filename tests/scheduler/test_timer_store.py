@@ -94,3 +94,25 @@ def test_timer_out_ms_read_from_the_properties_alone_matches_the_decoded_record(
     assert record_timer_out_ms(data, 3) == int(decode_record(data, 3).properties["TIMER_OUT_MS"]) == deliver
     plain = log.put_message(Message("Later", 1, b"x", properties={"TAGS": "a"}))
     assert record_timer_out_ms(log.read(plain.commitlog_offset, plain.wrote_bytes), 0) is None
+
+
+def test_chunks_of_delivered_seconds_are_given_back(tmp_path: Path) -> None:
+    files = TimerFiles.open(tmp_path, slots=100, chunk_units=4)
+    for i in range(8):  # chunk 0: seconds 10-13, chunk 1: seconds 20-23
+        files.append(10 + i if i < 4 else 16 + i, 0, 0, i, 1, i)
+    files.append(40, 40_000, 0, 8, 1, 8)  # chunk 2 (partial)
+    files.flush_writes()
+    files.save(enqueue_offset=9, delivered_second=20, done_positions=[])
+    assert files.checkpoint.chunk_seconds == {1: 23, 2: 40}
+    data = (tmp_path / "timer" / "timerlog").read_bytes()
+    assert data[:4 * UNIT_SIZE] == bytes(4 * UNIT_SIZE), "chunk 0 was not given back"
+    assert data[4 * UNIT_SIZE:4 * UNIT_SIZE + 4] != bytes(4)
+    files.save(enqueue_offset=9, delivered_second=41, done_positions=[])
+    assert files.checkpoint.chunk_seconds == {2: 40}  # the last chunk is not whole yet
+    files.close()
+    files = TimerFiles.open(tmp_path, slots=100, chunk_units=4)
+    try:
+        assert files.checkpoint.chunk_seconds == {2: 40}
+        assert [u.queue_offset for u in files.units_of(40)] == [8]
+    finally:
+        files.close()
