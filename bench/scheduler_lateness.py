@@ -414,7 +414,7 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
 def _start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
     py_spy = str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--duration", str(math.ceil(seconds)),
-                             "--format", "raw", "--nonblocking", "--output", path],
+                             "--format", "raw", "--nonblocking", "--gil", "--output", path],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -477,7 +477,8 @@ def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.A
                         help="seconds to wait for deliveries past the furthest due time (60)")
     parser.add_argument("--grace", type=float, default=1.0,
                         help="seconds to wait after the last delivery before reading (duplicates) (1)")
-    parser.add_argument("--profile", metavar="FILE", help="py-spy folded stacks of the scheduler into FILE")
+    parser.add_argument("--profile", metavar="FILE",
+                        help="py-spy folded stacks of the scheduler (GIL holders only) into FILE")
     parser.add_argument("--wait-quiet", type=float, default=60.0, metavar="SECONDS",
                         help="wait up to this long for a second in which the rest of the machine is idle (60; 0: no)")
     parser.add_argument("--keep-store", action="store_true")
