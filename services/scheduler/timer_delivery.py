@@ -89,9 +89,9 @@ class TimerScheduler:
         self._timer = TimerFiles.open(self._store, wheel_slots(self._max_delay_sec))
         if self._timer.slots < self._max_delay_sec + 60:
             log.warning("the timer store has %d wheel slots, fewer than timerMaxDelaySec (%d s) needs: a timer "
-                        "further ahead than that holds back the ones sent after it until its time is near; "
-                        "let the timers drain and remove %s/timer to size the wheel again", self._timer.slots,
-                        self._max_delay_sec, self._store)
+                        "further ahead than that holds back the ones sent after it until its time is near "
+                        "(resizing %s/timer is not built: keep timerMaxDelaySec within about twice its first "
+                        "value)", self._timer.slots, self._max_delay_sec, self._store)
         check = self._timer.checkpoint
         self.enqueue_offset = check.enqueue_offset
         self.delivered_second = check.delivered_second or now_ms() // 1000
