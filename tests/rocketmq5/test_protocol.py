@@ -13,7 +13,7 @@ from apache.rocketmq.v2 import definition_pb2 as d
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from google.protobuf import duration_pb2
-from mqstore.v1 import query_pb2
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
 from tests.gateway.system_process import UpProcess
 from tests.rocketmq5.topics import create_topic
@@ -135,3 +135,19 @@ def test_the_flag_turns_the_protocol_off(monkeypatch: pytest.MonkeyPatch) -> Non
     assert registration.enabled()
     monkeypatch.setenv(registration.ENV_FLAG, "0")
     assert not registration.enabled()
+
+
+def test_a_message_sent_through_mqstore_v1_reads_the_same_over_v2(up: UpProcess,
+                                                                  v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    topic = "rmq5-from-v1"
+    create_topic(up, topic, 1)
+    properties = {"TAGS": "V1", "KEYS": "k1 k2", "color": "red"}
+    sent = up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=topic, body=b"from v1",
+                                                                           properties=properties)), timeout=10)
+    [got], status = receive(v2, topic, "g-from-v1", invisible_s=5)
+    system = got.system_properties
+    assert status.code == Code.OK
+    assert (system.message_id, system.tag, list(system.keys), dict(got.user_properties), got.body) == (
+        sent.msg_id, "V1", ["k1", "k2"], {"color": "red"}, b"from v1")
+    assert (system.queue_offset, system.delivery_attempt, system.message_type) == (0, 1, d.MessageType.NORMAL)
+    assert ack(v2, topic, "g-from-v1", system.receipt_handle).status.code == Code.OK
