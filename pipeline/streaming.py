@@ -38,13 +38,14 @@ or ``spark-submit pipeline/streaming.py --endpoint HOST:PORT --topic T OUT --che
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -74,6 +75,11 @@ DEFAULT_PARTITION_MESSAGES = 50_000
 EMPTY_PULL_RETRIES = 20
 EMPTY_PULL_WAIT_S = 0.25
 
+#: Calls that fail for a reason that passes (the gateway restarting, overloaded) are tried again:
+#: how often in all, and the first wait (doubled each time). Other errors fail at once.
+CALL_ATTEMPTS = 5
+FIRST_RETRY_WAIT_S = 0.2
+
 # GetMessageStatus (proto/mqstore/v1/query.proto), by number: the client library's wire types stay here.
 _FOUND = 1
 _SKIPPED = {2: "every message was filtered out", 3: "their records were deleted from the commitlog",
@@ -82,6 +88,7 @@ _BEYOND_END = {5: "offset beyond the queue's max offset", 6: "offset at the queu
                8: "the queue has no messages"}
 
 Offsets = dict[str, int]
+T = TypeVar("T")
 
 
 class StreamOptionError(ValueError):
@@ -231,6 +238,24 @@ def decode_raw(data: bytes, queue_id: int) -> list[MessageRecord]:
     return records
 
 
+def retrying(what: str, attempt: Callable[[], T]) -> T:
+    """``attempt()``, tried again on UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED: a local
+    Spark task is not retried, so a gateway restart would otherwise fail the query."""
+    from mqstore_client.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
+
+    wait = FIRST_RETRY_WAIT_S
+    for number in range(1, CALL_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except (UnavailableError, DeadlineExceededError, ResourceExhaustedError) as exc:
+            if number == CALL_ATTEMPTS:
+                raise
+            LOG.warning("%s failed (%s); trying again in %.1fs", what, exc, wait)
+            time.sleep(wait)
+            wait *= 2
+    raise AssertionError("unreachable")
+
+
 # -- reading one range -------------------------------------------------------------------------------
 
 
@@ -265,7 +290,7 @@ def read_range(options: StreamOptions, part: QueueRange, connection: Connection 
         while offset < part.end:
             request = pull_request(options.topic, part.queue_id, offset, min(PULL_MESSAGES, part.end - offset),
                                    "*", 0, PULL_BYTES)
-            response = conn.call("Pull", request)
+            response = retrying(f"a pull from {options.endpoint}", functools.partial(conn.call, "Pull", request))
             status = int(response.status)
             if status == _FOUND and response.messages and not response.record_count:
                 raise RuntimeError(f"the gateway at {options.endpoint} answered a raw pull with decoded "
@@ -306,9 +331,12 @@ def queue_ranges(options: StreamOptions, connection: Connection) -> dict[int, tu
     from mqstore_client.models import TopicRoute
     from mqstore_client.offsets import queue_offsets
 
-    route = TopicRoute.from_proto(connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=options.topic)))
-    ids = route.readable_queue_ids
-    return {r.queue_id: (r.min_offset, r.max_offset) for r in queue_offsets(connection, options.topic, ids, None)}
+    request = gateway_pb2.GetRouteRequest(topic=options.topic)
+    route = TopicRoute.from_proto(retrying(f"GetRoute from {options.endpoint}",
+                                           lambda: connection.call("GetRoute", request)))
+    found = retrying(f"GetQueueOffsets from {options.endpoint}",
+                     lambda: queue_offsets(connection, options.topic, route.readable_queue_ids, None))
+    return {r.queue_id: (r.min_offset, r.max_offset) for r in found}
 
 
 def capped(start: Offsets, available: Offsets, max_messages: int | None) -> Offsets:

@@ -252,3 +252,22 @@ def test_read_range_pulls_exactly_the_range_and_names_missing_offsets(up: UpProc
     with pytest.raises(streaming.DataLossError,
                        match=rf"queue {queue}: queue offsets \[{end}, {end + 20}\) were in the queue"):
         list(streaming.read_range(options, streaming.QueueRange(queue, end - 5, end + 20)))
+
+
+def test_calls_are_tried_again_while_the_gateway_is_unavailable(monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens on the port: every pull is UNAVAILABLE, tried CALL_ATTEMPTS times, then the
+    error is the task's (a local Spark task is not retried by Spark)."""
+    import socket
+
+    from mqstore_client.errors import UnavailableError
+    from pipeline import streaming
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setattr(streaming, "FIRST_RETRY_WAIT_S", 0.01)
+    options = StreamOptions.parse({"endpoint": address, "topic": "T", "timeout": "2"})
+    with caplog.at_level("WARNING", logger="pipeline.streaming"), pytest.raises(UnavailableError):
+        list(streaming.read_range(options, streaming.QueueRange(0, 0, 5)))
+    assert sum("trying again" in r.getMessage() for r in caplog.records) == streaming.CALL_ATTEMPTS - 1
