@@ -41,6 +41,9 @@ _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d)(?: ?ago)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 #: Messages per pull of one queue: bigger than the client's default, since the CLI prints whole topics.
 PULL_BATCH = 256
+#: Where the store parks a delayed (DELAY) or timer (TIMER_*) message until it is due
+#: (services/store/names.py; the client imports no server code, so they are named here).
+PARKING_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer"})
 MESSAGE_COLUMNS = ("queue", "offset", "msg_id", "tags", "keys", "stored", "body")
 
 
@@ -226,9 +229,28 @@ def add_client_commands(commands: Subcommands) -> None:
     admin_cli.add_status_command(commands, _command, _common, _client)
 
 
+class _IntermixedParser(argparse.ArgumentParser):
+    """``send``'s parser: options may come between the topic and the bodies (``send T -p K=V text``).
+
+    Plain argparse gives the topic and the (empty) bodies their values at the first positional, so a
+    body after an option was "unrecognized"; ``parse_known_intermixed_args`` collects them all."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._intermixing:  # parse_known_intermixed_args calls back here for its two passes
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _add_send(commands: Subcommands) -> None:
     send = _command(commands, "send", "send messages: text arguments, or one message per line of a file",
                     _send)
+    send.__class__ = _IntermixedParser
     _topic_arguments(send, positional=True)
     send.add_argument("messages", nargs="*", metavar="MESSAGE", help="message bodies (after the topic)")
     send.add_argument("--file", "-f", metavar="PATH", help="one message per line (empty lines skipped); - = stdin")
@@ -238,7 +260,9 @@ def _add_send(commands: Subcommands) -> None:
     send.add_argument("--queue", type=non_negative, metavar="QUEUE_ID", help="send to this queue")
     send.add_argument("--property", "-p", action="append", type=parse_property, default=[], metavar="NAME=VALUE",
                       help="a user property (repeatable)")
-    send.add_argument("--delay-level", type=non_negative, help="RocketMQ delay level (1 = 1 s ... 18 = 2 h)")
+    send.add_argument("--delay-level", type=non_negative,
+                      help="RocketMQ delay level (1 = 1 s ... 18 = 2 h); for any other time use a timer property: "
+                           "-p TIMER_DELAY_SEC=N, or -p TIMER_DELIVER_MS=<epoch ms> (docs/scheduling.md)")
     send.add_argument("--batch", type=positive, metavar="N",
                       help=f"send N messages per SendBatch call, each call to one queue (at most {MAX_BATCH}); "
                            "default: pipelined on one SendStream")
@@ -420,8 +444,15 @@ def _print_receipts(printer: Printer, receipts: Sequence[SendReceipt]) -> None:
         for receipt in receipts:
             printer.json(receipt.to_json())
         return
-    printer.table(("msg_id", "queue", "offset", "status", "offset_msg_id", "shard"),
-                  [(r.msg_id, r.queue_id, r.queue_offset, r.status, r.offset_msg_id, r.shard) for r in receipts])
+    headers: tuple[str, ...] = ("msg_id", "queue", "offset", "status", "offset_msg_id", "shard")
+    rows: list[Sequence[Any]] = [(r.msg_id, r.queue_id, r.queue_offset, r.status, r.offset_msg_id, r.shard)
+                                 for r in receipts]
+    if any(r.topic in PARKING_TOPICS for r in receipts):
+        # A delayed or timer message is stored in a parking topic until due, and queue/offset are that
+        # topic's: say so, or "queue 1" reads as a queue of the topic sent to.
+        headers += ("parked_in",)
+        rows = [(*row, r.topic if r.topic in PARKING_TOPICS else "") for row, r in zip(rows, receipts, strict=True)]
+    printer.table(headers, rows)
 
 
 def _send_file(args: argparse.Namespace, producer: Producer, topic: str, template: dict[str, Any],
@@ -787,7 +818,7 @@ def _dlq(args: argparse.Namespace) -> int:
                 for m in letters:
                     printer.json(m.to_json())
             else:
-                printer.table(("queue_offset", "offset msg id", "msg id", "original topic", "reconsume", "body"),
+                printer.table(("queue_offset", "offset_msg_id", "msg_id", "original_topic", "reconsume", "body"),
                               [(m.queue_offset, m.offset_msg_id, m.msg_id, m.properties.get("RETRY_TOPIC", ""),
                                 m.reconsume_times, cell(m.text, 40)) for m in letters],
                               empty=f"no dead letters for group {args.group}")
@@ -806,7 +837,7 @@ def _dlq(args: argparse.Namespace) -> int:
                 if printer.json_mode:
                     printer.json({"dead_letter": msg_id, **receipt.to_json()})
                 else:
-                    printer.table(("dead letter", "topic", "queue", "queue_offset", "msg id", "status"),
+                    printer.table(("dead_letter", "topic", "queue", "queue_offset", "msg_id", "status"),
                                   [(msg_id, receipt.topic, receipt.queue_id, receipt.queue_offset, receipt.msg_id,
                                     receipt.status)])
     return EXIT_OK
