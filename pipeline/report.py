@@ -65,16 +65,26 @@ def _line_chart(per_minute: pd.DataFrame, column: str, title: str, ylabel: str, 
     return _save(fig, path)
 
 
-def _latency_chart(per_minute: pd.DataFrame, path: Path) -> str:
+def _latency_chart(per_minute: pd.DataFrame, summary: pd.DataFrame | None, path: Path) -> str:
+    """p50/p99 per minute of store minus born time, clock-skewed records left out (pipeline/stats.py),
+    the axis clipped at the p99.9 of all latencies so one outlier minute does not flatten the rest."""
     fig, ax = _figure()
     _time_axis(ax)
     for topic in _top_topics(per_minute):
         rows = per_minute[per_minute["topic"] == topic].sort_values("minute")
         line = ax.plot(rows["minute"], rows["latency_p50_ms"], marker="o", label=f"{topic} p50")[0]
         ax.plot(rows["minute"], rows["latency_p99_ms"], linestyle="--", color=line.get_color(), label=f"{topic} p99")
-    ax.set_title("Store minus born time")
-    ax.set_ylabel("ms")
-    ax.set_yscale("symlog")
+    title = "Store minus born time"
+    if summary is not None and len(summary) and summary["latency_clip_ms"].notna().iloc[0]:
+        clip = float(summary["latency_clip_ms"].iloc[0])
+        low = min(float(summary["latency_min_ms"].iloc[0]), 0.0)
+        ax.set_ylim(low - 0.05 * (clip - low + 1), clip + 0.05 * (clip - low + 1))
+        title += f" (axis clipped at p99.9 = {clip:,.0f} ms"
+        skewed = int(summary["skewed"].iloc[0])
+        title += f"; {skewed} clock-skewed records left out)" if skewed else ")"
+    ax.set_title(title)
+    ax.set_ylabel("latency (ms)")
+    ax.set_xlabel("store time (UTC, per minute)")
     ax.legend(fontsize=7, loc="best", ncol=2)
     fig.autofmt_xdate()
     return _save(fig, path)
@@ -131,7 +141,7 @@ def write_report(directory: Path, store: str, records: int, frames: dict[str, pd
                                                 directory / "messages_per_minute.png")),
             ("Bytes per minute", _line_chart(per_minute, "bytes", "Stored bytes per minute", "bytes",
                                              directory / "bytes_per_minute.png")),
-            ("Latency", _latency_chart(per_minute, directory / "latency.png")),
+            ("Latency", _latency_chart(per_minute, frames.get("latency_summary"), directory / "latency.png")),
             ("Sizes", _histogram_chart(frames["size_histogram"], directory / "sizes.png")),
         ]
     if len(frames["top_keys"]):
@@ -147,9 +157,19 @@ def write_report(directory: Path, store: str, records: int, frames: dict[str, pd
         body.append("<h2>Topics</h2>" + _table(totals, ["topic", "messages", "bytes", "minutes"]))
     body += [f'<h2>{html.escape(title)}</h2><img src="{html.escape(name)}" alt="{html.escape(title)}">'
              for title, name in charts]
+    skew = frames.get("clock_skew")
+    if skew is not None and len(skew):
+        limit = int(frames["latency_summary"]["skew_limit_ms"].iloc[0])
+        body.append(f"<h2>Clock skew</h2><p>{int(skew['messages'].sum())} records were born more than {limit:,} ms "
+                    "away from their store time: the producer's clock is wrong (skew = born minus store time, "
+                    "positive when the producer is ahead). They are left out of the latency figures.</p>"
+                    + _table(skew.sort_values("messages", ascending=False), [
+                        "topic", "born_host", "messages", "skew_min_ms", "skew_p50_ms", "skew_max_ms",
+                        "first_store_time", "last_store_time"]))
     if len(per_minute):
-        body.append("<h2>Per minute</h2>" + _table(per_minute.sort_values(["minute", "topic"]), [
-            "topic", "minute", "messages", "bytes", "size_p50", "size_p99", "latency_p50_ms", "latency_p99_ms"]))
+        columns = ["topic", "minute", "messages", "bytes", "size_p50", "size_p99", "latency_p50_ms", "latency_p99_ms"]
+        body.append("<h2>Per minute</h2>" + _table(per_minute.sort_values(["minute", "topic"]), columns + [
+            c for c in ("skewed",) if c in per_minute.columns]))
     style = ("body{font-family:sans-serif;margin:2em;max-width:1000px}table{border-collapse:collapse;"
              "font-size:13px}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}img{max-width:100%}")
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>mqstore stats</title><style>{style}"

@@ -2,6 +2,13 @@
 and producers. Written as Parquet tables (for further queries) plus ``report/index.html`` with PNG
 charts (for people).
 
+Real stores hold messages from producers whose clocks are wrong (born times years away from the
+store's clock): their store-minus-born "latency" says nothing about latency and, left in, makes every
+percentile and chart unreadable. A record whose born time is more than ``--skew-limit-ms`` (default
+one hour) away from its store time is **clock-skewed**: counted per minute (``skewed``), listed per
+producer in the ``clock_skew`` table and the report, and left out of the latency columns. The
+latency chart is clipped at the p99.9 of the remaining latencies (``latency_summary``).
+
 Run as ``mqstore pipeline stats STORE OUT`` or ``spark-submit pipeline/stats.py STORE OUT``.
 """
 
@@ -24,7 +31,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TOP_N = 10
-PERCENTILES = (0.5, 0.9, 0.99)
+PERCENTILES = (0.5, 0.9, 0.99, 0.999)
+SKEW_LIMIT_MS = 3_600_000
+CHART_CLIP_PERCENTILE = 0.999
 
 
 @dataclass(frozen=True)
@@ -32,26 +41,32 @@ class StatsResult:
     records: int
     tables: dict[str, str]
     report: Path
+    skewed: int = 0  # records whose born time is off by more than the skew limit
 
 
-def stats_tables(records: DataFrame) -> dict[str, DataFrame]:
-    """The statistics as DataFrames, by table name."""
+def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict[str, DataFrame]:
+    """The statistics as DataFrames, by table name. Latency columns leave clock-skewed records out."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    raw_latency = F.col("store_ms") - F.col("born_ms")
+    skewed = F.abs(raw_latency) > F.lit(skew_limit_ms)
     facts = records.withColumn("minute", F.timestamp_millis(F.expr("store_ms - pmod(store_ms, 60000)"))) \
-        .withColumn("latency_ms", F.col("store_ms") - F.col("born_ms"))
+        .withColumn("skewed", skewed) \
+        .withColumn("latency_ms", F.when(~F.col("skewed"), raw_latency))
     size_pct = F.percentile_approx("store_size", list(PERCENTILES))
     latency_pct = F.percentile_approx("latency_ms", list(PERCENTILES))
     per_minute = facts.groupBy("topic", "minute").agg(
         F.count("*").alias("messages"), F.sum("store_size").alias("bytes"), F.sum("body_size").alias("body_bytes"),
         F.min("store_size").alias("size_min"), size_pct.alias("size_pct"), F.max("store_size").alias("size_max"),
         latency_pct.alias("latency_pct"), F.max("latency_ms").alias("latency_max_ms"),
+        F.sum(F.col("skewed").cast("long")).alias("skewed"),
     ).select("topic", "minute", "messages", "bytes", "body_bytes", "size_min",
              F.col("size_pct")[0].alias("size_p50"), F.col("size_pct")[1].alias("size_p90"),
              F.col("size_pct")[2].alias("size_p99"), "size_max",
              F.col("latency_pct")[0].alias("latency_p50_ms"), F.col("latency_pct")[1].alias("latency_p90_ms"),
-             F.col("latency_pct")[2].alias("latency_p99_ms"), "latency_max_ms")
+             F.col("latency_pct")[2].alias("latency_p99_ms"), F.col("latency_pct")[3].alias("latency_p999_ms"),
+             "latency_max_ms", "skewed")
     # Sizes in power-of-two buckets: bucket b holds sizes in [2^b, 2^(b+1)).
     size_histogram = facts.groupBy("topic", F.floor(F.log2("store_size")).cast("int").alias("bucket")) \
         .count().withColumn("size_from", F.pow(F.lit(2), F.col("bucket")).cast("long"))
@@ -60,12 +75,25 @@ def stats_tables(records: DataFrame) -> dict[str, DataFrame]:
         .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
     top_producers = facts.groupBy("topic", F.col("born_host").alias("name")).count() \
         .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
+    # skew_ms > 0: the producer's clock is ahead of the store's.
+    skew = F.col("born_ms") - F.col("store_ms")
+    clock_skew = facts.where("skewed").groupBy("topic", "born_host").agg(
+        F.count("*").alias("messages"), F.min(skew).alias("skew_min_ms"), F.percentile_approx(skew, 0.5)
+        .alias("skew_p50_ms"), F.max(skew).alias("skew_max_ms"),
+        F.timestamp_millis(F.min("store_ms")).alias("first_store_time"),
+        F.timestamp_millis(F.max("store_ms")).alias("last_store_time"))
+    latency_summary = facts.agg(
+        F.count("*").alias("messages"), F.sum(F.col("skewed").cast("long")).alias("skewed"),
+        F.lit(skew_limit_ms).cast("long").alias("skew_limit_ms"),
+        F.percentile_approx("latency_ms", CHART_CLIP_PERCENTILE).alias("latency_clip_ms"),
+        F.min("latency_ms").alias("latency_min_ms"), F.max("latency_ms").alias("latency_max_ms"))
     return {"per_minute": per_minute, "size_histogram": size_histogram, "top_keys": top_keys,
-            "top_producers": top_producers}
+            "top_producers": top_producers, "clock_skew": clock_skew, "latency_summary": latency_summary}
 
 
 def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Path,
-          split_size: int = DEFAULT_SPLIT_SIZE, geometry: GeometryOptions | None = None) -> StatsResult:
+          split_size: int = DEFAULT_SPLIT_SIZE, geometry: GeometryOptions | None = None,
+          skew_limit_ms: int = SKEW_LIMIT_MS) -> StatsResult:
     from pipeline.report import write_report
 
     out = Path(output)
@@ -73,7 +101,7 @@ def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Pat
     records, _ = records_frame(spark, source, split_size)
     records = records.cache()
     count = records.count()
-    tables = stats_tables(records)
+    tables = stats_tables(records, skew_limit_ms)
     paths: dict[str, str] = {}
     frames = {}
     for name, frame in tables.items():
@@ -82,15 +110,29 @@ def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Pat
         frames[name] = spark.read.parquet(paths[name]).toPandas()
     records.unpersist()
     report = write_report(out / "report", str(source.layout.root), count, frames)
-    return StatsResult(count, paths, report)
+    skewed = int(frames["latency_summary"]["skewed"].fillna(0).iloc[0]) if len(frames["latency_summary"]) else 0
+    return StatsResult(count, paths, report, skewed)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("store", help="a store root or its commitlog directory")
     parser.add_argument("output", help="output directory: Parquet tables and report/index.html")
     parser.add_argument("--split-size", type=int, default=DEFAULT_SPLIT_SIZE, help="bytes per task")
+    parser.add_argument("--skew-limit-ms", type=_positive_ms, default=SKEW_LIMIT_MS,
+                        help="a born time further than this from the store time is producer clock skew: "
+                             f"reported, and left out of the latency figures (default {SKEW_LIMIT_MS}, one hour)")
     parser.add_argument("--master", default=None, help="Spark master (default local[*])")
     add_geometry_arguments(parser, commitlog=True)
+
+
+def _positive_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of milliseconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive number of milliseconds")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,9 +144,13 @@ def _run(args: argparse.Namespace) -> int:
 
     source = StoreInput.open(args.store, options_of(args))
     source.commitlog_files()  # a store that cannot be read is refused before Spark starts
-    result = stats(get_session(args.master), source, args.output, args.split_size)
+    result = stats(get_session(args.master), source, args.output, args.split_size,
+                   skew_limit_ms=args.skew_limit_ms)
     print(f"{result.records} records; tables {', '.join(sorted(result.tables))} in {args.output}; "
           f"report {result.report}")
+    if result.skewed:
+        print(f"clock skew: {result.skewed} records born more than {args.skew_limit_ms} ms away from their store "
+              f"time (left out of the latency figures; per producer in {Path(args.output) / 'clock_skew'})")
     return 0
 
 
