@@ -41,8 +41,6 @@ MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
 DEFAULT_LONG_POLL_S = 20.0
 MAX_LONG_POLL_S = 30.0
-#: How often a waiting receive looks again (mqstore's pulls are asked without waiting, one per queue).
-POLL_INTERVAL_S = 0.1
 MAX_BATCH = 1024
 #: RocketMQ's retry delays of consumer groups (messageDelayLevel from level 3 on: "1s 5s 10s 30s 1m 2m 3m 4m
 #: 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"), in seconds.
@@ -62,6 +60,7 @@ class RocketMQ5Servicer:
         self._leases: dict[tuple[str, str, int], QueueLease] = {}
         self._lease_lock = asyncio.Lock()
         self.checks = CheckRelay(mq)
+        self._changed = asyncio.Event()
 
     # -- the edge ------------------------------------------------------------------------------------
     @staticmethod
@@ -256,7 +255,7 @@ class RocketMQ5Servicer:
                                          subscription, context)
                 if found or time.monotonic() >= deadline:
                     break
-                await asyncio.sleep(min(POLL_INTERVAL_S, max(deadline - time.monotonic(), 0.0)))
+                await self._wait(group, topic.name, route, deadline - time.monotonic(), subscription, context)
         except MqstoreCallError as exc:
             yield service_pb2.ReceiveMessageResponse(status=st.of_error(exc))
             return
@@ -269,6 +268,39 @@ class RocketMQ5Servicer:
         for message in found:
             yield service_pb2.ReceiveMessageResponse(message=message)
         yield service_pb2.ReceiveMessageResponse(status=st.ok())
+
+    async def _wait(self, group: str, topic: str, route: gateway_pb2.TopicRoute, wait_s: float, subscription: str,
+                    context: Context) -> None:
+        """Wait (at most ``wait_s``) until a receive may find something: a message arrives in a queue
+        (mqstore's long-polling pulls, one per queue the group waits on), an in-flight message becomes
+        visible again, or the group acks or changes a message (which may unblock a FIFO group)."""
+        changed = self._changed
+        now = time.monotonic()
+        leases = [self._leases.get((group, topic, q.queue_id)) for q in route.queues if q.readable]
+        for lease in leases:
+            for delivery in lease.inflight.values() if lease is not None else ():
+                wait_s = min(wait_s, delivery.visible_at - now)
+        if wait_s <= 0:
+            return
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(changed.wait())]
+        for lease in leases:
+            if lease is None or lease.fifo_blocked:
+                continue
+            pull = query_pb2.PullMessageRequest(topic=topic, queue_id=lease.queue_id, queue_offset=lease.next_offset,
+                                                max_messages=1, subscription=subscription,
+                                                long_poll_ms=max(int(wait_s * 1000), 1))
+            waits.append(asyncio.ensure_future(call(self.mq.Pull, pull, self._local(context, wait_s + 1.0))))
+        done, pending = await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in pending:
+            waiting.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for finished in done:
+            finished.exception()  # taken: an error shows in the next look at the queues
+
+    def _notify_change(self) -> None:
+        """Wake the receives waiting for an ack or a change of invisible duration."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def _lease(self, group: str, topic: str, queue_id: int, context: Context) -> QueueLease:
         key = (group, topic, queue_id)
@@ -329,10 +361,12 @@ class RocketMQ5Servicer:
                                             subscription=subscription)
         answer = await call(self.mq.Pull, pull, self._local(context, 10.0), query_pb2.PullMessageResponse)
         next_offset = answer.next_begin_offset if answer.next_begin_offset else lease.next_offset
+        lease.fifo_blocked = False
         for stored in answer.messages:
             group_key = stored.properties.get(SHARDING_KEY)
             if lease.blocked(group_key, stored.queue_offset):
                 next_offset = stored.queue_offset  # FIFO: its group's earlier message is still in flight
+                lease.fifo_blocked = True
                 break
             receipt, attempts = lease.hand_out(stored.queue_offset, stored, invisible_s, group_key)
             out.append(to_v2(stored, topic, lease.queue_id, receipt.encode(), int(invisible_s * 1000),
@@ -371,6 +405,7 @@ class RocketMQ5Servicer:
                                                       context)
                 async with lease.lock:
                     lease.ack(receipt)
+                    self._notify_change()
                     await self._commit(request.group.name, request.topic.name, lease, context)
             except BadReceiptHandle as exc:
                 status = st.status(Code.INVALID_RECEIPT_HANDLE, str(exc))
@@ -394,6 +429,7 @@ class RocketMQ5Servicer:
                                                   context)
             async with lease.lock:
                 renewed = lease.change_invisible(receipt, seconds)
+                self._notify_change()
         except BadReceiptHandle as exc:
             return service_pb2.ChangeInvisibleDurationResponse(status=st.status(Code.INVALID_RECEIPT_HANDLE, str(exc)))
         return service_pb2.ChangeInvisibleDurationResponse(status=st.ok(), receipt_handle=renewed.encode())
@@ -409,6 +445,7 @@ class RocketMQ5Servicer:
                 delivery = lease.find(receipt)
                 await self._dead_letter(group, topic, delivery.message, context)
                 lease.ack(receipt)
+                self._notify_change()
                 await self._commit(group, topic, lease, context)
         except BadReceiptHandle as exc:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(
