@@ -70,7 +70,9 @@ def _normalize_locations(args: argparse.Namespace) -> None:
     if args.job == "stream":  # reads from a gateway, not a store
         parse_location(args.output)
         return
-    parse_location(args.store)
+    if parse_location(args.store).is_remote and args.job in ("reindex", "verify"):
+        raise LocationError(f"{args.store}: {args.job} maps ConsumeQueue and index files: give a local path or "
+                            "file:// URI (mount the store on every node); export and stats read remote stores")
     if args.job == "export":
         parse_location(args.output)
     if args.job == "reindex" and args.output is not None:

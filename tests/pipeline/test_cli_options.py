@@ -63,6 +63,8 @@ def test_a_bad_uri_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], tm
     assert "stats writes its HTML report through the local file system" in result["error"]
     code, out, err = run_cli(capsys, "verify", str(tmp_path), "--conf", "spark.executor.memory")
     assert code == 2 and "expected KEY=VALUE" in err
+    code, out, err = run_cli(capsys, "reindex", "s3a://bucket/store", "--force")
+    assert code == 2 and "reindex maps ConsumeQueue and index files: give a local path" in err
 
 
 def test_a_scheme_no_file_system_serves(spark: SparkSession, capsys: pytest.CaptureFixture[str],
@@ -82,7 +84,12 @@ def test_file_uris_for_store_and_output(spark: SparkSession, mqstore_store: Path
     result = json.loads(stdout)
     assert result["ok"] and result["records"] == 400 and result["expired"] is None and result["problems"] == []
     assert result["next_offset"] == json.loads((out / "_mqstore_export_state.json").read_text())["next_offset"]
-    assert len(pq.read_table(out, partitioning="hive")) == 400
+    rows = pq.read_table(out, partitioning="hive").to_pylist()
+    assert len(rows) == 400
+    # the Kafka-named columns: timestamp is the store time, key the KEYS property as stored
+    assert all(row["timestamp"] == row["store_timestamp"] for row in rows)
+    assert all(row["key"] == dict(row["properties"]).get("KEYS") for row in rows)
+    assert sum(row["key"] is not None for row in rows) == 200
     assert "tasks done" in err and "MB/s" in err  # --progress into a pipe: plain lines
 
 

@@ -1,0 +1,198 @@
+"""The jobs on a real Spark standalone cluster: a master and two workers on loopback (pipeline/cluster.py),
+each job submitted with ``mqstore pipeline JOB --master spark://...`` and ``file://`` URIs, its tasks
+run by executors on both workers, its output equal to the ``local[*]`` output: byte for byte for
+ConsumeQueue and index files, row for row for Parquet.
+
+Which executor ran which task comes from Spark's event log (``spark.eventLog.*``: SparkListenerTaskEnd
+events), and which worker an executor lived on from the workers' work directories
+(``WORK_DIR/<app id>/<executor id>/``), so nothing is hooked into Spark for the test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+
+from pipeline.cluster import StandaloneCluster
+from pipeline.export import export
+from pipeline.fs import REMOTE_FILE_URIS_ENV
+from pipeline.reindex import reindex
+from pipeline.stats import stats
+from pipeline.verify import verify
+from services.store.geometry import GeometryOptions
+from tests.geometry import SMALL
+from tests.pipeline.services_store import ServicesStore
+
+# Starting JVMs (two workers, a driver and two executors a job) on a shared 2-core machine is slow.
+pytestmark = pytest.mark.timeout(900)
+
+SPLIT_SIZE = 64 * 1024  # the services store's files: one task a file, a few dozen
+SMALL_SPLIT = 8 * 1024  # the 400-message store: 16 KiB files, two tasks a file
+GEOMETRY = {"cq_file_size": SMALL.cq_file_size, "hash_slot_num": SMALL.hash_slot_num, "index_num": SMALL.index_num}
+JOB_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2",
+            "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "4"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2, worker_cores=1,
+                           worker_memory="1g") as running:
+        yield running
+
+
+@dataclass(frozen=True)
+class Submitted:
+    code: int
+    result: dict[str, Any]
+    stderr: str
+    tasks_by_worker: dict[int, int]  # worker number -> tasks its executors ran
+
+
+def submit(cluster: StandaloneCluster, tmp_path: Path, job: str, *args: str,
+           env: dict[str, str] | None = None, split_size: int = SPLIT_SIZE) -> Submitted:
+    """Run ``mqstore pipeline JOB ARGS --master <cluster> --json`` as its own driver process."""
+    events = tmp_path / f"events-{job}"
+    events.mkdir()
+    conf = {**JOB_CONF, "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
+            "spark.eventLog.compress": "false"}
+    command = [sys.executable, "-m", "services.cli", "pipeline", job, *args, "--master", cluster.master_url,
+               "--json", "--split-size", str(split_size), *(f"--conf={k}={v}" for k, v in conf.items())]
+    done = subprocess.run(command, env={**cluster.env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.stdout.strip(), f"{job} printed nothing on stdout; stderr:\n{done.stderr[-4000:]}"
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return Submitted(done.returncode, result, done.stderr, tasks_by_worker(cluster, events))
+
+
+def tasks_by_worker(cluster: StandaloneCluster, events: Path) -> dict[int, int]:
+    """Tasks per worker, from the event log (task -> executor) and the work dirs (executor -> worker)."""
+    # Spark 4 rolls event logs: eventlog_v2_<app id>/events_<n>_<app id> (and an appstatus marker).
+    logs = sorted(p for p in events.rglob("*") if p.is_file() and p.name.startswith("events_"))
+    assert logs, f"no event log under {events}"
+    app_id = ""
+    per_executor: dict[str, int] = {}
+    for line in (line for log in logs for line in log.read_text().splitlines()):
+        event = json.loads(line)
+        if event["Event"] == "SparkListenerApplicationStart":
+            app_id = event["App ID"]
+        elif event["Event"] == "SparkListenerTaskEnd" and event["Task End Reason"]["Reason"] == "Success":
+            executor = event["Task Info"]["Executor ID"]
+            per_executor[executor] = per_executor.get(executor, 0) + 1
+    assert app_id, f"no application start in {logs}"
+    counts: dict[int, int] = {}
+    for executor, tasks in per_executor.items():
+        (worker,) = [n for n in range(cluster.workers) if (cluster.work_dir(n) / app_id / executor).is_dir()]
+        counts[worker] = counts.get(worker, 0) + tasks
+    return counts
+
+
+def assert_on_both_workers(submitted: Submitted) -> None:
+    assert submitted.code == 0, submitted.stderr[-4000:]
+    assert sorted(submitted.tasks_by_worker) == [0, 1], submitted.tasks_by_worker
+    assert min(submitted.tasks_by_worker.values()) > 0
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def parquet_rows(path: Path, key: list[str]) -> list[dict[str, Any]]:
+    table = pq.read_table(path, partitioning="hive")
+    return sorted(table.to_pylist(), key=lambda row: [str(row[k]) for k in key])
+
+
+def test_export_on_the_cluster(cluster: StandaloneCluster, spark: SparkSession, services_store: ServicesStore,
+                               tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    export(spark, services_store.root, str(local), split_size=SPLIT_SIZE)
+    out = tmp_path / "cluster"
+    submitted = submit(cluster, tmp_path, "export", services_store.root.as_uri(), out.as_uri())
+    assert_on_both_workers(submitted)
+    assert submitted.result["records"] == services_store.messages and submitted.result["problems"] == []
+    assert parquet_rows(out, ["commitlog_offset"]) == parquet_rows(local, ["commitlog_offset"])
+    state = json.loads((out / "_mqstore_export_state.json").read_text())
+    assert state["next_offset"] == submitted.result["next_offset"] > 0
+
+
+def test_export_reads_a_remote_store_on_the_cluster(cluster: StandaloneCluster, spark: SparkSession,
+                                                    mqstore_store: Path, tmp_path: Path) -> None:
+    """The remote route: the driver lists through Hadoop's FileSystem, each executor fetches its files."""
+    local = tmp_path / "local"
+    export(spark, mqstore_store, str(local), split_size=4096)
+    out = tmp_path / "cluster"
+    submitted = submit(cluster, tmp_path, "export", mqstore_store.as_uri(), out.as_uri(),
+                       env={REMOTE_FILE_URIS_ENV: "1"}, split_size=4096)
+    assert_on_both_workers(submitted)
+    assert submitted.result["records"] == 400
+    assert parquet_rows(out, ["commitlog_offset"]) == parquet_rows(local, ["commitlog_offset"])
+    state = json.loads((out / "_mqstore_export_state.json").read_text())
+    assert state["commitlog"] == (mqstore_store / "commitlog").as_uri()
+
+
+@pytest.fixture(scope="module")
+def indexed_store(spark: SparkSession, mqstore_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the 400-message store with ConsumeQueue and index files (small geometry) built locally."""
+    root = tmp_path_factory.mktemp("indexed") / "store"
+    shutil.copytree(mqstore_store, root)
+    reindex(spark, root, split_size=SMALL_SPLIT, **GEOMETRY)
+    return root
+
+
+def test_reindex_on_the_cluster(cluster: StandaloneCluster, spark: SparkSession, mqstore_store: Path,
+                                tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    reindex(spark, mqstore_store, local, split_size=SMALL_SPLIT, **GEOMETRY)
+    out = tmp_path / "cluster"
+    submitted = submit(cluster, tmp_path, "reindex", mqstore_store.as_uri(), "--output", out.as_uri(),
+                       *SMALL.reindex_args(), split_size=SMALL_SPLIT)
+    assert_on_both_workers(submitted)
+    assert submitted.result["records"] == 400
+    built = files_under(out)
+    assert built == files_under(local)
+    assert len([name for name in built if name.startswith("index/")]) > 1, "several index files"
+
+
+def test_verify_on_the_cluster(cluster: StandaloneCluster, spark: SparkSession, indexed_store: Path,
+                               tmp_path: Path) -> None:
+    local = verify(spark, indexed_store, SMALL_SPLIT, GeometryOptions(None, None, **GEOMETRY))
+    report = tmp_path / "report.json"
+    submitted = submit(cluster, tmp_path, "verify", indexed_store.as_uri(), "--report", str(report),
+                       *SMALL.reindex_args(), split_size=SMALL_SPLIT)
+    assert_on_both_workers(submitted)
+    result = submitted.result
+    assert result["ok"] and local.ok
+    expected = local.as_json()
+    for key in ("records", "record_bytes", "cq_units", "index_files", "problem_counts"):
+        assert result[key] == expected[key], key
+    assert json.loads(report.read_text())["records"] == 400
+
+
+def test_stats_on_the_cluster(cluster: StandaloneCluster, spark: SparkSession, mqstore_store: Path,
+                              tmp_path: Path) -> None:
+    local = tmp_path / "local"
+    stats(spark, mqstore_store, local, SMALL_SPLIT)
+    out = tmp_path / "cluster"
+    submitted = submit(cluster, tmp_path, "stats", mqstore_store.as_uri(), out.as_uri(), split_size=SMALL_SPLIT)
+    assert_on_both_workers(submitted)
+    assert submitted.result["records"] == 400
+    for table, key in (("per_minute", ["topic", "minute"]), ("size_histogram", ["topic", "bucket"]),
+                       ("top_keys", ["topic", "rank"]), ("top_producers", ["topic", "rank"])):
+        assert exact(parquet_rows(out / table, key)) == exact(parquet_rows(local / table, key)), table
+    assert (out / "report" / "index.html").is_file()
+
+
+def exact(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without percentile_approx's columns: its sketches are merged in task completion order,
+    which differs between runs (counts, sums, minima and maxima do not)."""
+    return [{k: v for k, v in row.items() if not re.search(r"_p\d+(_ms)?$", k)} for row in rows]
