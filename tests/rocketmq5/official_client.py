@@ -175,7 +175,31 @@ def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"seen": seen}
 
 
-SCENARIOS = {"push": push, "orphan": orphan, "produce": produce, "consume": consume, "consume_fifo": consume_fifo}
+def tls_roundtrip(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A send and a receive with ``tls_enable=True`` (the CA comes from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)."""
+    producer = Producer(_config(endpoint), (args["topic"],), tls_enable=True)
+    producer.startup()
+    try:
+        sent = producer.send(_message(args["topic"], "over tls", "TagS")).message_id
+    finally:
+        producer.shutdown()
+    consumer = SimpleConsumer(_config(endpoint), args["group"], {args["topic"]: FilterExpression()}, 2,
+                              tls_enable=True)
+    consumer.startup()
+    received: list[str] = []
+    try:
+        deadline = time.time() + args["wait_s"]
+        while not received and time.time() < deadline:
+            for message in consumer.receive(16, 10) or []:
+                received.append(message.message_id)
+                consumer.ack(message)
+    finally:
+        consumer.shutdown()
+    return {"sent": sent, "received": received}
+
+
+SCENARIOS = {"tls": tls_roundtrip, "push": push, "orphan": orphan, "produce": produce, "consume": consume,
+             "consume_fifo": consume_fifo}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))

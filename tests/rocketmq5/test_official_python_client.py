@@ -19,10 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 DELAY_S = 3
 
 
-def official(scenario: str, endpoint: str, home: Path, timeout_s: float = 90, **args: Any) -> dict[str, Any]:
+def official(scenario: str, endpoint: str, home: Path, timeout_s: float = 90, extra_env: dict[str, str] | None = None,
+             **args: Any) -> dict[str, Any]:
     """One scenario of tests/rocketmq5/official_client.py in a process of its own (HOME: the client's
     log directory)."""
-    env = {**os.environ, "HOME": str(home)}
+    env = {**os.environ, "HOME": str(home), **(extra_env or {})}
     done = subprocess.run([sys.executable, "-m", "tests.rocketmq5.official_client", scenario, endpoint,
                            json.dumps(args)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
