@@ -52,7 +52,7 @@ Column = Any
 pc: Any = _pc
 _py_buffer: Any = pa.py_buffer
 _map_array: Any = pa.MapArray.from_arrays
-_list_array: Any = pa.ListArray.from_arrays
+list_array: Any = pa.ListArray.from_arrays
 _GATHER_BYTES_PER_RANGE = 64
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
@@ -83,7 +83,7 @@ def ranges(raw: bytes, starts: np.ndarray, ends: np.ndarray, kind: pa.DataType) 
     return pa.Array.from_buffers(large, starts.size, [None, _py_buffer(offsets), _py_buffer(data)]).cast(kind)
 
 
-def _hosts(raw: np.ndarray) -> Column:
+def host_strings(raw: np.ndarray) -> Column:
     """``ip:port`` strings of 8-byte IPv4 host fields (big-endian u64), formatted once per distinct host."""
     distinct, inverse = np.unique(raw, return_inverse=True)
     names: Column = pa.array([decode_address(int(value).to_bytes(8, "big")) for value in distinct.tolist()],
@@ -159,7 +159,7 @@ def _properties(data: np.ndarray, raw: bytes, starts: np.ndarray, ends: np.ndarr
     return Properties(counts, item_record, names, values, bad)
 
 
-def _keys_lists(keys: Column) -> Column:
+def keys_lists(keys: Column) -> Column:
     """The KEYS property split on spaces with empty words dropped ([] without KEYS)."""
     split = pc.split_pattern(pc.fill_null(keys, ""), KEY_SEPARATOR)
     words = pc.list_flatten(split)
@@ -168,7 +168,7 @@ def _keys_lists(keys: Column) -> Column:
     kept_parents = parents[nonempty.to_numpy(zero_copy_only=False)]
     counts = np.bincount(kept_parents, minlength=len(keys))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    return _list_array(pa.array(offsets), words.filter(nonempty))
+    return list_array(pa.array(offsets), words.filter(nonempty))
 
 
 @dataclass
@@ -255,6 +255,7 @@ def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool) -> Fa
         "reconsume_times": _field(data, p, _RECONSUME, ">i4"),
         "prepared_transaction_offset": _field(data, p, _PREPARED, ">i8"),
     }
+    fields["body_size"] = body_len[rows]
     fields["crc_ok"] = body_crcs_ok(raw, body_start[rows], body_end[rows], fields["body_crc"])
     body = ranges(raw, body_start[rows], body_end[rows], pa.binary())
     return FastRecords(positions[rows], fields, body, topic, props, positions[slow_mask].tolist())
@@ -313,7 +314,7 @@ def export_batches(split: Split, decompress: bool, summary: ScanSummary, batch_r
                 pa.array(f["store_size"], pa.int32()),
                 _message_ids(f["store_host"], f["commitlog_offset"]),
                 props.lookup("UNIQ_KEY"),
-                _keys_lists(props.lookup("KEYS")),
+                keys_lists(props.lookup("KEYS")),
                 props.lookup("TAGS"),
                 _map_array(pa.array(offsets), props.names, props.values),
                 fast.body,
@@ -324,8 +325,8 @@ def export_batches(split: Split, decompress: bool, summary: ScanSummary, batch_r
                 pa.array(f["sys_flag"], pa.int32()),
                 pa.array(f["born_ms"] * 1000, pa.timestamp("us", tz="UTC")),
                 pa.array(store_ms * 1000, pa.timestamp("us", tz="UTC")),
-                _hosts(f["born_host"]),
-                _hosts(f["store_host"]),
+                host_strings(f["born_host"]),
+                host_strings(f["store_host"]),
                 pa.array(f["reconsume_times"], pa.int32()),
                 pa.array(f["prepared_transaction_offset"], pa.int64()),
                 pa.array((store_ms // 86_400_000).astype(np.int32), pa.date32()),

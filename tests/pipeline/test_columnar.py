@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pipeline.columnar import export_batches
 from pipeline.export import SCHEMA, decode_split, records_batch
+from pipeline.records import record_facts, record_facts_per_record
 from pipeline.scan import ScanSummary
 from pipeline.split_reader import plan_splits
 from services.store.commitlog_files import list_commitlog_files
@@ -46,10 +47,11 @@ def records(draw: st.DrawFn) -> dict[str, object]:
         sys_flag |= STOREHOSTADDRESS_V6_FLAG
         store = "[::1]:10911"
     body = draw(st.binary(max_size=300))
+    sys_flag |= draw(st.sampled_from([0, 0, 0, 0x4, 0x8, 0xC]))  # transaction types, rollback (0xC) not indexed
     if draw(st.integers(0, 6)) == 0:
         sys_flag |= COMPRESSED_FLAG
         body = zlib.compress(body) if draw(st.booleans()) else body  # a bad zlib body stays as stored
-    topic = draw(st.sampled_from([b"Orders", b"T\xc3\xa9st", b"bad\xff", b"Audit"]))
+    topic = draw(st.sampled_from([b"Orders", b"T\xc3\xa9st", b"bad\xff", b"Audit", b"SCHEDULE_TOPIC_XXXX"]))
     return {"topic": topic, "properties": properties.encode("utf-8"), "body": body, "sys_flag": sys_flag,
             "born_host": encode_address(born), "store_host": encode_address(store),
             "queue_id": draw(st.integers(0, 3)), "flag": draw(st.integers(-5, 5)),
@@ -106,6 +108,25 @@ def test_columnar_rows_equal_per_record_rows(tmp_path_factory: object, specs: li
     assert new.max_end == old.max_end
     assert new.gaps == old.gaps
     assert new.bad_records == old.bad_records
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(records(), min_size=1, max_size=40), torn=st.one_of(st.none(), st.integers(0, 39)),
+       split_size=st.sampled_from([300, 4096, FILE_SIZE]))
+def test_columnar_record_facts_equal_per_record_facts(tmp_path_factory: object, specs: list[dict[str, object]],
+                                                      torn: int | None, split_size: int) -> None:
+    """verify's and stats' record facts (tags codes, index keys and hashes included)."""
+    commitlog = write_commitlog(tmp_path_factory.mktemp("facts") / "commitlog",  # type: ignore[attr-defined]
+                                specs, torn)
+    splits = plan_splits(commitlog, split_size, files=list_commitlog_files(commitlog, FILE_SIZE))
+    old, new = ScanSummary(), ScanSummary()
+    reference = pa.Table.from_batches([record_facts_per_record(split, old) for split in splits])
+    columnar = pa.Table.from_batches([record_facts(split, new) for split in splits])
+    assert columnar.num_rows == reference.num_rows
+    for name in reference.schema.names:
+        assert columnar[name].combine_chunks().equals(reference[name].combine_chunks()), name
+    assert (new.splits, new.max_end, new.gaps, new.bad_records) == (old.splits, old.max_end, old.gaps,
+                                                                     old.bad_records)
 
 
 def test_common_records_take_the_fast_path(tmp_path: Path) -> None:
