@@ -66,6 +66,7 @@ def serve(options: GatewayOptions) -> int:
         credentials = None if tls is None else server_credentials(tls)  # checks the files: exit 2 if unusable
         identity = WorkerIdentity.from_env()
         metrics_port = metrics_port_from_env()
+        rocketmq5.max_delivery_attempts()  # MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS: exit 2 if not a number
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS

@@ -25,13 +25,21 @@ def enabled() -> bool:
     return os.environ.get(ENV_FLAG, "1").strip().lower() not in ("0", "false", "off", "no")
 
 
+def max_delivery_attempts() -> int:
+    """MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS, or RocketMQ's 16; ValueError naming the variable when it is
+    not a whole number of at least 1."""
+    attempts = os.environ.get(ENV_MAX_DELIVERY_ATTEMPTS, "").strip()
+    if not attempts:
+        return DEFAULT_MAX_DELIVERY_ATTEMPTS
+    if not (attempts.isdigit() and int(attempts) >= 1):
+        raise ValueError(f"{ENV_MAX_DELIVERY_ATTEMPTS}={attempts!r}: give a whole number of at least 1")
+    return int(attempts)
+
+
 def add_to_server(mq: MessagingServicer, server: grpc.aio.Server) -> RocketMQ5Servicer | None:
     """Serve RocketMQ 5's protocol over ``mq`` on ``server`` (when enabled); the servicer, or None."""
     if not enabled():
         return None
-    attempts = os.environ.get(ENV_MAX_DELIVERY_ATTEMPTS, "").strip()
-    if attempts and not (attempts.isdigit() and int(attempts) >= 1):
-        raise ValueError(f"{ENV_MAX_DELIVERY_ATTEMPTS}={attempts!r}: give a whole number of at least 1")
-    servicer = RocketMQ5Servicer(mq, max_delivery_attempts=int(attempts) if attempts else DEFAULT_MAX_DELIVERY_ATTEMPTS)
+    servicer = RocketMQ5Servicer(mq, max_delivery_attempts=max_delivery_attempts())
     service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
     return servicer

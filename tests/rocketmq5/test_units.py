@@ -42,3 +42,15 @@ def test_a_queue_lease() -> None:
     assert lease.committed == 12 and not lease.blocked("g", 11)
     with pytest.raises(BadReceiptHandle, match="not in flight"):
         lease.ack(again)
+
+
+def test_max_delivery_attempts_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.rocketmq5 import registration
+    monkeypatch.delenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, raising=False)
+    assert registration.max_delivery_attempts() == 16
+    monkeypatch.setenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, "3")
+    assert registration.max_delivery_attempts() == 3
+    for bad in ("0", "x", "-1"):
+        monkeypatch.setenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, bad)
+        with pytest.raises(ValueError, match="MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS"):
+            registration.max_delivery_attempts()
