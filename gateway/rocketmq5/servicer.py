@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from apache.rocketmq.v2 import definition_pb2, service_pb2
 from google.protobuf import timestamp_pb2
-from mqstore.v1 import gateway_pb2, query_pb2, transaction_pb2
+from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 from gateway.rocketmq5 import status as st
 from gateway.rocketmq5.checks import CheckRelay
@@ -42,6 +42,8 @@ MAX_INVISIBLE_S = 12 * 3600.0
 DEFAULT_LONG_POLL_S = 20.0
 MAX_LONG_POLL_S = 30.0
 MAX_BATCH = 1024
+#: RocketMQ 5 clients heartbeat every 10 s.
+HEARTBEAT_INTERVAL_MS = 10_000
 #: RocketMQ's retry delays of consumer groups (messageDelayLevel from level 3 on: "1s 5s 10s 30s 1m 2m 3m 4m
 #: 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"), in seconds.
 RETRY_DELAYS_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
@@ -61,6 +63,8 @@ class RocketMQ5Servicer:
         self._lease_lock = asyncio.Lock()
         self.checks = CheckRelay(mq)
         self._changed = asyncio.Event()
+        #: client id -> (consumer group, subscribed topics), from the consumers' settings.
+        self._subscribers: dict[str, tuple[str, set[str]]] = {}
 
     # -- the edge ------------------------------------------------------------------------------------
     @staticmethod
@@ -95,10 +99,31 @@ class RocketMQ5Servicer:
 
     async def Heartbeat(self, request: service_pb2.HeartbeatRequest, context: Context
                         ) -> service_pb2.HeartbeatResponse:
+        """A consumer's heartbeat makes it a member of its group in mqstore (``mqstore groups``), with the
+        topics its settings subscribe to; producers' heartbeats are only answered."""
+        client_id = _client_id(context)
+        subscribed = self._subscribers.get(client_id)
+        if not request.group.name or subscribed is None or subscribed[0] != request.group.name:
+            return service_pb2.HeartbeatResponse(status=st.ok())
+        beat = groups_pb2.HeartbeatRequest(group=request.group.name, client_id=client_id, topics=sorted(subscribed[1]),
+                                           allocation_strategy="pop", rebalance_interval_ms=HEARTBEAT_INTERVAL_MS)
+        try:
+            await call(self.mq.Heartbeat, beat, self._local(context))
+        except MqstoreCallError as exc:
+            return service_pb2.HeartbeatResponse(status=st.of_error(exc))
         return service_pb2.HeartbeatResponse(status=st.ok())
 
     async def NotifyClientTermination(self, request: service_pb2.NotifyClientTerminationRequest,
                                       context: Context) -> service_pb2.NotifyClientTerminationResponse:
+        client_id = _client_id(context)
+        subscribed = self._subscribers.pop(client_id, None)
+        if subscribed is not None:
+            leave = groups_pb2.UnregisterConsumerRequest(group=subscribed[0], client_id=client_id)
+            try:
+                await call(self.mq.UnregisterConsumer, leave, self._local(context))
+            except MqstoreCallError as exc:
+                if exc.code != grpc.StatusCode.NOT_FOUND:
+                    return service_pb2.NotifyClientTerminationResponse(status=st.of_error(exc))
         return service_pb2.NotifyClientTerminationResponse(status=st.ok())
 
     async def Telemetry(self, requests: AsyncIterator[service_pb2.TelemetryCommand], context: Context
@@ -107,6 +132,7 @@ class RocketMQ5Servicer:
         do not start before the first answer). A producer's stream also carries the transaction checks
         of its topics (checks.py). Other commands (stack traces, verify results) are taken and ignored."""
         outbox: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue(maxsize=1024)
+        client_id = _client_id(context)
 
         async def read() -> None:
             try:
@@ -115,6 +141,9 @@ class RocketMQ5Servicer:
                         continue
                     await outbox.put(service_pb2.TelemetryCommand(status=st.ok(),
                                                                   settings=self._settings(command.settings)))
+                    if command.settings.WhichOneof("pub_sub") == "subscription" and client_id:
+                        sub = command.settings.subscription
+                        self._subscribers[client_id] = (sub.group.name, {e.topic.name for e in sub.subscriptions})
                     if command.settings.WhichOneof("pub_sub") == "publishing":
                         topics = {t.name for t in command.settings.publishing.topics}
                         self.checks.join(outbox, topics, self._local(context))
@@ -128,6 +157,7 @@ class RocketMQ5Servicer:
         finally:
             reader.cancel()
             self.checks.leave(outbox)
+            self._subscribers.pop(client_id, None)
 
     def _settings(self, client: definition_pb2.Settings) -> definition_pb2.Settings:
         """The server's settings for a client: its own, with the limits and retry policy of mqstore.
@@ -482,6 +512,14 @@ class RocketMQ5Servicer:
     async def SyncLiteSubscription(self, request: service_pb2.SyncLiteSubscriptionRequest, context: Context
                                    ) -> service_pb2.SyncLiteSubscriptionResponse:
         return service_pb2.SyncLiteSubscriptionResponse(status=self._not_implemented("lite topics"))
+
+
+def _client_id(context: Context) -> str:
+    """The client's id (RocketMQ 5 clients send it as x-mq-client-id metadata), or ""."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "x-mq-client-id":
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
 
 
 def _permission(queue: gateway_pb2.QueueRoute) -> int:

@@ -5,6 +5,7 @@ stream, and ForwardMessageToDeadLetterQueue ending in %DLQ%<group> (readable thr
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ from apache.rocketmq.v2 import definition_pb2 as d
 from apache.rocketmq.v2 import service_pb2 as s
 from apache.rocketmq.v2 import service_pb2_grpc
 from google.protobuf import duration_pb2
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import common_pb2, gateway_pb2, groups_pb2, query_pb2
 
 from tests.gateway.system_process import UpProcess
 from tests.rocketmq5.topics import create_topic
@@ -151,3 +152,33 @@ def test_a_message_sent_through_mqstore_v1_reads_the_same_over_v2(up: UpProcess,
         sent.msg_id, "V1", ["k1", "k2"], {"color": "red"}, b"from v1")
     assert (system.queue_offset, system.delivery_attempt, system.message_type) == (0, 1, d.MessageType.NORMAL)
     assert ack(v2, topic, "g-from-v1", system.receipt_handle).status.code == Code.OK
+
+
+def test_consumers_are_group_members_while_connected(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub
+                                                     ) -> None:
+    topic, group, client = "rmq5-members", "g-members", "host@1234@0@rmq5test"
+    create_topic(up, topic, 1)
+    metadata = (("x-mq-client-id", client),)
+    settings = d.Settings(client_type=d.ClientType.SIMPLE_CONSUMER, subscription=d.Subscription(
+        group=d.Resource(name=group), subscriptions=[d.SubscriptionEntry(topic=d.Resource(name=topic))]))
+    release = threading.Event()
+
+    def commands() -> Iterator[s.TelemetryCommand]:
+        yield s.TelemetryCommand(settings=settings)
+        release.wait(30)
+
+    stream = v2.Telemetry(commands(), timeout=30, metadata=metadata)
+    assert next(stream).status.code == Code.OK
+    beat = v2.Heartbeat(s.HeartbeatRequest(group=d.Resource(name=group), client_type=d.ClientType.SIMPLE_CONSUMER),
+                        timeout=10, metadata=metadata)
+    assert beat.status.code == Code.OK
+    [described] = up.stub.DescribeGroups(groups_pb2.DescribeGroupsRequest(group=group), timeout=10).groups
+    assert [(m.client_id, list(m.topics)) for m in described.members] == [(client, [topic])]
+
+    ended = v2.NotifyClientTermination(s.NotifyClientTerminationRequest(group=d.Resource(name=group)), timeout=10,
+                                       metadata=metadata)
+    assert ended.status.code == Code.OK
+    release.set()
+    stream.cancel()
+    groups = up.stub.DescribeGroups(groups_pb2.DescribeGroupsRequest(group=group), timeout=10).groups
+    assert all(not g.members for g in groups)
