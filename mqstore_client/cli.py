@@ -869,7 +869,8 @@ def _groups(args: argparse.Namespace) -> int:
         rows += [(info.group, "-", "-", "-", "-", "-", "-", m.client_id) for m in info.members
                  if m.client_id not in held]
     printer.table(("group", "topic", "queue", "shard", "max_offset", "committed", "lag", "member"), rows,
-                  empty="no consumer groups")
+                  empty=f"group {args.group} has no members and no committed offsets" if args.group
+                  else "no consumer groups")
     return EXIT_OK
 
 

@@ -36,3 +36,8 @@ def test_dlq_table_headers_are_one_word_each(gateway: str, client: Client, topic
     header, row = listed.stdout.splitlines()
     assert header.split() == ["QUEUE_OFFSET", "OFFSET_MSG_ID", "MSG_ID", "ORIGINAL_TOPIC", "RECONSUME", "BODY"]
     assert len(row.split()) == len(header.split())
+
+
+def test_groups_names_an_unknown_group(gateway: str, topic: str) -> None:
+    shown = run_cli("groups", f"nobody_{topic}", "--gateway", gateway)
+    assert shown.code == 0 and f"group nobody_{topic} has no members and no committed offsets" in shown.stderr
