@@ -71,6 +71,8 @@ class QueueLease:
         self.lock = asyncio.Lock()
         #: The offset last committed for the group (None: not yet in this process).
         self.stored_offset: int | None = None
+        #: When it was last committed (time.monotonic()).
+        self.committed_at = 0.0
         #: The last look stopped at a FIFO message whose group has an earlier one in flight.
         self.fifo_blocked = False
         self._serial = 0

@@ -34,6 +34,10 @@ class LocalContext:
         self.code: grpc.StatusCode | None = None
         self.details = ""
 
+    def renewed(self, timeout_s: float) -> LocalContext:
+        """The same caller with a new deadline (for work done after its call ended)."""
+        return LocalContext(self._metadata, self._peer, timeout_s)
+
     def invocation_metadata(self) -> tuple[tuple[str, Any], ...]:
         return self._metadata
 

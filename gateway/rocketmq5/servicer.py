@@ -42,6 +42,9 @@ MAX_INVISIBLE_S = 12 * 3600.0
 DEFAULT_LONG_POLL_S = 20.0
 MAX_LONG_POLL_S = 30.0
 MAX_BATCH = 1024
+#: Acks commit their group's offset at most this often per queue (then within this time).
+COMMIT_INTERVAL_S = 0.2
+COMMIT_TIMEOUT_S = 10.0
 #: RocketMQ 5 clients heartbeat every 10 s.
 HEARTBEAT_INTERVAL_MS = 10_000
 #: RocketMQ's retry delays of consumer groups (messageDelayLevel from level 3 on: "1s 5s 10s 30s 1m 2m 3m 4m
@@ -65,6 +68,8 @@ class RocketMQ5Servicer:
         self._changed = asyncio.Event()
         #: client id -> (consumer group, subscribed topics), from the consumers' settings.
         self._subscribers: dict[str, tuple[str, set[str]]] = {}
+        self._dirty: dict[tuple[str, str, int], LocalContext] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     # -- the edge ------------------------------------------------------------------------------------
     @staticmethod
@@ -403,13 +408,41 @@ class RocketMQ5Servicer:
                              stored.reconsume_times + attempts))
         lease.next_offset = max(lease.next_offset, next_offset)
 
-    async def _commit(self, group: str, topic: str, lease: QueueLease, context: Context) -> None:
+    async def _commit(self, group: str, topic: str, lease: QueueLease, context: Context, soon: bool = False) -> None:
+        """Commit the group's offset of this queue (the lowest in flight). ``soon``: within COMMIT_INTERVAL_S
+        rather than at once when the queue was committed less than that ago (acks come one per call:
+        a commit each would bound a consumer to a few hundred acks a second). An offset not yet
+        committed when the gateway stops only delivers its acked messages again (at least once)."""
         committed = lease.committed
         if committed == lease.stored_offset:
             return
+        if soon and time.monotonic() - lease.committed_at < COMMIT_INTERVAL_S:
+            self._dirty[(group, topic, lease.queue_id)] = self._local(context)
+            if self._flusher is None or self._flusher.done():
+                self._flusher = asyncio.get_running_loop().create_task(self._flush_later(), name="rocketmq5-commits")
+            return
+        await self._commit_now(group, topic, lease, committed, self._local(context))
+
+    async def _commit_now(self, group: str, topic: str, lease: QueueLease, committed: int, local: LocalContext) -> None:
         await call(self.mq.CommitOffset, query_pb2.UpdateConsumerOffsetRequest(
-            consumer_group=group, topic=topic, queue_id=lease.queue_id, offset=committed), self._local(context))
+            consumer_group=group, topic=topic, queue_id=lease.queue_id, offset=committed), local)
         lease.stored_offset = committed
+        lease.committed_at = time.monotonic()
+
+    async def _flush_later(self) -> None:
+        while self._dirty:
+            await asyncio.sleep(COMMIT_INTERVAL_S)
+            dirty, self._dirty = self._dirty, {}
+            for (group, topic, queue_id), local in dirty.items():
+                lease = self._leases[(group, topic, queue_id)]
+                async with lease.lock:
+                    if lease.committed == lease.stored_offset:
+                        continue
+                    try:
+                        await self._commit_now(group, topic, lease, lease.committed, local.renewed(COMMIT_TIMEOUT_S))
+                    except MqstoreCallError as exc:
+                        log.warning("committing %s's offset of %s queue %d: %s (retried with the next ack)",
+                                    group, topic, queue_id, exc)
 
     async def _dead_letter(self, group: str, topic: str, message: query_pb2.StoredMessage, context: Context) -> None:
         await call(self.mq.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest(
@@ -436,7 +469,7 @@ class RocketMQ5Servicer:
                 async with lease.lock:
                     lease.ack(receipt)
                     self._notify_change()
-                    await self._commit(request.group.name, request.topic.name, lease, context)
+                    await self._commit(request.group.name, request.topic.name, lease, context, soon=True)
             except BadReceiptHandle as exc:
                 status = st.status(Code.INVALID_RECEIPT_HANDLE, str(exc))
             except MqstoreCallError as exc:

@@ -182,3 +182,19 @@ def test_consumers_are_group_members_while_connected(up: UpProcess, v2: service_
     stream.cancel()
     groups = up.stub.DescribeGroups(groups_pb2.DescribeGroupsRequest(group=group), timeout=10).groups
     assert all(not g.members for g in groups)
+
+
+def test_acks_commit_the_group_offset_soon(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    topic, group = "rmq5-commits", "g-commits"
+    create_topic(up, topic, 1)
+    sent = v2.SendMessage(s.SendMessageRequest(messages=[message(topic, b"a"), message(topic, b"b")]), timeout=10)
+    assert sent.status.code == Code.OK
+    got, _ = receive(v2, topic, group, invisible_s=30)
+    assert [m.body for m in got] == [b"a", b"b"]
+    for m in got:  # the second ack comes within the commit interval of the first: committed a little later
+        assert ack(v2, topic, group, m.system_properties.receipt_handle).status.code == Code.OK
+    request = query_pb2.QueryConsumerOffsetRequest(consumer_group=group, topic=topic, queue_id=0)
+    deadline = time.monotonic() + 3
+    while up.stub.QueryOffset(request, timeout=10).offset != 2:
+        assert time.monotonic() < deadline, "the acks' offset was not committed"
+        time.sleep(0.05)
