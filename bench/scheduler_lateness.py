@@ -256,7 +256,7 @@ class Outcome:
     duplicates: int
     early: int
     lateness_ms: dict[str, list[int]]  # per kind, sorted
-    worst_by_second: list[int]
+    worst_by_second: dict[str, list[int]]
     dispatch_lag: str
     pulled: Sequence[tuple[bytes, int]]
     window_s: float  # from the first send to the last delivery
@@ -305,14 +305,16 @@ def analyse(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int
     return lateness, lost, duplicates, early, unknown
 
 
-def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int]]) -> list[int]:
-    """The worst lateness (ms) of first deliveries per second of due time, from the first due second on:
-    lateness that builds up second after second is a scheduler short of throughput (its deliveries per
-    second then, :func:`peak_delivery_rate`, are what it can do); one bad second is a stall (a pause of
-    the process, or of the machine)."""
+def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple[bytes, int]],
+                       kinds: Sequence[str], batch: int) -> dict[str, list[int]]:
+    """The worst lateness (ms) of first deliveries per second of due time, per kind and over all ("all"),
+    from the first due second on (no message due in a second: 0). Lateness that builds up second after
+    second is a scheduler short of throughput (its deliveries per second then, :func:`peak_delivery_rate`,
+    are what it can do); one bad second is a stall (a pause of the process, or of the machine); one kind
+    late while another is on time is a kind waiting for another."""
     due = {r["proc"]: array("q", r["due"]) for r in reports}
     seen: set[tuple[int, int]] = set()
-    worst: dict[int, int] = {}
+    worst: dict[str, dict[int, int]] = {kind: {} for kind in (*kinds, "all")}
     for head, store_timestamp in pulled:
         try:
             proc, seq = parse_header(head)
@@ -322,12 +324,13 @@ def lateness_by_second(reports: Sequence[dict[str, Any]], pulled: Sequence[tuple
         if not deadline or (proc, seq) in seen:
             continue
         seen.add((proc, seq))
-        second = deadline // 1000
-        worst[second] = max(worst.get(second, -(1 << 62)), store_timestamp - deadline)
-    if not worst:
-        return []
-    first = min(worst)
-    return [worst.get(second, 0) for second in range(first, max(worst) + 1)]
+        second, late = deadline // 1000, store_timestamp - deadline
+        for kind in (kinds[(seq // batch) % len(kinds)], "all"):
+            worst[kind][second] = max(worst[kind].get(second, -(1 << 62)), late)
+    if not worst["all"]:
+        return {kind: [] for kind in worst}
+    first, last = min(worst["all"]), max(worst["all"])
+    return {kind: [seconds.get(second, 0) for second in range(first, last + 1)] for kind, seconds in worst.items()}
 
 
 def peak_delivery_rate(pulled: Sequence[tuple[bytes, int]]) -> int:
@@ -407,8 +410,8 @@ def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[i
     return Outcome(sent=sent, send_rate=sent / seconds, delivered=len(pulled), lost=lost, duplicates=duplicates,
                    early=early, lateness_ms=lateness, behind_ms=max(r["behind_ms"] for r in reports),
                    send_errors=sum(r["error_count"] for r in reports), cores=cores,
-                   worst_by_second=lateness_by_second(reports, pulled), dispatch_lag=lag, pulled=pulled,
-                   window_s=window_s, load_before=quiet)
+                   worst_by_second=lateness_by_second(reports, pulled, kinds, args.batch), dispatch_lag=lag,
+                   pulled=pulled, window_s=window_s, load_before=quiet)
 
 
 def _start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
@@ -440,7 +443,9 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
     for row in [*rows, everything]:
         print(f"{row['kind']:>6} {row['delivered']:>10,} {row['p50']:>8.0f} {row['p99']:>8.0f} {row['max']:>8.0f} "
               f"{row['min']:>8.0f}")
-    print(f"worst lateness per second of due time (ms): {' '.join(str(v) for v in outcome.worst_by_second)}")
+    print("worst lateness per second of due time (ms), from the first due second on:")
+    for kind, series in outcome.worst_by_second.items():
+        print(f"{kind:>6}: {' '.join(str(v) for v in series)}")
     print(f"indexer dispatch lag while sending and delivering: {outcome.dispatch_lag}; most deliveries in one "
           f"second: {peak_delivery_rate(outcome.pulled):,}")
     print(f"cores over the {outcome.window_s:.1f} s from the first send to the last delivery: "

@@ -11,7 +11,7 @@ import sys
 from array import array
 from pathlib import Path
 
-from bench.scheduler_lateness import HEADER, analyse, header, parse_header
+from bench.scheduler_lateness import HEADER, analyse, header, lateness_by_second, parse_header
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +32,15 @@ def test_lateness_is_counted_once_per_message_and_loss_duplicates_and_early_ones
     lateness, lost, duplicates, early, unknown = analyse(reports, pulled, ("1", "2"), batch=2)
     assert lateness == {"1": [4, 10], "2": [-1]}
     assert (lost, duplicates, early, unknown) == (1, 1, 1, 1)
+
+
+def test_worst_lateness_per_second_of_due_time_per_kind() -> None:
+    due = array("q", [10_100, 10_900, 12_000, 12_500])  # batches of 2: kind "1", then kind "2"
+    reports = [{"proc": 0, "due": due.tobytes()}]
+    pulled = [(header(0, 0), 10_105), (header(0, 1), 10_950), (header(0, 1), 19_000),  # the repeat is ignored
+              (header(0, 2), 12_700), (header(0, 3), 12_510)]
+    assert lateness_by_second(reports, pulled, ("1", "2"), batch=2) == {
+        "1": [50, 0, 0], "2": [0, 0, 200], "all": [50, 0, 200]}
 
 
 def test_quick_run_delivers_every_message_once_and_reports_lateness() -> None:
