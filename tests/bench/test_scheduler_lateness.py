@@ -40,7 +40,7 @@ def test_worst_lateness_per_second_of_due_time_per_kind() -> None:
     pulled = [(header(0, 0), 10_105), (header(0, 1), 10_950), (header(0, 1), 19_000),  # the repeat is ignored
               (header(0, 2), 12_700), (header(0, 3), 12_510)]
     assert lateness_by_second(reports, pulled, ("1", "2"), batch=2) == {
-        "1": [50, 0, 0], "2": [0, 0, 200], "all": [50, 0, 200]}
+        "1": [50, 0, 0], "2": [0, 0, 700], "all": [50, 0, 700]}
 
 
 def test_quick_run_delivers_every_message_once_and_reports_lateness() -> None:
