@@ -67,7 +67,7 @@ def parse_location(text: str | os.PathLike[str], *, remote_file_uris: bool | Non
         path = Path(text)
         return Location(str(path), "", path.resolve().as_uri(), path)
     match = _SCHEME.match(text)
-    if match is None or (len(match.group(1)) == 1 and os.name == "nt"):
+    if match is None or len(match.group(1)) == 1:  # C:\store is a path
         path = Path(text)
         return Location(text, "", path.resolve().as_uri() if text else "", path)
     scheme = match.group(1).lower()
