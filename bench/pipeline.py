@@ -137,6 +137,8 @@ def main() -> None:
     parser.add_argument("--split-size", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--skip-plain", action="store_true", help="skip the single-process baselines")
     parser.add_argument("--jobs", default="export,reindex,verify", help="Spark jobs to time (comma-separated)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable)")
     args = parser.parse_args()
     target = int(args.gib * (1 << 30))
     files = list_commitlog_files(args.store / "commitlog") if (args.store / "commitlog").is_dir() else []
@@ -157,7 +159,8 @@ def main() -> None:
         print("one process, export rows, record by record:", results["plain_export_rows"], flush=True)
         results["plain_columnar"] = plain_columnar(args.store, args.split_size, per_record=False)
         print("one process, export rows, columnar:", results["plain_columnar"], flush=True)
-    spark = get_session(args.master)
+    spark = get_session(args.master, conf=dict(item.split("=", 1) for item in args.conf))
+    results["conf"] = args.conf
     jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
     if "export" in jobs:
         shutil.rmtree(args.out, ignore_errors=True)

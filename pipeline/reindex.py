@@ -35,7 +35,7 @@ from pipeline.failures import run_job
 from pipeline.scan import StoreInput, splits_rdd
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, scan_split
 from services.store.consume_queue import ConsumeQueueStore
-from services.store.dispatch_columns import DispatchColumns
+from services.store.dispatch_columns import DispatchColumns, cached_column
 from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
 from services.store.index_file import (
     IndexColumns,
@@ -45,6 +45,7 @@ from services.store.index_file import (
     next_index_file_name,
 )
 from services.store.index_service import IndexService
+from services.store.message import TRANSACTION_TYPE_MASK
 from services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
 
 if TYPE_CHECKING:
@@ -157,17 +158,40 @@ def dispatch_split(split: Split) -> SplitDispatch:
                          layout.gaps)
 
 
+class PackedQueueColumns(DispatchColumns):
+    """One topic-queue's requests as the library's DispatchColumns, read straight from the packed
+    units stage 1 shipped (NumPy views, no DispatchRequest objects). ``requests`` is only built if
+    the library falls back to its per-record path (a chunk too small for NumPy to pay off)."""
+
+    def __init__(self, topic: str, queue_id: int, packed: np.ndarray) -> None:
+        self.packed, self.topic, self.queue_id_value = packed, topic, queue_id
+        self.count = n = packed.size
+        self.__dict__.update(
+            commitlog_offset=packed["commitlog_offset"].astype(np.int64),
+            msg_size=packed["size"].astype(np.int64), tags_code=packed["tags_code"].astype(np.int64),
+            queue_offset=packed["queue_offset"].astype(np.int64),
+            store_timestamp=packed["store_timestamp"].astype(np.int64),
+            transaction_type=packed["sys_flag"].astype(np.int64) & TRANSACTION_TYPE_MASK,
+            queue_id=np.full(n, queue_id, dtype=np.int64), all_success=True, topics=[topic] * n,
+            single_topic=topic)
+
+    @cached_column
+    def requests(self) -> list[DispatchRequest]:  # type: ignore[override]
+        return [DispatchRequest(True, size, self.topic, self.queue_id_value, offset, queue_offset, tags, timestamp,
+                                None, None, sys_flag, 0)
+                for offset, size, tags, queue_offset, sys_flag, timestamp in self.packed.tolist()]
+
+
 def build_queue(key: tuple[str, int], pieces: Iterable[tuple[int, bytes]], root: str,
                 cq_file_size: int) -> int:
-    """Write one topic-queue with the library's dispatcher, its requests in commitlog order."""
+    """Write one topic-queue with the library's dispatcher (its columnar path), its requests in
+    commitlog order."""
     topic, queue_id = key
     store = ConsumeQueueStore(Path(root), cq_file_size)
     try:
-        requests = (DispatchRequest(True, size, topic, queue_id, offset, queue_offset, tags, timestamp, None, None,
-                                    sys_flag, 0)
-                    for _, units in sorted(pieces, key=lambda piece: piece[0])
-                    for offset, size, tags, queue_offset, sys_flag, timestamp in _REQUEST.iter_unpack(units))
-        return store.dispatch_batch(requests)
+        packed = np.frombuffer(b"".join(units for _, units in sorted(pieces, key=lambda piece: piece[0])),
+                               dtype=_REQUEST_DTYPE)
+        return store.dispatch_columns(PackedQueueColumns(topic, queue_id, packed))
     finally:
         store.shutdown()
 
