@@ -38,6 +38,8 @@ PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 #: Between attempts to open the check stream again (the gateway restarting).
 RECONNECT_S = 1.0
+#: How long close() waits for the answers already given to reach the gateway before it cancels the stream.
+CLOSE_GRACE_S = 5.0
 
 
 class TransactionState(enum.Enum):
@@ -100,6 +102,9 @@ class TransactionProducer(Endpoint):
         self.check = check
         self._closing = threading.Event()
         self._call: Any = None
+        self._answers: queue.Queue[transaction_pb2.TransactionCheckStreamRequest | None] | None = None
+        #: Held while a check is answered and its answer queued, so close() half-closes after it.
+        self._answering = threading.Lock()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if check is not None:
@@ -148,10 +153,12 @@ class TransactionProducer(Endpoint):
             with self._lock:
                 if self._closing.is_set():
                     return
+                self._answers = answers
                 self._call = self.connection.stream("TransactionChecks", self._requests(answers))
             try:
                 for wire in self._call:
-                    answers.put(transaction_pb2.TransactionCheckStreamRequest(answer=self._answer(wire)))
+                    with self._answering:
+                        answers.put(transaction_pb2.TransactionCheckStreamRequest(answer=self._answer(wire)))
             except grpc.RpcError as exc:
                 if not self._closing.is_set():
                     log.warning("transaction check stream of %r broke (%s); reopening", self.group, exc.code())
@@ -184,10 +191,20 @@ class TransactionProducer(Endpoint):
                                                      from_transaction_check=True)
 
     def close(self) -> None:
+        """Half-closes the check stream after the answers already given (one being computed included),
+        so the gateway ends those halves before the stream ends; cancels it only if that takes too long.
+        Cancelling at once would drop an answer not yet sent: a COMMIT the application decided on would
+        be lost, and the half checked again (or discarded when no producer of the group is left)."""
         with self._lock:
             self._closing.set()
-            if self._call is not None:
-                self._call.cancel()
+            call, answers = self._call, self._answers
+        if call is not None and answers is not None and self._thread is not None:
+            if self._answering.acquire(timeout=CLOSE_GRACE_S):
+                answers.put(None)
+                self._answering.release()
+            self._thread.join(timeout=CLOSE_GRACE_S)
+            if self._thread.is_alive():
+                call.cancel()
         if self._thread is not None:
             self._thread.join(timeout=5)
         super().close()
