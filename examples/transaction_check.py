@@ -43,8 +43,7 @@ def main() -> int:
         if not settled.wait(WAIT_S):
             print(f"no COMMIT check within {WAIT_S} s", file=sys.stderr)
             return 1
-        # Keep the producer open until the commit shows: closing it cancels the check stream, and an
-        # answer not yet sent on it is lost (the half would only be checked again an interval later).
+        # The producer stays open while the commit shows up (close() would still send the answer first).
         with PullConsumer(None, topic) as consumer:
             deadline = time.time() + 10
             while time.time() < deadline:
