@@ -32,7 +32,7 @@ from services.store import transactions as tx
 from services.store.errors import InvalidArgumentError
 from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
 from services.store.message_id import MessageIdKind, check_message_id
-from services.store.names import check_group
+from services.store.names import check_producer_group
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Authorize(Protocol):
 
 
 def check_end_request(request: transaction_pb2.EndTransactionRequest) -> None:
-    check_group(request.producer_group)
+    check_producer_group(request.producer_group)
     if not request.offset_msg_id:
         raise InvalidArgumentError("offset_msg_id is empty: give the half send's offset_msg_id")
     check_message_id(request.offset_msg_id, MessageIdKind.OFFSET)
@@ -155,7 +155,7 @@ class Transactions:
         if first.WhichOneof("kind") != "producer_group":
             raise InvalidArgumentError("the first message of a TransactionChecks stream must be producer_group")
         group = first.producer_group
-        check_group(group)
+        check_producer_group(group)
         queue: asyncio.Queue[transaction_pb2.TransactionCheck] = asyncio.Queue()
         self._producers.setdefault(group, []).append(queue)
         if group not in self._watches:

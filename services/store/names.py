@@ -60,6 +60,11 @@ def check_group(group: str) -> None:
     _check_name("consumer group", group, MAX_GROUP_LENGTH)
 
 
+def check_producer_group(group: str) -> None:
+    """A producer group name: the same rules as a consumer group's (RocketMQ checks both alike)."""
+    _check_name("producer group", group, MAX_GROUP_LENGTH)
+
+
 def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
 

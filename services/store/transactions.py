@@ -43,6 +43,7 @@ from services.store.message import (
     Message,
     MessageRecord,
 )
+from services.store.names import check_producer_group
 from services.store.record import java_parse_int
 from services.store.store_root import write_atomically
 
@@ -85,6 +86,7 @@ def check_half_properties(properties: Mapping[str, str]) -> str:
     if not group:
         raise InvalidArgumentError("a transactional message (TRAN_MSG=true) needs the PGROUP property: the producer "
                                    "group whose producers answer its checks")
+    check_producer_group(group)  # before anything is stored: a half no EndTransaction could name would wait
     if PROPERTY_DELAY_TIME_LEVEL in properties:
         raise InvalidArgumentError("a transactional message cannot be delayed (DELAY): RocketMQ's producer clears it; "
                                    "send it without DELAY")

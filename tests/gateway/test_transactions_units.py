@@ -103,6 +103,9 @@ def test_what_a_half_may_not_carry_and_batches() -> None:
     with pytest.raises(InvalidArgumentError, match="REAL_TOPIC"):
         tx.check_half_properties({"TRAN_MSG": "true", "PGROUP": "g", "REAL_TOPIC": "x"})
     assert tx.check_half_properties({"TRAN_MSG": "TRUE", "PGROUP": "g"}) == "g"
+    # A group no EndTransaction could name is refused before the half is stored (it would wait for checks).
+    with pytest.raises(InvalidArgumentError, match="producer group 'bad/grp'"):
+        tx.check_half_properties({"TRAN_MSG": "true", "PGROUP": "bad/grp"})
     assert tx.is_transactional({"TRAN_MSG": "True"}) and not tx.is_transactional({"TRAN_MSG": "false"})
     with pytest.raises(InvalidArgumentError, match="message #2: .*batch"):
         refuse_in_batch(common_pb2.Message(properties={"TRAN_MSG": "true"}), 2)
