@@ -71,6 +71,7 @@ class MessageLookup:
         if topic:
             check_topic_name(topic)
         misses: list[str] = []
+        not_offset_id = ""  # why the id cannot be an offset msg id: said last, the UNIQ_KEY miss matters more
         lost: DataLossError | None = None
         if kind is not MessageIdKind.UNIQ_KEY:
             try:
@@ -78,7 +79,7 @@ class MessageLookup:
             except MessageIdError as exc:
                 if kind is MessageIdKind.OFFSET:
                     raise InvalidArgumentError(str(exc)) from None
-                misses.append(str(exc))
+                not_offset_id = f"(nor can it be an offset msg id: {exc})"
             else:
                 try:
                     found = await self._by_offset_id(offset_id, topic)
@@ -96,6 +97,8 @@ class MessageLookup:
             if by_key is not None:
                 return by_key, MessageIdKind.UNIQ_KEY
             misses.append(f"no message has UNIQ_KEY {msg_id} " + (f"in topic {topic!r}" if topic else "in any topic"))
+        if not_offset_id:
+            misses.append(not_offset_id)
         if lost is not None:
             raise DataLossError("; ".join(misses))
         raise NotFoundError("; ".join(misses))

@@ -55,8 +55,10 @@ def check_message_id(msg_id: str, kind: MessageIdKind) -> None:
     lengths = {MessageIdKind.OFFSET: OFFSET_ID_LENGTHS, MessageIdKind.UNIQ_KEY: UNIQ_KEY_LENGTHS}.get(
         kind, tuple(sorted({*OFFSET_ID_LENGTHS, *UNIQ_KEY_LENGTHS})))
     if len(msg_id) not in lengths or not is_hex_digits(msg_id):
+        what = {MessageIdKind.OFFSET: "an offset msg id", MessageIdKind.UNIQ_KEY: "a UNIQ_KEY"}.get(
+            kind, "a message id (an offset msg id or a UNIQ_KEY)")
         raise InvalidArgumentError(f"message id {msg_id[:80]!r} must be {' or '.join(map(str, lengths))} hex digits "
-                                   f"for kind {kind.name}")
+                                   f"to be {what}")
 
 
 def is_hex_digits(text: str) -> bool:
