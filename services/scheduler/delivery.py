@@ -2,10 +2,18 @@
 
 Per level ``n`` the loop walks SCHEDULE_TOPIC_XXXX queue ``n-1`` from its offset in the table. Units
 are in store order, so deliver times within a level only grow: the first unit not yet due stops the
-level until then. Due units are re-put (:func:`message_timeup`) in one AppendBatch per level and
-round; the level's offset moves past a unit only once the store acknowledged it, so a crash can
-repeat deliveries (at least once), never lose one. The table is written every persist interval and
-at stop: after kill -9 the duplicates are at most what was delivered in the last interval.
+level until then. Due units are re-put (:func:`message_timeup`) in one AppendBatch of at most
+``MAX_BATCH`` per level and round, the levels in turn (as 4.9.8 runs one timer task per level): a
+level that is behind holds the others up for one batch at a time, not until it has caught up.
+The level's offset moves past a unit only once the store acknowledged it, so a crash can repeat
+deliveries (at least once), never lose one.
+
+The table is written every persist interval, at stop, and also at once after the first acknowledged
+batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries. After kill -9 the duplicates are
+the deliveries since the last write: at most one persist interval's worth and fewer than
+``PERSIST_EVERY_UNITS`` (each plus the batches acknowledged while a write was under way), however
+short the killed process lived; a run killed before its first write repeats only its first batches.
+(Without the early write a crash loop repeated the whole backlog on every restart.)
 
 The loop sleeps until the earliest known deliver time, a new SCHEDULE_TOPIC_XXXX unit (the indexer's
 WatchArrivals), or ``POLL_S`` (max offsets are asked again then: the stream may be down).
@@ -38,6 +46,9 @@ POLL_S = 1.0
 #: after a failed append (RocketMQ waits DELAY_FOR_A_PERIOD, 10 s; shorter keeps lateness bounded)
 RETRY_S = 1.0
 MAX_BATCH = 256
+#: deliveries after which the table is written before the persist interval is up (bounds the repeats
+#: after kill -9 at a high delivery rate)
+PERSIST_EVERY_UNITS = 10_000
 
 
 def now_ms() -> int:
@@ -70,6 +81,11 @@ class DelayScheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._dirty = False
+        #: set to have the table written now rather than at the end of the persist interval
+        self._persist_soon = asyncio.Event()
+        #: whether this run has written the table yet, and the deliveries since the last write
+        self._written = False
+        self._since_write = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.delivered = 0
 
@@ -90,6 +106,16 @@ class DelayScheduler:
     def persist(self) -> None:
         write_delay_offsets(self.offsets_path, self.table())
         self._dirty = False
+
+    async def _write(self) -> None:
+        """Write the table as it is now (taken in the loop's thread; the file is written in a worker)."""
+        table, since = self.table(), self._since_write
+        self._dirty, self._since_write, self._written = False, 0, True
+        try:
+            await asyncio.to_thread(write_delay_offsets, self.offsets_path, table)
+        except BaseException:
+            self._dirty, self._since_write = True, self._since_write + since
+            raise
 
     # -- running -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -117,10 +143,12 @@ class DelayScheduler:
 
     async def _persist_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._persist_interval_s)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._persist_soon.wait(), self._persist_interval_s)
+            self._persist_soon.clear()
             if self._dirty:
                 try:
-                    await asyncio.to_thread(self.persist)
+                    await self._write()
                 except OSError:
                     log.exception("cannot write %s; retrying in %.1fs", self.offsets_path, self._persist_interval_s)
 
@@ -172,40 +200,44 @@ class DelayScheduler:
                 wait_s = RETRY_S
             if self._stopping:
                 break
+            if wait_s <= 0:  # a level has more due: the next round at once (other tasks run first)
+                await asyncio.sleep(0)
+                continue
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait_s)
 
     async def _deliver_level(self, lv: _Level) -> int | None:
-        """Deliver the level's due units; the next deliver time (ms), 0 for "more are due now", or None."""
+        """Deliver one batch of the level's due units; the next deliver time (ms), 0 for "more are due
+        now" (the loop comes back to the level after one batch of every other level), or None."""
         delay_ms = self.delay_levels_ms[lv.level - 1]
-        while True:
-            now = now_ms()
-            batch: list[tuple[ScheduledUnit, Message]] = []
-            offset = lv.offset
-            next_due: int | None = None
-            while offset < lv.max_offset and len(batch) < MAX_BATCH:
-                unit = self._files.unit(lv.queue_id, offset)
-                if unit is None:
+        now = now_ms()
+        batch: list[tuple[ScheduledUnit, Message]] = []
+        offset = lv.offset
+        next_due: int | None = None
+        while offset < lv.max_offset and len(batch) < MAX_BATCH:
+            unit = self._files.unit(lv.queue_id, offset)
+            if unit is None:
+                break
+            if unit.valid and unit.deliver_at > now:
+                if unit.deliver_at <= now + delay_ms:
+                    next_due = unit.deliver_at
                     break
-                if unit.valid and unit.deliver_at > now:
-                    if unit.deliver_at <= now + delay_ms:
-                        next_due = unit.deliver_at
-                        break
-                    # 4.9.8's correctDeliverTimestamp: a deliver time further off than the level's delay
-                    # (the clock went back, or the levels changed) is due now.
-                    unit = unit._replace(deliver_at=now)
-                message = self._message_of(lv, unit)
-                if message is not None:
-                    batch.append((unit, message))
-                elif not batch:  # passed over: move on at once (after a batch: once the batch is stored)
-                    lv.offset, self._dirty = offset + 1, True
-                offset += 1
-            if not batch:
-                return next_due
-            if not await self._append(lv, batch, offset):
-                return now_ms() + int(RETRY_S * 1000)
-            if next_due is not None or lv.offset >= lv.max_offset or self._stopping:
-                return next_due
+                # 4.9.8's correctDeliverTimestamp: a deliver time further off than the level's delay
+                # (the clock went back, or the levels changed) is due now.
+                unit = unit._replace(deliver_at=now)
+            message = self._message_of(lv, unit)
+            if message is not None:
+                batch.append((unit, message))
+            elif not batch:  # passed over: move on at once (after a batch: once the batch is stored)
+                lv.offset, self._dirty = offset + 1, True
+            offset += 1
+        if not batch:
+            return next_due
+        if not await self._append(lv, batch, offset):
+            return now_ms() + int(RETRY_S * 1000)
+        if next_due is not None or lv.offset >= lv.max_offset:
+            return next_due
+        return 0
 
     def _message_of(self, lv: _Level, unit: ScheduledUnit) -> Message | None:
         """The re-put message of a due unit; None (logged, counted) for one that cannot be delivered."""
@@ -240,20 +272,26 @@ class DelayScheduler:
             return False
         done = now_ms()
         delivered = metrics.DELIVERED.labels(kind="level", level=str(lv.level))
-        for (unit, message), result in zip(batch, results, strict=False):
-            if result.status in STORED:
-                delivered.inc()
-                self.delivered += 1
-                metrics.LATENESS.labels(kind="level").observe(max(0, done - unit.deliver_at) / 1000)
-            elif result.status in REFUSED:
-                log.error("delay level %d: the store refused unit %d for %s queue %d for good (%s): passed over",
-                          lv.level, unit.queue_offset, message.topic, message.queue_id, result.status)
-                metrics.SKIPPED.labels(kind="level", level=str(lv.level)).inc()
-            else:
-                log.warning("delay level %d: unit %d not stored (status %d); retrying in %.1fs", lv.level,
-                            unit.queue_offset, result.status, RETRY_S)
-                return False
-            lv.offset, self._dirty = unit.queue_offset + 1, True
+        lateness = metrics.LATENESS.labels(kind="level")
+        try:
+            for (unit, message), result in zip(batch, results, strict=False):
+                if result.status in STORED:
+                    delivered.inc()
+                    self.delivered += 1
+                    self._since_write += 1
+                    lateness.observe(max(0, done - unit.deliver_at) / 1000)
+                elif result.status in REFUSED:
+                    log.error("delay level %d: the store refused unit %d for %s queue %d for good (%s): passed "
+                              "over", lv.level, unit.queue_offset, message.topic, message.queue_id, result.status)
+                    metrics.SKIPPED.labels(kind="level", level=str(lv.level)).inc()
+                else:
+                    log.warning("delay level %d: unit %d not stored (status %d); retrying in %.1fs", lv.level,
+                                unit.queue_offset, result.status, RETRY_S)
+                    return False
+                lv.offset, self._dirty = unit.queue_offset + 1, True
+        finally:
+            if self._since_write and (not self._written or self._since_write >= PERSIST_EVERY_UNITS):
+                self._persist_soon.set()  # the first acknowledged batch of this run, or many since the write
         if len(results) < len(batch):
             return False
         lv.offset = end  # units passed over after the last of the batch

@@ -9,9 +9,12 @@ Two steps in one loop (one asyncio task, so they never interleave):
   their deliver ms has come; the second is done once it has ended and all its units are acknowledged.
 
 The checkpoint (enqueue offset, timerlog length, delivered second, and the units of that second already
-delivered) is written every persist interval and at stop, after the timer files are fsynced. So a
-clean restart repeats nothing; after kill -9 the repeats are the deliveries since the last checkpoint
-(at most one persist interval's worth), and nothing is lost: a unit leaves the store only by its
+delivered) is written every persist interval, at stop, and also at once after the first acknowledged
+batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries, after the timer files are fsynced.
+So a clean restart repeats nothing; after kill -9 the repeats are the deliveries since the last
+checkpoint (at most one persist interval's worth and fewer than ``PERSIST_EVERY_UNITS``, each plus
+the batches acknowledged while it was written, however short the killed process lived), and nothing
+is lost: a unit leaves the store only by its
 second being passed, which happens after its delivery was acknowledged.
 """
 
@@ -40,6 +43,8 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 RETRY_S = 1.0
 MAX_BATCH = 256
+#: deliveries after which the checkpoint is written before the persist interval is up
+PERSIST_EVERY_UNITS = 10_000
 #: units taken in per round before delivering (a backlog does not hold deliveries up)
 ENQUEUE_PER_ROUND = 4096
 
@@ -75,6 +80,11 @@ class TimerScheduler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._dirty = False
+        #: set to have the checkpoint written now rather than at the end of the persist interval
+        self._persist_soon = asyncio.Event()
+        #: whether this run has written the checkpoint yet, and the deliveries since the last one
+        self._written = False
+        self._since_write = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._saving: asyncio.Future[None] | None = None
         self.delivered = 0
@@ -104,12 +114,13 @@ class TimerScheduler:
         timer = self.timer
         timer.flush_writes()
         save = (self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
-        self._dirty = False
+        since = self._since_write
+        self._dirty, self._since_write, self._written = False, 0, True
         self._saving = asyncio.ensure_future(asyncio.to_thread(timer.save, *save))
         try:
             await asyncio.shield(self._saving)
         except BaseException:
-            self._dirty = True
+            self._dirty, self._since_write = True, self._since_write + since
             raise
 
     # -- running -------------------------------------------------------------------------------
@@ -142,7 +153,9 @@ class TimerScheduler:
 
     async def _persist_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._persist_interval_s)
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._persist_soon.wait(), self._persist_interval_s)
+            self._persist_soon.clear()
             if self._dirty:
                 try:
                     await self.persist()
@@ -302,18 +315,24 @@ class TimerScheduler:
         done = now_ms()
         delivered = metrics.DELIVERED.labels(kind="timer", level="")
         lateness = metrics.LATENESS.labels(kind="timer")
-        for (unit, message), result in zip(batch, results, strict=False):
-            if result.status in STORED:
-                delivered.inc()
-                self.delivered += 1
-                lateness.observe(max(0, done - unit.deliver_ms) / 1000)
-            elif result.status in REFUSED:
-                log.error("timers: the store refused the message for %s queue %d for good (%s): passed over",
-                          message.topic, message.queue_id, result.status)
-                metrics.SKIPPED.labels(kind="timer", level="").inc()
-            else:
-                log.warning("timers: a message not stored (status %d); retrying in %.1fs", result.status, RETRY_S)
-                return False
-            self._done.add(unit.position)
-            self._dirty = True
+        try:
+            for (unit, message), result in zip(batch, results, strict=False):
+                if result.status in STORED:
+                    delivered.inc()
+                    self.delivered += 1
+                    self._since_write += 1
+                    lateness.observe(max(0, done - unit.deliver_ms) / 1000)
+                elif result.status in REFUSED:
+                    log.error("timers: the store refused the message for %s queue %d for good (%s): passed over",
+                              message.topic, message.queue_id, result.status)
+                    metrics.SKIPPED.labels(kind="timer", level="").inc()
+                else:
+                    log.warning("timers: a message not stored (status %d); retrying in %.1fs", result.status,
+                                RETRY_S)
+                    return False
+                self._done.add(unit.position)
+                self._dirty = True
+        finally:
+            if self._since_write and (not self._written or self._since_write >= PERSIST_EVERY_UNITS):
+                self._persist_soon.set()  # the first acknowledged batch of this run, or many since the write
         return len(results) >= len(batch)
