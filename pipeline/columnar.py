@@ -191,8 +191,9 @@ def body_crcs_ok(raw: bytes, starts: np.ndarray, ends: np.ndarray, stored: np.nd
     return np.asarray((computed & 0x7FFFFFFF) == stored)
 
 
-def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool) -> FastRecords:
-    """Columns of the records at ``positions`` (file positions, ascending) that take the fast path."""
+def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool, bodies: bool = True) -> FastRecords:
+    """Columns of the records at ``positions`` (file positions, ascending) that take the fast path.
+    ``bodies=False`` (reindex) leaves out the body column and the CRC check."""
     if positions.size == 0:
         empty = np.empty(0, dtype=np.int64)
         return FastRecords(empty, {}, pa.array([], pa.binary()), pa.array([], pa.string()),
@@ -256,6 +257,8 @@ def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool) -> Fa
         "prepared_transaction_offset": _field(data, p, _PREPARED, ">i8"),
     }
     fields["body_size"] = body_len[rows]
+    if not bodies:
+        return FastRecords(positions[rows], fields, None, topic, props, positions[slow_mask].tolist())
     fields["crc_ok"] = body_crcs_ok(raw, body_start[rows], body_end[rows], fields["body_crc"])
     body = ranges(raw, body_start[rows], body_end[rows], pa.binary())
     return FastRecords(positions[rows], fields, body, topic, props, positions[slow_mask].tolist())

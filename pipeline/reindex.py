@@ -27,13 +27,14 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from pipeline.columnar import FastRecords, decode_fast, pc
 from pipeline.failures import run_job
 from pipeline.scan import StoreInput, splits_rdd
-from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, scan_split
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, iter_record_positions, scan_split
 from services.store.consume_queue import ConsumeQueueStore
 from services.store.dispatch_columns import DispatchColumns, cached_column
 from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
@@ -45,7 +46,7 @@ from services.store.index_file import (
     next_index_file_name,
 )
 from services.store.index_service import IndexService
-from services.store.message import TRANSACTION_TYPE_MASK
+from services.store.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
 from services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
 
 if TYPE_CHECKING:
@@ -118,11 +119,60 @@ def _pack_items(items: IndexColumns) -> bytes:
     return packed.tobytes()
 
 
+class FastDispatchColumns(DispatchColumns):
+    """A run's DispatchColumns made from the columnar decoder's arrays (pipeline/columnar.py) instead
+    of DispatchRequest objects: what ``parse_dispatch_requests`` would have given, field for field.
+    ``requests`` is only built if the library falls back to its per-record path."""
+
+    def __init__(self, fast: FastRecords, tags_codes: np.ndarray, uniq: list[str | None],
+                 keys: list[str | None]) -> None:
+        f = fast.fields
+        self.count = n = fast.positions.size
+        self.fast = fast
+        self.__dict__.update(
+            commitlog_offset=f["commitlog_offset"].astype(np.int64), msg_size=f["store_size"].astype(np.int64),
+            tags_code=tags_codes, queue_offset=f["queue_offset"].astype(np.int64),
+            store_timestamp=f["store_ms"].astype(np.int64),
+            transaction_type=f["sys_flag"].astype(np.int64) & TRANSACTION_TYPE_MASK,
+            queue_id=f["queue_id"].astype(np.int64), all_success=True, uniq_keys=uniq, keys=keys)
+        topics = fast.topic.to_pylist()
+        self.__dict__["topics"] = topics
+        self.__dict__["single_topic"] = topics[0] if n and topics.count(topics[0]) == n else None
+        self.sys_flags = f["sys_flag"].astype(np.int64)
+
+    @cached_column
+    def requests(self) -> list[DispatchRequest]:  # type: ignore[override]
+        return [DispatchRequest(True, size, topic, queue_id, offset, queue_offset, tags, timestamp, keys, uniq,
+                                sys_flag, 0)
+                for size, topic, queue_id, offset, queue_offset, tags, timestamp, keys, uniq, sys_flag in zip(
+                    self.msg_size.tolist(), self.topics, self.queue_id.tolist(), self.commitlog_offset.tolist(),
+                    self.queue_offset.tolist(), self.tags_code.tolist(), self.store_timestamp.tolist(),
+                    self.keys, self.uniq_keys, self.sys_flags.tolist(), strict=True)]
+
+
+def _fast_columns(view: memoryview, split: Split, start: int, end: int) -> DispatchColumns | None:
+    """The run ``[start, end)`` as DispatchColumns through the columnar decoder, or None when any of
+    its records needs the per-record path (an uncommon layout, or the schedule topic, whose tags code
+    depends on DELAY): then the whole run takes it, so a damaged run ends where it always did."""
+    positions = np.fromiter(iter_record_positions(view, [(start, end)]), dtype=np.int64)
+    fast = decode_fast(view, positions, False, bodies=False)
+    if fast.slow or not fast.positions.size:
+        return None
+    if bool(pc.any(pc.equal(fast.topic, SCHEDULE_TOPIC)).as_py()):
+        return None
+    props = fast.properties
+    tags = pc.dictionary_encode(props.lookup("TAGS"))
+    codes = np.array([tags_code(t) for t in tags.dictionary.to_pylist()] + [0], dtype=np.int64)
+    tags_codes = codes[tags.indices.fill_null(len(tags.dictionary)).to_numpy()]
+    return FastDispatchColumns(fast, tags_codes, props.lookup("UNIQ_KEY").to_pylist(),
+                               props.lookup("KEYS").to_pylist())
+
+
 def dispatch_split(split: Split) -> SplitDispatch:
     """Requests per topic-queue and index items of one split, as packed bytes. Each run of records
-    is parsed once (``parse_dispatch_requests``) into the library's DispatchColumns, which groups the
-    queues and collects the index items with NumPy (the online indexer's columnar path), so no
-    per-record struct packing or key hashing is left in Python."""
+    becomes the library's DispatchColumns (from the columnar decoder, else ``parse_dispatch_requests``),
+    which groups the queues and collects the index items with NumPy (the online indexer's columnar
+    path), so no per-record struct packing or key hashing is left in Python."""
     queues: dict[tuple[str, int], bytearray] = {}
     items = bytearray()
     records = 0
@@ -130,17 +180,22 @@ def dispatch_split(split: Split) -> SplitDispatch:
     with MappedSplit(split) as view:
         layout = scan_split(view, split)
         for start, end in layout.runs:
-            requests = _requests(view, split, start, end)
-            if not requests:
-                continue
-            records += len(requests)
-            columns = DispatchColumns(requests)
+            columns = _fast_columns(view, split, start, end)
+            if columns is None:
+                requests = _requests(view, split, start, end)
+                if not requests:
+                    continue
+                columns = DispatchColumns(requests)
+                sys_flags = np.array([r.sys_flag for r in requests], dtype=np.int64)
+            else:
+                sys_flags = cast(FastDispatchColumns, columns).sys_flags
+            records += columns.count
             packed = np.empty(columns.count, dtype=_REQUEST_DTYPE)
             packed["commitlog_offset"] = columns.commitlog_offset
             packed["size"] = columns.msg_size
             packed["tags_code"] = columns.tags_code
             packed["queue_offset"] = columns.queue_offset
-            packed["sys_flag"] = [r.sys_flag for r in requests]
+            packed["sys_flag"] = sys_flags
             packed["store_timestamp"] = columns.store_timestamp
             rows, bounds, keys = columns.queue_groups
             grouped = packed[rows]

@@ -20,7 +20,7 @@ from pipeline.columnar import export_batches
 from pipeline.export import SCHEMA, decode_split, records_batch
 from pipeline.records import record_facts, record_facts_per_record
 from pipeline.scan import ScanSummary
-from pipeline.split_reader import plan_splits
+from pipeline.split_reader import MappedSplit, plan_splits, scan_split
 from services.store.commitlog_files import list_commitlog_files
 from services.store.message import BORNHOST_V6_FLAG, COMPRESSED_FLAG, STOREHOSTADDRESS_V6_FLAG
 from services.store.record import MESSAGE_MAGIC_CODE_V2, encode_record
@@ -147,3 +147,42 @@ def test_common_records_take_the_fast_path(tmp_path: Path) -> None:
     assert rows == summary.records > 100
     reference, columnar, _, _ = decode_both(commitlog, 1000, False)
     assert columnar.equals(reference)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(specs=st.lists(records(), min_size=1, max_size=40), torn=st.one_of(st.none(), st.integers(0, 39)),
+       split_size=st.sampled_from([300, 4096, FILE_SIZE]))
+def test_reindex_dispatch_columnar_equals_parsed(tmp_path_factory: object, specs: list[dict[str, object]],
+                                                 torn: int | None, split_size: int) -> None:
+    """reindex's stage 1: queue units and index items from the columnar decoder equal those from
+    parse_dispatch_requests (the path every run took before, and still takes when it must)."""
+    import pipeline.reindex as reindex
+
+    commitlog = write_commitlog(tmp_path_factory.mktemp("dispatch") / "commitlog",  # type: ignore[attr-defined]
+                                specs, torn)
+    splits = plan_splits(commitlog, split_size, files=list_commitlog_files(commitlog, FILE_SIZE))
+    columnar = [reindex.dispatch_split(split) for split in splits]
+    fast_columns = reindex._fast_columns
+    try:
+        reindex._fast_columns = lambda *args: None
+        parsed = [reindex.dispatch_split(split) for split in splits]
+    finally:
+        reindex._fast_columns = fast_columns
+    assert columnar == parsed
+
+
+def test_reindex_dispatch_takes_the_columnar_path(tmp_path: Path) -> None:
+    import pipeline.reindex as reindex
+
+    specs = [{"topic": b"Orders", "properties": f"UNIQ_KEY\x01{i:032X}\x02KEYS\x01k{i} x\x02TAGS\x01t".encode(),
+              "body": bytes(100), "sys_flag": 0, "born_host": encode_address("10.0.0.1:4000"),
+              "store_host": encode_address("127.0.0.1:10911"), "queue_id": i % 2, "flag": 0,
+              "born_timestamp": 1_700_000_000_000, "store_timestamp": 1_700_000_000_001, "crc_ok": True,
+              "v2": False} for i in range(50)]
+    commitlog = write_commitlog(tmp_path / "commitlog", specs, None)
+    split = plan_splits(commitlog, FILE_SIZE, files=list_commitlog_files(commitlog, FILE_SIZE))[0]
+    with MappedSplit(split) as view:
+        layout = scan_split(view, split)
+        assert all(reindex._fast_columns(view, split, start, end) is not None for start, end in layout.runs)
+    dispatched = reindex.dispatch_split(split)
+    assert dispatched.records == 50 and dispatched.item_count == 150
