@@ -38,10 +38,13 @@ from tests.pipeline.services_store import ServicesStore
 pytestmark = pytest.mark.timeout(900)
 
 SPLIT_SIZE = 64 * 1024  # the services store's files: one task a file, a few dozen
-SMALL_SPLIT = 8 * 1024  # the 400-message store: 16 KiB files, two tasks a file
+SMALL_SPLIT = 16 * 1024  # the 400-message store: 16 KiB files, one task a file (8)
 GEOMETRY = {"cq_file_size": SMALL.cq_file_size, "hash_slot_num": SMALL.hash_slot_num, "index_num": SMALL.index_num}
+# One executor of one core on each worker; jobs start once both registered (standalone would start
+# with the first), so the tasks of even a short job spread over both.
 JOB_CONF = {"spark.executor.memory": "512m", "spark.executor.cores": "1", "spark.cores.max": "2",
-            "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "4"}
+            "spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "4",
+            "spark.scheduler.minRegisteredResourcesRatio": "1.0"}
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +132,10 @@ def test_export_reads_a_remote_store_on_the_cluster(cluster: StandaloneCluster, 
                                                     mqstore_store: Path, tmp_path: Path) -> None:
     """The remote route: the driver lists through Hadoop's FileSystem, each executor fetches its files."""
     local = tmp_path / "local"
-    export(spark, mqstore_store, str(local), split_size=4096)
+    export(spark, mqstore_store, str(local), split_size=8192)
     out = tmp_path / "cluster"
     submitted = submit(cluster, tmp_path, "export", mqstore_store.as_uri(), out.as_uri(),
-                       env={REMOTE_FILE_URIS_ENV: "1"}, split_size=4096)
+                       env={REMOTE_FILE_URIS_ENV: "1"}, split_size=8192)
     assert_on_both_workers(submitted)
     assert submitted.result["records"] == 400
     assert parquet_rows(out, ["commitlog_offset"]) == parquet_rows(local, ["commitlog_offset"])
