@@ -99,8 +99,12 @@ def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     try:
         deadline = time.time() + args["wait_s"]
         kept = None
-        while len(received) < args["expect"] and time.time() < deadline:
+        while time.time() < deadline and (len(received) < args["expect"] or (kept is not None and not again)):
             for message in consumer.receive(32, args["invisible_s"]) or []:
+                if kept is not None and message.message_id == kept.message_id:
+                    again.append(_received(message))  # visible again after the changed duration
+                    consumer.ack(message)
+                    continue
                 received.append(_received(message))
                 if message.body.decode() == args["keep"] and kept is None:
                     kept = message
@@ -108,10 +112,6 @@ def consume(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
                     received[-1]["changed_at"] = time.time()
                 else:
                     consumer.ack(message)
-        while kept is not None and not again and time.time() < deadline:
-            for message in consumer.receive(32, args["invisible_s"]) or []:
-                again.append(_received(message))
-                consumer.ack(message)
     finally:
         consumer.shutdown()
     return {"received": received, "again": again}
