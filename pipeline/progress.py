@@ -49,6 +49,8 @@ class Progress:
     def start(cls, session: SparkSession, stream: TextIO | None = None, interval_s: float = 0.5) -> Progress:
         if cls.current is None:
             cls.current = cls(session, stream or sys.stderr, interval_s)
+            if cls.current.tty and not isinstance(sys.stdout, _ClearingStream):
+                sys.stdout = _ClearingStream(sys.stdout, cls.current)
             cls.current._thread.start()
         return cls.current
 
@@ -61,6 +63,8 @@ class Progress:
     def stop(cls) -> None:
         """Draw the last state and end the line."""
         reporter, cls.current = cls.current, None
+        if isinstance(sys.stdout, _ClearingStream):
+            sys.stdout = sys.stdout.stream
         if reporter is not None:
             reporter._stop.set()
             reporter._thread.join(timeout=2)
@@ -108,6 +112,12 @@ class Progress:
         parts.append(f"{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}")
         return " | ".join(part for part in parts if part)
 
+    def clear(self) -> None:
+        """Erase the line drawn in place (before the job prints on the same terminal)."""
+        if self.tty and self.last_line:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
     def _write(self, line: str, final: bool = False) -> None:
         if self.tty:
             self.stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
@@ -116,3 +126,18 @@ class Progress:
             self.last_written = time.monotonic()
         self.last_line = line
         self.stream.flush()
+
+
+class _ClearingStream:
+    """stdout while progress is drawn on the terminal: a job's own output first erases the progress
+    line (the next poll draws it again below), so the two never share a line."""
+
+    def __init__(self, stream: TextIO, progress: Progress) -> None:
+        self.stream, self.progress = stream, progress
+
+    def write(self, text: str) -> int:
+        self.progress.clear()
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
