@@ -286,9 +286,10 @@ class TimerScheduler:
         """Re-put ``units`` (all due); False when the rest must be tried again."""
         batch: list[tuple[TimerUnit, Message]] = []
         dequeue = now_ms()
+        seen = metrics.SCHEDULED_SEEN.labels(kind="timer", level="")
         for unit in units:
-            metrics.SCHEDULED_SEEN.labels(kind="timer", level="").inc()
-            record = self._files.record(unit.commitlog_offset)
+            seen.inc()
+            record = self._files.parked(unit.commitlog_offset)
             message = None
             if record is None:
                 log.warning("timers: the record at commitlog offset %d is gone: passed over", unit.commitlog_offset)

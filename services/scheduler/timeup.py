@@ -19,25 +19,29 @@ SCHEDULE_TOPIC_XXXX).
 from __future__ import annotations
 
 from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageRecord
+from services.store.parked_record import ParkedRecord
 from services.store.record import java_parse_int
 from services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
+
+#: a whole decoded record, or just the fields a re-put copies (the scheduler's, cheaper to decode)
+Parked = MessageRecord | ParkedRecord
 
 
 class NotDeliverable(ValueError):
     """A scheduled record without a usable REAL_TOPIC / REAL_QID: RocketMQ logs and passes over it."""
 
 
-def message_timeup(record: MessageRecord) -> Message:
+def message_timeup(record: Parked) -> Message:
     return _real_message(record, dict(record.properties))
 
 
-def timer_timeup(record: MessageRecord, enqueue_ms: int, dequeue_ms: int) -> Message:
+def timer_timeup(record: Parked, enqueue_ms: int, dequeue_ms: int) -> Message:
     properties = {**record.properties, PROPERTY_TIMER_ENQUEUE_MS: str(enqueue_ms),
                   PROPERTY_TIMER_DEQUEUE_MS: str(dequeue_ms)}
     return _real_message(record, properties)
 
 
-def _real_message(record: MessageRecord, properties: dict[str, str]) -> Message:
+def _real_message(record: Parked, properties: dict[str, str]) -> Message:
     topic = properties.get(PROPERTY_REAL_TOPIC)
     queue_text = properties.get(PROPERTY_REAL_QUEUE_ID)
     if not topic or queue_text is None:
