@@ -65,8 +65,9 @@ def plain_decode(commitlog: Path) -> tuple[int, int, float]:
     return records, size, time.perf_counter() - start
 
 
-def _tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of process ``root`` and its descendants, reaped ones included."""
+def _tree_cpu(root: int, own_only: bool = False) -> float:
+    """CPU seconds (user + system) of process ``root`` and its descendants, reaped ones included
+    (``own_only``: of ``root``'s own threads alone)."""
     ticks = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     times: dict[int, float] = {}
@@ -79,6 +80,8 @@ def _tree_cpu(root: int) -> float:
             continue
         parents[int(entry)] = int(fields[1])
         times[int(entry)] = sum(int(v) for v in fields[11:15]) / ticks  # utime stime cutime cstime
+    if own_only:
+        return sum(int(v) for v in Path(f"/proc/{root}/stat").read_text().rpartition(")")[2].split()[11:13]) / ticks
     total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()
@@ -96,17 +99,19 @@ class CpuMeter:
     def __enter__(self) -> CpuMeter:
         self.wall = time.perf_counter()
         self.cpu = _tree_cpu(self.jvm_pid) + time.process_time()
+        self.jvm = _tree_cpu(self.jvm_pid, own_only=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.wall = time.perf_counter() - self.wall
         self.cpu = _tree_cpu(self.jvm_pid) + time.process_time() - self.cpu
+        self.jvm = _tree_cpu(self.jvm_pid, own_only=True) - self.jvm
 
 
 def _figures(meter: CpuMeter, records: int, size: int) -> dict[str, float]:
     return {"records": records, "bytes": size, "seconds": round(meter.wall, 2),
             "mb_per_s": round(size / meter.wall / 1e6, 1), "records_per_s": round(records / meter.wall),
-            "cpu_s": round(meter.cpu, 1), "cores": round(meter.cpu / meter.wall, 2),
+            "cpu_s": round(meter.cpu, 1), "jvm_cpu_s": round(meter.jvm, 1), "cores": round(meter.cpu / meter.wall, 2),
             "mb_per_cpu_s": round(size / meter.cpu / 1e6, 1), "records_per_cpu_s": round(records / meter.cpu)}
 
 

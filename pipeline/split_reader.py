@@ -189,9 +189,11 @@ def resync(view: memoryview, file_offset: int, file_size: int, start: int, limit
         position = max(position, _zeros_end(mm, position + 4, search_end) - 4)
         if position >= limit:
             return None
-        candidates = [found - 4 for found in (mm.find(_MESSAGE_MAGIC_PREFIX, position + 4, search_end),
-                                               mm.find(_BLANK_MAGIC, position + 4, search_end))
-                      if found >= 0 and found - 4 < limit]
+        message = mm.find(_MESSAGE_MAGIC_PREFIX, position + 4, search_end)
+        # A BLANK counts only before the first message candidate: search no further (a whole split's
+        # bytes would be searched for every split that starts mid-file otherwise).
+        blank = mm.find(_BLANK_MAGIC, position + 4, search_end if message < 0 else min(search_end, message + 4))
+        candidates = [found - 4 for found in (message, blank) if found >= 0 and found - 4 < limit]
         if not candidates:
             return None
         candidate = min(candidates)
