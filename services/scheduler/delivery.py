@@ -26,17 +26,16 @@ import logging
 import time
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 import grpc
 
-from services.scheduler import metrics
-from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from services.scheduler.peers import CommitLogPeer, IndexerPeer
 from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, message_timeup
-from services.server import tracing
-from services.server.metrics import Counter
 from services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
 from services.store.message import SCHEDULE_TOPIC, Message
 
@@ -45,16 +44,9 @@ log = logging.getLogger(__name__)
 #: RocketMQ's DELAY_FOR_A_WHILE is 100 ms between rounds; here a round starts at the earliest due
 #: time or arrival, and the max offsets are asked again at least this often.
 POLL_S = 1.0
-#: after a failed append (RocketMQ waits DELAY_FOR_A_PERIOD, 10 s; shorter keeps lateness bounded)
-RETRY_S = 1.0
 MAX_BATCH = 256
-#: deliveries after which the table is written before the persist interval is up (bounds the repeats
-#: after kill -9 at a high delivery rate)
-PERSIST_EVERY_UNITS = 10_000
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+_deliver_at = attrgetter("deliver_at")
 
 
 @dataclass(slots=True)
@@ -70,34 +62,18 @@ class _Level:
         return self.level - 1
 
 
-class _Counters(NamedTuple):
-    seen: Counter
-    delivered: Counter
-    skipped: Counter
+class DelayScheduler(DeliveryLoop):
+    TASK_NAMES = ("deliver-delayed", "watch-schedule-arrivals", "persist-delay-offsets")
 
-
-class DelayScheduler:
     def __init__(self, delay_levels_ms: tuple[int, ...], offsets_path: Path, files: ScheduleFiles,
                  indexer: IndexerPeer, commitlog: CommitLogPeer, persist_interval_s: float) -> None:
+        super().__init__(indexer, commitlog, persist_interval_s, str(offsets_path), log)
         self.delay_levels_ms = delay_levels_ms
         self.offsets_path = offsets_path
         self._files = files
-        self._indexer = indexer
-        self._commitlog = commitlog
-        self._persist_interval_s = persist_interval_s
         self._levels: list[_Level] = []
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._dirty = False
-        #: set to have the table written now rather than at the end of the persist interval
-        self._persist_soon = asyncio.Event()
-        #: whether this run has written the table yet, and the deliveries since the last write
-        self._written = False
-        self._since_write = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        self._saving: asyncio.Future[None] | None = None
-        self._level_counters: dict[int, _Counters] = {}
-        self.delivered = 0
+        self._queues: dict[int, _Level] = {}
+        self._level_counters: dict[int, DeliveryMetrics] = {}
 
     # -- the table -----------------------------------------------------------------------------
     def load(self) -> None:
@@ -109,76 +85,22 @@ class DelayScheduler:
             log.warning("delayOffset.json has levels %s beyond messageDelayLevel: kept in the file, not delivered",
                         sorted(kept))
         self._beyond = kept
+        self._queues = {lv.queue_id: lv for lv in self._levels}
 
     def table(self) -> DelayOffsetTable:
         return {**self._beyond, **{lv.level: lv.offset for lv in self._levels}}
 
-    def persist(self) -> None:
-        write_delay_offsets(self.offsets_path, self.table())
-        self._dirty = False
+    def _snapshot(self) -> partial[None]:
+        return partial(write_delay_offsets, self.offsets_path, self.table())
 
-    async def _write(self) -> None:
-        """Write the table as it is now (taken in the loop's thread; the file is written in a worker)."""
-        table, since = self.table(), self._since_write
-        self._dirty, self._since_write, self._written = False, 0, True
-        self._saving = asyncio.ensure_future(asyncio.to_thread(write_delay_offsets, self.offsets_path, table))
-        try:
-            await asyncio.shield(self._saving)  # stop() lets a write under way finish before its own
-        except BaseException:
-            self._dirty, self._since_write = True, self._since_write + since
-            raise
+    def _arrived(self, topic: str, queue_id: int, max_offset: int) -> bool:
+        level = self._queues.get(queue_id) if topic == SCHEDULE_TOPIC else None
+        if level is not None and max_offset > level.max_offset:
+            level.max_offset = max_offset
+            return True
+        return False
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._deliver_loop(), name="deliver-delayed"),
-                       asyncio.create_task(self._watch_arrivals(), name="watch-schedule-arrivals"),
-                       asyncio.create_task(self._persist_loop(), name="persist-delay-offsets")]
-
-    async def stop(self) -> None:
-        """Finish the round in flight (an acknowledged delivery is recorded), then write the table."""
-        self._stopping = True
-        self._wake.set()
-        deliver, *others = self._tasks
-        for task in others:
-            task.cancel()
-        for task in others:
-            with suppress(asyncio.CancelledError):
-                await task
-        with suppress(asyncio.CancelledError):
-            await deliver
-        self._tasks = []
-        if self._saving is not None:  # a write in a worker thread: two at once would race on the file
-            with suppress(OSError):
-                await self._saving
-        try:
-            await asyncio.to_thread(self.persist)
-        except OSError:
-            log.exception("cannot write %s at stop: deliveries since the last write may repeat", self.offsets_path)
-
-    async def _persist_loop(self) -> None:
-        while True:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._persist_soon.wait(), self._persist_interval_s)
-            self._persist_soon.clear()
-            if self._dirty:
-                try:
-                    await self._write()
-                except OSError:
-                    log.exception("cannot write %s; retrying in %.1fs", self.offsets_path, self._persist_interval_s)
-
-    async def _watch_arrivals(self) -> None:
-        queues = {lv.queue_id: lv for lv in self._levels}
-        while True:
-            try:
-                async for topic, queue_id, max_offset in self._indexer.arrivals():
-                    level = queues.get(queue_id) if topic == SCHEDULE_TOPIC else None
-                    if level is not None and max_offset > level.max_offset:
-                        level.max_offset = max_offset
-                        self._wake.set()
-            except grpc.aio.AioRpcError as exc:
-                log.debug("arrival stream from the indexer at %s broke: %s", self._indexer.address, exc.code())
-            await asyncio.sleep(RETRY_S)
-
     async def _refresh_bounds(self) -> None:
         for lv in self._levels:
             offsets = await self._indexer.queue_offsets(SCHEDULE_TOPIC, lv.queue_id)
@@ -254,18 +176,14 @@ class DelayScheduler:
             return next_due
         return 0
 
-    def _counters(self, level: int) -> _Counters:
-        """The level's metric children, looked up once (per message that cost 7% of the loop's CPU)."""
+    def _counters(self, level: int) -> DeliveryMetrics:
+        """The level's metric children, looked up once (on its first round)."""
         counters = self._level_counters.get(level)
         if counters is None:
-            label = str(level)
-            counters = self._level_counters[level] = _Counters(
-                metrics.SCHEDULED_SEEN.labels(kind="level", level=label),
-                metrics.DELIVERED.labels(kind="level", level=label),
-                metrics.SKIPPED.labels(kind="level", level=label))
+            counters = self._level_counters[level] = DeliveryMetrics.of("level", str(level))
         return counters
 
-    def _message_of(self, lv: _Level, unit: ScheduledUnit, counters: _Counters) -> Message | None:
+    def _message_of(self, lv: _Level, unit: ScheduledUnit, counters: DeliveryMetrics) -> Message | None:
         """The re-put message of a due unit; None (logged, counted) for one that cannot be delivered."""
         counters.seen.inc()
         if not unit.valid:
@@ -287,39 +205,17 @@ class DelayScheduler:
     async def _append(self, lv: _Level, batch: list[tuple[ScheduledUnit, Message]], end: int) -> bool:
         """Append ``batch`` (read from the units below ``end``); the level's offset moves past every unit
         stored (or refused for good), to ``end`` when all were. False when the rest must be tried again."""
-        try:
-            # One trace per delivered batch: this span, and the AppendBatch call's client span beneath it.
-            with tracing.span("scheduler.deliver", kind="level", level=lv.level, messages=len(batch),
-                              first_queue_offset=batch[0][0].queue_offset):
-                results = await self._commitlog.append([message for _, message in batch])
-        except grpc.aio.AioRpcError as exc:
-            log.warning("delay level %d: AppendBatch to %s failed (%s: %s); retrying in %.1fs", lv.level,
-                        self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
-            return False
-        done = now_ms()
-        counters = self._counters(lv.level)
-        delivered = counters.delivered
-        lateness = metrics.LATENESS.labels(kind="level")
-        try:
-            for (unit, message), result in zip(batch, results, strict=False):
-                if result.status in STORED:
-                    delivered.inc()
-                    self.delivered += 1
-                    self._since_write += 1
-                    lateness.observe(max(0, done - unit.deliver_at) / 1000)
-                elif result.status in REFUSED:
-                    log.error("delay level %d: the store refused unit %d for %s queue %d for good (%s): passed "
-                              "over", lv.level, unit.queue_offset, message.topic, message.queue_id, result.status)
-                    counters.skipped.inc()
-                else:
-                    log.warning("delay level %d: unit %d not stored (status %d); retrying in %.1fs", lv.level,
-                                unit.queue_offset, result.status, RETRY_S)
-                    return False
-                lv.offset, self._dirty = unit.queue_offset + 1, True
-        finally:
-            if self._since_write and (not self._written or self._since_write >= PERSIST_EVERY_UNITS):
-                self._persist_soon.set()  # the first acknowledged batch of this run, or many since the write
-        if len(results) < len(batch):
+        def passed(unit: ScheduledUnit) -> None:
+            lv.offset = unit.queue_offset + 1
+
+        if not await self._append_batch(batch, self._counters(lv.level), f"delay level {lv.level}",
+                                        {"kind": "level", "level": lv.level,
+                                         "first_queue_offset": batch[0][0].queue_offset},
+                                        _deliver_at, _unit_name, passed):
             return False
         lv.offset = end  # units passed over after the last of the batch
         return True
+
+
+def _unit_name(unit: ScheduledUnit) -> str:
+    return f"unit {unit.queue_offset}"

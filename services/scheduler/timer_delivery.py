@@ -25,15 +25,17 @@ import heapq
 import logging
 import time
 from contextlib import suppress
+from functools import cached_property, partial
+from operator import attrgetter
 from pathlib import Path
 
 import grpc
 
 from services.scheduler import metrics
-from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from services.scheduler.peers import CommitLogPeer, IndexerPeer
 from services.scheduler.store_reader import ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, timer_timeup
-from services.server import tracing
 from services.store.message import Message
 from services.store.timer_files import TimerFiles, TimerUnit
 from services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, TIMER_TOPIC
@@ -41,16 +43,11 @@ from services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0
-RETRY_S = 1.0
 MAX_BATCH = 256
-#: deliveries after which the checkpoint is written before the persist interval is up
-PERSIST_EVERY_UNITS = 10_000
 #: units taken in per round before delivering (a backlog does not hold deliveries up)
 ENQUEUE_PER_ROUND = 4096
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+_deliver_ms = attrgetter("deliver_ms")
 
 
 def wheel_slots(max_delay_sec: int) -> int:
@@ -59,14 +56,14 @@ def wheel_slots(max_delay_sec: int) -> int:
     return 2 * max_delay_sec + 60
 
 
-class TimerScheduler:
+class TimerScheduler(DeliveryLoop):
+    TASK_NAMES = ("deliver-timers", "watch-timer-arrivals", "persist-timer-checkpoint")
+
     def __init__(self, store: Path, files: ScheduleFiles, indexer: IndexerPeer, commitlog: CommitLogPeer,
                  persist_interval_s: float, max_delay_sec: int) -> None:
+        super().__init__(indexer, commitlog, persist_interval_s, "the timer checkpoint", log)
         self._store = store
         self._files = files
-        self._indexer = indexer
-        self._commitlog = commitlog
-        self._persist_interval_s = persist_interval_s
         self._max_delay_sec = max_delay_sec
         self._timer: TimerFiles | None = None
         self.enqueue_offset = 0
@@ -77,17 +74,6 @@ class TimerScheduler:
         #: loaded), and the timerlog positions of those of its units delivered
         self._current: list[tuple[int, int, TimerUnit]] | None = None
         self._done: set[int] = set()
-        self._wake = asyncio.Event()
-        self._stopping = False
-        self._dirty = False
-        #: set to have the checkpoint written now rather than at the end of the persist interval
-        self._persist_soon = asyncio.Event()
-        #: whether this run has written the checkpoint yet, and the deliveries since the last one
-        self._written = False
-        self._since_write = 0
-        self._tasks: list[asyncio.Task[None]] = []
-        self._saving: asyncio.Future[None] | None = None
-        self.delivered = 0
 
     @property
     def timer(self) -> TimerFiles:
@@ -107,71 +93,32 @@ class TimerScheduler:
         self.delivered_second = check.delivered_second or now_ms() // 1000
         self._done = set(check.done_positions)
 
-    async def persist(self) -> None:
+    def _snapshot(self) -> partial[None]:
         """Checkpoint what the loop has done so far. The state is taken here, in the loop's thread; the
         fsyncs and the write run in a worker thread (units taken in meanwhile lie past the recorded
         timerlog length: recovery undoes them and they are taken in again)."""
         timer = self.timer
         timer.flush_writes()
-        save = (self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
-        since = self._since_write
-        self._dirty, self._since_write, self._written = False, 0, True
-        self._saving = asyncio.ensure_future(asyncio.to_thread(timer.save, *save))
-        try:
-            await asyncio.shield(self._saving)
-        except BaseException:
-            self._dirty, self._since_write = True, self._since_write + since
-            raise
+        return partial(timer.save, self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
+
+    @cached_property
+    def _metrics(self) -> DeliveryMetrics:
+        """The timer metric children, looked up once (on first use)."""
+        return DeliveryMetrics.of("timer", "")
 
     # -- running -------------------------------------------------------------------------------
-    def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(), name="deliver-timers"),
-                       asyncio.create_task(self._watch_arrivals(), name="watch-timer-arrivals"),
-                       asyncio.create_task(self._persist_loop(), name="persist-timer-checkpoint")]
-
     async def stop(self) -> None:
-        """Finish the round in flight, then write the checkpoint."""
-        self._stopping = True
-        self._wake.set()
-        loop, *others = self._tasks
-        for task in others:
-            task.cancel()
-        for task in [*others, loop]:
-            with suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        if self._saving is not None:  # a checkpoint in a worker thread: let it finish with the files
-            with suppress(OSError):
-                await self._saving
+        """Finish the round in flight, write the checkpoint, close the timer store."""
+        await super().stop()
         if self._timer is not None:
-            try:
-                await self.persist()
-            except OSError:
-                log.exception("cannot write the timer checkpoint at stop: deliveries since the last one may repeat")
             self._timer.close()
             self._timer = None
 
-    async def _persist_loop(self) -> None:
-        while True:
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._persist_soon.wait(), self._persist_interval_s)
-            self._persist_soon.clear()
-            if self._dirty:
-                try:
-                    await self.persist()
-                except OSError:
-                    log.exception("cannot write the timer checkpoint; retrying in %.1fs", self._persist_interval_s)
-
-    async def _watch_arrivals(self) -> None:
-        while True:
-            try:
-                async for topic, queue_id, max_offset in self._indexer.arrivals():
-                    if topic == TIMER_TOPIC and queue_id == TIMER_QUEUE_ID and max_offset > self._max_offset:
-                        self._max_offset = max_offset
-                        self._wake.set()
-            except grpc.aio.AioRpcError as exc:
-                log.debug("arrival stream from the indexer at %s broke: %s", self._indexer.address, exc.code())
-            await asyncio.sleep(RETRY_S)
+    def _arrived(self, topic: str, queue_id: int, max_offset: int) -> bool:
+        if topic == TIMER_TOPIC and queue_id == TIMER_QUEUE_ID and max_offset > self._max_offset:
+            self._max_offset = max_offset
+            return True
+        return False
 
     async def _refresh_bounds(self) -> None:
         offsets = await self._indexer.queue_offsets(TIMER_TOPIC, TIMER_QUEUE_ID)
@@ -187,7 +134,7 @@ class TimerScheduler:
                         self.enqueue_offset, self._max_offset)
             self.enqueue_offset, self._dirty = self._max_offset, True
 
-    async def _loop(self) -> None:
+    async def _deliver_loop(self) -> None:
         last_refresh = 0.0
         while not self._stopping:
             self._wake.clear()
@@ -236,7 +183,7 @@ class TimerScheduler:
                 if second == self.delivered_second and self._current is not None:
                     heapq.heappush(self._current, (filed.deliver_ms, filed.position, filed))
             else:
-                metrics.SKIPPED.labels(kind="timer", level="").inc()
+                self._metrics.skipped.inc()
             self.enqueue_offset, self._dirty = offset + 1, True
         return True
 
@@ -286,7 +233,7 @@ class TimerScheduler:
         """Re-put ``units`` (all due); False when the rest must be tried again."""
         batch: list[tuple[TimerUnit, Message]] = []
         dequeue = now_ms()
-        seen = metrics.SCHEDULED_SEEN.labels(kind="timer", level="")
+        seen = self._metrics.seen
         for unit in units:
             seen.inc()
             record = self._files.parked(unit.commitlog_offset)
@@ -299,41 +246,20 @@ class TimerScheduler:
                 except NotDeliverable as exc:
                     log.error("timers: %s: passed over", exc)
             if message is None:
-                metrics.SKIPPED.labels(kind="timer", level="").inc()
+                self._metrics.skipped.inc()
                 self._done.add(unit.position)
                 self._dirty = True
             else:
                 batch.append((unit, message))
         if not batch:
             return True
-        try:
-            with tracing.span("scheduler.deliver", kind="timer", second=second, messages=len(batch)):
-                results = await self._commitlog.append([message for _, message in batch])
-        except grpc.aio.AioRpcError as exc:
-            log.warning("timers: AppendBatch to %s failed (%s: %s); retrying in %.1fs", self._commitlog.address,
-                        exc.code().name, exc.details(), RETRY_S)
-            return False
-        done = now_ms()
-        delivered = metrics.DELIVERED.labels(kind="timer", level="")
-        lateness = metrics.LATENESS.labels(kind="timer")
-        try:
-            for (unit, message), result in zip(batch, results, strict=False):
-                if result.status in STORED:
-                    delivered.inc()
-                    self.delivered += 1
-                    self._since_write += 1
-                    lateness.observe(max(0, done - unit.deliver_ms) / 1000)
-                elif result.status in REFUSED:
-                    log.error("timers: the store refused the message for %s queue %d for good (%s): passed over",
-                              message.topic, message.queue_id, result.status)
-                    metrics.SKIPPED.labels(kind="timer", level="").inc()
-                else:
-                    log.warning("timers: a message not stored (status %d); retrying in %.1fs", result.status,
-                                RETRY_S)
-                    return False
-                self._done.add(unit.position)
-                self._dirty = True
-        finally:
-            if self._since_write and (not self._written or self._since_write >= PERSIST_EVERY_UNITS):
-                self._persist_soon.set()  # the first acknowledged batch of this run, or many since the write
-        return len(results) >= len(batch)
+
+        def passed(unit: TimerUnit) -> None:
+            self._done.add(unit.position)
+
+        return await self._append_batch(batch, self._metrics, "timers", {"kind": "timer", "second": second},
+                                        _deliver_ms, _message_name, passed)
+
+
+def _message_name(unit: TimerUnit) -> str:
+    return f"the message at commitlog offset {unit.commitlog_offset}"
