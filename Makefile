@@ -108,15 +108,16 @@ soak-memory: $(GENERATED)
 # Two wheels in dist/ (issue 13): mqstore-client (mqstore.client + the generated mqstore.v1; grpcio and
 # protobuf only) and mqstore (the servers under mqstore/, depending on mqstore-client). The client's
 # project is staged in build/mqstore-client from packaging/mqstore-client/pyproject.toml.
-CLIENT_STAGE := build/mqstore-client
+DIST ?= dist
+CLIENT_STAGE ?= build/mqstore-client
 dist: $(GENERATED)
-	rm -rf dist $(CLIENT_STAGE) build/lib build/bdist.* && mkdir -p dist $(CLIENT_STAGE)/mqstore
+	rm -rf $(DIST) $(CLIENT_STAGE) build/lib build/bdist.* && mkdir -p $(DIST) $(CLIENT_STAGE)/mqstore
 	cp packaging/mqstore-client/pyproject.toml packaging/mqstore-client/README.md $(CLIENT_STAGE)/
 	cp -rL gen/mqstore/client gen/mqstore/v1 $(CLIENT_STAGE)/mqstore/
 	find $(CLIENT_STAGE) -name __pycache__ -prune -exec rm -rf {} +
-	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w dist $(CLIENT_STAGE)
-	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w dist .
-	@ls dist
+	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) $(CLIENT_STAGE)
+	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) .
+	@ls $(DIST)
 
 clean:
 	rm -rf $(VENV) gen build dist *.egg-info
