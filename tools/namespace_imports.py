@@ -14,8 +14,9 @@ k8s manifests, pyproject):
   ``mqstore_client.x...`` wherever they appear (imports, ``-m`` strings, entry points, import-linter
   contracts, mock targets, docs), but only when ``x`` is a real module or package in that folder, so that
   ``gateway.yaml`` or ``pipeline.md`` stay as they are;
-* bare package names in Python import statements (``from gateway import x``, ``import mqstore_client``)
-  and after ``-m`` (``python -m gateway``, ``[sys.executable, "-m", "gateway"]``);
+* bare package names in Python import statements, also in the docs' code samples (``from gateway import x``,
+  ``import mqstore_client``), after ``-m`` (``python -m gateway``, ``[sys.executable, "-m", "gateway"]``),
+  and ``mqstore_client`` quoted on its own in backticks;
 * ``apache.rocketmq`` in Python import statements only (the gRPC service names such as
   ``apache.rocketmq.v2.MessagingService`` are wire names and stay).
 
@@ -47,6 +48,8 @@ SUFFIXES = {".py", ".pyi", ".md", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh
 NAMES = {"Makefile", "Dockerfile", "run", "Procfile"}
 SKIP_DIRS = ("gen/", ".venv/", "clients/node/node_modules/", "proto/", "build/", "dist/")
 SELF = "tools/namespace_imports.py"
+# Files whose lines that read like import statements are rewritten as such (docs hold code samples).
+CODE_SUFFIXES = {".py", ".pyi", ".md", ".rst"}
 LINE_LENGTH = 120
 
 _ROOTS = "|".join(PACKAGES)
@@ -58,6 +61,8 @@ IMPORT_BARE = re.compile(rf"^(\s*import\s+)({_ROOTS})(\s*(?:as\s+\w+)?\s*(?:#.*)
 # `-m gateway`, `"-m", "gateway"`, `'-m' 'gateway'`.
 DASH_M = re.compile(rf"(-m[\"']?\s*,?\s*[\"']?)({_ROOTS})(?=[\"'\s]|$)")
 APACHE = re.compile(r"^(\s*(?:from|import)\s+)(apache\.rocketmq\b)")
+# The package named on its own in docs and docstrings: `mqstore_client`, ``mqstore_client``.
+TICKED = re.compile(r"(?<=`)mqstore_client(?=`)")
 
 
 def _is_module(root: Path, folder: str, first: str) -> bool:
@@ -72,10 +77,12 @@ def rewrite_line(line: str, root: Path, python: bool) -> str:
         name, rest = match.group(1), match.group(2)
         folder, new = PACKAGES[name]
         first = rest[1:].split(".", 1)[0]
-        return new + rest if _is_module(root, folder, first) else match.group(0)
+        # mqstore_client is unambiguous (mqstore_client.Producer too); the short names only before a module.
+        return new + rest if name == "mqstore_client" or _is_module(root, folder, first) else match.group(0)
 
     out = DOTTED.sub(dotted, line)
     out = DASH_M.sub(lambda m: m.group(1) + PACKAGES[m.group(2)][1], out)
+    out = TICKED.sub("mqstore.client", out)
     if python:
         out = FROM_BARE.sub(lambda m: m.group(1) + PACKAGES[m.group(2)][1] + m.group(3), out)
 
@@ -106,7 +113,7 @@ def candidate_files(root: Path) -> list[Path]:
 def rewrite_file(path: Path, root: Path) -> list[tuple[int, str, str]]:
     """Rewrites one file in place (unless ``dry``); returns (line number, old, new) per changed line."""
     text = path.read_text(encoding="utf-8")
-    python = path.suffix in {".py", ".pyi"}
+    python = path.suffix in CODE_SUFFIXES
     changes = []
     lines = text.splitlines(keepends=True)
     for number, line in enumerate(lines, 1):
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         rel = path.relative_to(root)
         if args.check:
             text = path.read_text(encoding="utf-8")
-            python = path.suffix in {".py", ".pyi"}
+            python = path.suffix in CODE_SUFFIXES
             hits = [(n, ln, new) for n, ln in enumerate(text.splitlines(), 1)
                     if (new := rewrite_line(ln, root, python)) is not ln]
         else:
