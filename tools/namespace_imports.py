@@ -47,7 +47,7 @@ PACKAGES: dict[str, tuple[str, str]] = {
 SUFFIXES = {".py", ".pyi", ".md", ".toml", ".yaml", ".yml", ".cfg", ".ini", ".sh", ".txt", ".rst"}
 NAMES = {"Makefile", "Dockerfile", "run", "Procfile"}
 SKIP_DIRS = ("gen/", ".venv/", "clients/node/node_modules/", "proto/", "build/", "dist/")
-SELF = "tools/namespace_imports.py"
+SELF = ("tools/namespace_imports.py", "APPLY.md")
 # Files whose lines that read like import statements are rewritten as such (docs hold code samples).
 CODE_SUFFIXES = {".py", ".pyi", ".md", ".rst"}
 LINE_LENGTH = 120
@@ -102,7 +102,7 @@ def candidate_files(root: Path) -> list[Path]:
                             capture_output=True, text=True).stdout.splitlines()
     files = []
     for rel in sorted(set(listed)):
-        if rel == SELF or rel.startswith(SKIP_DIRS):
+        if rel in SELF or rel.startswith(SKIP_DIRS):
             continue
         path = root / rel
         if (path.suffix in SUFFIXES or path.name in NAMES) and path.is_file() and not path.is_symlink():
