@@ -7,10 +7,12 @@ PROTOS := $(sort $(wildcard proto/mqstore/v1/*.proto))
 # RocketMQ 5's gRPC protocol, vendored from apache/rocketmq-apis (docs/rocketmq5.md).
 RMQ5_PROTOS := $(sort $(wildcard proto/apache/rocketmq/v2/*.proto))
 GENERATED := gen/.generated
+# mqstore.<name> = top-level folder (the links under gen/mqstore/ that make one import namespace).
+NAMESPACE_LINKS := services=services gateway=gateway pipeline=pipeline bench=bench client=mqstore_client
 STORE ?= ./data
 PYTEST_ARGS ?=
 
-.PHONY: setup proto run test lint bench clean java
+.PHONY: setup proto run test lint bench clean java dist
 
 setup: $(GENERATED)
 
@@ -23,9 +25,19 @@ $(INSTALLED): requirements.lock
 $(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) pyproject.toml
 	rm -rf gen && mkdir -p gen
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS) $(RMQ5_PROTOS)
-	touch gen/mqstore/__init__.py gen/mqstore/v1/__init__.py
-	touch gen/apache/__init__.py gen/apache/rocketmq/__init__.py gen/apache/rocketmq/v2/__init__.py
+	touch gen/mqstore/v1/__init__.py
+	# RocketMQ 5's generated code joins the one import namespace as mqstore.apache.rocketmq.v2 (its protobuf
+	# and gRPC names stay apache.rocketmq.v2: those are wire names, not Python ones).
+	mv gen/apache gen/mqstore/apache
+	sed -i -E 's/^(from|import) apache\.rocketmq/\1 mqstore.apache.rocketmq/' gen/mqstore/apache/rocketmq/v2/*.py*
+	touch gen/mqstore/apache/__init__.py gen/mqstore/apache/rocketmq/__init__.py gen/mqstore/apache/rocketmq/v2/__init__.py
+	# One namespace, folders unchanged: gen/mqstore/<name> links to the top-level folder, so gen/ is the
+	# source root of every mqstore.* module (pyproject.toml). `mqstore` has no __init__.py: a namespace package.
+	$(foreach link,$(NAMESPACE_LINKS),ln -sfn ../../$(word 2,$(subst =, ,$(link))) gen/mqstore/$(word 1,$(subst =, ,$(link)));)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	# ... and gen/ itself on the venv's sys.path (the editable install maps only the server packages; this
+	# also finds mqstore.v1 and mqstore.client, and tools that read .pth files, like mypy, see the same tree).
+	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'mqstore-gen.pth').write_text('$(CURDIR)/gen\n')"
 	touch $@
 
 proto:
@@ -57,18 +69,18 @@ $(NODE_DEPS): clients/node/package-lock.json clients/node/package.json
 
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
-	$(VENV)/bin/mypy services gateway pipeline mqstore_client
+	$(VENV)/bin/mypy -p mqstore.services -p mqstore.gateway -p mqstore.pipeline -p mqstore.client
 	$(VENV)/bin/lint-imports
 
 bench: $(GENERATED)
-	$(PY) -m bench.append_engine
-	$(PY) -m bench.append_grpc
-	$(PY) -m bench.sync_flush
-	$(PY) -m bench.dispatch
-	$(PY) -m bench.query
-	$(PY) -m bench.gateway
-	$(PY) -m bench.scheduler_lateness
-	$(PY) -m bench.recovery
+	$(PY) -m mqstore.bench.append_engine
+	$(PY) -m mqstore.bench.append_grpc
+	$(PY) -m mqstore.bench.sync_flush
+	$(PY) -m mqstore.bench.dispatch
+	$(PY) -m mqstore.bench.query
+	$(PY) -m mqstore.bench.gateway
+	$(PY) -m mqstore.bench.scheduler_lateness
+	$(PY) -m mqstore.bench.recovery
 
 # mqstore side by side with Redis Streams and NATS JetStream (issue 10; bench/peers.py): installs
 # Debian's redis-server and nats-server when absent and the peers' Python clients (bench/requirements-peers.txt,
@@ -77,7 +89,7 @@ PEERS_ARGS ?=
 .PHONY: bench-peers
 bench-peers: $(GENERATED)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements-peers.txt
-	$(PY) -m bench.peers $(PEERS_ARGS)
+	$(PY) -m mqstore.bench.peers $(PEERS_ARGS)
 
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
 # then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
@@ -91,7 +103,21 @@ soak: $(GENERATED) java
 SOAK_MEMORY_MINUTES ?= 30
 .PHONY: soak-memory
 soak-memory: $(GENERATED)
-	$(PY) -m bench.memory_soak --minutes $(SOAK_MEMORY_MINUTES)
+	$(PY) -m mqstore.bench.memory_soak --minutes $(SOAK_MEMORY_MINUTES)
+
+# Two wheels in dist/ (issue 13): mqstore-client (mqstore.client + the generated mqstore.v1; grpcio and
+# protobuf only) and mqstore (the servers under mqstore/, depending on mqstore-client). The client's
+# project is staged in build/mqstore-client from packaging/mqstore-client/pyproject.toml.
+DIST ?= dist
+CLIENT_STAGE ?= build/mqstore-client
+dist: $(GENERATED)
+	rm -rf $(DIST) $(CLIENT_STAGE) build/lib build/bdist.* && mkdir -p $(DIST) $(CLIENT_STAGE)/mqstore
+	cp packaging/mqstore-client/pyproject.toml packaging/mqstore-client/README.md $(CLIENT_STAGE)/
+	cp -rL gen/mqstore/client gen/mqstore/v1 $(CLIENT_STAGE)/mqstore/
+	find $(CLIENT_STAGE) -name __pycache__ -prune -exec rm -rf {} +
+	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) $(CLIENT_STAGE)
+	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) .
+	@ls $(DIST)
 
 clean:
-	rm -rf $(VENV) gen build *.egg-info
+	rm -rf $(VENV) gen build dist *.egg-info

@@ -42,7 +42,7 @@ def _bench(args: argparse.Namespace) -> int:
         # An install that cannot import the benchmark's dependencies from here: run it from the
         # checkout this module lives in, where ``python -m bench.gateway`` resolves.
         root = Path(__file__).resolve().parent.parent
-        print(f"{PROG}: cannot import bench.gateway ({exc}); running `{sys.executable} -m bench.gateway` "
-              f"from {root}", file=sys.stderr)
+        print(f"{PROG}: cannot import bench.gateway ({exc}); "
+              f"running `{sys.executable} -m bench.gateway` from {root}", file=sys.stderr)
         return subprocess.call([sys.executable, "-m", "bench.gateway", *argv], cwd=root)
     return bench_main(argv, prog=PROG)

@@ -159,7 +159,8 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
         # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
         # once, in order (a second signal would make a child skip its clean shutdown).
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args], start_new_session=True, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args],
+                                start_new_session=True, env=env)
         children.append((spec, proc))
         log.info("started %s (pid %d) on %s", spec.name, proc.pid, spec.listen)
         if not wait_serving(spec.listen, proc, START_TIMEOUT_S) or stop_requested:

@@ -3,24 +3,33 @@ on a copy of the code where a gateway module imports the commitlog service's pac
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("services", "gateway", "pipeline", "mqstore_client")
+# import name under mqstore. -> folder in the repository (gen/mqstore/<name> links to it in a checkout)
+PACKAGES = {"services": "services", "gateway": "gateway", "pipeline": "pipeline", "client": "mqstore_client"}
 
 
-def _lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
+def _lint_imports(cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
     script = Path(sys.executable).with_name("lint-imports")
-    return subprocess.run([str(script)], cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+    env = dict(os.environ)
+    if pythonpath is not None:
+        # The copy's mqstore/ comes before the checkout's gen/mqstore (a site-packages .pth) on sys.path.
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([str(script)], cwd=cwd, capture_output=True, text=True, timeout=120, check=False, env=env)
 
 
-def _copy_code(dest: Path) -> None:
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+def _copy_code(dest: Path) -> Path:
+    """The packages under dest/src/mqstore/ (the layout the installed wheels have) and pyproject.toml."""
+    namespace = dest / "src" / "mqstore"
+    for name, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, namespace / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    return namespace
 
 
 def test_the_code_keeps_the_contract() -> None:
@@ -29,11 +38,11 @@ def test_the_code_keeps_the_contract() -> None:
 
 
 def test_the_contract_breaks_when_the_gateway_imports_a_service(tmp_path: Path) -> None:
-    _copy_code(tmp_path)
-    assert _lint_imports(tmp_path).returncode == 0, "the copy must start clean"
-    route = tmp_path / "gateway" / "route.py"
-    route.write_text(route.read_text() + "\nimport services.commitlog.commit_log  # noqa: E402,F401\n")
-    done = _lint_imports(tmp_path)
+    namespace = _copy_code(tmp_path)
+    assert _lint_imports(tmp_path, tmp_path / "src").returncode == 0, "the copy must start clean"
+    route = namespace / "gateway" / "route.py"
+    route.write_text(route.read_text() + "\nimport mqstore.services.commitlog.commit_log  # noqa: E402,F401\n")
+    done = _lint_imports(tmp_path, tmp_path / "src")
     assert done.returncode != 0
-    assert "gateway is not allowed to import services.commitlog" in done.stdout
-    assert "gateway.route -> services.commitlog.commit_log" in done.stdout
+    assert "mqstore.gateway is not allowed to import mqstore.services.commitlog" in done.stdout
+    assert "mqstore.gateway.route -> mqstore.services.commitlog.commit_log" in done.stdout
