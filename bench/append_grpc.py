@@ -1,8 +1,8 @@
 """Append throughput through gRPC, against a real commitlog service process.
 
-    python -m bench.append_grpc                                  # batch + stream (async) + sync, 3 reps
-    python -m bench.append_grpc --cases batch,stream --procs 1,2 --reps 1
-    python -m bench.append_grpc --cases sync --sync-producers 64 --sync-procs 2
+    python -m mqstore.bench.append_grpc                                  # batch + stream (async) + sync, 3 reps
+    python -m mqstore.bench.append_grpc --cases batch,stream --procs 1,2 --reps 1
+    python -m mqstore.bench.append_grpc --cases sync --sync-producers 64 --sync-procs 2
 
 Each rep starts ``mqstore commitlog --store <fresh dir> --listen 127.0.0.1:<free port>`` (settings via
 ``MQSTORE_*`` environment variables), waits for gRPC health SERVING, creates the topic, runs the
@@ -40,9 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
-from bench.report import (
+from mqstore.bench.report import (
     CpuMeter,
     RepResult,
     add_common_args,
@@ -54,8 +53,8 @@ from bench.report import (
     progress,
     wait_quiet,
 )
-from bench.services import Service, free_port, mqstore_command
-from bench.workload import (
+from mqstore.bench.services import Service, free_port, mqstore_command
+from mqstore.bench.workload import (
     BODY_SIZE,
     BORN_HOST,
     CLUSTER,
@@ -67,6 +66,7 @@ from bench.workload import (
     print_machine,
     scratch_dir,
 )
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 SERVICE = "mqstore.v1.CommitLogService"
 APPEND = f"/{SERVICE}/Append"
@@ -394,7 +394,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.append_grpc", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.append_grpc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="batch,stream,sync", help="comma list of batch, stream, sync")
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per rep (default 1,000,000)")

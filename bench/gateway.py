@@ -1,9 +1,9 @@
 """End to end through the gateway: produce and pull 1 KiB messages against a whole ``mqstore up``.
 
-    python -m bench.gateway                              # every case, 3 reps of 3 s (about 2.5 min)
-    python -m bench.gateway --cases batch,pull --reps 1
-    python -m bench.gateway --cases batch --batch 64,256 --procs 2 --inflight 2
-    python -m bench.gateway --tiny                       # every case tiny: checks the harness (smoke test)
+    python -m mqstore.bench.gateway                              # every case, 3 reps of 3 s (about 2.5 min)
+    python -m mqstore.bench.gateway --cases batch,pull --reps 1
+    python -m mqstore.bench.gateway --cases batch --batch 64,256 --procs 2 --inflight 2
+    python -m mqstore.bench.gateway --tiny                       # every case tiny: checks the harness (smoke test)
     mqstore bench ...                                    # the same, with progress bars on a terminal
 
 Each case starts ``mqstore up --store <fresh dir> --base-port B --metrics-base-port M`` on free
@@ -34,7 +34,7 @@ stored records; ASYNC_FLUSH unless said):
           each answer's header (status, next offset; every 64th answer in full), which measures the
           system; ``pull parsed`` decodes every message, as a consumer would; ``pull records`` asks for
           the stored record bytes (raw_records) and decodes every record with the client library
-          (mqstore_client.records), as its consumers do
+          (mqstore.client.records), as its consumers do
 
 After every produce rep the benchmark waits until the topic's ConsumeQueues (GetQueueOffsets through
 the gateway) hold exactly what was acknowledged; ``catch-up s`` is how long after the last ack that
@@ -72,10 +72,9 @@ import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 
-from bench.client_procs import run_client_processes
-from bench.report import (
+from mqstore.bench.client_procs import run_client_processes
+from mqstore.bench.report import (
     MB,
     Column,
     CpuMeter,
@@ -92,8 +91,8 @@ from bench.report import (
     progress,
     wait_quiet,
 )
-from bench.services import free_port_block, mqstore_command
-from bench.workload import (
+from mqstore.bench.services import free_port_block, mqstore_command
+from mqstore.bench.workload import (
     BODY_SIZE,
     BORN_HOST,
     CLUSTER,
@@ -106,9 +105,10 @@ from bench.workload import (
     print_machine,
     scratch_dir,
 )
-from mqstore_client.batch_encoder import encode_entry, properties_bytes
-from mqstore_client.progress import Progress
-from mqstore_client.records import decode_records
+from mqstore.client.batch_encoder import encode_entry, properties_bytes
+from mqstore.client.progress import Progress
+from mqstore.client.records import decode_records
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 
 SERVICE = "mqstore.v1.MessagingService"
 SEND = f"/{SERVICE}/Send"
@@ -219,7 +219,7 @@ class System:
             os.kill(self.proc.pid, signal.SIGKILL)
         for pid in self.children.values():
             with contextlib.suppress(OSError):
-                if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"mqstore.services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
 
 
@@ -870,7 +870,7 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-def build_parser(prog: str = "python -m bench.gateway") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m mqstore.bench.gateway") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(ALL_KINDS), help=f"comma list of {', '.join(ALL_KINDS)}")
@@ -923,7 +923,7 @@ def apply_tiny(args: argparse.Namespace) -> None:
     args.settle = min(args.settle, 2.0)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.gateway") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench.gateway") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     args.settings = parse_settings(parser, args.set)

@@ -27,13 +27,21 @@ from collections import deque
 from typing import Any
 
 import grpc
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
-from bench.gateway import CHANNEL_OPTIONS, PULL_TOPIC, PUT_OK, SERVICE, PullHeader, create_topic, wait_dispatched
-from bench.peer_runner import Job, Tally
-from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
-from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
-from mqstore_client.records import decode_records
+from mqstore.bench.gateway import (
+    CHANNEL_OPTIONS,
+    PULL_TOPIC,
+    PUT_OK,
+    SERVICE,
+    PullHeader,
+    create_topic,
+    wait_dispatched,
+)
+from mqstore.bench.peer_runner import Job, Tally
+from mqstore.bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
+from mqstore.bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
+from mqstore.client.records import decode_records
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
 MIB = 1024 * 1024
 REQUEST_POOL = 4096
@@ -61,7 +69,7 @@ def batch_stream_available() -> bool:
 
 def blob_requests(proc: int, batch: int, pool: int = 16_384) -> list[bytes]:
     """Serialised blob SendBatchRequests of ``batch`` messages each (the workload's bodies, UNIQ_KEY, CLUSTER)."""
-    from services.store.batch_codec import encode_blob
+    from mqstore.services.store.batch_codec import encode_blob
 
     workload = Workload.fresh(min(pool, 8192))
     first = proc * pool

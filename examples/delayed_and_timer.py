@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 
-from mqstore_client import Producer, PullConsumer
+from mqstore.client import Producer, PullConsumer
 
 DELAY_LEVEL = 1          # 1 s with the default messageDelayLevel
 TIMER_IN_MS = 2_000

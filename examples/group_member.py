@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from mqstore_client import PullConsumer
+from mqstore.client import PullConsumer
 
 
 def main(argv: list[str]) -> int:

@@ -12,8 +12,8 @@ import sys
 import time
 import uuid
 
-from mqstore_client import Client
-from mqstore_client.dead_letters import list_dead_letters, resend_dead_letter
+from mqstore.client import Client
+from mqstore.client.dead_letters import list_dead_letters, resend_dead_letter
 
 MAX_RECONSUME_TIMES = 2
 

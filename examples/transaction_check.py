@@ -14,7 +14,7 @@ import threading
 import time
 import uuid
 
-from mqstore_client import PullConsumer, TransactionCheck, TransactionProducer, TransactionState
+from mqstore.client import PullConsumer, TransactionCheck, TransactionProducer, TransactionState
 
 UNKNOWN_ANSWERS = 2
 WAIT_S = 240

@@ -21,13 +21,13 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mqstore.v1 import admin_pb2, commitlog_pb2, groups_pb2, indexer_pb2, indexer_pb2_grpc
 
-from gateway.resilience import BackendError, backend_error
-from gateway.shard import CHANNEL_OPTIONS, ShardClient
-from services.server.channels import aio_channel
-from services.store.errors import InvalidArgumentError, NotFoundError
-from services.store.names import check_topic_name, is_system_topic
+from mqstore.gateway.resilience import BackendError, backend_error
+from mqstore.gateway.shard import CHANNEL_OPTIONS, ShardClient
+from mqstore.services.server.channels import aio_channel
+from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
+from mqstore.services.store.names import check_topic_name, is_system_topic
+from mqstore.v1 import admin_pb2, commitlog_pb2, groups_pb2, indexer_pb2, indexer_pb2_grpc
 
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from services.store.config import ConfigError
+from mqstore.services.store.config import ConfigError
 
 AUTHORIZATION = "authorization"
 _BEARER = "bearer "

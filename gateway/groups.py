@@ -14,14 +14,13 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+from mqstore.gateway.auth import Action, Principal, TokenTable
+from mqstore.gateway.resilience import BackendError, RetryPolicy
+from mqstore.gateway.route import RouteTable, TopicRoute
+from mqstore.gateway.shard import ShardClient
+from mqstore.services.store.consumer_groups import check_heartbeat, check_member
+from mqstore.services.store.names import check_group
 from mqstore.v1 import groups_pb2, query_pb2
-
-from gateway.auth import Action, Principal, TokenTable
-from gateway.resilience import BackendError, RetryPolicy
-from gateway.route import RouteTable, TopicRoute
-from gateway.shard import ShardClient
-from services.store.consumer_groups import check_heartbeat, check_member
-from services.store.names import check_group
 
 
 class GroupDirectory:

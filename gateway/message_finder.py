@@ -17,12 +17,12 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from mqstore.v1 import query_pb2
 
-from gateway.resilience import BackendError, RetryPolicy
-from gateway.shard import ShardClient
-from services.store.errors import InvalidArgumentError, NotFoundError
-from services.store.message_id import MessageIdError, parse_message_id
+from mqstore.gateway.resilience import BackendError, RetryPolicy
+from mqstore.gateway.shard import ShardClient
+from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
+from mqstore.services.store.message_id import MessageIdError, parse_message_id
+from mqstore.v1 import query_pb2
 
 log = logging.getLogger(__name__)
 

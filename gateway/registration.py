@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from mqstore.v1 import admin_pb2, commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
-from gateway.servicer import MessagingServicer
-from gateway.wire import SERVICE_NAME, decoder, serialize
+from mqstore.gateway.servicer import MessagingServicer
+from mqstore.gateway.wire import SERVICE_NAME, decoder, serialize
+from mqstore.v1 import admin_pb2, commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 
 def add_to_server(servicer: MessagingServicer, server: grpc.aio.Server) -> None:

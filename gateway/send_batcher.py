@@ -16,12 +16,12 @@ import asyncio
 import contextvars
 
 import grpc
-from mqstore.v1 import commitlog_pb2
 
-from gateway.resilience import BackendError
-from gateway.shard import ShardClient
-from services.server import tracing
-from services.store.errors import BATCH_POSITION
+from mqstore.gateway.resilience import BackendError
+from mqstore.gateway.shard import ShardClient
+from mqstore.services.server import tracing
+from mqstore.services.store.errors import BATCH_POSITION
+from mqstore.v1 import commitlog_pb2
 
 MAX_BATCH = 1024
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]

@@ -2,7 +2,7 @@
 
 Requests are validated at the edge (names, ids, queue ids against the route) so that a bad call
 never reaches a backend; the backends validate message contents themselves and their INVALID_ARGUMENT
-details come back unchanged. Pull answers are relayed as bytes (see :mod:`gateway.shard`).
+details come back unchanged. Pull answers are relayed as bytes (see :mod:`mqstore.gateway.shard`).
 """
 
 from __future__ import annotations
@@ -16,32 +16,38 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
-from gateway import metrics, send_back, transactions
-from gateway.admin import Admin
-from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
-from gateway.groups import GroupDirectory
-from gateway.message_finder import MessageFinder
-from gateway.queue_selector import NoWritableQueueError, QueueSelector
-from gateway.resilience import BackendError, RetryPolicy
-from gateway.route import QueueRoute, RouteTable, TopicRoute
-from gateway.send_batcher import SendBatcher
-from gateway.settings import GatewaySettings
-from gateway.shard import ShardClient
-from gateway.uniq_key import UniqKeyGenerator
-from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
-from services.server import tracing
-from services.server.peer import peer_address
-from services.server.status import fail_call
-from services.store.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
-from services.store.errors import BATCH_POSITION, InvalidArgumentError, NotFoundError, OutOfRangeError, StoreError
-from services.store.key_query import check_key_query
-from services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
-from services.store.message_id import check_message_id, message_id_kind
-from services.store.names import check_group, check_offset, check_queue, check_topic_name
-from services.store.producer_message import check_producer_message
-from services.store.topics import check_topic_config
+from mqstore.gateway import metrics, send_back, transactions
+from mqstore.gateway.admin import Admin
+from mqstore.gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
+from mqstore.gateway.groups import GroupDirectory
+from mqstore.gateway.message_finder import MessageFinder
+from mqstore.gateway.queue_selector import NoWritableQueueError, QueueSelector
+from mqstore.gateway.resilience import BackendError, RetryPolicy
+from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
+from mqstore.gateway.send_batcher import SendBatcher
+from mqstore.gateway.settings import GatewaySettings
+from mqstore.gateway.shard import ShardClient
+from mqstore.gateway.uniq_key import UniqKeyGenerator
+from mqstore.gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
+from mqstore.services.server import tracing
+from mqstore.services.server.peer import peer_address
+from mqstore.services.server.status import fail_call
+from mqstore.services.store.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
+from mqstore.services.store.errors import (
+    BATCH_POSITION,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    StoreError,
+)
+from mqstore.services.store.key_query import check_key_query
+from mqstore.services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
+from mqstore.services.store.message_id import check_message_id, message_id_kind
+from mqstore.services.store.names import check_group, check_offset, check_queue, check_topic_name
+from mqstore.services.store.producer_message import check_producer_message
+from mqstore.services.store.topics import check_topic_config
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
 
@@ -705,7 +711,7 @@ class MessagingServicer:
     @unary
     async def ConsumerSendBack(self, request: gateway_pb2.ConsumerSendBackRequest,
                                context: Context) -> gateway_pb2.ConsumerSendBackResult:
-        """Consumer retry / dead letter (:mod:`gateway.send_back`): the consumed copy read as GetMessage
+        """Consumer retry / dead letter (:mod:`mqstore.gateway.send_back`): the consumed copy read as GetMessage
         reads it, the new record appended with ``group_flow`` to the group topic's queue."""
         principal = self._principal(context)
         group, msg_id = request.group, request.msg_id.strip()

@@ -13,12 +13,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 
-from gateway.resilience import BackendError, backend_error
-from gateway.settings import ShardSettings
-from services.server.channels import aio_channel
-from services.store.socket_address import AddressError, encode_address
+from mqstore.gateway.resilience import BackendError, backend_error
+from mqstore.gateway.settings import ShardSettings
+from mqstore.services.server.channels import aio_channel
+from mqstore.services.store.socket_address import AddressError, encode_address
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 
 MIB = 1024 * 1024
 CHANNEL_OPTIONS = [

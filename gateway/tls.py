@@ -34,10 +34,10 @@ from pathlib import Path
 
 import grpc
 
-from gateway.token_reload import file_signature
-from services.store.config import ConfigError
+from mqstore.gateway.token_reload import file_signature
+from mqstore.services.store.config import ConfigError
 
-log = logging.getLogger("gateway.tls")
+log = logging.getLogger("mqstore.gateway.tls")
 
 TLS_CERT_ENV = "MQSTORE_GATEWAY_TLS_CERT"
 TLS_KEY_ENV = "MQSTORE_GATEWAY_TLS_KEY"

@@ -21,18 +21,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Protocol, TypeAlias
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2, scheduler_pb2, transaction_pb2
 
-from gateway.message_finder import MessageFinder
-from gateway.resilience import BackendError
-from gateway.route import QueueRoute, RouteTable, TopicRoute
-from gateway.shard import ShardClient
-from gateway.wire import Undecodable
-from services.store import transactions as tx
-from services.store.errors import InvalidArgumentError
-from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
-from services.store.message_id import MessageIdKind, check_message_id
-from services.store.names import check_producer_group
+from mqstore.gateway.message_finder import MessageFinder
+from mqstore.gateway.resilience import BackendError
+from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
+from mqstore.gateway.shard import ShardClient
+from mqstore.gateway.wire import Undecodable
+from mqstore.services.store import transactions as tx
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
+from mqstore.services.store.message_id import MessageIdKind, check_message_id
+from mqstore.services.store.names import check_producer_group
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2, scheduler_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 
-from services.store.uniq_key import packed_ip, uniq_key_prefix, uniq_key_suffix
+from mqstore.services.store.uniq_key import packed_ip, uniq_key_prefix, uniq_key_suffix
 
 # A clock stepped back by NTP less than this much gives 0 rather than a negative time, as the client does.
 _NTP_STEP_MS = 1_000_000

@@ -1,6 +1,6 @@
 """The Python client of mqstore: Producer and PullConsumer over the gateway's MessagingService.
 
-    from mqstore_client import Producer, PullConsumer
+    from mqstore.client import Producer, PullConsumer
 
     with Producer() as producer:                       # $MQSTORE_GATEWAY or 127.0.0.1:9876
         receipt = producer.send("orders", b"hello", tags="new", keys=["order-1"])
@@ -12,10 +12,10 @@
 Every failure is an :class:`MqstoreError` (``.code`` is the gRPC status name).
 """
 
-from mqstore_client.client import Client
-from mqstore_client.connection import DEFAULT_ADDRESS, Connection, Tls
-from mqstore_client.consumer import PullConsumer
-from mqstore_client.errors import (
+from mqstore.client.client import Client
+from mqstore.client.connection import DEFAULT_ADDRESS, Connection, Tls
+from mqstore.client.consumer import PullConsumer
+from mqstore.client.errors import (
     AlreadyExistsError,
     DataLossError,
     DeadlineExceededError,
@@ -29,7 +29,7 @@ from mqstore_client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from mqstore_client.models import (
+from mqstore.client.models import (
     Message,
     OutgoingMessage,
     QueryResult,
@@ -39,8 +39,8 @@ from mqstore_client.models import (
     TopicConfig,
     TopicRoute,
 )
-from mqstore_client.producer import Producer
-from mqstore_client.transaction_producer import (
+from mqstore.client.producer import Producer
+from mqstore.client.transaction_producer import (
     TransactionCheck,
     TransactionProducer,
     TransactionResult,

@@ -11,9 +11,9 @@ from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
-from mqstore.v1 import admin_pb2
 
-from mqstore_client.client import Client
+from mqstore.client.client import Client
+from mqstore.v1 import admin_pb2
 
 SERVING = "SERVING"
 

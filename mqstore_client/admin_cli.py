@@ -14,13 +14,13 @@ from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from mqstore_client import admin
-from mqstore_client.client import Client
-from mqstore_client.output import Printer
+from mqstore.client import admin
+from mqstore.client.client import Client
+from mqstore.client.output import Printer
 
 PROG = "mqstore"
 EXIT_OK, EXIT_ERROR = 0, 1
-#: ``mqstore_client.cli``'s helpers, handed in by it (this module does not import it: no cycle).
+#: ``mqstore.client.cli``'s helpers, handed in by it (this module does not import it: no cycle).
 ClientFactory = Callable[[argparse.Namespace], Client]
 Handler = Callable[[argparse.Namespace], int]
 

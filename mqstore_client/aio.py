@@ -20,10 +20,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
-from mqstore.v1 import gateway_pb2, gateway_pb2_grpc, query_pb2
 
-from mqstore_client import tracing
-from mqstore_client.connection import (
+from mqstore.client import tracing
+from mqstore.client.connection import (
     CHANNEL_OPTIONS,
     DEFAULT_TIMEOUT_S,
     Tls,
@@ -32,7 +31,7 @@ from mqstore_client.connection import (
     resolve_tls,
     resolve_token,
 )
-from mqstore_client.consumer import (
+from mqstore.client.consumer import (
     DEFAULT_BATCH,
     DEFAULT_COMMIT_INTERVAL_S,
     DEFAULT_LONG_POLL_MS,
@@ -41,10 +40,11 @@ from mqstore_client.consumer import (
     PullOptions,
     max_long_poll_of,
 )
-from mqstore_client.errors import MqstoreError, NotFoundError, PermissionDeniedError, from_rpc_error
-from mqstore_client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
-from mqstore_client.producer import Item, batch_chunks, batch_receipts, batch_request, stream_request
-from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
+from mqstore.client.errors import MqstoreError, NotFoundError, PermissionDeniedError, from_rpc_error
+from mqstore.client.models import Keys, Message, OutgoingMessage, SendReceipt, TopicRoute
+from mqstore.client.producer import Item, batch_chunks, batch_receipts, batch_request, stream_request
+from mqstore.client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
+from mqstore.v1 import gateway_pb2, gateway_pb2_grpc, query_pb2
 
 
 class AsyncConnection:
@@ -180,7 +180,7 @@ class AsyncProducer(_AsyncEndpoint):
 
 
 class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
-    """PullConsumer on asyncio (same options and semantics; see :class:`mqstore_client.PullConsumer`)."""
+    """PullConsumer on asyncio (same options and semantics; see :class:`mqstore.client.PullConsumer`)."""
 
     def __init__(self, group: str | None, topic: str, address: str | None = None, token: str | None = None, *,
                  connection: AsyncConnection | None = None, queue_ids: Sequence[int] | None = None,
@@ -276,7 +276,7 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
 
     async def consume_later(self, message: Message | str, delay_level: int = 0, *,
                             max_reconsume_times: int | None = None) -> SendBackReceipt:
-        """See :meth:`mqstore_client.PullConsumer.consume_later`."""
+        """See :meth:`mqstore.client.PullConsumer.consume_later`."""
         request = send_back_request(self.group, message, delay_level, max_reconsume_times)
         return SendBackReceipt.from_proto(await self.connection.call("ConsumerSendBack", request, self.timeout))
 

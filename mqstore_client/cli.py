@@ -19,18 +19,18 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, BinaryIO, TypeAlias, TypeVar
 
-from mqstore_client import admin_cli
-from mqstore_client.client import Client
-from mqstore_client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN, Tls
-from mqstore_client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
-from mqstore_client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
-from mqstore_client.errors import MqstoreError
-from mqstore_client.groups import describe_groups
-from mqstore_client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessage, SendReceipt, perm_text
-from mqstore_client.output import MAX_CELL, Printer, cell, format_record, timestamp
-from mqstore_client.producer import MAX_BATCH, Producer
-from mqstore_client.progress import Progress
-from mqstore_client.transaction_producer import TransactionProducer, TransactionState
+from mqstore.client import admin_cli
+from mqstore.client.client import Client
+from mqstore.client.connection import DEFAULT_TIMEOUT_S, ENV_GATEWAY, ENV_TOKEN, Tls
+from mqstore.client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
+from mqstore.client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
+from mqstore.client.errors import MqstoreError
+from mqstore.client.groups import describe_groups
+from mqstore.client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessage, SendReceipt, perm_text
+from mqstore.client.output import MAX_CELL, Printer, cell, format_record, timestamp
+from mqstore.client.producer import MAX_BATCH, Producer
+from mqstore.client.progress import Progress
+from mqstore.client.transaction_producer import TransactionProducer, TransactionState
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
@@ -875,7 +875,7 @@ def _groups(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The client commands alone (``python -m mqstore_client.cli``); ``mqstore`` has them too."""
+    """The client commands alone (``python -m mqstore.client.cli``); ``mqstore`` has them too."""
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
     admin_cli.add_version_option(parser)
     add_client_commands(parser.add_subparsers(dest="command", required=True))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from mqstore.client.connection import Endpoint
+from mqstore.client.consumer import PullConsumer
+from mqstore.client.errors import NotFoundError
+from mqstore.client.models import Message, QueryResult, QueueOffsets, TopicConfig, TopicRoute
+from mqstore.client.offsets import committed_offsets, queue_offsets
+from mqstore.client.producer import Producer
+from mqstore.client.retry import SendBackReceipt, send_back_request
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
-
-from mqstore_client.connection import Endpoint
-from mqstore_client.consumer import PullConsumer
-from mqstore_client.errors import NotFoundError
-from mqstore_client.models import Message, QueryResult, QueueOffsets, TopicConfig, TopicRoute
-from mqstore_client.offsets import committed_offsets, queue_offsets
-from mqstore_client.producer import Producer
-from mqstore_client.retry import SendBackReceipt, send_back_request
 
 MAX_QUERY = 64
 _ID_KINDS = {None: 0, "offset": 1, "uniq_key": 2}
@@ -45,7 +44,7 @@ class Client(Endpoint):
     def send_back(self, group: str, message: Message | str, delay_level: int = 0, *,
                   max_reconsume_times: int | None = None, timeout: float | None = None) -> SendBackReceipt:
         """Hands a consumed message (or its offset msg id) back for the group: a retry or a dead letter
-        (see :meth:`mqstore_client.PullConsumer.consume_later`)."""
+        (see :meth:`mqstore.client.PullConsumer.consume_later`)."""
         request = send_back_request(group, message, delay_level, max_reconsume_times)
         return SendBackReceipt.from_proto(self.connection.call("ConsumerSendBack", request, timeout))
 

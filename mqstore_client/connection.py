@@ -18,9 +18,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import grpc
-from mqstore.v1 import gateway_pb2_grpc
 
-from mqstore_client.errors import InvalidArgumentError, MqstoreError, from_rpc_error
+from mqstore.client.errors import InvalidArgumentError, MqstoreError, from_rpc_error
+from mqstore.v1 import gateway_pb2_grpc
 
 ENV_GATEWAY = "MQSTORE_GATEWAY"
 ENV_TOKEN = "MQSTORE_TOKEN"

@@ -19,22 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from mqstore.v1 import gateway_pb2, query_pb2
 
-from mqstore_client import tracing
-from mqstore_client.connection import Connection, Endpoint, Tls
-from mqstore_client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
-from mqstore_client.models import Message, TopicRoute
-from mqstore_client.offsets import start_offsets
-from mqstore_client.rebalance import (
+from mqstore.client import tracing
+from mqstore.client.connection import Connection, Endpoint, Tls
+from mqstore.client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
+from mqstore.client.models import Message, TopicRoute
+from mqstore.client.offsets import start_offsets
+from mqstore.client.rebalance import (
     DEFAULT_REBALANCE_INTERVAL_S,
     AllocationStrategy,
     GroupMembership,
     plan,
     strategy_of,
 )
-from mqstore_client.records import decode_records
-from mqstore_client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
+from mqstore.client.records import decode_records
+from mqstore.client.retry import RETRY_ROUTE_RECHECK_S, SendBackReceipt, as_original, retry_topic, send_back_request
+from mqstore.v1 import gateway_pb2, query_pb2
 
 #: How long one pull waits for messages by default; the query service allows up to 15 s.
 DEFAULT_LONG_POLL_MS = 10_000
@@ -293,7 +293,7 @@ class PullConsumer(PullOptions, Endpoint):
         #: The topics after the first, each read by a consumer of its own on this one's channel, polled
         #: together with this one (in a group their queues are allocated too).
         self._feeds = {t: self._feed(t, [] if self._membership is not None else None) for t in topics[1:]}
-        #: With a group: also consume %RETRY%<group> (see :mod:`mqstore_client.retry`).
+        #: With a group: also consume %RETRY%<group> (see :mod:`mqstore.client.retry`).
         self._retry_wanted = retry and group is not None and not topics[0].startswith(("%RETRY%", "%DLQ%"))
         self._retry_feed: PullConsumer | None = None
         self._retry_checked_at = float("-inf")

@@ -10,11 +10,11 @@ REAL_TOPIC / REAL_QID, RETRY_TOPIC, ORIGIN_MESSAGE_ID): consumers see it as a fr
 
 from __future__ import annotations
 
-from mqstore_client.client import Client
-from mqstore_client.consumer import PullConsumer
-from mqstore_client.errors import NotFoundError
-from mqstore_client.models import Message, OutgoingMessage, SendReceipt
-from mqstore_client.retry import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC, dlq_topic
+from mqstore.client.client import Client
+from mqstore.client.consumer import PullConsumer
+from mqstore.client.errors import NotFoundError
+from mqstore.client.models import Message, OutgoingMessage, SendReceipt
+from mqstore.client.retry import PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_RETRY_TOPIC, dlq_topic
 
 #: What the store's retry flow adds, which a re-send leaves out (TAGS and KEYS go back as tags / keys).
 BROKER_PROPERTIES = frozenset({"DELAY", "WAIT", "REAL_TOPIC", "REAL_QID", PROPERTY_RETRY_TOPIC,

@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mqstore.client.connection import Endpoint
 from mqstore.v1 import groups_pb2
-
-from mqstore_client.connection import Endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,15 @@
 """Queue offsets and a group's committed offsets, several queues a round trip: what both the
-:class:`~mqstore_client.client.Client` and the pull consumers ask before reading."""
+:class:`~mqstore.client.client.Client` and the pull consumers ask before reading."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mqstore.client.connection import Connection
+from mqstore.client.errors import MqstoreError, NotFoundError
+from mqstore.client.models import QueueOffsets
 from mqstore.v1 import query_pb2
-
-from mqstore_client.connection import Connection
-from mqstore_client.errors import MqstoreError, NotFoundError
-from mqstore_client.models import QueueOffsets
 
 
 def queue_offsets(connection: Connection, topic: str, queue_ids: Sequence[int],

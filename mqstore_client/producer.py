@@ -7,13 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from mqstore.v1 import gateway_pb2
 
-from mqstore_client import tracing
-from mqstore_client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
-from mqstore_client.connection import MIB, Endpoint
-from mqstore_client.errors import MqstoreError, from_rpc_error
-from mqstore_client.models import Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
+from mqstore.client import tracing
+from mqstore.client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
+from mqstore.client.connection import MIB, Endpoint
+from mqstore.client.errors import MqstoreError, from_rpc_error
+from mqstore.client.models import Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
+from mqstore.v1 import gateway_pb2
 
 #: The gateway's limit of messages per SendBatch.
 MAX_BATCH = 1024

@@ -25,9 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from mqstore.client.connection import Connection
 from mqstore.v1 import groups_pb2
-
-from mqstore_client.connection import Connection
 
 #: RocketMQ's rebalanceInterval.
 DEFAULT_REBALANCE_INTERVAL_S = 20.0

@@ -1,4 +1,4 @@
-"""Stored records as a raw pull returns them, decoded into :class:`~mqstore_client.models.Message`.
+"""Stored records as a raw pull returns them, decoded into :class:`~mqstore.client.models.Message`.
 
 A pull with ``raw_records`` (the default of the consumers) answers with the commitlog's records as
 they are on disk, concatenated (RocketMQ's zero-copy pull): the store skips building one protobuf
@@ -30,8 +30,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from mqstore_client.errors import DataLossError
-from mqstore_client.models import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
+from mqstore.client.errors import DataLossError
+from mqstore.client.models import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB

@@ -15,9 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from mqstore.client.models import Message, SendReceipt
 from mqstore.v1 import gateway_pb2
-
-from mqstore_client.models import Message, SendReceipt
 
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"

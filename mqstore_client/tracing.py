@@ -44,7 +44,7 @@ _UNSET_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trac
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from mqstore_client.models import Message
+    from mqstore.client.models import Message
 
 MESSAGING_SYSTEM = "rocketmq"
 #: The user property the producer's trace context is stored under (W3C Trace Context).
@@ -196,7 +196,7 @@ def process(message: Message, group: str | None = None) -> Iterator[Span | None]
     the parent, so the message's path from producer to consumer is one trace. None when tracing is off::
 
         for message in consumer.poll():
-            with mqstore_client.tracing.process(message, group="orders"):
+            with mqstore.client.tracing.process(message, group="orders"):
                 handle(message)
     """
     tracer = _tracer()

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from mqstore.v1 import gateway_pb2, transaction_pb2
 
-from mqstore_client.connection import Connection, Endpoint, Tls
-from mqstore_client.models import Keys, OutgoingMessage, SendReceipt
+from mqstore.client.connection import Connection, Endpoint, Tls
+from mqstore.client.models import Keys, OutgoingMessage, SendReceipt
+from mqstore.v1 import gateway_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
 

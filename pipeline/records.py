@@ -13,12 +13,28 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.columnar import FastRecords, decode_slow, host_strings, keys_lists, list_array, pc, tally, walk_split
-from pipeline.scan import ScanSummary, StoreInput, decoded_records, splits_frame, splits_of_batches, summary_accumulator
-from pipeline.split_reader import Split
-from services.store.index_service import IndexService
-from services.store.java_hash import index_key_hash_fast
-from services.store.message import (
+from mqstore.pipeline.columnar import (
+    FastRecords,
+    decode_slow,
+    host_strings,
+    keys_lists,
+    list_array,
+    pc,
+    tally,
+    walk_split,
+)
+from mqstore.pipeline.scan import (
+    ScanSummary,
+    StoreInput,
+    decoded_records,
+    splits_frame,
+    splits_of_batches,
+    summary_accumulator,
+)
+from mqstore.pipeline.split_reader import Split
+from mqstore.services.store.index_service import IndexService
+from mqstore.services.store.java_hash import index_key_hash_fast
+from mqstore.services.store.message import (
     KEY_SEPARATOR,
     SCHEDULE_TOPIC,
     TRANSACTION_ROLLBACK_TYPE,
@@ -26,7 +42,7 @@ from services.store.message import (
     MessageRecord,
     tags_code,
 )
-from services.store.record import DispatchRequest, body_crc, dispatch_request_of
+from mqstore.services.store.record import DispatchRequest, body_crc, dispatch_request_of
 
 if TYPE_CHECKING:
     from pyspark import Accumulator

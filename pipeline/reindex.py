@@ -10,9 +10,9 @@ builds: ConsumeQueue files byte-identical, index files with identical headers an
 are named from their begin timestamp (the online indexer names them by creation time).
 
 The output goes where the store keeps these files: ``indexer/`` in mqstore's layout, the root in
-RocketMQ's (services.store.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
+RocketMQ's (mqstore.services.store.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
 maxHashSlotNum, maxIndexNum) is the flags', else the settings' (``--config``, ``MQSTORE_*``), else
-that of the files being replaced, else the defaults (services.store.geometry).
+that of the files being replaced, else the defaults (mqstore.services.store.geometry).
 
 Files are written through the local file system (local mode, or a path every executor mounts).
 Run as ``mqstore pipeline reindex STORE`` or ``spark-submit pipeline/reindex.py STORE``.
@@ -31,23 +31,23 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from pipeline.columnar import FastRecords, decode_fast, pc
-from pipeline.failures import run_job
-from pipeline.scan import StoreInput, splits_rdd
-from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, iter_record_positions, scan_split
-from services.store.consume_queue import ConsumeQueueStore
-from services.store.dispatch_columns import DispatchColumns, cached_column
-from services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
-from services.store.index_file import (
+from mqstore.pipeline.columnar import FastRecords, decode_fast, pc
+from mqstore.pipeline.failures import run_job
+from mqstore.pipeline.scan import StoreInput, splits_rdd
+from mqstore.pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, iter_record_positions, scan_split
+from mqstore.services.store.consume_queue import ConsumeQueueStore
+from mqstore.services.store.dispatch_columns import DispatchColumns, cached_column
+from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
+from mqstore.services.store.index_file import (
     IndexColumns,
     IndexFile,
     IndexHeader,
     index_file_name,
     next_index_file_name,
 )
-from services.store.index_service import IndexService
-from services.store.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
-from services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
+from mqstore.services.store.index_service import IndexService
+from mqstore.services.store.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
+from mqstore.services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -400,7 +400,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipeline.session import get_session
+    from mqstore.pipeline.session import get_session
 
     inputs = ReindexInputs.of(StoreInput.open(args.store, options_of(args)), args.output, args.split_size, args.force)
     result = reindex(get_session(args.master), inputs)
@@ -420,6 +420,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
-    from pipeline.reindex import main as package_main
+    from mqstore.pipeline.reindex import main as package_main
 
     sys.exit(package_main())

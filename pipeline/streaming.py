@@ -15,7 +15,7 @@ once. Nothing needs a consumer group or a commit on the server.
   over the queues. A queue that appears later (the topic grew) enters at its min offset.
 - ``partitions``: one task per queue range, cut into pieces of ``maxMessagesPerPartition``.
 - ``read`` (on the executors): raw pulls of [start, end) through the gateway; the stored records are
-  decoded by the export's decoder (:func:`pipeline.export.records_batch`), so the rows carry the export
+  decoded by the export's decoder (:func:`mqstore.pipeline.export.records_batch`), so the rows carry the export
   columns, plus ``timestamp`` and ``key`` as export adds them (docs/pipeline.md).
 
 Messages of a planned range that are gone when the range is read (their files expired, the queue
@@ -25,7 +25,7 @@ was deleted) are data loss: the query fails naming the queue and offsets, unless
 ``queue_id`` is the route's queue id (what the offsets use; a record carries its shard's, which a
 gateway over several shards numbers differently). Use::
 
-    from pipeline.streaming import register
+    from mqstore.pipeline.streaming import register
     register(spark)
     stream = (spark.readStream.format("mqstore").option("endpoint", "127.0.0.1:8080")
               .option("topic", "Orders").load())
@@ -51,15 +51,15 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from services.store.message import MessageRecord
-from services.store.record import decode_record
+from mqstore.services.store.message import MessageRecord
+from mqstore.services.store.record import decode_record
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
-    from mqstore_client.connection import Connection
+    from mqstore.client.connection import Connection
 
 LOG = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ class StreamOptions:
                    fail_on_data_loss=_flag(given, "failondataloss", True), timeout_s=timeout_s)
 
     def connect(self) -> Connection:
-        from mqstore_client.connection import Connection
+        from mqstore.client.connection import Connection
 
         return Connection(self.endpoint, self.token, timeout=self.timeout_s, tls=True if self.tls else None)
 
@@ -204,7 +204,7 @@ def _explicit_offsets(text: str) -> dict[int, int]:
 def _stream_schema() -> pa.Schema:
     """The export's columns in the order a Parquet export reads back: the record's columns, then the
     Kafka-named ``timestamp`` and ``key``, then the partition columns ``topic`` and ``store_date``."""
-    from pipeline.export import PARTITION_COLUMNS, SCHEMA
+    from mqstore.pipeline.export import PARTITION_COLUMNS, SCHEMA
 
     fields = [f for f in SCHEMA if f.name not in PARTITION_COLUMNS]
     fields += [pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.string())]
@@ -217,7 +217,7 @@ STREAM_SCHEMA = _stream_schema()
 
 def rows_of(records: Sequence[MessageRecord], decompress: bool) -> pa.RecordBatch:
     """One Arrow batch of STREAM_SCHEMA: the export's decoding of each record, plus the Kafka names."""
-    from pipeline.export import records_batch
+    from mqstore.pipeline.export import records_batch
 
     batch = records_batch(records, decompress)
     columns = {name: batch.column(name) for name in batch.schema.names}
@@ -241,7 +241,7 @@ def decode_raw(data: bytes, queue_id: int) -> list[MessageRecord]:
 def retrying(what: str, attempt: Callable[[], T]) -> T:
     """``attempt()``, tried again on UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED: a local
     Spark task is not retried, so a gateway restart would otherwise fail the query."""
-    from mqstore_client.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
+    from mqstore.client.errors import DeadlineExceededError, ResourceExhaustedError, UnavailableError
 
     wait = FIRST_RETRY_WAIT_S
     for number in range(1, CALL_ATTEMPTS + 1):
@@ -280,7 +280,7 @@ def _lost(options: StreamOptions, queue_id: int, first: int, last: int, why: str
 def read_range(options: StreamOptions, part: QueueRange, connection: Connection | None = None
                ) -> Iterator[pa.RecordBatch]:
     """Every message of ``part``, in queue order, pulled raw through the gateway."""
-    from mqstore_client.consumer import pull_request
+    from mqstore.client.consumer import pull_request
 
     own = connection is None
     conn = options.connect() if connection is None else connection
@@ -326,10 +326,9 @@ def read_range(options: StreamOptions, part: QueueRange, connection: Connection 
 
 def queue_ranges(options: StreamOptions, connection: Connection) -> dict[int, tuple[int, int]]:
     """(min, max) queue offset of every readable queue of the topic's route."""
+    from mqstore.client.models import TopicRoute
+    from mqstore.client.offsets import queue_offsets
     from mqstore.v1 import gateway_pb2
-
-    from mqstore_client.models import TopicRoute
-    from mqstore_client.offsets import queue_offsets
 
     request = gateway_pb2.GetRouteRequest(topic=options.topic)
     route = TopicRoute.from_proto(retrying(f"GetRoute from {options.endpoint}",
@@ -528,8 +527,8 @@ class StreamResult:
 def run_stream(args: argparse.Namespace) -> StreamResult:
     """Run the stream until it is stopped (Ctrl-C) or, with ``--available-now``, until it has caught up.
     Raises StreamOptionError for bad options (before Spark starts), JobError when the query fails."""
-    from pipeline.failures import JobError, root_cause
-    from pipeline.session import get_session
+    from mqstore.pipeline.failures import JobError, root_cause
+    from mqstore.pipeline.session import get_session
 
     options = reader_options_of(args)
     StreamOptions.parse(options)
@@ -556,7 +555,7 @@ def run_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.failures import run_job
+    from mqstore.pipeline.failures import run_job
 
     def stream(_: argparse.Namespace) -> int:
         try:

@@ -13,7 +13,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mqstore", description=__doc__)
-    from mqstore_client.admin_cli import add_version_option
+    from mqstore.client.admin_cli import add_version_option
 
     add_version_option(parser)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -21,17 +21,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(commands)
     _add_pipeline(commands)
     _add_export_rocketmq_store(commands)
-    from mqstore_client.cli import add_client_commands
+    from mqstore.client.cli import add_client_commands
 
     add_client_commands(commands)
-    from bench.cli import add_bench_command
+    from mqstore.bench.cli import add_bench_command
 
     add_bench_command(commands)
     return parser
 
 
 def _add_pipeline(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # The job arguments are parsed by pipeline.cli, so other commands never import Spark.
+    # The job arguments are parsed by mqstore.pipeline.cli, so other commands never import Spark.
     pipeline = commands.add_parser("pipeline", add_help=False,
                                    help="Spark jobs over store files: export, reindex, verify, stats")
     pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
@@ -39,7 +39,7 @@ def _add_pipeline(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from pipeline.cli import main as pipeline_main
+    from mqstore.pipeline.cli import main as pipeline_main
 
     return pipeline_main(args.pipeline_args)
 
@@ -73,8 +73,8 @@ def _add_export_rocketmq_store(commands: argparse._SubParsersAction[argparse.Arg
 
 
 def _export_rocketmq_store(args: argparse.Namespace) -> int:
-    from services.store.rocketmq_layout_export import SourceStore
-    from services.store.rocketmq_layout_export import main as export_main
+    from mqstore.services.store.rocketmq_layout_export import SourceStore
+    from mqstore.services.store.rocketmq_layout_export import main as export_main
 
     return export_main(SourceStore.at(args.src, args.indexer, args.query), args.dest, args.copy,
                        args.progress_interval)
@@ -187,7 +187,7 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _run(args: argparse.Namespace) -> int:
-    from services.runner import run
+    from mqstore.services.runner import run
 
     return run(store=args.store, config_file=args.config, base_port=args.base_port, auth_file=args.auth_file,
                metrics_base_port=None if args.no_metrics else args.metrics_base_port,
@@ -195,8 +195,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve_gateway(args: argparse.Namespace) -> int:
-    from gateway.main import serve
-    from gateway.settings import GatewayOptions
+    from mqstore.gateway.main import serve
+    from mqstore.gateway.settings import GatewayOptions
 
     if (args.commitlog is None) != (args.query is None):
         print("mqstore gateway: give both --commitlog and --query (one shard), or neither", file=sys.stderr)
@@ -209,13 +209,13 @@ def _serve_gateway(args: argparse.Namespace) -> int:
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:
-    from services.indexer.main import serve
+    from mqstore.services.indexer.main import serve
 
     return serve(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog)
 
 
 def _serve_query(args: argparse.Namespace) -> int:
-    from services.query.main import QueryOptions, serve
+    from mqstore.services.query.main import QueryOptions, serve
 
     return serve(QueryOptions(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog,
                               indexer=args.indexer, persist_interval_ms=args.persist_interval_ms,
@@ -224,7 +224,7 @@ def _serve_query(args: argparse.Namespace) -> int:
 
 
 def _serve_scheduler(args: argparse.Namespace) -> int:
-    from services.scheduler.main import SchedulerOptions, serve
+    from mqstore.services.scheduler.main import SchedulerOptions, serve
 
     return serve(SchedulerOptions(store=args.store, store_root=args.store_root, config_file=args.config,
                                   listen=args.listen, commitlog=args.commitlog, indexer=args.indexer,
@@ -232,7 +232,7 @@ def _serve_scheduler(args: argparse.Namespace) -> int:
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:
-    from services.commitlog.main import serve
+    from mqstore.services.commitlog.main import serve
 
     return serve(store=args.store, config_file=args.config, listen=args.listen)
 
@@ -240,7 +240,7 @@ def _serve_commitlog(args: argparse.Namespace) -> int:
 def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     inspect = commands.add_parser("inspect", help="decode store files offline")
     kinds = inspect.add_subparsers(dest="kind", required=True)
-    from services.store.geometry import add_geometry_arguments
+    from mqstore.services.store.geometry import add_geometry_arguments
 
     commitlog = kinds.add_parser("commitlog", help="decode every record of a commitlog directory")
     commitlog.add_argument("dir", help="a store root or its commitlog directory (mqstore's or RocketMQ's)")
@@ -266,22 +266,22 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _inspect_commitlog(args: argparse.Namespace) -> int:
-    from services.store.geometry import options_of
-    from services.store.inspect_commitlog import main as inspect_main
+    from mqstore.services.store.geometry import options_of
+    from mqstore.services.store.inspect_commitlog import main as inspect_main
 
     return inspect_main(args.dir, args.from_offset, args.json, options_of(args), allow_corrupt=args.allow_corrupt)
 
 
 def _inspect_consumequeue(args: argparse.Namespace) -> int:
-    from services.store.geometry import options_of
-    from services.store.inspect_consumequeue import main as inspect_main
+    from mqstore.services.store.geometry import options_of
+    from mqstore.services.store.inspect_consumequeue import main as inspect_main
 
     return inspect_main(args.dir, args.json, options_of(args))
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
-    from services.store.geometry import options_of
-    from services.store.inspect_index import main as inspect_main
+    from mqstore.services.store.geometry import options_of
+    from mqstore.services.store.inspect_index import main as inspect_main
 
     return inspect_main(args.file, args.json, args.slots, options_of(args))
 

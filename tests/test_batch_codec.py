@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore_client.batch_encoder import decode_entries, encode_entry, properties_bytes
-from services.store import batch_codec
-from services.store.errors import InvalidArgumentError
+from mqstore.client.batch_encoder import decode_entries, encode_entry, properties_bytes
+from mqstore.services.store import batch_codec
+from mqstore.services.store.errors import InvalidArgumentError
 
 _text = st.text(st.characters(codec="utf-8", exclude_characters="\x01\x02"), min_size=1,
                 max_size=12)

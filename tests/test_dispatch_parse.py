@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.store.commitlog_files import iter_commitlog
-from services.store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
-from services.store.record import RecordError, check_record, encode_record, parse_dispatch_requests
-from services.store.socket_address import encode_address
+from mqstore.services.store.commitlog_files import iter_commitlog
+from mqstore.services.store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
+from mqstore.services.store.record import RecordError, check_record, encode_record, parse_dispatch_requests
+from mqstore.services.store.socket_address import encode_address
 from tests.conftest import StoreFactory
 
 

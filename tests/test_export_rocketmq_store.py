@@ -21,9 +21,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 
-from services.store.rocketmq_layout_export import ExportError, Progress, SourceStore, export_rocketmq_store
+from mqstore.services.store.rocketmq_layout_export import ExportError, Progress, SourceStore, export_rocketmq_store
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import run_mqstore, start_commitlog, stop_cleanly
 from tests.conftest import StoreFactory
 from tests.gateway.system_process import UpProcess, start_up

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.store.checkpoint import StoreCheckpoint
-from services.store.commitlog_files import RecordEntry, iter_commitlog
-from services.store.index_file import (
+from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
+from mqstore.services.store.index_file import (
     IndexFile,
     IndexFileError,
     IndexHeader,
@@ -26,9 +26,9 @@ from services.store.index_file import (
     index_file_size,
     next_index_file_name,
 )
-from services.store.index_service import IndexService, IndexState, IndexStateMismatch
-from services.store.inspect_index import infer_geometry
-from services.store.java_hash import (
+from mqstore.services.store.index_service import IndexService, IndexState, IndexStateMismatch
+from mqstore.services.store.inspect_index import infer_geometry
+from mqstore.services.store.java_hash import (
     MASK32,
     abs_java_int,
     index_key_hash,
@@ -36,12 +36,12 @@ from services.store.java_hash import (
     java_hash_u32,
     java_string_hash,
 )
-from services.store.message import (
+from mqstore.services.store.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-from services.store.record import DispatchRequest
+from mqstore.services.store.record import DispatchRequest
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, StoreFactory
 from tests.geometry import GeometryPreset

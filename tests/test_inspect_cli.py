@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from services.store.commitlog_files import (
+from mqstore.services.store.commitlog_files import (
     CommitLogError,
     commitlog_file_name,
     iter_commitlog,
     list_commitlog_files,
 )
-from services.store.inspect_commitlog import main
+from mqstore.services.store.inspect_commitlog import main
 from tests.commitlog.commitlog_process import mqstore_command, run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
 from tests.pipeline.services_store import ServicesStore, write_services_store

@@ -25,9 +25,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gateway.settings import GatewaySettings, load_gateway_settings
-from services.cli import build_parser
-from services.store.config import load_config
+from mqstore.gateway.settings import GatewaySettings, load_gateway_settings
+from mqstore.services.cli import build_parser
+from mqstore.services.store.config import load_config
 from tests.deploy.render import (
     K8S,
     KUSTOMIZATIONS,

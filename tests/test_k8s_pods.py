@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mqstore_client import Producer, PullConsumer, UnauthenticatedError
+from mqstore.client import Producer, PullConsumer, UnauthenticatedError
 from tests.deploy.local_pod import LocalPod
 from tests.deploy.render import one, render
 

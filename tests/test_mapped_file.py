@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.store.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
+from mqstore.services.store.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
 
 
 def test_prefault_keeps_content_and_stops_on_request(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.uniq_key import UniqKeyGenerator
-from services.store.errors import InvalidArgumentError
-from services.store.message_id import (
+from mqstore.gateway.uniq_key import UniqKeyGenerator
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message_id import (
     MessageIdError,
     MessageIdKind,
     check_message_id,
@@ -21,8 +21,8 @@ from services.store.message_id import (
     message_id_kind,
     parse_message_id,
 )
-from services.store.socket_address import encode_address
-from services.store.uniq_key import UniqKeyError, decode_uniq_key, encode_uniq_key, packed_ip
+from mqstore.services.store.socket_address import encode_address
+from mqstore.services.store.uniq_key import UniqKeyError, decode_uniq_key, encode_uniq_key, packed_ip
 
 
 def _not_mapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

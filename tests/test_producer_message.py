@@ -10,8 +10,8 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2
 
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import UpProcess, running_up
 
@@ -88,7 +88,7 @@ def test_a_request_over_the_limit_is_invalid_not_busy(system: UpProcess) -> None
 
 
 def test_the_client_does_not_retry_a_size_limit() -> None:
-    from mqstore_client.errors import MqstoreError
+    from mqstore.client.errors import MqstoreError
 
     assert not MqstoreError("RESOURCE_EXHAUSTED", "Received message larger than max (300 vs. 268435456)").retryable
     assert MqstoreError("RESOURCE_EXHAUSTED", "disk full: ...").retryable

@@ -18,20 +18,20 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.store.message import (
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     SCHEDULE_TOPIC,
     STOREHOSTADDRESS_V6_FLAG,
     properties_to_string,
 )
-from services.store.record import (
+from mqstore.services.store.record import (
     MESSAGE_MAGIC_CODE_V2,
     check_record,
     encode_blank,
     encode_record_parts,
 )
-from services.store.record_scan import FileView, Stop, diagnose, record_positions, scan_file, survey
-from services.store.socket_address import encode_address
+from mqstore.services.store.record_scan import FileView, Stop, diagnose, record_positions, scan_file, survey
+from mqstore.services.store.socket_address import encode_address
 
 FILE_SIZE = 16 * 1024
 BASE = 7 * FILE_SIZE  # a file that is not the first: PHYSICALOFFSET is not the position

@@ -16,16 +16,15 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from apache.rocketmq.v2 import service_pb2
+from mqstore.apache.rocketmq.v2 import service_pb2
+from mqstore.gateway.rocketmq5.local_call import LocalContext
+from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP, check_message
 from mqstore.v1 import transaction_pb2
 
-from gateway.rocketmq5.local_call import LocalContext
-from gateway.rocketmq5.messages import V2_PRODUCER_GROUP, check_message
-
 if TYPE_CHECKING:
-    from gateway.servicer import MessagingServicer
+    from mqstore.gateway.servicer import MessagingServicer
 
-log = logging.getLogger("gateway.rocketmq5")
+log = logging.getLogger("mqstore.gateway.rocketmq5")
 RECONNECT_S = 1.0
 Outbox = asyncio.Queue[Any]
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import gzip
 import zlib
 
-from apache.rocketmq.v2 import definition_pb2
 from google.protobuf import timestamp_pb2
+
+from mqstore.apache.rocketmq.v2 import definition_pb2
 from mqstore.v1 import common_pb2, query_pb2, transaction_pb2
 
 TAGS = "TAGS"

@@ -8,13 +8,13 @@ import os
 from typing import TYPE_CHECKING
 
 import grpc
-from apache.rocketmq.v2 import service_pb2_grpc
 
-from gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS
-from gateway.rocketmq5.servicer import RocketMQ5Servicer
+from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS
+from mqstore.gateway.rocketmq5.servicer import RocketMQ5Servicer
 
 if TYPE_CHECKING:
-    from gateway.servicer import MessagingServicer
+    from mqstore.gateway.servicer import MessagingServicer
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 ENV_FLAG = "MQSTORE_RMQ5"

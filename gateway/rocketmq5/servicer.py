@@ -16,20 +16,20 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from apache.rocketmq.v2 import definition_pb2, service_pb2
 from google.protobuf import timestamp_pb2
+
+from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
+from mqstore.gateway.rocketmq5 import status as st
+from mqstore.gateway.rocketmq5.checks import CheckRelay
+from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
+from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
+from mqstore.gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
-from gateway.rocketmq5 import status as st
-from gateway.rocketmq5.checks import CheckRelay
-from gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
-from gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
-from gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
-
 if TYPE_CHECKING:
-    from gateway.servicer import MessagingServicer
+    from mqstore.gateway.servicer import MessagingServicer
 
-log = logging.getLogger("gateway.rocketmq5")
+log = logging.getLogger("mqstore.gateway.rocketmq5")
 Code = definition_pb2.Code
 Context = grpc.aio.ServicerContext[Any, Any]
 MIB = 1024 * 1024

@@ -16,27 +16,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.commitlog import metrics
-from services.commitlog.clean_commitlog import CommitLogCleaner
-from services.commitlog.disk_guard import DiskGuard
-from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
-from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
-from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from services.commitlog.queue_offsets import (
+from mqstore.services.commitlog import metrics
+from mqstore.services.commitlog.clean_commitlog import CommitLogCleaner
+from mqstore.services.commitlog.disk_guard import DiskGuard
+from mqstore.services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
+from mqstore.services.commitlog.message_encoder import EncodedMessage, MessageEncoder
+from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from mqstore.services.commitlog.queue_offsets import (
     QueueKey,
     QueueOffsetSnapshot,
     QueueOffsetStore,
     advances_queue,
     replay_queue_offsets,
 )
-from services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
-from services.commitlog.topic_config import TopicConfigManager
-from services.commitlog.topic_discovery import discover_queue_nums
-from services.server import tracing
-from services.store.checkpoint import StoreCheckpoint
-from services.store.config import SYNC_FLUSH, MessageStoreConfig
-from services.store.disk_space import is_disk_full
-from services.store.errors import (
+from mqstore.services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
+from mqstore.services.commitlog.topic_config import TopicConfigManager
+from mqstore.services.commitlog.topic_discovery import discover_queue_nums
+from mqstore.services.server import tracing
+from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.config import SYNC_FLUSH, MessageStoreConfig
+from mqstore.services.store.disk_space import is_disk_full
+from mqstore.services.store.errors import (
     DataLossError,
     InvalidArgumentError,
     NotFoundError,
@@ -45,12 +45,12 @@ from services.store.errors import (
     StoreError,
     UnavailableError,
 )
-from services.store.mapped_file import MappedFile
-from services.store.mapped_file_queue import MappedFileQueue
-from services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
-from services.store.names import check_topic_name
-from services.store.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
-from services.store.record import (
+from mqstore.services.store.mapped_file import MappedFile
+from mqstore.services.store.mapped_file_queue import MappedFileQueue
+from mqstore.services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
+from mqstore.services.store.names import check_topic_name
+from mqstore.services.store.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
+from mqstore.services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -61,12 +61,12 @@ from services.store.record import (
     decode_record,
     encode_blank,
 )
-from services.store.service_thread import ServiceThread
-from services.store.store_root import AbortFile, StoreLock
-from services.store.timer_message import TIMER_TOPIC
-from services.store.topics import PERM_WRITE, TopicConfig
-from services.store.transactions import TRANSACTION_TOPICS
-from services.store.transient_store_pool import TransientStorePool
+from mqstore.services.store.service_thread import ServiceThread
+from mqstore.services.store.store_root import AbortFile, StoreLock
+from mqstore.services.store.timer_message import TIMER_TOPIC
+from mqstore.services.store.topics import PERM_WRITE, TopicConfig
+from mqstore.services.store.transactions import TRANSACTION_TOPICS
+from mqstore.services.store.transient_store_pool import TransientStorePool
 
 log = logging.getLogger(__name__)
 

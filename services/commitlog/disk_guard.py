@@ -30,8 +30,8 @@ import logging
 import threading
 from pathlib import Path
 
-from services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
-from services.store.errors import DiskFullError
+from mqstore.services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
+from mqstore.services.store.errors import DiskFullError
 
 log = logging.getLogger(__name__)
 

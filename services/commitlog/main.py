@@ -1,4 +1,4 @@
-"""Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m services.commitlog``.
+"""Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m mqstore.services.commitlog``.
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server). Blocking work, the engine's
 start and shutdown included, runs in the loop's bounded executor, so the loop always answers health
@@ -14,13 +14,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from mqstore.v1 import commitlog_pb2_grpc
-
-from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
-from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
-from services.server.gc_tuning import tune_gc
-from services.server.grpc_server import (
+from mqstore.services.commitlog import metrics
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
+from mqstore.services.server.gc_tuning import tune_gc
+from mqstore.services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
     ShutdownSignal,
@@ -28,14 +26,15 @@ from services.server.grpc_server import (
     start_aio_service,
     use_blocking_executor,
 )
-from services.server.logs import configure_logging
-from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
-from services.server.tracing import init_tracing, shutdown_tracing
-from services.store.config import MessageStoreConfig
-from services.store.mapped_file_queue import FileSizeMismatchError
-from services.store.store_root import StoreLockedError
+from mqstore.services.server.logs import configure_logging
+from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from mqstore.services.server.tracing import init_tracing, shutdown_tracing
+from mqstore.services.store.config import MessageStoreConfig
+from mqstore.services.store.mapped_file_queue import FileSizeMismatchError
+from mqstore.services.store.store_root import StoreLockedError
+from mqstore.v1 import commitlog_pb2_grpc
 
-log = logging.getLogger("services.commitlog")
+log = logging.getLogger("mqstore.services.commitlog")
 
 MIB = 1024 * 1024
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from services.commitlog.put_result import PutMessageError, PutMessageStatus
-from services.store.due_message import DueMessage
-from services.store.message import (
+from mqstore.services.commitlog.put_result import PutMessageError, PutMessageStatus
+from mqstore.services.store.due_message import DueMessage
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -29,7 +29,7 @@ from services.store.message import (
     Message,
     transaction_type,
 )
-from services.store.record import (
+from mqstore.services.store.record import (
     BORNHOST_POS,
     END_FILE_MIN_BLANK_LENGTH,
     HEAD_BASE_LENGTH,
@@ -41,8 +41,8 @@ from services.store.record import (
     java_parse_int,
     unfilled_head_struct,
 )
-from services.store.socket_address import AddressError, encode_address
-from services.store.timer_message import (
+from mqstore.services.store.socket_address import AddressError, encode_address
+from mqstore.services.store.timer_message import (
     DEFAULT_TIMER_MAX_DELAY_SEC,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,

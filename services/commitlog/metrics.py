@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from services.server.metrics import Counter, Gauge, Histogram
+from mqstore.services.server.metrics import Counter, Gauge, Histogram
 
 PUTS = Counter("mqstore_commitlog_puts", "Messages put into the commitlog, by PutMessageStatus or rejection",
                ["status"])

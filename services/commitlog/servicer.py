@@ -24,11 +24,10 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 import grpc
-from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
-from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
-from services.commitlog.convert import (
+from mqstore.services.commitlog import metrics
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.convert import (
     append_batch_response,
     append_blob_response,
     append_result_to_proto,
@@ -39,14 +38,15 @@ from services.commitlog.convert import (
     topic_config_from_proto,
     topic_config_to_proto,
 )
-from services.commitlog.put_batcher import PutBatcher
-from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from services.server import tracing
-from services.server.status import status_code_of
-from services.store.config import SYNC_FLUSH
-from services.store.errors import InvalidArgumentError, StoreError
-from services.store.message import Message
-from services.store.names import check_topic_name
+from mqstore.services.commitlog.put_batcher import PutBatcher
+from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from mqstore.services.server import tracing
+from mqstore.services.server.status import status_code_of
+from mqstore.services.store.config import SYNC_FLUSH
+from mqstore.services.store.errors import InvalidArgumentError, StoreError
+from mqstore.services.store.message import Message
+from mqstore.services.store.names import check_topic_name
+from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
 

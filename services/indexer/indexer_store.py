@@ -21,16 +21,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
-from services.store.checkpoint import StoreCheckpoint
-from services.store.config import MessageStoreConfig
-from services.store.consume_queue import COLUMNAR_MIN_RECORDS, ConsumeQueue, ConsumeQueueStore
-from services.store.dispatch_columns import DispatchColumns
-from services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
-from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from services.store.record import DispatchRequest
-from services.store.service_thread import LeastPages, ServiceThread
-from services.store.store_root import AbortFile, StoreLock, write_atomically
+from mqstore.services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
+from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.config import MessageStoreConfig
+from mqstore.services.store.consume_queue import COLUMNAR_MIN_RECORDS, ConsumeQueue, ConsumeQueueStore
+from mqstore.services.store.dispatch_columns import DispatchColumns
+from mqstore.services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
+from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from mqstore.services.store.record import DispatchRequest
+from mqstore.services.store.service_thread import LeastPages, ServiceThread
+from mqstore.services.store.store_root import AbortFile, StoreLock, write_atomically
 
 log = logging.getLogger(__name__)
 

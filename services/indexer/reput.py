@@ -24,15 +24,20 @@ from enum import Enum
 from pathlib import Path
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
-from services.indexer.indexer_store import IndexerStore, ReputState
-from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
-from services.server.channels import sync_channel
-from services.store.message import parse_delay_levels
-from services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH, RecordError, parse_dispatch_requests
+from mqstore.services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
+from mqstore.services.indexer.indexer_store import IndexerStore, ReputState
+from mqstore.services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
+from mqstore.services.server.channels import sync_channel
+from mqstore.services.store.message import parse_delay_levels
+from mqstore.services.store.record import (
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    RecordError,
+    parse_dispatch_requests,
+)
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 log = logging.getLogger(__name__)
 

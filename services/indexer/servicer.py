@@ -9,16 +9,16 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 import grpc
-from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
 
-from services.indexer import metrics as indexer_metrics
-from services.indexer.indexer_store import ArrivalBatch, IndexerStore
-from services.indexer.reput import ReputService
-from services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
-from services.server.status import status_code_of
-from services.store.consume_queue import ConsumeQueue
-from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
-from services.store.names import check_key, check_queue, check_topic_name
+from mqstore.services.indexer import metrics as indexer_metrics
+from mqstore.services.indexer.indexer_store import ArrivalBatch, IndexerStore
+from mqstore.services.indexer.reput import ReputService
+from mqstore.services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
+from mqstore.services.server.status import status_code_of
+from mqstore.services.store.consume_queue import ConsumeQueue
+from mqstore.services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+from mqstore.services.store.names import check_key, check_queue, check_topic_name
+from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,14 @@ import logging
 import threading
 from pathlib import Path
 
-from services.store.consumer_offsets_file import FILE_NAME, TOPIC_GROUP_SEPARATOR, OffsetTable, parse_offset_table
-from services.store.errors import ResourceExhaustedError
-from services.store.store_root import write_atomically
+from mqstore.services.store.consumer_offsets_file import (
+    FILE_NAME,
+    TOPIC_GROUP_SEPARATOR,
+    OffsetTable,
+    parse_offset_table,
+)
+from mqstore.services.store.errors import ResourceExhaustedError
+from mqstore.services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 

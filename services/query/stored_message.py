@@ -7,7 +7,7 @@ does, with a bound so a hostile body cannot inflate without limit.
 
 A pull decodes up to 1024 records, so the common layout (IPv4 hosts, v1 magic) takes a fast path:
 one struct unpack for the 88 fixed bytes and cached host strings. Any other record goes through
-:func:`services.store.record.decode_record`; both paths give the same result (the fixture tests
+:func:`mqstore.services.store.record.decode_record`; both paths give the same result (the fixture tests
 compare every field of 3000 RocketMQ records).
 """
 
@@ -18,8 +18,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from services.query.errors import DataLossError
-from services.store.message import (
+from mqstore.services.query.errors import DataLossError
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     PROPERTY_KEYS,
@@ -29,7 +29,7 @@ from services.store.message import (
     MessageRecord,
     string_to_properties,
 )
-from services.store.record import (
+from mqstore.services.store.record import (
     BORNHOST_POS,
     IPV4_HOST_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -40,7 +40,7 @@ from services.store.record import (
     host_lengths,
     read_size_and_magic,
 )
-from services.store.socket_address import decode_address
+from mqstore.services.store.socket_address import decode_address
 
 # Compression type bits of a 5.x sysflag (4.9.8 sets none, which means zlib).
 COMPRESSION_TYPE_MASK = 0x7 << 8

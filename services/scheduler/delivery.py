@@ -32,12 +32,12 @@ from pathlib import Path
 
 import grpc
 
-from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
-from services.scheduler.peers import CommitLogPeer, IndexerPeer
-from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
-from services.scheduler.timeup import NotDeliverable, message_timeup
-from services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
-from services.store.message import SCHEDULE_TOPIC, Message
+from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
+from mqstore.services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
+from mqstore.services.scheduler.timeup import NotDeliverable, message_timeup
+from mqstore.services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
+from mqstore.services.store.message import SCHEDULE_TOPIC, Message
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import grpc
 
-from services.scheduler import metrics
-from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
-from services.server import tracing
-from services.server.metrics import Counter, Histogram
-from services.store.message import Message
+from mqstore.services.scheduler import metrics
+from mqstore.services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from mqstore.services.server import tracing
+from mqstore.services.server.metrics import Counter, Histogram
+from mqstore.services.store.message import Message
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue

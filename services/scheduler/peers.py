@@ -7,11 +7,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
 
-from services.server.channels import aio_channel
-from services.store.message import STOREHOSTADDRESS_V6_FLAG, Message
-from services.store.names import is_group_topic
+from mqstore.services.server.channels import aio_channel
+from mqstore.services.store.message import STOREHOSTADDRESS_V6_FLAG, Message
+from mqstore.services.store.names import is_group_topic
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-from services.store.consume_queue import is_valid_unit
-from services.store.message import SCHEDULE_TOPIC, MessageRecord
-from services.store.parked_record import ParkedRecord, decode_parked
-from services.store.readonly_files import ReadOnlyFiles
-from services.store.record import RecordError, decode_record
-from services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
-from services.store.timer_message import record_timer_out_ms
+from mqstore.services.store.consume_queue import is_valid_unit
+from mqstore.services.store.message import SCHEDULE_TOPIC, MessageRecord
+from mqstore.services.store.parked_record import ParkedRecord, decode_parked
+from mqstore.services.store.readonly_files import ReadOnlyFiles
+from mqstore.services.store.record import RecordError, decode_record
+from mqstore.services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
+from mqstore.services.store.timer_message import record_timer_out_ms
 
 _UNIT = struct.Struct(">qiq")
 UNIT_SIZE = _UNIT.size

@@ -31,14 +31,14 @@ from pathlib import Path
 
 import grpc
 
-from services.scheduler import metrics
-from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
-from services.scheduler.peers import CommitLogPeer, IndexerPeer
-from services.scheduler.store_reader import ScheduleFiles
-from services.scheduler.timeup import NotDeliverable, timer_timeup
-from services.store.message import Message
-from services.store.timer_files import TimerFiles, TimerUnit
-from services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, TIMER_TOPIC
+from mqstore.services.scheduler import metrics
+from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
+from mqstore.services.scheduler.store_reader import ScheduleFiles
+from mqstore.services.scheduler.timeup import NotDeliverable, timer_timeup
+from mqstore.services.store.message import Message
+from mqstore.services.store.timer_files import TimerFiles, TimerUnit
+from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, TIMER_TOPIC
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ SCHEDULE_TOPIC_XXXX).
 
 from __future__ import annotations
 
-from services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageRecord
-from services.store.parked_record import ParkedRecord
-from services.store.record import java_parse_int
-from services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
+from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageRecord
+from mqstore.services.store.parked_record import ParkedRecord
+from mqstore.services.store.record import java_parse_int
+from mqstore.services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
 
 #: a whole decoded record, or just the fields a re-put copies (the scheduler's, cheaper to decode)
 Parked = MessageRecord | ParkedRecord

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from services.server.metrics import metrics_port_from_env
-from services.server.service_auth import load_service_token
-from services.store.config import ConfigError, MessageStoreConfig, load_config
+from mqstore.services.server.metrics import metrics_port_from_env
+from mqstore.services.server.service_auth import load_service_token
+from mqstore.services.store.config import ConfigError, MessageStoreConfig, load_config
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-from services.store.errors import (
+from mqstore.services.store.errors import (
     AlreadyExistsError,
     DataLossError,
     InvalidArgumentError,

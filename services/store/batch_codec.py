@@ -9,7 +9,7 @@ commitlog builds messages from it (:func:`decode_blob`). Per entry, big-endian::
 
 Only flag, body and properties are per message; topic, queue, born time and host and sys_flag are the
 request's, as in RocketMQ's batch send. Every entry is checked against the producer rules
-(:mod:`services.store.producer_message`) with its index, so an error names "message #i" and nothing
+(:mod:`mqstore.services.store.producer_message`) with its index, so an error names "message #i" and nothing
 of the batch is stored. The rules on properties are the engine's: no empty names or values, no
 separator inside a name or value (on the blob: exactly one \\x01 per pair), at most 32,767 bytes.
 """
@@ -21,14 +21,14 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.store.errors import InvalidArgumentError
-from services.store.message import (
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     Message,
 )
-from services.store.producer_message import check_blob_entry
+from mqstore.services.store.producer_message import check_blob_entry
 
 HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body length
 PROPERTIES_LENGTH = struct.Struct(">h")

@@ -33,11 +33,11 @@ from typing import overload
 
 import numpy as np
 
-from services.store.dispatch_columns import DispatchColumns
-from services.store.mapped_file import OS_PAGE_SIZE, MappedFile
-from services.store.mapped_file_queue import MappedFileQueue
-from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from services.store.record import DispatchRequest
+from mqstore.services.store.dispatch_columns import DispatchColumns
+from mqstore.services.store.mapped_file import OS_PAGE_SIZE, MappedFile
+from mqstore.services.store.mapped_file_queue import MappedFileQueue
+from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from mqstore.services.store.record import DispatchRequest
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from services.store.store_root import write_atomically
+from mqstore.services.store.store_root import write_atomically
 
 FILE_NAME = "delayOffset.json"
 

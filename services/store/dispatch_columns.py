@@ -14,8 +14,8 @@ from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import numpy as np
 
-from services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from services.store.record import DispatchRequest
+from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from mqstore.services.store.record import DispatchRequest
 
 T = TypeVar("T")
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.store.java_hash import index_key_hash_fast
+from mqstore.services.store.java_hash import index_key_hash_fast
 
 INDEX_HEADER_SIZE = 40
 HASH_SLOT_SIZE = 4

@@ -34,9 +34,9 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from services.store.checkpoint import StoreCheckpoint
-from services.store.dispatch_columns import DispatchColumns
-from services.store.index_file import (
+from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.dispatch_columns import DispatchColumns
+from mqstore.services.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     IndexColumns,
@@ -47,7 +47,7 @@ from services.store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-from services.store.java_hash import (
+from mqstore.services.store.java_hash import (
     BASE31_HIGH_DIGIT,
     BASE31_LOW_DIGIT,
     MASK32,
@@ -59,12 +59,12 @@ from services.store.java_hash import (
     segment_hashes_u32,
     utf16_units,
 )
-from services.store.message import (
+from mqstore.services.store.message import (
     KEY_SEPARATOR,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from services.store.record import DispatchRequest
+from mqstore.services.store.record import DispatchRequest
 
 log = logging.getLogger(__name__)
 

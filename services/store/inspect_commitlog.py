@@ -2,7 +2,7 @@
 
 DIR is a store root (mqstore's or RocketMQ's layout) or its commitlog directory. The file size is
 mappedFileSizeCommitLog from ``--config``/``MQSTORE_*`` or ``--commitlog-file-size``, else the files'
-own (services.store.geometry).
+own (mqstore.services.store.geometry).
 
 ``--json`` prints one object per record, field for field what the RocketMQ reference dumps hold
 (``msg`` and ``blank`` rows), so a store written by mqstore can be diffed against one written by
@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from services.store.commitlog_files import (
+from mqstore.services.store.commitlog_files import (
     BlankEntry,
     CommitLogEntry,
     CommitLogError,
@@ -38,11 +38,11 @@ from services.store.commitlog_files import (
     RecordEntry,
     iter_commitlog,
 )
-from services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
-from services.store.message_id import make_message_id
-from services.store.quarantine import QuarantineTable
-from services.store.store_layout import StoreLayoutError, resolve_store
+from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
+from mqstore.services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
+from mqstore.services.store.message_id import make_message_id
+from mqstore.services.store.quarantine import QuarantineTable
+from mqstore.services.store.store_layout import StoreLayoutError, resolve_store
 
 PROG = "mqstore inspect commitlog"
 EXIT_DAMAGED = 1

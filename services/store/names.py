@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from services.store.errors import InvalidArgumentError
-from services.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 
 #: RocketMQ's TopicValidator.TOPIC_MAX_LENGTH (the v1 record's TOPICLEN byte allows 127 too).
 MAX_TOPIC_LENGTH = 127

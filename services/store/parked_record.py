@@ -1,10 +1,10 @@
 """The fields of a parked (delayed or timer) record that its re-put needs, decoded without the rest.
 
-The scheduler re-puts every due message; decoding the whole record (:func:`~services.store.record.decode_record`)
-for it formatted both hosts and decoded the topic, which the re-put does not use (the store gives it
-a new store host; its topic comes from REAL_TOPIC). Here only the born host is formatted, through a
-small cache (a shard sees few producer addresses). The checks are decode_record's, less the UTF-8
-of the topic (not decoded).
+The scheduler re-puts every due message; decoding the whole record
+(:func:`~mqstore.services.store.record.decode_record`) for it formatted both hosts and decoded the
+topic, which the re-put does not use (the store gives it a new store host; its topic comes from
+REAL_TOPIC). Here only the born host is formatted, through a small cache (a shard sees few producer
+addresses). The checks are decode_record's, less the UTF-8 of the topic (not decoded).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from services.store.message import string_to_properties
-from services.store.record import (
+from mqstore.services.store.message import string_to_properties
+from mqstore.services.store.record import (
     BORNHOST_POS,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
@@ -21,7 +21,7 @@ from services.store.record import (
     RecordError,
     host_lengths,
 )
-from services.store.socket_address import decode_address
+from mqstore.services.store.socket_address import decode_address
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP

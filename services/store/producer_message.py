@@ -9,7 +9,7 @@ commitlog service): the rest of a record's fields belong to the store and its ow
 * ``flag``, ``reconsume_times`` and ``prepared_transaction_offset`` are never negative, and a
   (``prepared_transaction_offset`` is the transaction flow's commitlog offset; producers leave it 0).
 * the topic is not a system topic nor a consumer group's retry or dead-letter topic
-  (:func:`services.store.names.check_producer_topic`).
+  (:func:`mqstore.services.store.names.check_producer_topic`).
 * a ``UNIQ_KEY`` the producer chose is a real one (32 or 56 hex digits, what RocketMQ clients make):
   it is echoed back as the msg id and must be found by it.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.store.errors import InvalidArgumentError
-from services.store.message import (
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     MULTI_TAGS_FLAG,
@@ -29,10 +29,10 @@ from services.store.message import (
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from services.store.message_id import is_hex_digits
-from services.store.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
-from services.store.transactions import TRANSACTION_TOPICS
-from services.store.uniq_key import UNIQ_KEY_LENGTHS
+from mqstore.services.store.message_id import is_hex_digits
+from mqstore.services.store.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
+from mqstore.services.store.transactions import TRANSACTION_TOPICS
+from mqstore.services.store.uniq_key import UNIQ_KEY_LENGTHS
 
 #: RocketMQ 4.9.8's compression type, bits 8-10 of sys_flag (LZ4 1, ZSTD 2, ZLIB 3).
 COMPRESSION_TYPE_MASK = 0x7 << 8

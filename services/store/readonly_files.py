@@ -19,7 +19,7 @@ import mmap
 import os
 from pathlib import Path
 
-from services.store.mapped_file import parse_file_name
+from mqstore.services.store.mapped_file import parse_file_name
 
 
 class ReadOnlyFiles:

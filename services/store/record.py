@@ -30,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - a platform without the isal wheel
     from zlib import crc32 as crc32
 
-from services.store.message import (
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -44,7 +44,7 @@ from services.store.message import (
     string_to_properties,
     tags_code,
 )
-from services.store.socket_address import decode_address
+from mqstore.services.store.socket_address import decode_address
 
 # Anything record bytes are parsed from: file mappings included, without copying.
 Buffer = bytes | bytearray | memoryview | mmap.mmap

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.store.message import (
+from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -42,7 +42,7 @@ from services.store.message import (
     STOREHOSTADDRESS_V6_FLAG,
     string_to_properties,
 )
-from services.store.record import (
+from mqstore.services.store.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from services.store.store_root import write_atomically
+from mqstore.services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 

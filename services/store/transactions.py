@@ -28,8 +28,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from services.store.errors import InvalidArgumentError
-from services.store.message import (
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -43,9 +43,9 @@ from services.store.message import (
     Message,
     MessageRecord,
 )
-from services.store.names import check_producer_group
-from services.store.record import java_parse_int
-from services.store.store_root import write_atomically
+from mqstore.services.store.names import check_producer_group
+from mqstore.services.store.record import java_parse_int
+from mqstore.services.store.store_root import write_atomically
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"

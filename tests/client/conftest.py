@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import pytest
 
-from mqstore_client import Client, MqstoreError
+from mqstore.client import Client, MqstoreError
 from tests.commitlog.commitlog_process import mqstore_command
 from tests.gateway.system_process import UpProcess, running_up
 

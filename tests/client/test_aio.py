@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from mqstore_client import Client, Message
-from mqstore_client.aio import AsyncProducer, AsyncPullConsumer
+from mqstore.client import Client, Message
+from mqstore.client.aio import AsyncProducer, AsyncPullConsumer
 
 
 async def _send_and_consume(gateway: str, topic: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mqstore_client.cli import parse_time
+from mqstore.client.cli import parse_time
 from tests.client.conftest import Run, eventually, run_cli
 from tests.gateway.system_process import free_port_block
 

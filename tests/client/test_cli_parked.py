@@ -3,7 +3,7 @@ the bodies, and a receipt table that says the queue/offset are the parking topic
 
 from __future__ import annotations
 
-from mqstore_client import Client
+from mqstore.client import Client
 from tests.client.conftest import run_cli
 
 

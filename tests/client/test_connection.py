@@ -12,11 +12,11 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2
 
-from mqstore_client import Client, UnauthenticatedError
-from mqstore_client.connection import resolve_address
-from mqstore_client.errors import DataLossError, DeadlineExceededError, MqstoreError, error_for
+from mqstore.client import Client, UnauthenticatedError
+from mqstore.client.connection import resolve_address
+from mqstore.client.errors import DataLossError, DeadlineExceededError, MqstoreError, error_for
+from mqstore.v1 import commitlog_pb2
 
 TOKEN = "s3cr3t"
 

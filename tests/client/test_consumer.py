@@ -6,7 +6,7 @@ import threading
 import time
 from collections import defaultdict
 
-from mqstore_client import Client, Message, Producer, PullConsumer, SendReceipt
+from mqstore.client import Client, Message, Producer, PullConsumer, SendReceipt
 
 
 def _drain(consumer: PullConsumer, expected: int, timeout_s: float = 15.0) -> list[Message]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore_client import Client, Producer, PullConsumer
-from mqstore_client.groups import describe_groups
-from mqstore_client.models import Message
+from mqstore.client import Client, Producer, PullConsumer
+from mqstore.client.groups import describe_groups
+from mqstore.client.models import Message
 from tests.client.conftest import eventually, run_cli
 
 QUEUES = 8

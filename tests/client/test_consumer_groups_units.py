@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from mqstore_client.rebalance import (
+from mqstore.client.rebalance import (
     STRATEGIES,
     AllocateAveragely,
     AllocateAveragelyByCircle,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mqstore_client import (
+from mqstore.client import (
     Client,
     InvalidArgumentError,
     MqstoreError,

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from mqstore_client.progress import Progress, track
+from mqstore.client.progress import Progress, track
 
 
 class FakeTerminal(io.StringIO):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2
 
-from mqstore_client import Client, Message, OutgoingMessage, Producer, PullConsumer
+from mqstore.client import Client, Message, OutgoingMessage, Producer, PullConsumer
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL, drop_preallocated_files

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from mqstore_client import Client, PullConsumer
-from mqstore_client.aio import AsyncPullConsumer
-from mqstore_client.models import Message
-from mqstore_client.retry import as_original
+from mqstore.client import Client, PullConsumer
+from mqstore.client.aio import AsyncPullConsumer
+from mqstore.client.models import Message
+from mqstore.client.retry import as_original
 from tests.client.conftest import eventually, run_cli
 from tests.gateway.system_process import UpProcess
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from mqstore.client.consumer import OffsetTracker, max_long_poll_of
+from mqstore.client.errors import InvalidArgumentError, NotFoundError
 from mqstore.v1 import query_pb2
-
-from mqstore_client.consumer import OffsetTracker, max_long_poll_of
-from mqstore_client.errors import InvalidArgumentError, NotFoundError
 
 S = query_pb2
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mqstore_client import PullConsumer, TransactionCheck, TransactionProducer, TransactionState
+from mqstore.client import PullConsumer, TransactionCheck, TransactionProducer, TransactionState
 from tests.gateway.system_process import UpProcess, start_up
 
 ENV = {"MQSTORE_TRANSACTION_TIMEOUT_MS": "1000", "MQSTORE_TRANSACTION_CHECK_INTERVAL_MS": "500"}

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from mqstore.v1 import commitlog_pb2_grpc
 
 SERVICE_NAME = "mqstore.v1.CommitLogService"
@@ -51,9 +52,9 @@ def free_port() -> int:
 
 
 def mqstore_command() -> list[str]:
-    """The ``mqstore`` console script of the running virtualenv, or ``python -m services.cli``."""
+    """The ``mqstore`` console script of the running virtualenv, or ``python -m mqstore.services.cli``."""
     script = Path(sys.executable).with_name("mqstore")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "mqstore.services.cli"]
 
 
 def run_mqstore(*args: str | Path) -> subprocess.CompletedProcess[bytes]:

@@ -16,9 +16,9 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
-
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.query.test_bad_input import producer_only_fields
 

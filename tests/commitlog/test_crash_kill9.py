@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2
 
-from services.store.record import decode_record
+from mqstore.services.store.record import decode_record
+from mqstore.v1 import commitlog_pb2, common_pb2
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 
 CYCLES = int(__import__("os").environ.get("CRASH_CYCLES", "20"))

@@ -12,16 +12,16 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2
 
-from services.commitlog.commit_log import CommitLog
-from services.commitlog.topic_config import TopicConfigManager
-from services.store.config import load_config
-from services.store.errors import DiskFullError
-from services.store.mapped_file_queue import MappedFileQueue
-from services.store.message import Message
-from services.store.topics import TopicConfig
-from services.store.transient_store_pool import TransientStorePool
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.topic_config import TopicConfigManager
+from mqstore.services.store.config import load_config
+from mqstore.services.store.errors import DiskFullError
+from mqstore.services.store.mapped_file_queue import MappedFileQueue
+from mqstore.services.store.message import Message
+from mqstore.services.store.topics import TopicConfig
+from mqstore.services.store.transient_store_pool import TransientStorePool
+from mqstore.v1 import commitlog_pb2, common_pb2
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, query_pb2
 from tests.query.query_process import System, message
 
 TOPIC = "QuarantineTopic"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from services.query.consumer_offsets import ConsumerOffsetTable
-from services.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
-from services.store.unconsumed import QueueUnits, UnconsumedReader
+from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
+from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
+from mqstore.services.store.unconsumed import QueueUnits, UnconsumedReader
 
 CQ_FILE_SIZE = 40 * CQ_STORE_UNIT_SIZE  # 40 units a file
 SIZE = 100  # every record is 100 bytes: queue A/0's unit k points at commitlog offset 1000 * k

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mqstore_client import Client
+from mqstore.client import Client
 from tests.gateway.system_process import UpProcess, start_up
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

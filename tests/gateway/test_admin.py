@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import admin_pb2, common_pb2, gateway_pb2, query_pb2
 
-from bench.services import free_port_block
-from services.store.message import SCHEDULE_TOPIC
+from mqstore.bench.services import free_port_block
+from mqstore.services.store.message import SCHEDULE_TOPIC
+from mqstore.v1 import admin_pb2, common_pb2, gateway_pb2, query_pb2
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL

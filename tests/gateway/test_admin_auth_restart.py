@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2
 
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2
 from tests.gateway.system_process import start_up
 
 TOKENS = """\

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
-from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
 
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service
 from tests.gateway.system_process import UpProcess, start_up
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 from tests.commitlog.commitlog_process import commitlog_env, free_port, mqstore_command
 from tests.gateway.system_process import UpProcess, running_up
 

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 from tests.query.test_bad_input import (
     FUZZ,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import common_pb2, gateway_pb2
 
+from mqstore.v1 import common_pb2, gateway_pb2
 from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
 from tests.gateway.system_process import start_up
 

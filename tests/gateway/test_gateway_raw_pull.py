@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import time
 
+from mqstore.client.models import Message
+from mqstore.client.records import decode_records
 from mqstore.v1 import query_pb2
-
-from mqstore_client.models import Message
-from mqstore_client.records import decode_records
 from tests.gateway.test_gateway_shards import Cluster, cluster, create, send
 
 __all__ = ["cluster"]

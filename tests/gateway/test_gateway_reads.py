@@ -6,9 +6,9 @@ import time
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 
-from services.store.message_id import make_message_id
+from mqstore.services.store.message_id import make_message_id
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 from tests.waiting import eventually_found
 

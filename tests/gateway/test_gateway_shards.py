@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service
 from tests.query.query_process import System
 

@@ -7,8 +7,8 @@ import time
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from mqstore.v1 import groups_pb2, query_pb2
 
+from mqstore.v1 import groups_pb2, query_pb2
 from tests.gateway import test_gateway_auth as auth
 from tests.gateway.system_process import UpProcess
 

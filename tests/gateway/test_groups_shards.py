@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 from mqstore.v1 import groups_pb2, query_pb2
-
 from tests.gateway import test_gateway_shards as shards
 from tests.gateway.test_gateway_shards import Cluster, create, send
 

@@ -4,12 +4,12 @@ its bound) and the gateway's union of the shards' answers."""
 from __future__ import annotations
 
 import pytest
-from mqstore.v1 import groups_pb2
 
-from gateway.groups import _union
-from services.query.consumer_groups import GroupMembers
-from services.store.consumer_groups import member_timing
-from services.store.errors import InvalidArgumentError, ResourceExhaustedError
+from mqstore.gateway.groups import _union
+from mqstore.services.query.consumer_groups import GroupMembers
+from mqstore.services.store.consumer_groups import member_timing
+from mqstore.services.store.errors import InvalidArgumentError, ResourceExhaustedError
+from mqstore.v1 import groups_pb2
 
 
 class Clock:

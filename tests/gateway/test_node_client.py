@@ -23,8 +23,8 @@ import grpc
 import pytest
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message as ProtoMessage
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import GATEWAY_SERVICE, UpProcess
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 
 GROUP = "sendBackGroup"

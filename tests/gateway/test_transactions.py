@@ -15,9 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, query_pb2_grpc, transaction_pb2
 
-from mqstore_client import TransactionCheck, TransactionProducer, TransactionState
+from mqstore.client import TransactionCheck, TransactionProducer, TransactionState
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, query_pb2_grpc, transaction_pb2
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL

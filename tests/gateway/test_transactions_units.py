@@ -7,14 +7,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from mqstore.v1 import common_pb2
 
-from gateway.transactions import half_message, refuse_in_batch
-from services.scheduler.transaction_check import CheckSettings
-from services.store import transactions as tx
-from services.store.errors import InvalidArgumentError
-from services.store.message import Message, MessageRecord
-from services.store.producer_message import check_producer_message
+from mqstore.gateway.transactions import half_message, refuse_in_batch
+from mqstore.services.scheduler.transaction_check import CheckSettings
+from mqstore.services.store import transactions as tx
+from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.message import Message, MessageRecord
+from mqstore.services.store.producer_message import check_producer_message
+from mqstore.v1 import common_pb2
 
 PROPS = {"TRAN_MSG": "true", "PGROUP": "g1", "UNIQ_KEY": "0A0000010000000000000000000000AB", "TAGS": "TagA",
          "REAL_TOPIC": "Orders", "REAL_QID": "3", "WAIT": "true"}

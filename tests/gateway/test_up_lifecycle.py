@@ -8,7 +8,6 @@ import urllib.request
 from pathlib import Path
 
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
-
 from tests.gateway.system_process import start_up
 
 

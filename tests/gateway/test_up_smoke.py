@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
-
 from tests.gateway.system_process import UpProcess
 
 

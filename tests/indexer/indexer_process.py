@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from mqstore.v1 import indexer_pb2, indexer_pb2_grpc
-
 from tests.commitlog.commitlog_process import ServiceProcess, start_service_process
 
 

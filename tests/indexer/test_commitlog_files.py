@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqstore.v1 import commitlog_pb2
 
-from services.commitlog.commit_log import CommitLog
-from services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
-from services.store.config import load_config
-from services.store.message import Message
-from services.store.record import encode_blank
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
+from mqstore.services.store.config import load_config
+from mqstore.services.store.message import Message
+from mqstore.services.store.record import encode_blank
+from mqstore.v1 import commitlog_pb2
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_file_roll import (

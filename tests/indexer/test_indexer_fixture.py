@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, indexer_pb2
 
-from services.store.index_file import IndexFile
+from mqstore.services.store.index_file import IndexFile
+from mqstore.v1 import commitlog_pb2, indexer_pb2
 from tests.commitlog.commitlog_process import CommitLogProcess, start_commitlog
 from tests.conftest import StoreFactory
 from tests.indexer.indexer_process import IndexerProcess, start_indexer

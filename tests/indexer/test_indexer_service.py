@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.geometry import GeometryPreset
 from tests.indexer.indexer_process import start_indexer

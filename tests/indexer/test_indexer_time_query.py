@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
-
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 

@@ -47,7 +47,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from mqstore_client import Producer, PullConsumer, tracing
+from mqstore.client import Producer, PullConsumer, tracing
 
 gateway, endpoint, topic = sys.argv[1:4]
 provider = TracerProvider(resource=Resource.create({"service.name": "orders-app"}))
@@ -70,7 +70,7 @@ with PullConsumer("trace-group", topic, gateway, rebalance=False, long_poll_ms=1
 
 
 async def aio_send():
-    from mqstore_client.aio import AsyncProducer, AsyncPullConsumer
+    from mqstore.client.aio import AsyncProducer, AsyncPullConsumer
 
     async with AsyncProducer(gateway) as producer:
         msg_id = (await producer.send(topic + "Aio", b"async")).msg_id
@@ -211,7 +211,7 @@ def test_without_a_tracer_provider_the_client_adds_nothing(traced_up: TracedUp) 
     """This test process set no provider: the client makes no span and stores no traceparent."""
     from opentelemetry import trace
 
-    from mqstore_client import Producer, PullConsumer
+    from mqstore.client import Producer, PullConsumer
 
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
     with Producer(traced_up.up.gateway) as producer:

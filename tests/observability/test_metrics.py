@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import urllib.request
 
-from mqstore.v1 import commitlog_pb2, query_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
+from mqstore.v1 import commitlog_pb2, query_pb2
 from tests.observability.conftest import Observed
 from tests.query.query_process import message, wait_until
 

@@ -26,7 +26,7 @@ import yaml
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from mqstore_client import Producer, PullConsumer
+from mqstore.client import Producer, PullConsumer
 from tests.deploy.render import K8S, kubectl, render
 from tests.observability.conftest import TracedUp
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from mqstore.v1 import common_pb2, gateway_pb2, indexer_pb2, indexer_pb2_grpc
 
+from mqstore.v1 import common_pb2, gateway_pb2, indexer_pb2, indexer_pb2_grpc
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import start_up
 

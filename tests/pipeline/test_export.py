@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.export import STAGING_PREFIX, STATE_FILE_NAME, ExportError, check_written, export, written_rows
-from services.store.commitlog_files import RecordEntry, iter_commitlog
+from mqstore.pipeline.export import STAGING_PREFIX, STATE_FILE_NAME, ExportError, check_written, export, written_rows
+from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
 from tests.conftest import StoreFactory
 from tests.pipeline.conftest import PutRecord
 

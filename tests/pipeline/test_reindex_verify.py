@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline import verify as verify_job
-from pipeline.reindex import reindex
-from pipeline.verify import verify
-from services.cli import main as mqstore_main
-from services.store.index_file import INDEX_HEADER_SIZE, IndexHeader
+from mqstore.pipeline import verify as verify_job
+from mqstore.pipeline.reindex import reindex
+from mqstore.pipeline.verify import verify
+from mqstore.services.cli import main as mqstore_main
+from mqstore.services.store.index_file import INDEX_HEADER_SIZE, IndexHeader
 from tests.conftest import StoreFactory
 from tests.pipeline.services_store import ServicesStore
 

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2_grpc
-
 from tests.commitlog.commitlog_process import (
     CommitLogProcess,
     ServiceProcess,

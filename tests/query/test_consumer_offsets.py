@@ -10,8 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import query_pb2
 
+from mqstore.v1 import query_pb2
 from tests.commitlog.commitlog_process import free_port, spawn_service
 from tests.query.query_process import PERSIST_INTERVAL_MS, System, message, running_system, wait_until
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import query_pb2
 
-from services.store.java_hash import index_key_hash
-from services.store.message_id import make_message_id
+from mqstore.services.store.java_hash import index_key_hash
+from mqstore.services.store.message_id import make_message_id
+from mqstore.v1 import query_pb2
 from tests.query.query_process import System, message
 
 Kind = query_pb2.MessageIdKind

@@ -11,9 +11,9 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 
-from services.store.java_hash import java_string_hash
+from mqstore.services.store.java_hash import java_string_hash
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.geometry import BOTH, drop_preallocated_files, geometry_id
 from tests.query.query_process import System, message, running_system
 

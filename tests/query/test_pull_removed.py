@@ -9,8 +9,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, query_pb2
 from tests.query.query_process import System, message, running_system, wait_until
 
 MIB = 1024 * 1024

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mqstore.v1 import query_pb2
 
+from mqstore.v1 import query_pb2
 from tests.query.query_process import System, running_system
 
 FIXTURE_ENV = {

@@ -6,8 +6,8 @@ import time
 
 import grpc
 import pytest
-from mqstore.v1 import query_pb2
 
+from mqstore.v1 import query_pb2
 from tests.query.query_process import System, message
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, query_pb2
 
-from services.store.message_id import decode_message_id, make_message_id
+from mqstore.services.store.message_id import decode_message_id, make_message_id
+from mqstore.v1 import commitlog_pb2, query_pb2
 from tests.commitlog.commitlog_process import start_commitlog
 from tests.query.query_process import System, message, running_system
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 import pytest
-from mqstore.v1 import commitlog_pb2, indexer_pb2, indexer_pb2_grpc, query_pb2
 
+from mqstore.v1 import commitlog_pb2, indexer_pb2, indexer_pb2_grpc, query_pb2
 from tests.commitlog.commitlog_process import CommitLogProcess, free_port, start_commitlog
 from tests.query.query_process import QueryProcess, message, start_query
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from apache.rocketmq.v2 import definition_pb2 as d
-from apache.rocketmq.v2 import service_pb2 as s
-from apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.v1 import commitlog_pb2, common_pb2
 
+from mqstore.apache.rocketmq.v2 import definition_pb2 as d
+from mqstore.apache.rocketmq.v2 import service_pb2 as s
+from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from mqstore.v1 import commitlog_pb2, common_pb2
 from tests.gateway.system_process import UpProcess, running_up
 
 TOKENS = """

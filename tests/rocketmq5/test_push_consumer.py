@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apache.rocketmq.v2 import definition_pb2 as d
-from apache.rocketmq.v2 import service_pb2 as s
-from apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.v1 import query_pb2
 
+from mqstore.apache.rocketmq.v2 import definition_pb2 as d
+from mqstore.apache.rocketmq.v2 import service_pb2 as s
+from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from mqstore.v1 import query_pb2
 from tests.gateway.system_process import UpProcess, start_up
 from tests.rocketmq5.test_official_python_client import official
 from tests.rocketmq5.topics import create_topic

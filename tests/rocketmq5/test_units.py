@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.rocketmq5.inflight import BadReceiptHandle, QueueLease, Receipt
-from gateway.rocketmq5.local_call import bearer_metadata
+from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, QueueLease, Receipt
+from mqstore.gateway.rocketmq5.local_call import bearer_metadata
 
 SIGNED = "MQv2-HMAC-SHA1 Credential=token-1, SignedHeaders=x-mq-date-time, Signature=ABCDEF"
 
@@ -45,7 +45,7 @@ def test_a_queue_lease() -> None:
 
 
 def test_max_delivery_attempts_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.rocketmq5 import registration
+    from mqstore.gateway.rocketmq5 import registration
     monkeypatch.delenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, raising=False)
     assert registration.max_delivery_attempts() == 16
     monkeypatch.setenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, "3")

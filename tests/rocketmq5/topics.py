@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 
-from services.store.message import SCHEDULE_TOPIC
+from mqstore.services.store.message import SCHEDULE_TOPIC
+from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 from tests.scheduler.conftest import Shard
 from tests.scheduler.scheduler_process import SchedulerProcess, queue_records, start_scheduler
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
-from services.store.due_message import DueMessage
-from services.store.message import SCHEDULE_TOPIC, Message
-from services.store.record import decode_record
-from services.store.timer_files import UNIT_SIZE, TimerFiles
-from services.store.timer_message import TIMER_TOPIC, record_timer_out_ms
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.store.due_message import DueMessage
+from mqstore.services.store.message import SCHEDULE_TOPIC, Message
+from mqstore.services.store.record import decode_record
+from mqstore.services.store.timer_files import UNIT_SIZE, TimerFiles
+from mqstore.services.store.timer_message import TIMER_TOPIC, record_timer_out_ms
 from tests.test_commitlog_engine import make_log
 
 

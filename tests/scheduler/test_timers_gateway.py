@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
-from services.store.timer_message import TIMER_TOPIC
+from mqstore.services.store.timer_message import TIMER_TOPIC
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 from tests.gateway.system_process import UpProcess, running_up
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.runner import ChildSpec
+from mqstore.services.runner import ChildSpec
 from tests.commitlog.commitlog_process import free_port, mqstore_command
 from tests.geometry import SMALL, GeometryPreset, geometry_named
 from tests.soak.divergence import (

@@ -18,7 +18,7 @@ import random
 
 import pytest
 
-from pipeline.export import BATCH_ROWS
+from mqstore.pipeline.export import BATCH_ROWS
 from tests.geometry import SMALL
 from tests.soak.soak import RoundOutcome, SoakOptions, run_round
 from tests.soak.workload import Ledger
