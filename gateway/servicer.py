@@ -791,7 +791,10 @@ class MessagingServicer:
             principal = self._principal(context)
             async for check in self.transactions.checks(
                     request_iterator, lambda answer: self._end_transaction(principal, answer, context)):
-                yield check
+                # A check carries the half's body: only a caller that may produce to its topic sees it (a
+                # check held back is asked again next interval, of another stream of the group).
+                if principal.may(Action.PRODUCE, check.message.topic):
+                    yield check
         except (StoreError, BackendError, AuthError) as exc:
             fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
 

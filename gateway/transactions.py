@@ -22,13 +22,14 @@ from typing import Protocol, TypeAlias
 
 import grpc
 
+from mqstore.gateway.auth import AuthError
 from mqstore.gateway.message_finder import MessageFinder
 from mqstore.gateway.resilience import BackendError
 from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
 from mqstore.gateway.shard import ShardClient
 from mqstore.gateway.wire import Undecodable
 from mqstore.services.store import transactions as tx
-from mqstore.services.store.errors import InvalidArgumentError
+from mqstore.services.store.errors import InvalidArgumentError, StoreError
 from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
 from mqstore.services.store.message_id import MessageIdKind, check_message_id
 from mqstore.services.store.names import check_producer_group
@@ -196,7 +197,7 @@ class Transactions:
             answer.from_transaction_check = True
             try:
                 await end(answer)
-            except (BackendError, InvalidArgumentError) as exc:
+            except (BackendError, StoreError, AuthError) as exc:  # one bad answer must not end the stream
                 # RocketMQ's broker logs a failed check answer too: the half is checked again.
                 log.warning("transaction check answer for %s of group %r not applied: %s", answer.offset_msg_id,
                             group, getattr(exc, "details", str(exc)))
