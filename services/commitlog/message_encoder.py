@@ -58,6 +58,9 @@ from mqstore.services.store.timer_message import (
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 _PROPS_LENGTH = struct.Struct(">h")  # PROPERTIESLENGTH: refuses more than MAX_PROPERTIES_LENGTH
 _NO_PROPERTIES_LENGTH = _PROPS_LENGTH.pack(0)
+#: a message with any of these is parked (DELAY under SCHEDULE_TOPIC_XXXX, a timer under rmq_sys_wheel_timer)
+_PARKING_PROPERTIES = frozenset({PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_DELIVER_MS, PROPERTY_TIMER_DELAY_SEC,
+                                 PROPERTY_TIMER_DELAY_MS})
 
 
 class EncodedMessage(NamedTuple):
@@ -120,9 +123,7 @@ class MessageEncoder:
         sys_flag = (msg.sys_flag & ~_V6_FLAGS) | v6_flags
         if properties:
             # (the scheduler's re-put, a DueMessage, keeps DELAY / TIMER_* as they are)
-            if (PROPERTY_DELAY_TIME_LEVEL in properties or PROPERTY_TIMER_DELIVER_MS in properties
-                    or PROPERTY_TIMER_DELAY_SEC in properties or PROPERTY_TIMER_DELAY_MS in properties) \
-                    and type(msg) is not DueMessage:
+            if not _PARKING_PROPERTIES.isdisjoint(properties) and type(msg) is not DueMessage:
                 topic, queue_id, properties = self._schedule(topic, queue_id, properties, sys_flag, index)
             try:  # name \x01 value pairs joined by \x02, in C (a comprehension is a Python-level call)
                 props_text = PROPERTY_SEPARATOR.join(map(NAME_VALUE_SEPARATOR.join, properties.items()))

@@ -173,7 +173,7 @@ class TimerScheduler(DeliveryLoop):
             unit = self._files.unit(TIMER_QUEUE_ID, offset, TIMER_TOPIC)
             if unit is None:
                 return False
-            deliver = self._deliver_ms_of(unit.commitlog_offset, unit.size, offset) if unit.valid else None
+            deliver = self._deliver_ms_of(unit.commitlog_offset, offset) if unit.valid else None
             if deliver is not None:
                 second = max(deliver // 1000, self.delivered_second)
                 if second - self.delivered_second >= timer.slots:
@@ -187,7 +187,7 @@ class TimerScheduler(DeliveryLoop):
             self.enqueue_offset, self._dirty = offset + 1, True
         return True
 
-    def _deliver_ms_of(self, commitlog_offset: int, size: int, queue_offset: int) -> int | None:
+    def _deliver_ms_of(self, commitlog_offset: int, queue_offset: int) -> int | None:
         found, deliver = self._files.timer_out_ms(commitlog_offset)
         if not found:
             log.warning("timers: the record of unit %d (commitlog offset %d) is gone: passed over", queue_offset,

@@ -47,7 +47,7 @@ from mqstore.services.store.message import (
     Message,
     MessageRecord,
 )
-from mqstore.services.store.names import check_group
+from mqstore.services.store.names import check_producer_group
 from mqstore.services.store.readonly_files import ReadOnlyFiles
 from mqstore.services.store.store_layout import CONSUMEQUEUE_DIR
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc, transaction_pb2
@@ -145,7 +145,8 @@ class TransactionChecker:
         #: op queue offset -> the half queue offset it marks (ops at or past op_offset)
         self._op_halves: dict[int, int] = {}
         self._ops_read = 0
-        self._done_keys: set[str] = set()
+        #: UNIQ_KEY of a half this process ended -> the ended copy's half queue offset (pruned with _done)
+        self._done_keys: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._watchers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
         self._turn = 0
@@ -268,6 +269,7 @@ class TransactionChecker:
     def _advance(self, half_offset: int) -> None:
         self.half_offset = half_offset
         self._done = {h: o for h, o in self._done.items() if h >= half_offset}
+        self._done_keys = {k: h for k, h in self._done_keys.items() if h >= half_offset}
         while self.op_offset < self._ops_read:
             half = self._op_halves.get(self.op_offset)
             if half is not None and half >= half_offset:
@@ -397,7 +399,7 @@ class TransactionChecker:
                                                             "the transaction again")
             self._done[live.queue_offset] = None
             if key:
-                self._done_keys.add(key)
+                self._done_keys[key] = live.queue_offset
             return answer
 
     # -- watchers ----------------------------------------------------------------------------------
@@ -435,7 +437,7 @@ class TransactionServicer(scheduler_pb2_grpc.TransactionServiceServicer):  # typ
     async def WatchChecks(self, request: scheduler_pb2.WatchChecksRequest,
                           context: Any) -> AsyncIterator[transaction_pb2.TransactionCheck]:
         try:
-            check_group(request.producer_group)
+            check_producer_group(request.producer_group)
         except InvalidArgumentError as exc:
             fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return

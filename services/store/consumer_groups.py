@@ -43,7 +43,7 @@ def check_client_id(client_id: str) -> None:
         raise InvalidArgumentError("client_id is empty: give a unique id per consumer instance (e.g. ip@pid)")
     if len(client_id) > MAX_CLIENT_ID_LENGTH:
         raise InvalidArgumentError(f"client_id {client_id[:40]!r}... is longer than {MAX_CLIENT_ID_LENGTH} characters")
-    if not _LEGAL_CLIENT_ID.match(client_id):
+    if not _LEGAL_CLIENT_ID.fullmatch(client_id):  # match's $ would let a trailing newline through
         raise InvalidArgumentError(f"client_id {client_id[:60]!r} has illegal characters: use letters, digits and "
                                    "_.:@#%|-")
 

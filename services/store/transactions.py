@@ -38,7 +38,6 @@ from mqstore.services.store.message import (
     PROPERTY_WAIT_STORE_MSG_OK,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
-    TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
     Message,
     MessageRecord,
@@ -94,15 +93,6 @@ def check_half_properties(properties: Mapping[str, str]) -> str:
         if name in properties:
             raise InvalidArgumentError(f"a transactional message may not set {name}: the store sets it")
     return group
-
-
-def half_of(message: Message) -> Message:
-    """parseHalfMessageInner: ``message`` (already on its real topic and shard queue) as a half."""
-    properties = dict(message.properties)
-    properties[PROPERTY_REAL_TOPIC] = message.topic
-    properties[PROPERTY_REAL_QUEUE_ID] = str(message.queue_id)
-    return Message(HALF_TOPIC, 0, message.body, message.flag, properties, message.born_timestamp, message.born_host,
-                   reset_transaction_type(message.sys_flag, TRANSACTION_NOT_TYPE), message.reconsume_times, 0)
 
 
 def reset_transaction_type(sys_flag: int, kind: int) -> int:

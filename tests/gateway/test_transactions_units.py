@@ -12,7 +12,7 @@ from mqstore.gateway.transactions import half_message, refuse_in_batch
 from mqstore.services.scheduler.transaction_check import CheckSettings
 from mqstore.services.store import transactions as tx
 from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import Message, MessageRecord
+from mqstore.services.store.message import MessageRecord
 from mqstore.services.store.producer_message import check_producer_message
 from mqstore.v1 import common_pb2
 
@@ -30,14 +30,11 @@ def _half_record(**changes: object) -> MessageRecord:
 
 
 def test_the_half_keeps_the_message_and_names_its_real_queue() -> None:
-    sent = Message("Orders", 3, b"order", 5, {"TRAN_MSG": "true", "PGROUP": "g1"}, 1, "10.0.0.1:5000", 0x4 | 0x2)
-    half = tx.half_of(sent)
-    assert (half.topic, half.queue_id, half.sys_flag) == (tx.HALF_TOPIC, 0, 0x2)  # type reset to NOT_TYPE
-    assert half.properties == {"TRAN_MSG": "true", "PGROUP": "g1", "REAL_TOPIC": "Orders", "REAL_QID": "3"}
-    wire = half_message(common_pb2.Message(topic="Orders", body=b"order", sys_flag=0x2,
+    wire = half_message(common_pb2.Message(topic="Orders", body=b"order", flag=5, sys_flag=0x4 | 0x2,
                                            properties={"TRAN_MSG": "true", "PGROUP": "g1"}), 3)
-    assert (wire.topic, wire.queue_id, wire.sys_flag, dict(wire.properties)) == \
-        (half.topic, half.queue_id, half.sys_flag, half.properties)
+    # parseHalfMessageInner: the prepared type is reset to NOT_TYPE (the half needs a queue offset)
+    assert (wire.topic, wire.queue_id, wire.sys_flag, wire.body, wire.flag) == (tx.HALF_TOPIC, 0, 0x2, b"order", 5)
+    assert dict(wire.properties) == {"TRAN_MSG": "true", "PGROUP": "g1", "REAL_TOPIC": "Orders", "REAL_QID": "3"}
 
 
 def test_commit_is_the_halfs_whole_record_on_its_real_queue_with_the_commit_type() -> None:
