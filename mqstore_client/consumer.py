@@ -488,6 +488,9 @@ class PullConsumer(PullOptions, Endpoint):
                 self._membership = None
                 self._tracker = None
                 self._feeds = {t: self._feed(t, None) for t in self._feeds}
+                if self._retry_feed is not None:  # made for the group's share (no queues): _retries makes it anew
+                    self._retry_feed.close()
+                    self._retry_feed = None
                 self.start()
                 return
             if not exc.retryable:

@@ -7,7 +7,7 @@ import pytest
 
 from mqstore.gateway.groups import _union
 from mqstore.services.query.consumer_groups import GroupMembers
-from mqstore.services.store.consumer_groups import member_timing
+from mqstore.services.store.consumer_groups import check_client_id, member_timing
 from mqstore.services.store.errors import InvalidArgumentError, ResourceExhaustedError
 from mqstore.v1 import groups_pb2
 
@@ -68,3 +68,10 @@ def test_the_union_keeps_each_members_latest_heartbeat() -> None:
     other = groups_pb2.GroupMember(client_id="a", last_heartbeat_ms=1)
     merged = _union([[older, other], [newer]])
     assert [(m.client_id, m.last_heartbeat_ms, len(m.assigned_queues)) for m in merged] == [("a", 1, 0), ("b", 2, 0)]
+
+
+@pytest.mark.parametrize("client_id", ["ab\n", "a b", "a/b", ""])
+def test_a_client_id_must_be_legal_as_a_whole(client_id: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="client_id"):
+        check_client_id(client_id)
+    check_client_id("10.0.0.1@4242#a:b|c%d-e_f.g")
