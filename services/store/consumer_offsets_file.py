@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mqstore.services.store.store_root import read_with_backup
+
 FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"
 #: The query service's root inside an mqstore store (``mqstore up``: ``<root>/query``).
@@ -54,15 +56,7 @@ def offsets_file_candidates(store_root: Path) -> tuple[Path, ...]:
 def read_offset_table(path: Path) -> OffsetTable:
     """The table in ``path``, else in its ``.bak`` (the writer's previous version). FileNotFoundError
     when neither exists; ValueError naming both when neither can be read."""
-    backup = path.with_name(path.name + ".bak")
-    errors: list[str] = []
-    for candidate in (path, backup):
-        try:
-            return parse_offset_table(candidate.read_bytes())
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            errors.append(f"{candidate}: {exc}")
-    if not errors:
+    table = read_with_backup(path, parse_offset_table)
+    if table is None:
         raise FileNotFoundError(f"no {path} (nor its .bak)")
-    raise ValueError("; ".join(errors))
+    return table

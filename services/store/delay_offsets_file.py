@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mqstore.services.store.store_root import write_atomically
+from mqstore.services.store.store_root import read_with_backup, write_atomically
 
 FILE_NAME = "delayOffset.json"
 
@@ -32,17 +32,7 @@ def parse_delay_offsets(data: bytes) -> DelayOffsetTable:
 
 def read_delay_offsets(path: Path) -> DelayOffsetTable:
     """The table in ``path``, else its ``.bak``; empty when neither exists; ValueError when neither reads."""
-    errors: list[str] = []
-    for candidate in (path, path.with_name(path.name + ".bak")):
-        try:
-            return parse_delay_offsets(candidate.read_bytes())
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:
-            errors.append(f"{candidate}: {exc}")
-    if errors:
-        raise ValueError("; ".join(errors))
-    return {}
+    return read_with_backup(path, parse_delay_offsets) or {}
 
 
 def write_delay_offsets(path: Path, table: DelayOffsetTable) -> None:

@@ -12,7 +12,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 LOCK_FILE = "lock"
 ABORT_FILE = "abort"
@@ -74,6 +76,26 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+T = TypeVar("T")
+
+
+def read_with_backup(path: Path, parse: Callable[[bytes], T]) -> T | None:
+    """``parse`` of ``path``'s bytes, else of its ``.bak`` (the previous version :func:`write_atomically`
+    keeps: a file damaged by hand or by a disk is not the end of the state). None when neither exists;
+    ValueError naming each file and its problem when neither parses."""
+    errors: list[str] = []
+    for candidate in (path, path.with_name(path.name + ".bak")):
+        try:
+            return parse(candidate.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            errors.append(f"{candidate}: {exc}")
+    if errors:
+        raise ValueError("; ".join(errors))
+    return None
 
 
 def write_atomically(path: Path, data: bytes, keep_backup: bool = False) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mqstore.services.store.store_root import write_atomically
+from mqstore.services.store.store_root import read_with_backup, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -120,17 +120,7 @@ class TimerCheckpoint:
 
 def read_checkpoint(path: Path) -> TimerCheckpoint | None:
     """The checkpoint in ``path`` or its ``.bak``; None when neither exists; ValueError when neither reads."""
-    errors: list[str] = []
-    for candidate in (path, path.with_name(path.name + ".bak")):
-        try:
-            return TimerCheckpoint.parse(candidate.read_bytes())
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            errors.append(f"{candidate}: {exc}")
-    if errors:
-        raise ValueError("; ".join(errors))
-    return None
+    return read_with_backup(path, TimerCheckpoint.parse)
 
 
 class TimerFiles:

@@ -44,7 +44,7 @@ from mqstore.services.store.message import (
 )
 from mqstore.services.store.names import check_producer_group
 from mqstore.services.store.record import java_parse_int
-from mqstore.services.store.store_root import write_atomically
+from mqstore.services.store.store_root import read_with_backup, write_atomically
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -189,19 +189,12 @@ def op_half_offset(record: MessageRecord) -> int | None:
 def read_check_offsets(path: Path) -> tuple[int, int] | None:
     """(half offset, op offset) from the file or its ``.bak``; None when neither exists, ValueError when
     what exists is unreadable."""
-    backup = path.with_name(path.name + ".bak")
-    problems = []
-    for candidate in (path, backup):
-        if not candidate.exists():
-            continue
-        try:
-            data = json.loads(candidate.read_text())
-            return int(data["halfOffset"]), int(data["opOffset"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{candidate.name}: {exc}")
-    if problems:
-        raise ValueError(f"{path} is unreadable ({'; '.join(problems)})")
-    return None
+    return read_with_backup(path, _parse_check_offsets)
+
+
+def _parse_check_offsets(data: bytes) -> tuple[int, int]:
+    doc = json.loads(data)
+    return int(doc["halfOffset"]), int(doc["opOffset"])
 
 
 def write_check_offsets(path: Path, half_offset: int, op_offset: int) -> None:
