@@ -25,8 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mqstore.gateway.resilience import BackendError, backend_error
 from mqstore.gateway.shard import CHANNEL_OPTIONS, ShardClient
 from mqstore.services.server.channels import aio_channel
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
-from mqstore.services.store.names import check_topic_name, is_system_topic
+from mqstore.services.store.errors import NotFoundError
+from mqstore.services.store.names import check_deletable_topic
 from mqstore.v1 import admin_pb2, commitlog_pb2, groups_pb2, indexer_pb2, indexer_pb2_grpc
 
 SERVING = "SERVING"
@@ -134,10 +134,7 @@ class Admin:
 
     # -- topic deletion -----------------------------------------------------------------------------------
     async def delete_topic(self, topic: str, timeout: float) -> admin_pb2.DeleteTopicResponse:
-        check_topic_name(topic)
-        if is_system_topic(topic):
-            raise InvalidArgumentError(f"topic {topic!r} is a system topic: the store's own flows use it, it cannot "
-                                       "be deleted")
+        check_deletable_topic(topic)
         response = admin_pb2.DeleteTopicResponse()
         # One shard after the other: a failure stops the deletion where it is, and the same call again
         # finishes it (see the module docstring).

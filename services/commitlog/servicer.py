@@ -45,7 +45,7 @@ from mqstore.services.server.status import status_code_of
 from mqstore.services.store.config import SYNC_FLUSH
 from mqstore.services.store.errors import InvalidArgumentError, StoreError
 from mqstore.services.store.message import Message
-from mqstore.services.store.names import check_topic_name
+from mqstore.services.store.names import check_deletable_topic
 from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 
 log = logging.getLogger(__name__)
@@ -490,7 +490,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
     async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
                           context: Context) -> admin_pb2.DeleteTopicResponse:
         try:
-            check_topic_name(request.topic)
+            check_deletable_topic(request.topic)
             offset = await asyncio.to_thread(self.engine.delete_topic, request.topic)  # writes the topics file
         except StoreError as exc:
             await _abort(context, "DeleteTopic", status_code_of(exc), str(exc))

@@ -17,7 +17,7 @@ from mqstore.services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
 from mqstore.services.server.status import status_code_of
 from mqstore.services.store.consume_queue import ConsumeQueue
 from mqstore.services.store.errors import InvalidArgumentError, NotFoundError, StoreError
-from mqstore.services.store.names import check_key, check_queue, check_topic_name
+from mqstore.services.store.names import check_deletable_topic, check_key, check_queue, check_topic_name
 from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
     def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
                     context: grpc.ServicerContext) -> admin_pb2.DeleteTopicResponse:
         try:
-            check_topic_name(request.topic)
+            check_deletable_topic(request.topic)
             if request.commitlog_offset < 0:
                 raise InvalidArgumentError(f"commitlog_offset {request.commitlog_offset} is negative")
         except StoreError as exc:

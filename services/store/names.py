@@ -69,6 +69,15 @@ def is_system_topic(topic: str) -> bool:
     return topic in SYSTEM_TOPICS or topic.startswith(SYSTEM_TOPIC_PREFIX)
 
 
+def check_deletable_topic(topic: str) -> None:
+    """A topic that DeleteTopic may remove: a legal name that is not one of the store's own flows
+    (every service that deletes checks it: an internal caller must not drop SCHEDULE_TOPIC_XXXX either)."""
+    check_topic_name(topic)
+    if is_system_topic(topic):
+        raise InvalidArgumentError(f"topic {topic!r} is a system topic: the store's own flows use it, it cannot "
+                                   "be deleted")
+
+
 def is_group_topic(topic: str) -> bool:
     """A consumer group's retry or dead-letter topic."""
     return topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX))

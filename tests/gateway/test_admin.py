@@ -14,7 +14,7 @@ import pytest
 
 from mqstore.bench.services import free_port_block
 from mqstore.services.store.message import SCHEDULE_TOPIC
-from mqstore.v1 import admin_pb2, common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import admin_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, indexer_pb2_grpc, query_pb2
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL
@@ -142,10 +142,14 @@ def test_topics_delete_removes_config_and_consume_queues_and_a_new_send_recreate
 
 @pytest.mark.parametrize("topic", [SCHEDULE_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "TBW102"])
 def test_topics_delete_refuses_system_topics(admin_up: UpProcess, topic: str) -> None:
-    with pytest.raises(grpc.RpcError) as refused:
-        admin_up.stub.DeleteTopic(admin_pb2.DeleteTopicRequest(topic=topic), timeout=10)
-    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "system topic" in (refused.value.details() or "")
+    # The gateway, and the commitlog and indexer themselves (an internal caller may not drop them either).
+    with grpc.insecure_channel(admin_up.commitlog) as commitlog, grpc.insecure_channel(admin_up.indexer) as indexer:
+        for stub in (admin_up.stub, commitlog_pb2_grpc.CommitLogServiceStub(commitlog),
+                     indexer_pb2_grpc.IndexerServiceStub(indexer)):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.DeleteTopic(admin_pb2.DeleteTopicRequest(topic=topic), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, type(stub).__name__
+            assert "system topic" in (refused.value.details() or "")
 
 
 def test_topics_delete_of_a_bad_name_is_invalid_argument(admin_up: UpProcess) -> None:
