@@ -126,6 +126,8 @@ class Admin:
         topic_names = {t.topic for t in topics} if isinstance(topics, list) else set()
         group_names = {g.group for g in groups.groups} if isinstance(groups, groups_pb2.DescribeGroupsResponse) \
             else set()
+        if isinstance(topics, BaseException):  # a shard whose topics are unknown is not healthy with 0 topics
+            healthy = _note(status, "commitlog", topics)
         if isinstance(groups, BaseException):
             healthy = _note(status, "query", groups)
         status.topic_count, status.group_count = len(topic_names), len(group_names)

@@ -48,17 +48,17 @@ class ShardSettings:
 
     @property
     def indexer_address(self) -> str:
-        if self.indexer:
-            return self.indexer
-        host, _, port = self.commitlog.rpartition(":")
-        return f"{host}:{int(port) + 1}" if port.isdigit() else self.commitlog
+        return self.indexer or _next_port(self.commitlog)
 
     @property
     def scheduler_address(self) -> str:
-        if self.scheduler:
-            return self.scheduler
-        host, _, port = self.query.rpartition(":")
-        return f"{host}:{int(port) + 1}" if port.isdigit() else self.query
+        return self.scheduler or _next_port(self.query)
+
+
+def _next_port(address: str) -> str:
+    """``host:port+1``: where ``mqstore up`` puts the service after the one at ``address``."""
+    host, _, port = address.rpartition(":")
+    return f"{host}:{int(port) + 1}" if port.isdigit() else address
 
 
 @dataclass(slots=True, frozen=True)
