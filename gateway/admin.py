@@ -22,8 +22,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.gateway.resilience import BackendError, backend_error
-from mqstore.gateway.shard import CHANNEL_OPTIONS, ShardClient
+from mqstore.gateway.resilience import BackendError
+from mqstore.gateway.shard import CHANNEL_OPTIONS, ShardClient, call_backend
 from mqstore.services.server.channels import aio_channel
 from mqstore.services.store.errors import NotFoundError
 from mqstore.services.store.names import check_deletable_topic
@@ -44,19 +44,16 @@ class ShardAdmin:
         settings = shard.settings
         self.addresses = {"commitlog": settings.commitlog, "indexer": settings.indexer_address,
                           "query": settings.query, "scheduler": settings.scheduler_address}
-        self._channels = {name: aio_channel(address, CHANNEL_OPTIONS) for name, address in self.addresses.items()}
-        self.indexer = indexer_pb2_grpc.IndexerServiceStub(self._channels["indexer"])
+        self._indexer_channel = aio_channel(settings.indexer_address, CHANNEL_OPTIONS)
+        self._channels = {**shard.channels, "indexer": self._indexer_channel}
+        self.indexer = indexer_pb2_grpc.IndexerServiceStub(self._indexer_channel)
         self._indexer_what = f"the indexer of {shard.name} ({settings.indexer_address})"
 
     async def close(self) -> None:
-        for channel in self._channels.values():
-            await channel.close(None)
+        await self._indexer_channel.close(None)  # the others are the shard client's
 
     async def on_indexer(self, call: Any, request: Any, timeout: float) -> Any:
-        try:
-            return await call(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise backend_error(self._indexer_what, exc) from None
+        return await call_backend(self._indexer_what, call, request, timeout)
 
     async def health(self, name: str, timeout: float) -> admin_pb2.ServiceStatus:
         status = admin_pb2.ServiceStatus(name=name, address=self.addresses[name])

@@ -36,6 +36,14 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
+async def call_backend(what: str, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
+    """One call to a backend service; a failure becomes a BackendError naming ``what`` was called."""
+    try:
+        return await call(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise backend_error(what, exc) from None
+
+
 class ShardClient:
     def __init__(self, index: int, settings: ShardSettings) -> None:
         self.index = index
@@ -70,22 +78,19 @@ class ShardClient:
         await self._scheduler_channel.close(None)
 
     async def on_commitlog(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        try:
-            return await call(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise backend_error(self._commitlog_what, exc) from None
+        return await call_backend(self._commitlog_what, call, request, timeout)
 
     async def on_query(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        try:
-            return await call(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise backend_error(self._query_what, exc) from None
+        return await call_backend(self._query_what, call, request, timeout)
 
     async def on_scheduler(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        try:
-            return await call(request, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise backend_error(self._scheduler_what, exc) from None
+        return await call_backend(self._scheduler_what, call, request, timeout)
+
+    @property
+    def channels(self) -> dict[str, grpc.aio.Channel]:
+        """The shard's open channels by service (``mqstore status`` health-checks over them)."""
+        return {"commitlog": self._commitlog_channel, "query": self._query_channel,
+                "scheduler": self._scheduler_channel}
 
     async def topics(self, timeout: float) -> list[common_pb2.TopicConfig]:
         response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(), timeout)
