@@ -113,10 +113,6 @@ class Plan:
     waiting: dict[str, list[int]] = field(default_factory=dict)
 
     @property
-    def changes(self) -> bool:
-        return any(self.release.values()) or any(self.acquire.values())
-
-    @property
     def waits(self) -> bool:
         return any(self.waiting.values())
 

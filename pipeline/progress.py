@@ -39,6 +39,7 @@ class Progress:
         self.stages: dict[int, tuple[int, int]] = {}  # stage id -> (done, total), kept after it ends
         self.active: list[tuple[int, int, int, int]] = []
         self.known_jobs = set(self.tracker.getJobIdsForGroup())  # earlier jobs of the session are not ours
+        self.job_stages: set[int] = set()  # the stages of the jobs started since
         self.scanned_fraction = 0.0
         self.last_line = ""
         self.last_written = 0.0
@@ -83,10 +84,15 @@ class Progress:
         """(stage id, done, running, total) of the active stages; remembers every stage of every job
         started since the reporter was (a stage too short to be seen active is still counted)."""
         tracker = self.tracker
-        stage_ids = {sid for job_id in set(tracker.getJobIdsForGroup()) - self.known_jobs
-                     for sid in (getattr(tracker.getJobInfo(job_id), "stageIds", None) or [])}
+        for job_id in set(tracker.getJobIdsForGroup()) - self.known_jobs:
+            job = tracker.getJobInfo(job_id)
+            if job is not None:  # a job's stages never change: asked once (every tick adds py4j calls)
+                self.job_stages.update(getattr(job, "stageIds", None) or [])
+                self.known_jobs.add(job_id)
+        unfinished = {sid for sid in self.job_stages
+                      if sid not in self.stages or self.stages[sid][0] < self.stages[sid][1]}
         active = []
-        for stage_id in sorted(stage_ids | set(tracker.getActiveStageIds())):
+        for stage_id in sorted(unfinished | set(tracker.getActiveStageIds())):
             info = tracker.getStageInfo(stage_id)
             if info is None:
                 continue

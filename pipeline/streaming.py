@@ -376,6 +376,8 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._connection: Connection | None = None
         self._target: Offsets | None = None  # Trigger.AvailableNow: what existed when the query started
+        #: the max offsets latestOffset just asked for (Spark asks reportLatestOffset right after it)
+        self._latest: Offsets | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -407,6 +409,7 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         ranges = queue_ranges(self.options, self._conn())
+        self._latest = {str(q): hi for q, (_, hi) in sorted(ranges.items())}
         available: Offsets = {}
         for q, (lo, hi) in sorted(ranges.items()):
             key = str(q)
@@ -426,7 +429,7 @@ class MqstoreStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(per_trigger) if per_trigger else ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        return self._available()
+        return self._latest if self._latest is not None else self._available()  # one round trip per trigger
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return split_ranges({k: int(v) for k, v in start.items()}, {k: int(v) for k, v in end.items()},

@@ -7,12 +7,16 @@ from mqstore.client import Client
 from tests.client.conftest import run_cli
 
 
-def test_options_between_topic_and_bodies(gateway: str, topic: str) -> None:
-    """``send T -p K=V text`` stores the text (argparse alone called it an unrecognized argument)."""
+def test_options_between_topic_and_bodies(gateway: str, client: Client, topic: str) -> None:
+    """``send T -p K=V text`` stores the text (argparse alone called it an unrecognized argument), and
+    options given between the bodies apply to every message."""
     sent = run_cli("send", topic, "-p", "origin=cli", "first", "--tags", "TagA", "second", "--gateway", gateway)
     assert sent.code == 0, sent.stderr
     rows = sent.stdout.splitlines()
     assert len(rows) == 3 and rows[0].split() == ["MSG_ID", "QUEUE", "OFFSET", "STATUS", "OFFSET_MSG_ID", "SHARD"]
+    stored = [client.get_message(row.split()[0]) for row in rows[1:]]
+    assert [m.body for m in stored] == [b"first", b"second"]
+    assert all(m.tags == "TagA" and m.properties["origin"] == "cli" for m in stored)
 
 
 def test_parked_messages_name_their_parking_topic(gateway: str, client: Client, topic: str) -> None:
