@@ -18,9 +18,9 @@ SCHEDULE_TOPIC_XXXX).
 
 from __future__ import annotations
 
-from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, Message, MessageRecord
+from mqstore.services.store.message import Message, MessageRecord
 from mqstore.services.store.parked_record import ParkedRecord
-from mqstore.services.store.record import java_parse_int
+from mqstore.services.store.record import real_destination
 from mqstore.services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
 
 #: a whole decoded record, or just the fields a re-put copies (the scheduler's, cheaper to decode)
@@ -42,15 +42,10 @@ def timer_timeup(record: Parked, enqueue_ms: int, dequeue_ms: int) -> Message:
 
 
 def _real_message(record: Parked, properties: dict[str, str]) -> Message:
-    topic = properties.get(PROPERTY_REAL_TOPIC)
-    queue_text = properties.get(PROPERTY_REAL_QUEUE_ID)
-    if not topic or queue_text is None:
-        raise NotDeliverable(f"record at commitlog offset {record.commitlog_offset} has no REAL_TOPIC/REAL_QID")
     try:
-        queue_id = java_parse_int(queue_text)
-    except ValueError:
-        raise NotDeliverable(f"record at commitlog offset {record.commitlog_offset}: REAL_QID {queue_text!r} "
-                             "is not an integer") from None
+        topic, queue_id = real_destination(properties)
+    except ValueError as exc:
+        raise NotDeliverable(f"record at commitlog offset {record.commitlog_offset}: {exc}") from None
     return Message(topic=topic, queue_id=queue_id, body=record.body, flag=record.flag, properties=properties,
                    born_timestamp=record.born_timestamp, born_host=record.born_host, sys_flag=record.sys_flag,
                    reconsume_times=record.reconsume_times, prepared_transaction_offset=0)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,8 @@ from mqstore.services.store.message import (
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
     PROPERTY_SEPARATOR,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
@@ -297,6 +299,19 @@ def java_parse_int(text: str) -> int:
     if not -0x8000_0000 <= value <= 0x7FFF_FFFF:
         raise ValueError(f"{text!r} is out of the Java int range")
     return value
+
+
+def real_destination(properties: Mapping[str, str]) -> tuple[str, int]:
+    """REAL_TOPIC and REAL_QID of a parked record (delayed, timer, or a transaction's half): where it
+    goes when it is delivered or committed. ValueError saying what is missing or wrong."""
+    topic = properties.get(PROPERTY_REAL_TOPIC)
+    queue_text = properties.get(PROPERTY_REAL_QUEUE_ID)
+    if not topic or queue_text is None:
+        raise ValueError("no REAL_TOPIC / REAL_QID")
+    try:
+        return topic, java_parse_int(queue_text)
+    except ValueError:
+        raise ValueError(f"REAL_QID {queue_text!r} is not an integer") from None
 
 
 def dispatch_request_of(record: MessageRecord,

@@ -43,7 +43,7 @@ from mqstore.services.store.message import (
     MessageRecord,
 )
 from mqstore.services.store.names import check_producer_group
-from mqstore.services.store.record import java_parse_int
+from mqstore.services.store.record import java_parse_int, real_destination
 from mqstore.services.store.store_root import read_with_backup, write_atomically
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -105,15 +105,10 @@ def real_queue(record: MessageRecord) -> tuple[str, int]:
     if record.topic != HALF_TOPIC:
         raise NotAHalf(f"the record at commitlog offset {record.commitlog_offset} is a message of topic "
                        f"{record.topic!r}, not a half ({HALF_TOPIC})")
-    topic = record.properties.get(PROPERTY_REAL_TOPIC)
-    queue_text = record.properties.get(PROPERTY_REAL_QUEUE_ID)
-    if not topic or queue_text is None:
-        raise NotAHalf(f"the half at commitlog offset {record.commitlog_offset} has no REAL_TOPIC / REAL_QID")
     try:
-        return topic, java_parse_int(queue_text)
-    except ValueError:
-        raise NotAHalf(f"the half at commitlog offset {record.commitlog_offset}: REAL_QID {queue_text!r} is not "
-                       "an integer") from None
+        return real_destination(record.properties)
+    except ValueError as exc:
+        raise NotAHalf(f"the half at commitlog offset {record.commitlog_offset}: {exc}") from None
 
 
 def commit_of(half: MessageRecord) -> Message:
