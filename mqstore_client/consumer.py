@@ -345,8 +345,8 @@ class PullConsumer(PullOptions, Endpoint):
 
     @property
     def queue_ids(self) -> list[int]:
-        """The queues of the first topic this consumer reads now (all topics': :meth:`assignment`)."""
-        return list(self.tracker.queues)
+        """The queues of the first topic this consumer reads now, in order (all topics': :meth:`assignment`)."""
+        return sorted(self.tracker.queues)
 
     def positions(self) -> dict[int, int]:
         """Queue id -> the next offset to consume (what commit() stores)."""
