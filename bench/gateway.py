@@ -223,6 +223,35 @@ class System:
                     os.kill(pid, signal.SIGKILL)
 
 
+class RunningSystem:
+    """A system somebody else started (``mqstore bench --gateway ADDR``, with ``make run`` going): only
+    its gateway is known, so the CPU columns count the clients alone and the flush mode is its own."""
+
+    def __init__(self, gateway: str) -> None:
+        self.gateway = gateway
+        self.children: dict[str, int] = {}
+        self.gateway_workers: dict[int, int] = {}
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+
+@contextlib.contextmanager
+def attached_system(gateway: str) -> Iterator[RunningSystem]:
+    """The running system at ``gateway``, once its health check answers SERVING; left running."""
+    with grpc.insecure_channel(gateway) as channel:
+        try:
+            status = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=SERVICE), timeout=10, wait_for_ready=True).status
+        except grpc.RpcError as exc:
+            raise SystemExit(f"mqstore bench: no gateway answers at {gateway} ({exc.code().name}): "
+                             "start one with `make run`, or leave --gateway out") from None
+    if status != health_pb2.HealthCheckResponse.SERVING:
+        raise SystemExit(f"mqstore bench: the gateway at {gateway} is not SERVING")
+    yield RunningSystem(gateway)
+
+
 @contextlib.contextmanager
 def running_system(settings: dict[str, str], keep_store: bool, pids_file: str | None = None,
                    gateway_workers: int = 1) -> Iterator[System]:
@@ -249,12 +278,12 @@ def running_system(settings: dict[str, str], keep_store: bool, pids_file: str | 
         progress(f"mqstore up stopped cleanly in {system.stop_seconds:.1f} s")
 
 
-def settle(system: System, max_wait_s: float, limit_cores: float = 0.1) -> float:
+def settle(system: System | RunningSystem, max_wait_s: float, limit_cores: float = 0.1) -> float:
     """Wait (up to ``max_wait_s``) until the system's processes are idle; returns the seconds waited.
     The first put makes the commitlog prefault its 1 GiB file and a finished rep leaves the indexer
     dispatching: neither should be measured as part of the next rep."""
     started = time.monotonic()
-    while time.monotonic() - started < max_wait_s:
+    while system.pids and time.monotonic() - started < max_wait_s:
         meter = CpuMeter(system.pids, include_self=False)
         time.sleep(0.5)
         if meter.stop()["cpuOurs"] < limit_cores:
@@ -262,7 +291,7 @@ def settle(system: System, max_wait_s: float, limit_cores: float = 0.1) -> float
     return time.monotonic() - started
 
 
-def warm_up(system: System, topic: str) -> None:
+def warm_up(system: System | RunningSystem, topic: str) -> None:
     """One untimed batch: the commitlog starts its first file (and prefaults it), routes are cached."""
     workload = Workload.fresh(64)
     spec = ClientSpec(system.gateway, "batch", 1, 0, topic=topic)
@@ -644,7 +673,7 @@ def client_main(spec: ClientSpec, ready: Any, results: Any) -> None:
     results.put(report)
 
 
-def run_clients(spec: ClientSpec, procs: int, system: System, desc: str,
+def run_clients(spec: ClientSpec, procs: int, system: System | RunningSystem, desc: str,
                 quiet: bool) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """``procs`` client processes started together (a barrier); CPU measured while they run."""
     def meters(client_pids: list[int]) -> dict[str, CpuMeter]:
@@ -714,7 +743,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
     return cases
 
 
-def _rep_prelude(args: argparse.Namespace, system: System) -> float:
+def _rep_prelude(args: argparse.Namespace, system: System | RunningSystem) -> float:
     if args.drop_caches and not drop_caches():
         progress("warning: could not drop caches (not root?)")
     waited = settle(system, args.settle)
@@ -727,14 +756,15 @@ def _rep_prelude(args: argparse.Namespace, system: System) -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def run_rep(case: Case, rep: int, args: argparse.Namespace, system: System, topic: str,
+def run_rep(case: Case, rep: int, args: argparse.Namespace, system: System | RunningSystem, topic: str,
             queue_depth: int = 0) -> RepResult:
     load = _rep_prelude(args, system)
     produce = not case.mode.startswith("pull")
     before = sum(queue_depths(system.gateway, topic)) if produce else 0
     spec = ClientSpec(system.gateway, case.mode, case.concurrency, args.duration, case.batch, case.window,
                       args.request_pool, topic=topic, pull_max=args.pull_max, queue_depth=queue_depth)
-    spy = profiler(args.profile, system.children[args.profile_service], f"{case.name}-{rep}")
+    service_pid = system.children.get(args.profile_service)
+    spy = None if service_pid is None else profiler(args.profile, service_pid, f"{case.name}-{rep}")
     try:
         reports, cpu = run_clients(spec, case.procs, system, f"{case.name} rep {rep}", args.quiet)
     finally:
@@ -765,7 +795,7 @@ def run_rep(case: Case, rep: int, args: argparse.Namespace, system: System, topi
     return result
 
 
-def preload(system: System, count: int, quiet: bool) -> int:
+def preload(system: System | RunningSystem, count: int, quiet: bool) -> int:
     """``count`` messages (rounded down to whole queues) into PULL_TOPIC with SendBatch of 1024, an equal
     share per queue, a few calls in flight; then wait until the indexer has dispatched them. Returns
     the messages per queue."""
@@ -902,6 +932,10 @@ def build_parser(prog: str = "python -m mqstore.bench.gateway") -> argparse.Argu
                         help="while a system runs, its PIDs as JSON (runner, gateway, commitlog, indexer, query)")
     parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
                         help="mqstore up --gateway-workers N: gateway processes on its port (default 1)")
+    parser.add_argument("--gateway", metavar="ADDR", default=None,
+                        help="benchmark the system already running there (with `make run` going: 127.0.0.1:9876) "
+                             "instead of starting one per case kind; its flush mode applies to every case, its "
+                             "processes' CPU is not measured, and the benchmark's topics stay in its store")
     parser.add_argument("--settle", type=float, default=60.0, metavar="SECONDS",
                         help="before each rep wait up to this long for the system to go idle (default 60)")
     add_common_args(parser)
@@ -934,7 +968,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench
     if max(args.batch) > 1024 or args.pull_max > 1024:
         parser.error("--batch and --pull-max are at most 1024 (the gateway's limits)")
     cases = build_cases(args)
-    print_machine(f", server: {mqstore_command()} up (gateway + commitlog + indexer + query)")
+    print_machine(f", server: the running system at {args.gateway}" if args.gateway else
+                  f", server: {mqstore_command()} up (gateway + commitlog + indexer + query)")
     print(f"load average before the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
           f"{args.reps} reps of {args.duration:g} s per case; record {RECORD_SIZE} B, body {BODY_SIZE} B", flush=True)
     results: list[RepResult] = []
@@ -942,8 +977,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench
     for kind in kinds:
         kind_cases = [c for c in cases if c.kind == kind]
         settings = {**args.settings, "MQSTORE_FLUSH_DISK_TYPE": kind_cases[0].flush}
-        progress(f"{kind}: starting mqstore up ({kind_cases[0].flush}) ...")
-        with running_system(settings, args.keep_store, args.pids_file, args.gateway_workers) as system:
+        if args.gateway:
+            progress(f"{kind}: on the system at {args.gateway} (its own flush mode) ...")
+        else:
+            progress(f"{kind}: starting mqstore up ({kind_cases[0].flush}) ...")
+        system: System | RunningSystem
+        with (attached_system(args.gateway) if args.gateway else
+              running_system(settings, args.keep_store, args.pids_file, args.gateway_workers)) as system:
             depth = 0
             topic = PULL_TOPIC if kind == "pull" else TOPIC
             if kind == "pull":
@@ -957,10 +997,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench
                     r = run_rep(case, rep, args, system, topic, depth)
                     progress(f"{case.name} rep {rep}: {r.msgs_per_s:,.0f} msgs/s, {r.body_mb_per_s:.1f} MB/s body, "
                              f"call p50 {r.call_p50_us:,.0f} µs p99 {r.call_p99_us:,.0f} µs, cpu srv "
-                             f"{r.extra['cpuServer']} gw {r.extra['cpuGateway']} ours {r.extra['cpuOurs']} "
+                             f"{r.extra['cpuServer']} gw {r.extra.get('cpuGateway', '-')} ours {r.extra['cpuOurs']} "
                              f"other {r.extra['cpuOther']}")
                     kind_results.append(r)
-        print_table(f"gateway {kind} ({kind_cases[0].flush}): every rep", kind_results, EXTRA_COLUMNS)
+        flush = "the running system's flush mode" if args.gateway else kind_cases[0].flush
+        print_table(f"gateway {kind} ({flush}): every rep", kind_results, EXTRA_COLUMNS)
         results += kind_results
     print("\n### Medians")
     print_summary(results, EXTRA_COLUMNS)

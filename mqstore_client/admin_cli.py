@@ -88,8 +88,9 @@ def _status(args: argparse.Namespace, client_of: ClientFactory) -> int:
                     printer.note(f"{shard['name']} {service['name']} ({service['address']}): {service['error']}")
             if shard["disk_full"]:
                 printer.note(f"{shard['name']}: the commitlog refuses writes (disk full)")
-        printer.note(f"{len(status['shards'])} shards, {status['topic_count']} topics, {status['group_count']} "
-                     f"groups: {'healthy' if status['healthy'] else 'NOT HEALTHY'}")
+        if not args.quiet:
+            printer.note(f"{len(status['shards'])} shards, {status['topic_count']} topics, "
+                         f"{status['group_count']} groups: {'healthy' if status['healthy'] else 'NOT HEALTHY'}")
     return EXIT_OK if status["healthy"] else EXIT_ERROR
 
 

@@ -3,7 +3,7 @@
 They talk to the gateway (``--gateway``, else $MQSTORE_GATEWAY, else 127.0.0.1:9876) with an
 optional bearer token (``--token`` or $MQSTORE_TOKEN). Output is an aligned table, or with
 ``--json`` one JSON object per line. A refused call prints ``mqstore: error: CODE: what to fix``
-and exits 1; a malformed command line exits 2 with argparse's usage message.
+and exits 1; so does a malformed command line (one line naming the mistake and the ``--help`` to read).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, BinaryIO, TypeAlias, TypeVar
+from typing import Any, BinaryIO, NoReturn, TypeAlias, TypeVar
 
 from mqstore.client import admin_cli
 from mqstore.client.client import Client
@@ -35,7 +35,7 @@ from mqstore.client.transaction_producer import TransactionProducer, Transaction
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
 T = TypeVar("T")
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 130
 PROG = "mqstore"
 _RELATIVE = re.compile(r"^-?(\d+(?:\.\d+)?)(ms|s|m|h|d)(?: ?ago)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -43,12 +43,23 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 PULL_BATCH = 256
 #: Where the store parks a delayed (DELAY) or timer (TIMER_*) message until it is due
 #: (services/store/names.py; the client imports no server code, so they are named here).
-PARKING_TOPICS = frozenset({"SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer"})
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+PARKING_TOPICS = frozenset({SCHEDULE_TOPIC, "rmq_sys_wheel_timer"})
 MESSAGE_COLUMNS = ("queue", "offset", "msg_id", "tags", "keys", "stored", "body")
 
 
 class UsageError(Exception):
-    """A command line that parses but does not make sense; reported like argparse's errors (exit 2)."""
+    """A command line that parses but does not make sense; reported like argparse's errors (exit 1)."""
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are one line on stderr and exit code 1, like every other error
+    of the command (argparse's own would print the whole usage and exit 2). Subcommand parsers made by
+    ``add_subparsers`` are of the parent's class, so one parser at the top makes the whole tree so."""
+
+    def error(self, message: str) -> NoReturn:
+        _error(f"{message} (see {self.prog} --help)", prog=self.prog)
+        sys.exit(EXIT_ERROR)
 
 
 # -- argument helpers ----------------------------------------------------------------------------------
@@ -168,9 +179,8 @@ def _handled(handler: Handler) -> Handler:
             return handler(args)
         except UsageError as exc:
             parser: argparse.ArgumentParser = args.client_parser
-            parser.print_usage(sys.stderr)
-            _error(str(exc), prog=parser.prog)
-            return EXIT_USAGE
+            _error(f"{exc} (see {parser.prog} --help)", prog=parser.prog)
+            return EXIT_ERROR
         except MqstoreError as exc:
             _error(f"{exc.code}: {exc.message}")
             return EXIT_ERROR
@@ -229,7 +239,7 @@ def add_client_commands(commands: Subcommands) -> None:
     admin_cli.add_status_command(commands, _command, _common, _client)
 
 
-class _IntermixedParser(argparse.ArgumentParser):
+class _IntermixedParser(CommandParser):
     """``send``'s parser: options may come between the topic and the bodies (``send T -p K=V text``).
 
     Plain argparse gives the topic and the (empty) bodies their values at the first positional, so a
@@ -261,7 +271,8 @@ def _add_send(commands: Subcommands) -> None:
     send.add_argument("--property", "-p", action="append", type=parse_property, default=[], metavar="NAME=VALUE",
                       help="a user property (repeatable)")
     send.add_argument("--delay-level", type=non_negative,
-                      help="RocketMQ delay level (1 = 1 s ... 18 = 2 h); for any other time use a timer property: "
+                      help="RocketMQ delay level (1 = 1 s ... 18 = 2 h; a higher level is stored at the last one, "
+                           "with a warning, as RocketMQ does); for any other time use a timer property: "
                            "-p TIMER_DELAY_SEC=N, or -p TIMER_DELIVER_MS=<epoch ms> (docs/scheduling.md)")
     send.add_argument("--batch", type=positive, metavar="N",
                       help=f"send N messages per SendBatch call, each call to one queue (at most {MAX_BATCH}); "
@@ -403,6 +414,7 @@ def _send(args: argparse.Namespace) -> int:
                     body=text, topic=topic, sharding_key=args.sharding_key, queue_id=args.queue,
                     delay_level=args.delay_level, **template)) for text in messages]
             _print_receipts(printer, receipts)
+            _warn_clamped_delay(args.delay_level, receipts)
             return _status_exit(receipts)
         return _send_file(args, producer, topic, template, printer)
 
@@ -427,6 +439,18 @@ def _send_transactions(args: argparse.Namespace, topic: str, messages: list[str]
                       [(r.transaction_id, r.state.name, r.applied, r.committed.queue_id if r.committed else "",
                         r.committed.queue_offset if r.committed else "", r.half.offset_msg_id) for r in results])
     return EXIT_OK
+
+
+def _warn_clamped_delay(delay_level: int | None, receipts: Sequence[SendReceipt]) -> None:
+    """A delay level beyond the store's last is stored at the last level, as RocketMQ's broker does; say
+    so, or ``--delay-level 99`` reads as accepted. The level a message was parked at is its queue id + 1
+    in SCHEDULE_TOPIC_XXXX, so the answer says it, whatever the store's messageDelayLevel holds."""
+    if not delay_level:
+        return
+    parked = {r.queue_id + 1 for r in receipts if r.topic == SCHEDULE_TOPIC}
+    if parked and max(parked) < delay_level:
+        print(f"{PROG}: warning: --delay-level {delay_level} is beyond the store's last delay level "
+              f"{max(parked)}: stored at level {max(parked)}, as RocketMQ does", file=sys.stderr, flush=True)
 
 
 def _status_exit(receipts: Sequence[SendReceipt]) -> int:
@@ -470,10 +494,13 @@ def _send_file(args: argparse.Namespace, producer: Producer, topic: str, templat
             items = (OutgoingMessage(body=body, topic=topic, delay_level=args.delay_level, **template)
                      for body in bodies)
             receipts = producer.send_stream(items, topic, sharding_key=args.sharding_key, queue_id=args.queue)
+        clamped: list[SendReceipt] = []
         try:
             for receipt in receipts:
                 bar.update()
                 not_ok += not receipt.ok
+                if not clamped and receipt.topic == SCHEDULE_TOPIC:
+                    clamped.append(receipt)
                 if printer.json_mode:
                     printer.json(receipt.to_json())
                 else:
@@ -486,6 +513,7 @@ def _send_file(args: argparse.Namespace, producer: Producer, topic: str, templat
                 rate = f" ({bar.rate:,.0f} msg/s)" if bar.elapsed > 0 and bar.count else ""
                 printer.note(f"sent {bar.count} message{'s' if bar.count != 1 else ''} to {topic} in "
                              f"{bar.elapsed:.2f} s{rate}" + (f", {not_ok} not PUT_OK" if not_ok else ""))
+    _warn_clamped_delay(args.delay_level, clamped)
     if not printer.json_mode and per_queue:
         printer.table(("queue", "messages", "first_offset", "last_offset"),
                       [(q, c, first, last) for q, (first, last, c) in sorted(per_queue.items())])
@@ -798,22 +826,40 @@ def _add_dlq(commands: Subcommands) -> None:
                             ("resend", "send dead letters again to their original topic (RETRY_TOPIC)")):
         sub = actions.add_parser(name, help=help_text, allow_abbrev=False)
         sub.set_defaults(handler=_handled(_dlq), client_parser=sub)
-        sub.add_argument("--group", "-g", required=True, help="the consumer group")
+        # The group is positional as in ``mqstore groups G`` (``dlq list G``, ``dlq show G MSG_ID``);
+        # --group still works, and then every positional of show/resend is a msg id.
+        sub.add_argument("--group", "-g", dest="group_option", metavar="GROUP", help="the consumer group")
         if name == "list":
+            sub.add_argument("group", nargs="?", help="the consumer group (or --group)")
             sub.add_argument("--max", type=positive, default=64, help="at most this many (default 64)")
         else:
-            sub.add_argument("msg_ids", nargs="+", metavar="MSG_ID")
+            sub.add_argument("ids", nargs="+", metavar="[GROUP] MSG_ID")
         _common(sub, nested=True)
+
+
+def _dlq_group(args: argparse.Namespace, action: str) -> tuple[str, list[str]]:
+    """The group and the msg ids of a dlq action, the group given as the first positional or --group."""
+    positional: list[str] = [args.group] if action == "list" and args.group else list(getattr(args, "ids", []))
+    if args.group_option:
+        if action == "list" and positional and positional[0] != args.group_option:
+            raise UsageError(f"two groups given ({positional[0]!r} and --group {args.group_option!r})")
+        return args.group_option, [] if action == "list" else positional
+    if not positional:
+        raise UsageError(f"give the group: mqstore dlq {action} GROUP" + ("" if action == "list" else " MSG_ID"))
+    if action != "list" and len(positional) < 2:
+        raise UsageError(f"give the group and at least one msg id: mqstore dlq {action} GROUP MSG_ID...")
+    return positional[0], positional[1:]
 
 
 def _dlq(args: argparse.Namespace) -> int:
     action = getattr(args, "dlq_action", None)
     if action is None:
-        raise UsageError("give an action: list, show or resend (each with --group G)")
+        raise UsageError("give an action: list, show or resend (mqstore dlq list GROUP)")
+    group, msg_ids = _dlq_group(args, action)
     printer = Printer(args.json)
     with _client(args) as client:
         if action == "list":
-            letters = list_dead_letters(client, args.group, args.max)
+            letters = list_dead_letters(client, group, args.max)
             if printer.json_mode:
                 for m in letters:
                     printer.json(m.to_json())
@@ -821,11 +867,11 @@ def _dlq(args: argparse.Namespace) -> int:
                 printer.table(("queue_offset", "offset_msg_id", "msg_id", "original_topic", "reconsume", "body"),
                               [(m.queue_offset, m.offset_msg_id, m.msg_id, m.properties.get("RETRY_TOPIC", ""),
                                 m.reconsume_times, cell(m.text, 40)) for m in letters],
-                              empty=f"no dead letters for group {args.group}")
+                              empty=f"no dead letters for group {group}")
             return EXIT_OK
-        for i, msg_id in enumerate(args.msg_ids):
+        for i, msg_id in enumerate(msg_ids):
             if action == "show":
-                message = show_dead_letter(client, args.group, msg_id)
+                message = show_dead_letter(client, group, msg_id)
                 if printer.json_mode:
                     printer.json(message.to_json())
                 else:
@@ -833,7 +879,7 @@ def _dlq(args: argparse.Namespace) -> int:
                         printer.lines([""])
                     printer.lines(format_record(_message_record(message)))
             else:
-                receipt = resend_dead_letter(client, args.group, msg_id)
+                receipt = resend_dead_letter(client, group, msg_id)
                 if printer.json_mode:
                     printer.json({"dead_letter": msg_id, **receipt.to_json()})
                 else:
@@ -876,7 +922,7 @@ def _groups(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The client commands alone (``python -m mqstore.client.cli``); ``mqstore`` has them too."""
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__)
+    parser = CommandParser(prog=PROG, description=__doc__)
     admin_cli.add_version_option(parser)
     add_client_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

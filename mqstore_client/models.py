@@ -232,8 +232,9 @@ class TopicConfig:
                    perm=c.perm)
 
     def to_json(self) -> dict[str, Any]:
+        """``perm`` as the table shows it and ``--perm`` takes it (``rw``); ``perm_bits``: RocketMQ's number."""
         return {"topic": self.topic, "read_queue_nums": self.read_queue_nums,
-                "write_queue_nums": self.write_queue_nums, "perm": self.perm}
+                "write_queue_nums": self.write_queue_nums, "perm": perm_text(self.perm), "perm_bits": self.perm}
 
 
 @dataclass(slots=True, frozen=True)

@@ -12,9 +12,10 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mqstore", description=__doc__)
     from mqstore.client.admin_cli import add_version_option
+    from mqstore.client.cli import CommandParser
 
+    parser = CommandParser(prog="mqstore", description=__doc__)
     add_version_option(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_run(commands)
