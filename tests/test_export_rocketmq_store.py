@@ -309,3 +309,20 @@ def test_an_interrupted_export_leaves_nothing(stopped_store: StoppedStore, tmp_p
     with pytest.raises(ExportError, match="not empty"):
         (tmp_path / "empty" / "x").touch()
         export_rocketmq_store(SourceStore.at(stopped_store.root), tmp_path / "empty")
+
+
+def test_delay_offsets_carry_what_the_scheduler_delivered(tmp_path: Path) -> None:
+    """The broker's ScheduleMessageService resumes each level at the scheduler's delivered count: what
+    mqstore delivered is not delivered again; a level it never delivered from starts at 0."""
+    from mqstore.services.store.delay_offsets_file import write_delay_offsets
+    from mqstore.services.store.rocketmq_layout_export import _write_delay_offsets
+
+    dest = tmp_path / "dest"
+    for queue in ("0", "2"):  # levels 1 and 3
+        (dest / "consumequeue" / "SCHEDULE_TOPIC_XXXX" / queue).mkdir(parents=True)
+    (dest / "config").mkdir()
+    delivered = tmp_path / "scheduler" / "config" / "delayOffset.json"
+    delivered.parent.mkdir(parents=True)
+    write_delay_offsets(delivered, {1: 5})
+    assert _write_delay_offsets(dest, delivered) == 2
+    assert json.loads((dest / "config" / "delayOffset.json").read_text()) == {"offsetTable": {"1": 5, "3": 0}}
