@@ -5,6 +5,13 @@ offsets, because the gateway is stateless and may run as several workers or repl
 goes to every shard at once; the answer is the union of the shards that answered, so the group keeps
 rebalancing while one shard is down (a shard that comes back learns the members from their next
 heartbeat). DescribeGroups adds what only the routes know: route queue ids, max offsets, lag.
+
+Tokens name topics, not groups, so a group is reached through its topics (its members' and those it
+committed offsets on). A token sees a group only if it may consume one of those topics, and then only
+that part: each member with the topics and queues the token may consume (a member with none is left
+out), the queues of those topics. It may replace (heartbeat as) or remove a member only if it may
+consume every topic of that member, which is what registering it required. An unknown group (no
+topics) is anyone's: group names are not owned, so no tenant can squat on one.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-from mqstore.gateway.auth import Action, Principal, TokenTable
+from mqstore.gateway.auth import Action, PermissionDeniedError, Principal, TokenTable
 from mqstore.gateway.resilience import BackendError, RetryPolicy
 from mqstore.gateway.route import RouteTable, TopicRoute
 from mqstore.gateway.shard import ShardClient
@@ -58,8 +65,11 @@ class GroupDirectory:
                         request.rebalance_interval_ms, request.member_timeout_ms)
         for topic in request.topics:
             self.tokens.authorize(principal, Action.CONSUME, topic)
+        if not principal.admin:
+            members = _union(d.members for d in await self._parts(request.group, timeout))
+            _check_may_replace(principal, request.group, request.client_id, members)
         answers = self._answered(await self._everywhere("Heartbeat", request, timeout))
-        members = _union(a.members for a in answers)
+        members = _visible_members(principal, _union(a.members for a in answers))
         response = groups_pb2.HeartbeatResponse(member_ids=[m.client_id for m in members],
                                                 rebalance_interval_ms=answers[0].rebalance_interval_ms,
                                                 member_timeout_ms=answers[0].member_timeout_ms)
@@ -70,8 +80,24 @@ class GroupDirectory:
                          timeout: float) -> groups_pb2.UnregisterConsumerResponse:
         """Every shard that answers forgets the member; one that does not drops it at its timeout."""
         check_member(request.group, request.client_id)
+        if not principal.admin:
+            parts = await self._parts(request.group, timeout)
+            _check_may_see(principal, request.group, parts)
+            _check_may_replace(principal, request.group, request.client_id, _union(d.members for d in parts))
         self._answered(await self._everywhere("UnregisterConsumer", request, timeout))
         return groups_pb2.UnregisterConsumerResponse()
+
+    async def authorize_group(self, principal: Principal, group: str, timeout: float) -> None:
+        """PERMISSION_DENIED for a group the token may not reach (see the module docstring): before a
+        call writes into the group's retry or dead-letter topic."""
+        if not principal.admin:
+            _check_may_see(principal, group, await self._parts(group, timeout))
+
+    async def _parts(self, group: str, timeout: float) -> list[groups_pb2.GroupDescription]:
+        """The group as the shards that answer know it (members and committed offsets)."""
+        request = groups_pb2.DescribeGroupsRequest(group=group)
+        answers = self._answered(await self._everywhere("DescribeGroups", request, timeout))
+        return [d for a in answers for d in a.groups if d.group == group]
 
     async def describe(self, principal: Principal, request: groups_pb2.DescribeGroupsRequest,
                        timeout: float) -> groups_pb2.DescribeGroupsResponse:
@@ -87,6 +113,11 @@ class GroupDirectory:
                 per_group.setdefault(description.group, []).append((shard, description))
         if request.group and request.group not in per_group:
             per_group[request.group] = []
+        if not principal.admin:
+            if request.group:
+                _check_may_see(principal, request.group, [d for _, d in per_group[request.group]])
+            per_group = {name: parts for name, parts in per_group.items()
+                         if _may_see(principal, [d for _, d in parts])}
         # The groups at once: one after another, G groups cost G rounds of offset calls.
         described = await asyncio.gather(*(self._describe_group(principal, name, per_group[name], timeout)
                                            for name in sorted(per_group)))
@@ -95,7 +126,7 @@ class GroupDirectory:
     async def _describe_group(self, principal: Principal, name: str,
                               parts: list[tuple[ShardClient, groups_pb2.GroupDescription]],
                               timeout: float) -> groups_pb2.GroupDescription:
-        members = _union(d.members for _, d in parts)
+        members = _visible_members(principal, _union(d.members for _, d in parts))
         owners = {(q.topic, q.queue_id): m.client_id for m in members for q in m.assigned_queues}
         committed: dict[tuple[str, ShardClient, int], int] = {}
         topics: set[str] = {t for m in members for t in m.topics}
@@ -138,6 +169,51 @@ class GroupDirectory:
                                                                request, timeout)))
         answers = await asyncio.gather(*calls)
         return {key: (a.min_offset, a.max_offset) for key, a in zip(keys, answers, strict=True)}
+
+
+def _group_topics(parts: Iterable[groups_pb2.GroupDescription]) -> set[str]:
+    """The topics a group is reached through: its members' and those it committed offsets on."""
+    return {t for d in parts for t in [*(t for m in d.members for t in m.topics), *(q.topic for q in d.queues)]}
+
+
+def _may_see(principal: Principal, parts: Sequence[groups_pb2.GroupDescription]) -> bool:
+    topics = _group_topics(parts)
+    return not topics or any(principal.may(Action.CONSUME, t) for t in topics)
+
+
+def _check_may_see(principal: Principal, group: str, parts: Sequence[groups_pb2.GroupDescription]) -> None:
+    if not _may_see(principal, parts):
+        raise PermissionDeniedError(f"token {principal.name!r} may not reach consumer group {group!r}: it may "
+                                    "consume none of the group's topics (its consume list)")
+
+
+def _check_may_replace(principal: Principal, group: str, client_id: str,
+                       members: Iterable[groups_pb2.GroupMember]) -> None:
+    """Only a token that may consume every topic of a member may heartbeat as it or remove it."""
+    for member in members:
+        if member.client_id == client_id and not all(principal.may(Action.CONSUME, t) for t in member.topics):
+            raise PermissionDeniedError(f"token {principal.name!r} may not act as member {client_id!r} of consumer "
+                                        f"group {group!r}: the member consumes topics outside the token's consume "
+                                        "list")
+
+
+def _visible_members(principal: Principal, members: list[groups_pb2.GroupMember]) -> list[groups_pb2.GroupMember]:
+    """Each member with only the topics and queues the token may consume; one with none is left out."""
+    if principal.admin:
+        return members
+    visible = []
+    for member in members:
+        topics = [t for t in member.topics if principal.may(Action.CONSUME, t)]
+        if not topics:
+            continue
+        if len(topics) < len(member.topics):
+            shown = groups_pb2.GroupMember(client_id=member.client_id, topics=topics,
+                                           last_heartbeat_ms=member.last_heartbeat_ms,
+                                           allocation_strategy=member.allocation_strategy)
+            shown.assigned_queues.extend(q for q in member.assigned_queues if q.topic in topics)
+            member = shown
+        visible.append(member)
+    return visible
 
 
 def _union(member_lists: Iterable[Iterable[groups_pb2.GroupMember]]) -> list[groups_pb2.GroupMember]:

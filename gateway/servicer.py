@@ -719,6 +719,7 @@ class MessagingServicer:
         send_back.check_send_back(group, msg_id, request.delay_level, limit)
         if request.topic:
             check_topic_name(request.topic)
+        await self.groups.authorize_group(principal, group, self._timeout(context))
         view = query_pb2.ViewMessageRequest(msg_id=msg_id, topic=request.topic)
         found, _ = await self.finder.find(view, msg_id, self._timeout(context))
         stored = found.message
