@@ -14,6 +14,7 @@ StoredMessage), with RocketMQ's own property names, so a message reads the same 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import zlib
 
 from google.protobuf import timestamp_pb2
@@ -85,8 +86,7 @@ def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue
         body = zlib.decompress(body)
     system = definition_pb2.SystemProperties(
         message_id=stored.uniq_key or stored.msg_id,
-        body_digest=definition_pb2.Digest(type=definition_pb2.DigestType.CRC32,
-                                          checksum=format(zlib.crc32(body) & 0xFFFFFFFF, "08X")),
+        body_digest=body_digest(body),
         body_encoding=definition_pb2.Encoding.IDENTITY,
         born_timestamp=_timestamp(stored.born_timestamp), born_host=stored.born_host.rsplit(":", 1)[0],
         store_timestamp=_timestamp(stored.store_timestamp), store_host=stored.store_host,
@@ -111,6 +111,13 @@ def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue
     return definition_pb2.Message(topic=topic, user_properties=user, system_properties=system, body=body)
 
 
+def body_digest(body: bytes) -> definition_pb2.Digest:
+    """The digest a RocketMQ 5 proxy sends: MD5 as 32 uppercase hex digits, the one form every official
+    client verifies alike (their CRC32 forms differ: the Node client compares a decimal string, the
+    Java and Python clients hex). A client discards a message whose digest does not match."""
+    return definition_pb2.Digest(type=definition_pb2.DigestType.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+
+
 def _millis(ts: timestamp_pb2.Timestamp) -> int:
     return ts.seconds * 1000 + ts.nanos // 1_000_000
 
@@ -124,13 +131,17 @@ def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
 def check_message(check: transaction_pb2.TransactionCheck) -> definition_pb2.Message:
     """The half of a transaction check as the v2 message a producer's TransactionChecker sees."""
     props = check.message.properties
+    body = bytes(check.message.body)
     system = definition_pb2.SystemProperties(message_id=check.transaction_id,
                                              message_type=MessageType.TRANSACTION,
+                                             body_digest=body_digest(body),
                                              body_encoding=definition_pb2.Encoding.IDENTITY)
+    if check.message.born_timestamp:
+        system.born_timestamp.CopyFrom(_timestamp(check.message.born_timestamp))
     if TAGS in props:
         system.tag = props[TAGS]
     if props.get(KEYS):
         system.keys.extend(props[KEYS].split())
     user = {k: v for k, v in props.items() if k not in _SYSTEM}
     return definition_pb2.Message(topic=definition_pb2.Resource(name=check.message.topic), user_properties=user,
-                                  system_properties=system, body=bytes(check.message.body))
+                                  system_properties=system, body=body)
