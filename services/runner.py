@@ -34,6 +34,7 @@ from mqstore.gateway.workers import workers_from_env
 from mqstore.services.query import DEFAULT_LISTEN as QUERY_LISTEN
 from mqstore.services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
 from mqstore.services.store.config import ConfigError, load_config
+from mqstore.services.store.store_root import make_dirs
 
 log = logging.getLogger("mqstore.services.runner")
 STOP_TIMEOUT_S = 30.0
@@ -141,7 +142,7 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
                   "--tls-cert ... --tls-key ...` in front of the shard (docs/security.md)", ", ".join(tls))
         return 2
     root = Path(store)
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     addresses = Addresses.of(config_file, base_port)
     children: list[tuple[ChildSpec, subprocess.Popen[bytes]]] = []
     stop_requested = False

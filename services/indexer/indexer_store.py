@@ -30,7 +30,7 @@ from mqstore.services.store.index_service import IndexRewind, IndexService, Inde
 from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from mqstore.services.store.record import DispatchRequest
 from mqstore.services.store.service_thread import LeastPages, ServiceThread
-from mqstore.services.store.store_root import AbortFile, StoreLock, write_atomically
+from mqstore.services.store.store_root import AbortFile, StoreLock, remove_durably, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class IndexerStore:
                 self._dispatch_checkpoint_file.save(snapshot)
             except OSError:
                 if after_rewind:
-                    self._dispatch_checkpoint_file.path.unlink(missing_ok=True)
+                    remove_durably(self._dispatch_checkpoint_file.path)
                     self.dispatch_checkpoint = None
                 raise
             self.dispatch_checkpoint = snapshot

@@ -13,6 +13,8 @@ import os
 import struct
 from pathlib import Path
 
+from mqstore.services.store.store_root import created_durably
+
 CHECKPOINT_FILE_SIZE = 4096
 _LAYOUT = struct.Struct(">qqq")
 RECOVERY_SAFETY_MARGIN_MS = 3000
@@ -36,6 +38,7 @@ class StoreCheckpoint:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if os.fstat(self._fd).st_size < CHECKPOINT_FILE_SIZE:
             os.ftruncate(self._fd, CHECKPOINT_FILE_SIZE)
+            created_durably(self._fd, path)  # msync makes its content durable, never its name
         self._mm = mmap.mmap(self._fd, CHECKPOINT_FILE_SIZE)
         self.physic_msg_timestamp, self.logics_msg_timestamp, self.index_msg_timestamp = \
             _LAYOUT.unpack_from(self._mm, 0)

@@ -38,6 +38,7 @@ from mqstore.services.store.mapped_file import OS_PAGE_SIZE, MappedFile
 from mqstore.services.store.mapped_file_queue import MappedFileQueue
 from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from mqstore.services.store.record import DispatchRequest
+from mqstore.services.store.store_root import make_dirs
 
 log = logging.getLogger(__name__)
 
@@ -483,7 +484,7 @@ class ConsumeQueue:
         if last is not None and not last.is_full:
             return last
         first_in_queue = last is None
-        self.store_path.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.store_path)
         expected = cq_offset * CQ_STORE_UNIT_SIZE
         mapped = queue.last_file_for_append(expected)
         if first_in_queue and cq_offset != 0 and mapped.wrote_position == 0:

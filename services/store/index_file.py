@@ -33,6 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mqstore.services.store.java_hash import index_key_hash_fast
+from mqstore.services.store.store_root import created_durably, remove_durably
 
 INDEX_HEADER_SIZE = 40
 HASH_SLOT_SIZE = 4
@@ -173,6 +174,7 @@ class IndexFile:
         try:
             if create:
                 os.ftruncate(fd, self.file_size)  # sparse: blocks are allocated as entries arrive
+                created_durably(fd, self.path)  # an fdatasync of entries does not make the name durable
             actual = os.fstat(fd).st_size
             if actual != self.file_size:
                 raise IndexFileError(
@@ -563,7 +565,7 @@ class IndexFile:
     def destroy(self) -> None:
         """Unmap and delete the file."""
         self.close()
-        self.path.unlink(missing_ok=True)
+        remove_durably(self.path)
 
     def __repr__(self) -> str:
         return f"IndexFile({self.name}, count={self.index_count}, end={self.end_phy_offset})"

@@ -65,6 +65,7 @@ from mqstore.services.store.message import (
     TRANSACTION_TYPE_MASK,
 )
 from mqstore.services.store.record import DispatchRequest
+from mqstore.services.store.store_root import make_dirs, remove_durably
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class IndexService:
         is newer than the checkpoint's indexMsgTimestamp (no checkpoint: all), as RocketMQ does; they
         hold entries that may not have reached the disk. A 0-byte file (a kill between its creation and
         its sizing) is deleted whatever the exit. Returns the names deleted."""
-        self.index_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.index_dir)
         safe_until = self.checkpoint.index_msg_timestamp if self.checkpoint is not None else 0
         dropped: list[str] = []
         with self._lock:
@@ -153,7 +154,7 @@ class IndexService:
                 if path.stat().st_size == 0:
                     # A crash between creating a file and sizing it (one ftruncate): it never held an entry.
                     log.warning("deleting %s: an empty index file, its creation was interrupted", path)
-                    path.unlink()
+                    remove_durably(path)
                     dropped.append(path.name)
                     continue
                 f = IndexFile(path, self.hash_slot_num, self.index_num)
@@ -355,7 +356,7 @@ class IndexService:
     def _new_file_name(self, last: IndexFile | None) -> str:
         """Creation time, but never a name already taken nor one sorting before the last file: the
         load order is the name order, and two files created in one millisecond would collide."""
-        self.index_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.index_dir)
         name = index_file_name(int(self._clock() * 1000))
         if last is not None and name <= last.name:
             name = next_index_file_name(last.name)

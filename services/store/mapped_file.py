@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from mqstore.services.store.store_root import created_durably, remove_durably
+
 log = logging.getLogger(__name__)
 
 OS_PAGE_SIZE = 4096
@@ -70,6 +72,10 @@ class MappedFile:
                 # which makes appends ~10x slower; it also surfaces a full disk at creation.
                 allocating = True
                 os.posix_fallocate(self._fd, 0, file_size)
+                # The file's size and its name are durable before any data goes in: an fdatasync of
+                # appended data does not make a new name durable, and a file whose name is lost at a
+                # power cut loses every acknowledged record in it.
+                created_durably(self._fd, path)
             elif actual != file_size:
                 raise ValueError(f"{path} is {actual} bytes, but store files here are {file_size} bytes")
             self._mm = mmap.mmap(self._fd, file_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -78,7 +84,7 @@ class MappedFile:
             if allocating:
                 # A file this call began (empty, or partly allocated when the disk filled up) holds no
                 # data: remove it, so no half-created file is left for the next attempt or a restart.
-                path.unlink(missing_ok=True)
+                remove_durably(path)
             raise
         self.write_buffer = write_buffer
         self._prefault_lock = threading.Lock()
@@ -220,8 +226,10 @@ class MappedFile:
             self._fd = -1
 
     def destroy(self) -> None:
+        """Close and delete the file, durably: a deletion the directory does not remember can bring
+        the file back after a power cut (stale records past a truncated end, or an expired file)."""
         self.close()
-        self.path.unlink(missing_ok=True)
+        remove_durably(self.path)
 
     def __repr__(self) -> str:
         return (f"MappedFile({self.path.name}, wrote={self.wrote_position}, "

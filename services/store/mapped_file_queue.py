@@ -21,6 +21,7 @@ from pathlib import Path
 from mqstore.services.store.config import ConfigError
 from mqstore.services.store.disk_space import disk_full_error, is_disk_full
 from mqstore.services.store.mapped_file import MappedFile, file_name, parse_file_name
+from mqstore.services.store.store_root import make_dirs, remove_durably
 from mqstore.services.store.transient_store_pool import TransientStorePool
 
 #: Asked before an old file is deleted, with the file and whether it is past its reserved time: False keeps it.
@@ -64,7 +65,7 @@ class MappedFileQueue:
         data (its creation was cut short: data is written only into fully created files) is removed;
         any other wrong-sized file means the store was written with another file size, and nothing is
         touched (:class:`FileSizeMismatchError`)."""
-        self.store_path.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.store_path)
         paths = sorted(p for p in self.store_path.iterdir() if p.is_file() and not p.name.startswith("."))
         self._check_file_sizes(paths)
         files: list[MappedFile] = []
@@ -74,7 +75,7 @@ class MappedFileQueue:
             if size != self.mapped_file_size and i == len(paths) - 1:
                 log.warning("removing %s: %d bytes instead of %d and no data (its creation was cut short)",
                             path, size, self.mapped_file_size)
-                path.unlink()
+                remove_durably(path)
                 continue
             if files and offset != files[-1].file_tail_offset:
                 raise ValueError(f"{path} does not follow {files[-1].path.name}: a file is missing")

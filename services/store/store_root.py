@@ -7,6 +7,7 @@ so a second process can say who holds it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -30,7 +31,7 @@ class StoreLock:
         self._fd = -1
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -70,12 +71,39 @@ class AbortFile:
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (a created, renamed or removed file) durable."""
-    fd = os.open(path, os.O_RDONLY)
+    """Make a directory's entries (a created, renamed or removed file) durable. POSIX makes a new,
+    renamed or removed name durable only with an fsync of its directory: an fsync of the file itself
+    is not enough (XFS and others lose the name at a power cut; ext4 happens to keep it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dirs(path: Path) -> None:
+    """``mkdir -p`` whose result survives a power cut: each directory created is made durable in its
+    parent (the store root's parent included)."""
+    missing: list[Path] = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another thread or process
+            directory.mkdir()
+        fsync_dir(directory.parent)
+
+
+def created_durably(fd: int, path: Path) -> None:
+    """Make a newly created file durable: its content and size (fsync) and its name (its directory)."""
+    os.fsync(fd)
+    fsync_dir(path.parent)
+
+
+def remove_durably(path: Path) -> None:
+    """Delete ``path`` (if there) so that it stays deleted after a power cut."""
+    path.unlink(missing_ok=True)
+    fsync_dir(path.parent)
 
 
 T = TypeVar("T")
@@ -100,8 +128,11 @@ def read_with_backup(path: Path, parse: Callable[[bytes], T]) -> T | None:
 
 def write_atomically(path: Path, data: bytes, keep_backup: bool = False) -> None:
     """Replace ``path`` so that a crash leaves either the old or the new content, never a mix.
-    With ``keep_backup`` the previous content stays in ``path.bak`` (RocketMQ's ConfigManager habit)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    With ``keep_backup`` the previous content stays in ``path.bak`` (RocketMQ's ConfigManager habit).
+    The steps are write a temporary file, fsync it, rename it over ``path``, fsync the directory:
+    without the first fsync a power cut can leave the new name with no content, without the last
+    the old content."""
+    make_dirs(path.parent)
     if keep_backup and path.exists():
         backup = path.with_name(path.name + ".bak")
         _write_and_rename(backup, path.read_bytes())

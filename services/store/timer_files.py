@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mqstore.services.store.store_root import read_with_backup, write_atomically
+from mqstore.services.store.store_root import fsync_dir, make_dirs, read_with_backup, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,7 @@ class TimerFiles:
         self._chunk_seconds = dict(checkpoint.chunk_seconds)
         self._log = os.open(directory / LOG_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         self._wheel = os.open(directory / WHEEL_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        fsync_dir(directory)  # the names of files just created: their fsyncs do not cover them
         self.log_end = os.fstat(self._log).st_size // UNIT_SIZE * UNIT_SIZE
         # Write-behind (flush_writes): the units appended since, from position _written, and the slots
         # changed since, by slot index. Reads see them.
@@ -146,7 +147,7 @@ class TimerFiles:
         """Open (or create) ``store/timer``; a new store gets ``slots`` slots, an existing one keeps its
         count. ValueError when the checkpoint is unreadable."""
         directory = store / TIMER_DIR
-        directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(directory)
         checkpoint = read_checkpoint(directory / CHECK_NAME)
         fresh = checkpoint is None
         files = cls(directory, checkpoint or TimerCheckpoint(slots=slots), chunk_units)
