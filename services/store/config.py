@@ -20,11 +20,22 @@ from typing import Any
 import yaml
 
 ENV_PREFIX = "MQSTORE_"
-# MQSTORE_* variables that are not store settings.
-_NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # read by services/server
-                    "SERVICE_TOKEN", "SERVICE_TOKEN_FILE",
-                    "INDEXER_REPUT_SOURCE", "INDEXER_COMMITLOG_DIR",  # read by services/indexer/main.py
-                    "MEMORY_REPORT_DIR", "MEMORY_REPORT_INTERVAL_S", "MEMORY_REPORT_TYPES_EVERY"}
+# MQSTORE_* variables that are not store settings, by their owner. Every process loads the store
+# settings and sees the whole environment (``mqstore up`` passes it to every child), so a variable one
+# process owns must not be warned about by the others; tests/test_config_env.py checks that every name
+# the code reads is here.
+_NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # services/server
+                    "SERVICE_TOKEN", "SERVICE_TOKEN_FILE", "INSTANCE_ID",
+                    "MEMORY_REPORT_DIR", "MEMORY_REPORT_INTERVAL_S", "MEMORY_REPORT_TYPES_EVERY",
+                    "INDEXER_REPUT_SOURCE", "INDEXER_COMMITLOG_DIR",  # services/indexer/main.py
+                    "QUERY_READ_FROM",  # services/cli.py (the query service)
+                    "TRANSACTION_TIMEOUT_MS", "TRANSACTION_CHECK_MAX",  # services/scheduler/transaction_check.py
+                    "TRANSACTION_CHECK_INTERVAL_MS",
+                    "GATEWAY_WORKERS", "GATEWAY_WORKER",  # gateway/workers.py
+                    "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY", "GATEWAY_TLS_CLIENT_CA",  # gateway/tls.py
+                    "RMQ5", "RMQ5_MAX_DELIVERY_ATTEMPTS",  # gateway/rocketmq5/registration.py
+                    "GATEWAY", "TOKEN", "TLS", "TLS_CA", "TLS_CERT", "TLS_KEY",  # mqstore_client/connection.py
+                    "PROGRESS"}  # mqstore_client/progress.py
 log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
@@ -157,6 +168,12 @@ def _apply(values: dict[str, Any], source: Mapping[str, Any], origin: str) -> No
         values[name] = _coerce(name, raw)
 
 
+def is_known_env(key: str) -> bool:
+    """Whether some mqstore process or the client reads this MQSTORE_* variable."""
+    name = key.removeprefix(ENV_PREFIX)
+    return name.lower() in _FIELDS or name in _NON_SETTING_ENV
+
+
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None,
                 **overrides: Any) -> MessageStoreConfig:
     """Defaults, then the YAML file, then ``MQSTORE_*`` environment variables, then ``overrides``."""
@@ -177,8 +194,9 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
         name = key[len(ENV_PREFIX):].lower()
         if name in _FIELDS:
             from_env[name] = value
-        elif name.upper() not in _NON_SETTING_ENV:
-            log.warning("ignoring %s: there is no setting %s (see services/store/config.py)", key, camel_name(name))
+        elif not is_known_env(key):
+            log.warning("ignoring %s: no mqstore setting or service reads it (store settings: "
+                        "services/store/config.py)", key)
     _apply(values, from_env, "environment")
     values.update(overrides)
     config = MessageStoreConfig(**values)
