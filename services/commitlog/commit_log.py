@@ -177,13 +177,16 @@ class CommitLog:
         walk_started = time.monotonic()
         quarantine = cfg.recover_corruption_mode == QUARANTINE
         self.quarantine.load()
+        snapshot = self._queue_offset_store.load()
+        recorded_end = None if snapshot is None else snapshot.commitlog_offset  # a clean stop's: the write position
         if self.last_exit_ok:
-            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms, quarantine)
+            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms, quarantine,
+                                             recorded_end)
         else:
             log.warning("abort file found in %s: the last stop was not clean, recovering abnormally", self.root)
             self.recovery = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
                                                cfg.message_index_enable and cfg.message_index_safe,
-                                               self._delay_levels_ms, quarantine)
+                                               self._delay_levels_ms, quarantine, recorded_end)
         end = self.recovery.end
         self.quarantine.reconcile(self.recovery.quarantined, self.mfq.min_offset, end)
         for bad in self.quarantine.ranges:
@@ -194,7 +197,7 @@ class CommitLog:
         self.mfq.prefault_last_file()
         self.recovered_offset = end
         self.topics.load()
-        self._restore_queue_table(end)
+        self._restore_queue_table(end, snapshot)
         self._discover_topics()
         self._abort.create()
         self.incarnation = uuid.uuid4().hex
@@ -204,8 +207,7 @@ class CommitLog:
                  time.monotonic() - started, self.min_offset, self.max_offset, len(self.queue_table),
                  self.incarnation)
 
-    def _restore_queue_table(self, end: int) -> None:
-        snapshot = self._queue_offset_store.load()
+    def _restore_queue_table(self, end: int, snapshot: QueueOffsetSnapshot | None) -> None:
         start = self.mfq.min_offset
         table: dict[QueueKey, int] = {}
         if snapshot is not None and self.mfq.min_offset <= snapshot.commitlog_offset <= end:

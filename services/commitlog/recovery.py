@@ -17,6 +17,16 @@ What happens at a damaged record with intact records after it depends on ``recov
 its own offset, and check_record's checks), returns the range [bad record, next valid record) in
 ``RecoveryResult.quarantined`` and walks on from there. A torn tail (nothing valid after the bad
 record) is cut in both modes, so stores whose last write was cut short by a crash end where they did.
+
+Quarantine applies only to damage inside the log that was live. An earlier recovery that cut the log
+(RocketMQ's keeps the bytes after its cut; mqstore's zeroes them) leaves records past the cut that
+no one may read again, and a damaged record with intact records after it is then the cut itself
+(nothing was written since) or the end of what was written since (the old records after it are
+older). So the log is cut there, in both modes, when the records after it are older than the record
+before it, or when the store stopped cleanly and mqstore's recorded end of the log (the queue-offset
+snapshot, written at the write position by a clean stop) does not lie past the damage: a clean stop
+leaves no damage inside a log it recorded, and a store without that record (RocketMQ's) cannot show
+that the records after the damage were live.
 """
 
 from __future__ import annotations
@@ -62,17 +72,37 @@ class RecoveryResult:
         return self.end - self.start
 
 
+@dataclass(frozen=True, slots=True)
+class LiveLog:
+    """What the store shows of the log that was live when it stopped: whether the stop was clean,
+    and the end of the log mqstore recorded then (the queue-offset snapshot's offset; None: no record,
+    a store mqstore never ran on). A damaged record outside it is never quarantined."""
+
+    clean_stop: bool
+    recorded_end: int | None = None
+
+    def excludes(self, offset: int) -> str | None:
+        """Why the log was not live at ``offset`` (None: it may have been)."""
+        if not self.clean_stop or (self.recorded_end is not None and offset < self.recorded_end):
+            return None
+        recorded = "none" if self.recorded_end is None else str(self.recorded_end)
+        return (f"the last stop was clean and there is no record of the log having been live past it "
+                f"(mqstore's recorded end of the log: {recorded}); an earlier recovery ended the log "
+                "there (RocketMQ's keeps the bytes after its cut)")
+
+
 def recover_normally(mfq: MappedFileQueue, check_crc: bool, delay_levels_ms: Sequence[int],
-                     quarantine: bool = False) -> RecoveryResult:
+                     quarantine: bool = False, recorded_end: int | None = None) -> RecoveryResult:
     files = mfq.files
     if not files:
         return RecoveryResult(0, 0, 0)
-    return _walk(files, max(0, len(files) - 3), check_crc, delay_levels_ms, quarantine)
+    return _walk(files, max(0, len(files) - 3), check_crc, delay_levels_ms, quarantine,
+                 LiveLog(True, recorded_end))
 
 
 def recover_abnormally(mfq: MappedFileQueue, checkpoint: StoreCheckpoint, check_crc: bool,
                        include_index: bool, delay_levels_ms: Sequence[int],
-                       quarantine: bool = False) -> RecoveryResult:
+                       quarantine: bool = False, recorded_end: int | None = None) -> RecoveryResult:
     files = mfq.files
     if not files:
         return RecoveryResult(0, 0, 0)
@@ -83,7 +113,7 @@ def recover_abnormally(mfq: MappedFileQueue, checkpoint: StoreCheckpoint, check_
             start = index
             break
     log.info("abnormal recovery starts at %s (checkpoint minimum %d)", files[start].path.name, min_timestamp)
-    return _walk(files, start, check_crc, delay_levels_ms, quarantine)
+    return _walk(files, start, check_crc, delay_levels_ms, quarantine, LiveLog(False, recorded_end))
 
 
 def _matches_checkpoint(mapped: MappedFile, min_timestamp: int) -> bool:
@@ -95,18 +125,43 @@ def _matches_checkpoint(mapped: MappedFile, min_timestamp: int) -> bool:
     return store_timestamp != 0 and store_timestamp <= min_timestamp
 
 
+def _store_timestamp(mapped: MappedFile, pos: int) -> int:
+    """STORETIMESTAMP of the (valid) record at ``pos`` of ``mapped``."""
+    sys_flag = _I32.unpack_from(mapped.buffer, pos + SYSFLAG_POS)[0]
+    stamp: int = _I64.unpack_from(mapped.buffer, pos + store_timestamp_pos(sys_flag))[0]
+    return stamp
+
+
+def _older_than_before(before: tuple[MappedFile, int] | None, after: tuple[MappedFile, int]) -> str | None:
+    """Why the first intact record after a damaged one is a leftover of an earlier cut (None: it may be
+    live): it was stored before the last valid record in front of the damage, so the log was written
+    over up to the damage after it had been cut below it. Store times grow along a live log."""
+    if before is None:
+        return None
+    stamp_before, stamp_after = _store_timestamp(*before), _store_timestamp(*after)
+    if stamp_after >= stamp_before:
+        return None
+    return (f"the intact record after it (offset {after[0].file_from_offset + after[1]}, stored at {stamp_after}) "
+            f"is older than the record before the damage (offset {before[0].file_from_offset + before[1]}, "
+            f"stored at {stamp_before}): left over from before an earlier recovery's cut")
+
+
 def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels_ms: Sequence[int],
-          quarantine: bool) -> RecoveryResult:
+          quarantine: bool, live: LiveLog) -> RecoveryResult:
     """Walk the valid records starting at ``files[index]``; a BLANK record moves on to the next file.
-    With ``quarantine``, a damaged record with intact records after it is stepped over."""
+    With ``quarantine``, a damaged record with intact records after it is stepped over if the log was
+    live there (``live``, :func:`_older_than_before`)."""
     start = files[index].file_from_offset
     records = 0
     pos = 0
     quarantined: list[QuarantinedRange] = []
+    last_record: tuple[MappedFile, int] | None = None
     while True:
         mapped = files[index]
         scan = scan_file(mapped.buffer, pos, mapped.file_from_offset, check_crc, delay_levels_ms)
         records += scan.records
+        if scan.records:
+            last_record = (mapped, scan.starts[-1])
         if scan.blank:
             if index + 1 >= len(files):
                 damage = None
@@ -119,6 +174,10 @@ def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels
             break
         resume = _resynchronise(files, index, scan.end + 1, check_crc, delay_levels_ms)
         if resume is None:  # survey saw intact records the search cannot reach: cut, as RocketMQ
+            break
+        not_live = live.excludes(damage.offset) or _older_than_before(last_record, (files[resume[0]], resume[1]))
+        if not_live is not None:
+            log.warning("recovery does not quarantine the damaged record at offset %d: %s", damage.offset, not_live)
             break
         index, pos = resume
         bad = QuarantinedRange(damage.offset, files[index].file_from_offset + pos, damage.reason)
