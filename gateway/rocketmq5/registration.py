@@ -5,13 +5,16 @@ RocketMQ's) is how often a message is delivered to a consumer group before it go
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
+from mqstore.gateway.rocketmq5 import status as st
 from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS
 from mqstore.gateway.rocketmq5.servicer import RocketMQ5Servicer
+from mqstore.gateway.wire import Undecodable, decoder
 
 if TYPE_CHECKING:
     from mqstore.gateway.servicer import MessagingServicer
@@ -41,5 +44,57 @@ def add_to_server(mq: MessagingServicer, server: grpc.aio.Server) -> RocketMQ5Se
     if not enabled():
         return None
     servicer = RocketMQ5Servicer(mq, max_delivery_attempts=max_delivery_attempts())
-    service_pb2_grpc.add_MessagingServiceServicer_to_server(servicer, server)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers(servicer)),))
     return servicer
+
+
+def handlers(servicer: RocketMQ5Servicer) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """Every RPC of the service descriptor, decoded at the edge: a request whose bytes are not its message
+    (invalid UTF-8 in a string field, a truncated field) is answered in the protocol's own way, a response
+    whose status is BAD_REQUEST saying what was wrong (gRPC's answer to a deserializer that raises would
+    be UNKNOWN, which the clients retry). In a stream of commands (Telemetry) the servicer answers each
+    undecodable one."""
+    out: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+    for method in service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods:
+        request_type = _message_class(method.input_type.name)
+        response_type = _message_class(method.output_type.name)
+        handler = getattr(servicer, method.name)
+        decode, encode = decoder(request_type), response_type.SerializeToString
+        if method.client_streaming:
+            out[method.name] = grpc.stream_stream_rpc_method_handler(
+                handler, request_deserializer=decode, response_serializer=encode)
+        elif method.server_streaming:
+            out[method.name] = grpc.unary_stream_rpc_method_handler(
+                _refusing_stream(handler, response_type), request_deserializer=decode, response_serializer=encode)
+        else:
+            out[method.name] = grpc.unary_unary_rpc_method_handler(
+                _refusing_unary(handler, response_type), request_deserializer=decode, response_serializer=encode)
+    return out
+
+
+def _message_class(name: str) -> Any:
+    return getattr(service_pb2, name, None) or getattr(definition_pb2, name)
+
+
+def bad_request(response_type: Any, request: Undecodable) -> Any:
+    return response_type(status=st.status(st.Code.BAD_REQUEST, request.reason))
+
+
+def _refusing_unary(handler: Callable[..., Any], response_type: Any) -> Callable[..., Any]:
+    async def handle(request: Any, context: Any) -> Any:
+        if isinstance(request, Undecodable):
+            return bad_request(response_type, request)
+        return await handler(request, context)
+
+    return handle
+
+
+def _refusing_stream(handler: Callable[..., Any], response_type: Any) -> Callable[..., Any]:
+    async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
+        if isinstance(request, Undecodable):
+            yield bad_request(response_type, request)
+            return
+        async for answer in handler(request, context):
+            yield answer
+
+    return handle

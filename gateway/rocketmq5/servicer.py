@@ -24,6 +24,7 @@ from mqstore.gateway.rocketmq5.checks import CheckRelay
 from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
 from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
 from mqstore.gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
+from mqstore.gateway.wire import Undecodable
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 if TYPE_CHECKING:
@@ -142,6 +143,10 @@ class RocketMQ5Servicer:
         async def read() -> None:
             try:
                 async for command in requests:
+                    if isinstance(command, Undecodable):
+                        await outbox.put(service_pb2.TelemetryCommand(status=st.status(Code.BAD_REQUEST,
+                                                                                       command.reason)))
+                        continue
                     if not command.HasField("settings"):
                         continue
                     await outbox.put(service_pb2.TelemetryCommand(status=st.ok(),

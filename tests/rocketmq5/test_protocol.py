@@ -8,9 +8,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+import grpc
 import pytest
 from google.protobuf import duration_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mqstore.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore.apache.rocketmq.v2 import service_pb2 as s
@@ -208,3 +212,75 @@ def test_acks_commit_the_group_offset_soon(up: UpProcess, v2: service_pb2_grpc.M
     while up.stub.QueryOffset(request, timeout=10).offset != 2:
         assert time.monotonic() < deadline, "the acks' offset was not committed"
         time.sleep(0.05)
+
+
+# -- bad bytes: every RPC answers the protocol's BAD_REQUEST, never gRPC UNKNOWN ------------------------
+_SERVICE = s.DESCRIPTOR.services_by_name["MessagingService"]
+
+
+def _invalid_utf8(descriptor: Any, depth: int = 0) -> bytes:
+    """A serialised ``descriptor`` whose first string field (at the top, else inside a message field)
+    holds bytes that are not UTF-8, which protobuf refuses to decode."""
+    def field(number: int, payload: bytes) -> bytes:
+        return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+    for f in descriptor.fields:
+        if f.type == f.TYPE_STRING:
+            return field(f.number, b"\xff\xfe bad")
+    for f in descriptor.fields:
+        if f.type == f.TYPE_MESSAGE and depth < 3 and not f.message_type.full_name.startswith("google."):
+            inner = _invalid_utf8(f.message_type, depth + 1)
+            if inner:
+                return field(f.number, inner)
+    return b""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _response_class(name: str) -> Any:
+    return getattr(s, name, None) or getattr(d, name)
+
+
+@pytest.mark.parametrize("method", [m.name for m in _SERVICE.methods])
+def test_every_rpc_answers_invalid_utf8_with_bad_request(up: UpProcess, method: str) -> None:
+    descriptor = _SERVICE.methods_by_name[method]
+    payload = _invalid_utf8(descriptor.input_type)
+    assert payload, f"{descriptor.input_type.full_name} has no string field to spoil"
+    path = f"/{_SERVICE.full_name}/{method}"
+    response_type = _response_class(descriptor.output_type.name)
+    if descriptor.client_streaming:
+        call = up.channel.stream_stream(path, request_serializer=None, response_deserializer=response_type.FromString)
+        answers = call(iter([payload]), timeout=10)
+        first = next(answers)
+        answers.cancel()
+    elif descriptor.server_streaming:
+        call = up.channel.unary_stream(path, request_serializer=None, response_deserializer=response_type.FromString)
+        first = next(iter(call(payload, timeout=10)))
+    else:
+        call = up.channel.unary_unary(path, request_serializer=None, response_deserializer=response_type.FromString)
+        first = call(payload, timeout=10)
+    assert first.status.code == Code.BAD_REQUEST, first
+    assert "not a valid apache.rocketmq.v2" in first.status.message
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(method=st.sampled_from([m.name for m in _SERVICE.methods if not m.client_streaming and not m.server_streaming]),
+       data=st.binary(max_size=64))
+def test_fuzzed_bytes_never_end_in_unknown_or_internal(up: UpProcess, method: str, data: bytes) -> None:
+    descriptor = _SERVICE.methods_by_name[method]
+    response_type = _response_class(descriptor.output_type.name)
+    call = up.channel.unary_unary(f"/{_SERVICE.full_name}/{method}", request_serializer=None,
+                                  response_deserializer=response_type.FromString)
+    try:
+        answer = call(data, timeout=10)
+    except grpc.RpcError as exc:
+        assert exc.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (method, data, exc)
+        return
+    assert answer.status.code != Code.INTERNAL_ERROR or "Traceback" not in answer.status.message
