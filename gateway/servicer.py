@@ -885,10 +885,26 @@ class MessagingServicer:
         if not (principal.may(Action.CONSUME, request.topic) or principal.may(Action.PRODUCE, request.topic)):
             raise PermissionDeniedError(f"token {principal.name!r} may neither produce to nor consume from topic "
                                         f"{request.topic!r}")
-        route = await self._route(request.topic)
-        return gateway_pb2.TopicRoute(topic=route.topic, queues=[
-            gateway_pb2.QueueRoute(queue_id=q.queue_id, shard=q.shard.name, shard_queue_id=q.shard_queue_id,
-                                   writable=q.writable, readable=q.readable) for q in route.queues])
+        return _route_proto(await self._route(request.topic))
+
+    @unary
+    async def GetRouteToProduce(self, request: gateway_pb2.GetRouteRequest,
+                                context: Context) -> gateway_pb2.TopicRoute:
+        """The route a producer sends by (in process, for protocols whose producers look a route up before
+        their first send): the topic's, or for a topic that does not exist yet the provisional route of
+        :meth:`_route_for_send` (same auto-create setting, default queue count and permission as a first
+        Send, which then creates the topic; nothing is created here)."""
+        principal = self._principal(context)
+        check_topic_name(request.topic)
+        if not principal.may(Action.PRODUCE, request.topic):
+            raise PermissionDeniedError(f"token {principal.name!r} may not produce to topic {request.topic!r}")
+        return _route_proto(await self._route_for_send(request.topic, context))
+
+
+def _route_proto(route: TopicRoute) -> gateway_pb2.TopicRoute:
+    return gateway_pb2.TopicRoute(topic=route.topic, queues=[
+        gateway_pb2.QueueRoute(queue_id=q.queue_id, shard=q.shard.name, shard_queue_id=q.shard_queue_id,
+                               writable=q.writable, readable=q.readable) for q in route.queues])
 
 
 def _check_body(message: common_pb2.Message, index: int | None) -> None:

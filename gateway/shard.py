@@ -66,6 +66,8 @@ class ShardClient:
             "/mqstore.v1.QueryService/PullMessage", request_serializer=query_pb2.PullMessageRequest.SerializeToString,
             response_deserializer=_identity)
         self.store_host: str | None = None
+        #: The store's maxMessageSize (the largest record it takes), learned with the store host.
+        self.max_message_size: int | None = None
         #: ``store_host`` as the STOREHOST bytes an offset msg id carries (None if it has no such form),
         #: encoded once when learned: every GetMessage by offset msg id compares them.
         self.store_host_bytes: bytes | None = None
@@ -98,6 +100,7 @@ class ShardClient:
 
     async def learn_store_host(self, timeout: float) -> str:
         info = await self.on_commitlog(self.commitlog.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest(), timeout)
+        self.max_message_size = info.max_message_size or None
         store_host: str = info.store_host
         try:
             self.store_host_bytes = encode_address(store_host)

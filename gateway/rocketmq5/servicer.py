@@ -10,6 +10,7 @@ are mqstore's. Receive with invisible durations: inflight.py. Message mapping: m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -19,12 +20,14 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
+from mqstore.gateway.resilience import BackendError
 from mqstore.gateway.rocketmq5 import status as st
 from mqstore.gateway.rocketmq5.checks import CheckRelay
 from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
 from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
 from mqstore.gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
 from mqstore.gateway.wire import Undecodable
+from mqstore.services.store.record import largest_body_always_stored
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 if TYPE_CHECKING:
@@ -34,8 +37,10 @@ log = logging.getLogger("mqstore.gateway.rocketmq5")
 Code = definition_pb2.Code
 Context = grpc.aio.ServicerContext[Any, Any]
 MIB = 1024 * 1024
-#: RocketMQ's maxMessageSize default, which mqstore's stores also use.
-MAX_BODY_BYTES = 4 * MIB
+#: RocketMQ's default maxMessageSize, the limit of a whole record: what the gateway assumes of a shard
+#: whose commitlog cannot be asked.
+DEFAULT_MAX_MESSAGE_SIZE = 4 * MIB
+STORE_INFO_TIMEOUT_S = 5.0
 DEFAULT_INVISIBLE_S = 30.0
 #: RocketMQ's proxy takes 10 s at least; 1 s here, so short tests and short tasks work.
 MIN_INVISIBLE_S = 1.0
@@ -58,10 +63,9 @@ ACCEPTED_TYPES = [definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.
 class RocketMQ5Servicer:
     """The v2 MessagingService over one gateway process's mqstore.v1 servicer."""
 
-    def __init__(self, mq: MessagingServicer, max_body_bytes: int = MAX_BODY_BYTES,
-                 max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS) -> None:
+    def __init__(self, mq: MessagingServicer, max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS) -> None:
         self.mq = mq
-        self.max_body_bytes = max_body_bytes
+        self._max_body_bytes: int | None = None
         self.max_delivery_attempts = max_delivery_attempts
         self._leases: dict[tuple[str, str, int], QueueLease] = {}
         self._lease_lock = asyncio.Lock()
@@ -84,6 +88,22 @@ class RocketMQ5Servicer:
     async def _route(self, topic: str, context: Context) -> gateway_pb2.TopicRoute:
         return await call(self.mq.GetRoute, gateway_pb2.GetRouteRequest(topic=topic), self._local(context))
 
+    async def max_body_bytes(self) -> int:
+        """The largest body every shard stores whatever the message's topic and properties (each
+        store's maxMessageSize limits the whole record): what the settings advertise as max_body_size
+        and what a send is held to. Learned from the shards' commitlogs once."""
+        if self._max_body_bytes is None:
+            sizes = []
+            for shard in self.mq.shards:
+                if shard.max_message_size is None:
+                    with contextlib.suppress(BackendError):
+                        await shard.learn_store_host(STORE_INFO_TIMEOUT_S)
+                sizes.append(shard.max_message_size)
+            if None in sizes:  # a shard that could not say: assumed the default, and asked again next time
+                return largest_body_always_stored(min(s or DEFAULT_MAX_MESSAGE_SIZE for s in sizes))
+            self._max_body_bytes = largest_body_always_stored(min(s for s in sizes if s is not None))
+        return self._max_body_bytes
+
     # -- routes, clients -----------------------------------------------------------------------------
     async def QueryRoute(self, request: service_pb2.QueryRouteRequest, context: Context
                          ) -> service_pb2.QueryRouteResponse:
@@ -96,7 +116,13 @@ class RocketMQ5Servicer:
         try:
             route = await self._route(request.topic.name, context)
         except MqstoreCallError as exc:
-            return service_pb2.QueryRouteResponse(status=st.of_error(exc))
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                return service_pb2.QueryRouteResponse(status=st.of_error(exc))
+            try:  # a producer's first look at a new topic: the route its first send creates the topic by
+                route = await call(self.mq.GetRouteToProduce, gateway_pb2.GetRouteRequest(topic=request.topic.name),
+                                   self._local(context))
+            except MqstoreCallError:
+                return service_pb2.QueryRouteResponse(status=st.of_error(exc))
         broker = definition_pb2.Broker(name="mqstore", id=0, endpoints=request.endpoints)
         queues = [definition_pb2.MessageQueue(topic=request.topic, id=q.queue_id, permission=_permission(q),
                                               broker=broker, accept_message_types=ACCEPTED_TYPES)
@@ -149,8 +175,8 @@ class RocketMQ5Servicer:
                         continue
                     if not command.HasField("settings"):
                         continue
-                    await outbox.put(service_pb2.TelemetryCommand(status=st.ok(),
-                                                                  settings=self._settings(command.settings)))
+                    settings = self._settings(command.settings, await self.max_body_bytes())
+                    await outbox.put(service_pb2.TelemetryCommand(status=st.ok(), settings=settings))
                     if command.settings.WhichOneof("pub_sub") == "subscription" and client_id:
                         sub = command.settings.subscription
                         self._subscribers[client_id] = (sub.group.name, {e.topic.name for e in sub.subscriptions})
@@ -169,7 +195,7 @@ class RocketMQ5Servicer:
             self.checks.leave(outbox)
             self._subscribers.pop(client_id, None)
 
-    def _settings(self, client: definition_pb2.Settings) -> definition_pb2.Settings:
+    def _settings(self, client: definition_pb2.Settings, max_body_bytes: int) -> definition_pb2.Settings:
         """The server's settings for a client: its own, with the limits and retry policy of mqstore.
         Producers retry sends with exponential backoff; consumers get RocketMQ's retry delays (the
         delay levels 1s 5s 10s 30s 1m 2m ...) and the group's max delivery attempts, after which the
@@ -195,7 +221,7 @@ class RocketMQ5Servicer:
             backoff.exponential_backoff.max.FromMilliseconds(1000)
             backoff.exponential_backoff.multiplier = 2.0
             if client.WhichOneof("pub_sub") == "publishing":
-                settings.publishing.max_body_size = self.max_body_bytes
+                settings.publishing.max_body_size = max_body_bytes
                 settings.publishing.validate_message_type = False
         return settings
 
@@ -215,7 +241,7 @@ class RocketMQ5Servicer:
 
     async def _send_one(self, message: definition_pb2.Message, context: Context) -> service_pb2.SendResultEntry:
         try:
-            stored, sharding_key = to_mqstore(message, self.max_body_bytes)
+            stored, sharding_key = to_mqstore(message, await self.max_body_bytes())
         except BadMessage as exc:
             code = Code.MESSAGE_BODY_TOO_LARGE if "allowed" in str(exc) else Code.BAD_REQUEST
             return service_pb2.SendResultEntry(status=st.status(code, str(exc)))

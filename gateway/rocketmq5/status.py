@@ -43,4 +43,6 @@ def of_error(exc: MqstoreCallError, not_found: int = Code.TOPIC_NOT_FOUND) -> de
         return status(not_found, exc.details)
     if exc.code == grpc.StatusCode.INVALID_ARGUMENT and "body" in exc.details and "large" in exc.details:
         return status(Code.MESSAGE_BODY_TOO_LARGE, exc.details)
+    if exc.code == grpc.StatusCode.INVALID_ARGUMENT and "(timerMaxDelaySec)" in exc.details:
+        return status(Code.ILLEGAL_DELIVERY_TIME, exc.details)
     return status(_BY_GRPC.get(exc.code, Code.INTERNAL_ERROR), exc.details)

@@ -460,7 +460,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
     async def GetStoreInfo(self, request: commitlog_pb2.GetStoreInfoRequest,
                            context: Context) -> commitlog_pb2.StoreInfo:
         engine, config = self.engine, self.engine.config
-        return store_info_to_proto(
+        info = store_info_to_proto(
             engine.stats(), flush_disk_type=config.flush_disk_type,
             transient_store_pool_enable=engine.pool_enabled,
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
@@ -468,6 +468,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
             quarantined=engine.quarantine.ranges,
             disk_clean_ratio=config.disk_max_used_space_ratio / 100,
             disk_refuse_ratio=config.disk_space_warning_level_ratio, disk_full=engine.disk_full)
+        info.max_message_size = min(config.max_message_size, config.mapped_file_size_commit_log - 8)
+        return info
 
     async def CreateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
         return await self._change_topic(request, context, "CreateTopic")

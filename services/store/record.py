@@ -46,6 +46,7 @@ from mqstore.services.store.message import (
     string_to_properties,
     tags_code,
 )
+from mqstore.services.store.names import MAX_TOPIC_LENGTH
 from mqstore.services.store.socket_address import decode_address
 
 # Anything record bytes are parsed from: file mappings included, without copying.
@@ -99,6 +100,14 @@ def record_length(sys_flag: int, body_len: int, topic_len: int, properties_len: 
     born, store = host_lengths(sys_flag)
     return 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born + 8 + store + 4 + 8 + 4 + body_len \
         + (2 if v2 else 1) + topic_len + 2 + properties_len
+
+
+def largest_body_always_stored(max_message_size: int) -> int:
+    """The largest body a record within ``max_message_size`` (maxMessageSize limits the whole record, as
+    in RocketMQ 4.9.8) holds whatever its hosts, topic and properties: what a protocol that limits
+    bodies alone can promise."""
+    overhead = record_length(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG, 0, MAX_TOPIC_LENGTH, MAX_PROPERTIES_LENGTH)
+    return max_message_size - overhead
 
 
 def encode_blank(size: int) -> bytes:

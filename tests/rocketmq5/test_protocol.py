@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from mqstore.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore.apache.rocketmq.v2 import service_pb2 as s
 from mqstore.apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.v1 import common_pb2, gateway_pb2, groups_pb2, query_pb2
+from mqstore.services.store.record import largest_body_always_stored
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, groups_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
 from tests.rocketmq5.topics import create_topic
 
@@ -87,17 +88,32 @@ def test_routes_settings_and_bad_input(up: UpProcess, v2: service_pb2_grpc.Messa
     assert route.status.code == Code.OK == 20000
     assert [q.id for q in route.message_queues] == [0, 1]
     assert route.message_queues[0].broker.endpoints == endpoints(up)
-    missing = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="rmq5-none"), endpoints=endpoints(up)),
-                            timeout=10)
-    assert missing.status.code == Code.TOPIC_NOT_FOUND and "rmq5-none" in missing.status.message
-
     settings = d.Settings(client_type=d.ClientType.PRODUCER, publishing=d.Publishing(topics=[d.Resource(name="x")]))
     [answer] = list(v2.Telemetry(iter([s.TelemetryCommand(settings=settings)]), timeout=10))
-    assert answer.status.code == Code.OK and answer.settings.publishing.max_body_size == 4 * 1024 * 1024
+    advertised = answer.settings.publishing.max_body_size
+    with grpc.insecure_channel(up.commitlog) as channel:
+        store = commitlog_pb2_grpc.CommitLogServiceStub(channel).GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(),
+                                                                               timeout=10)
+    assert store.max_message_size > 0
+    assert answer.status.code == Code.OK and advertised == largest_body_always_stored(store.max_message_size)
 
-    too_large = v2.SendMessage(s.SendMessageRequest(messages=[message("rmq5-proto", b"x" * (4 * 1024 * 1024 + 1))]),
-                               timeout=10)
-    assert too_large.status.code == Code.MESSAGE_BODY_TOO_LARGE
+    def send_body(size: int, properties: int) -> d.Status:
+        big = message("rmq5-proto", b"x" * size)
+        big.user_properties.update({f"p{i}": "v" * 2000 for i in range(properties)})
+        answer = v2.SendMessage(s.SendMessageRequest(messages=[big]), timeout=30)
+        return answer.entries[0].status if answer.entries else answer.status
+
+    # The largest advertised body is stored even with ~32 KB of properties; one byte more, or the store's
+    # maxMessageSize, is MESSAGE_BODY_TOO_LARGE as the settings and docs/rocketmq5.md say, never
+    # MESSAGE_ILLEGAL (40000).
+    assert send_body(advertised, properties=16).code == Code.OK
+    assert send_body(advertised + 1, properties=0).code == Code.MESSAGE_BODY_TOO_LARGE
+    assert send_body(store.max_message_size, properties=0).code == Code.MESSAGE_BODY_TOO_LARGE
+    far = message("rmq5-proto", b"much later")
+    far.system_properties.message_type = d.MessageType.DELAY
+    far.system_properties.delivery_timestamp.FromSeconds(int(time.time()) + 400 * 86400)
+    beyond = v2.SendMessage(s.SendMessageRequest(messages=[far]), timeout=10)
+    assert beyond.status.code == Code.ILLEGAL_DELIVERY_TIME and "timerMaxDelaySec" in beyond.status.message
     sent = v2.SendMessage(s.SendMessageRequest(messages=[message("rmq5-proto", b"hello")]), timeout=10)
     assert sent.status.code == Code.OK and len(sent.entries[0].message_id) == 32
 
@@ -284,3 +300,23 @@ def test_fuzzed_bytes_never_end_in_unknown_or_internal(up: UpProcess, method: st
         assert exc.code() not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL), (method, data, exc)
         return
     assert answer.status.code != Code.INTERNAL_ERROR or "Traceback" not in answer.status.message
+
+
+def test_a_producer_starts_on_a_topic_that_does_not_exist_yet(up: UpProcess,
+                                                              v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    """QueryRoute has the v1 API's rule for a new topic: with auto-create on (the default) a token that may
+    produce gets the route the first send uses (the default queue count), and that send creates the
+    topic; nothing is created by the lookup itself."""
+    route = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="rmq5-new"), endpoints=endpoints(up)),
+                          timeout=10)
+    assert route.status.code == Code.OK and len(route.message_queues) == 8
+    topics = {t.topic for t in up.stub.ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=10).topics}
+    assert "rmq5-new" not in topics, "a route lookup creates nothing"
+    sent = v2.SendMessage(s.SendMessageRequest(messages=[message("rmq5-new", b"first")]), timeout=10)
+    assert sent.status.code == Code.OK
+    again = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="rmq5-new"), endpoints=endpoints(up)),
+                          timeout=10)
+    assert again.status.code == Code.OK and [q.id for q in again.message_queues] == list(range(8))
+    bad = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="bad topic!"), endpoints=endpoints(up)),
+                        timeout=10)
+    assert bad.status.code != Code.OK
