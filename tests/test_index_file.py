@@ -405,6 +405,11 @@ def test_query_time_range_across_files(tmp_path: Path) -> None:
     assert query(-base, LONG_MAX - base, max_num=1000) == query(-base, LONG_MAX - base)  # maxMsgsNumBatch
     nothing = service.query_offset("T", "nothing", 64, 0, LONG_MAX)
     assert nothing == ([], base + 80_000, 800)  # the newest file's end values even without a match
+    # Pages of one walk: skip passes over the first hits, across files; each page is at most maxMsgsNumBatch.
+    pages = [service.query_offset("T", "k", 2, 0, LONG_MAX, skip=skip).phy_offsets for skip in range(0, 10, 2)]
+    assert pages == [[800, 700], [600, 500], [400, 300], [200, 100], [0]]
+    assert service.query_offset("T", "k", 64, base + 35_000, base + 65_000, skip=1).phy_offsets == [400, 300]
+    assert service.query_offset("T", "k", 64, 0, LONG_MAX, skip=9).phy_offsets == []
     service.close()
 
 

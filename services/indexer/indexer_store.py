@@ -289,10 +289,11 @@ class IndexerStore:
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.consume_queues.find(topic, queue_id)
 
-    def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
+    def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                     skip: int = 0) -> QueryOffsetResult:
         if self.index is None:
             return QueryOffsetResult([], 0, 0)
-        return self.index.query_offset(topic, key, max_num, begin, end)
+        return self.index.query_offset(topic, key, max_num, begin, end, skip)
 
     # -- flush -------------------------------------------------------------------------------
     def flush(self, least_pages: int) -> None:

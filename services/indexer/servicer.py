@@ -17,6 +17,7 @@ from mqstore.services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
 from mqstore.services.server.status import status_code_of
 from mqstore.services.store.consume_queue import ConsumeQueue
 from mqstore.services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+from mqstore.services.store.key_query import MAX_HITS_WALKED
 from mqstore.services.store.names import check_deletable_topic, check_key, check_queue, check_topic_name
 from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
 
@@ -149,9 +150,13 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
             if not 1 <= max_num <= MAX_NUM:
                 raise InvalidArgumentError(f"max_num {request.max_num} must be within 0..{MAX_NUM} "
                                            f"(0 means {DEFAULT_MAX_NUM})")
+            if not 0 <= request.skip <= MAX_HITS_WALKED - max_num:
+                raise InvalidArgumentError(f"skip {request.skip} must be within 0..{MAX_HITS_WALKED - max_num} "
+                                           f"(skip + max_num is at most {MAX_HITS_WALKED})")
         except StoreError as exc:
             _abort(context, exc)
-        result = self.store.query_by_key(request.topic, request.key, max_num, request.begin_timestamp, end)
+        result = self.store.query_by_key(request.topic, request.key, max_num, request.begin_timestamp, end,
+                                         request.skip)
         return indexer_pb2.QueryByKeyResponse(
             commitlog_offsets=result.phy_offsets,
             index_last_update_timestamp=result.index_last_update_timestamp,

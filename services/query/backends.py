@@ -145,10 +145,11 @@ class IndexerClient:
             raise self._error(exc) from None
         return int(response.offset)
 
-    async def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int) -> KeyHits:
-        """``end`` 0 = no upper bound."""
+    async def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                           skip: int = 0) -> KeyHits:
+        """``end`` 0 = no upper bound; ``skip``: hits passed over first (a walk's next page)."""
         request = indexer_pb2.QueryByKeyRequest(topic=topic, key=key, max_num=max_num, begin_timestamp=begin,
-                                                end_timestamp=end)
+                                                end_timestamp=end, skip=skip)
         try:
             response = await self._stub.QueryByKey(request, timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

@@ -349,6 +349,7 @@ class LocalIndexer(IndexerClient):
         return offset_in_file_by_time(found[1], chosen, read_position, bound.min_offset * CQ_STORE_UNIT_SIZE,
                                       timestamp, self._commitlog.store_time_of, self._commitlog.min_offset)
 
-    async def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int) -> KeyHits:
-        result = self._index.query_offset(topic, key, max_num, begin, end or INT64_MAX)
+    async def query_by_key(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                           skip: int = 0) -> KeyHits:
+        result = self._index.query_offset(topic, key, max_num, begin, end or INT64_MAX, skip)
         return KeyHits(result.phy_offsets, result.index_last_update_timestamp, result.index_last_update_phy_offset)

@@ -22,6 +22,8 @@ PULL_LATENCY = Histogram(
 LOOKUPS = Counter("mqstore_query_lookups", "ViewMessage (by message id) and QueryMessage (by key) calls answered",
                   ["method"])
 LOOKUP_MESSAGES = Counter("mqstore_query_lookup_messages", "Messages returned by ViewMessage and QueryMessage")
+LOST_INDEX_HITS = Counter("mqstore_query_lost_index_hits", "Index hits of lookups by key skipped: their records lie "
+                          "in quarantined commitlog ranges")
 OFFSET_COMMITS = Counter("mqstore_query_offset_commits", "Consumer offsets committed (UpdateConsumerOffset)")
 RPC_ERRORS = Counter("mqstore_query_rpc_errors", "RPCs ended with an error status", ["method", "code"])
 LONG_POLLS_WAITING = Gauge("mqstore_query_long_polls_waiting", "Pulls suspended until a message arrives")

@@ -15,6 +15,7 @@ are unreadable.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,8 @@ async def _serve(options: SchedulerOptions) -> int:
         load_service_token()
         if options.persist_interval_ms <= 0:
             raise ConfigError("--persist-interval-ms must be positive")
-        check_settings = CheckSettings.from_env()
+        check_settings = dataclasses.replace(CheckSettings.from_env(),
+                                             file_reserved_ms=config.file_reserved_time * 3_600_000)
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
@@ -111,7 +113,8 @@ async def _serve(options: SchedulerOptions) -> int:
         # Transactions (services/scheduler/transaction_check.py): ends and check-backs of the shard's halves.
         checker = TransactionChecker(check_settings, files, Path(options.indexer_store) if options.indexer_store else
                                      store_root / INDEXER_DIR, config.mapped_file_size_consume_queue, indexer,
-                                     options.commitlog or config.commitlog_listen, root / "config" / TX_OFFSETS_FILE)
+                                     options.commitlog or config.commitlog_listen, root / "config" / TX_OFFSETS_FILE,
+                                     config.mapped_file_size_commit_log)
         try:
             scheduler.load()
             timers.load()

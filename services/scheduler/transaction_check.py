@@ -44,6 +44,8 @@ from mqstore.services.store.errors import InvalidArgumentError
 from mqstore.services.store.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_TYPE_MASK,
     Message,
     MessageRecord,
 )
@@ -72,11 +74,13 @@ RETRY_S = 1.0
 
 @dataclass(slots=True, frozen=True)
 class CheckSettings:
-    """BrokerConfig's transactionTimeOut, transactionCheckMax and transactionCheckInterval."""
+    """BrokerConfig's transactionTimeOut, transactionCheckMax and transactionCheckInterval, and the store's
+    fileReservedTime (a half older than that is discarded unchecked: 4.9.8's needSkip)."""
 
     timeout_ms: int = tx.DEFAULT_TRANSACTION_TIMEOUT_MS
     check_max: int = tx.DEFAULT_TRANSACTION_CHECK_MAX
     interval_ms: int = tx.DEFAULT_TRANSACTION_CHECK_INTERVAL_MS
+    file_reserved_ms: int = 72 * 3600 * 1000
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CheckSettings:
@@ -127,8 +131,9 @@ class EndError(Exception):
 
 class TransactionChecker:
     def __init__(self, settings: CheckSettings, files: ScheduleFiles, indexer_root: Path, cq_file_size: int,
-                 indexer: IndexerPeer, commitlog_address: str, offsets_path: Path) -> None:
+                 indexer: IndexerPeer, commitlog_address: str, offsets_path: Path, commitlog_file_size: int) -> None:
         self.settings = settings
+        self._commitlog_file_size = commitlog_file_size
         self.offsets_path = offsets_path
         self._files = files
         self._halves = _QueueFiles(indexer_root / CONSUMEQUEUE_DIR, tx.HALF_TOPIC, cq_file_size)
@@ -151,6 +156,12 @@ class TransactionChecker:
         self._watchers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
         self._turn = 0
         self._task: asyncio.Task[None] | None = None
+        #: ends being applied: each runs to its end whatever its caller does (see :meth:`end`)
+        self._applying: set[asyncio.Task[scheduler_pb2.EndHalfResult]] = set()
+        #: op records of committed halves not stored yet (the commit was): written before the next round
+        self._pending_ops: list[MessageRecord] = []
+        #: whether commits left without their op record by an earlier process got it (:meth:`_recover`)
+        self._recovered = False
         self._wake = asyncio.Event()
         self.checks = 0
         self.discarded = 0
@@ -175,6 +186,8 @@ class TransactionChecker:
             self._task.cancel()
             with suppress(asyncio.CancelledError):
                 await self._task
+        if self._applying:
+            await asyncio.wait(self._applying, timeout=CALL_TIMEOUT_S)
         async with self._lock:
             with suppress(OSError):
                 await asyncio.to_thread(self.persist)
@@ -183,17 +196,20 @@ class TransactionChecker:
         self._ops.close()
 
     async def _check_loop(self) -> None:
+        """A round every interval, the first one interval after the start (TransactionalMessageCheckService
+        waits, then checks)."""
         interval = self.settings.interval_ms / 1000
+        wait = interval
         while True:
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+            self._wake.clear()
             wait = interval
             try:
                 await self.check_round()
             except grpc.aio.AioRpcError as exc:
                 log.warning("transaction check: %s: %s; again in %.1fs", exc.code().name, exc.details(), RETRY_S)
                 wait = min(interval, RETRY_S)
-            with suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
-            self._wake.clear()
 
     async def _max_offset(self, topic: str) -> int:
         offsets = await self._indexer.queue_offsets(topic, 0)
@@ -226,6 +242,8 @@ class TransactionChecker:
         await self._read_ops()
         half_max = await self._max_offset(tx.HALF_TOPIC)
         async with self._lock:
+            await self._recover()
+            await self._write_pending_ops()
             i = self.half_offset
             while i < half_max:
                 if i in self._done:
@@ -246,8 +264,9 @@ class TransactionChecker:
                     i += 1
                     continue
                 times = tx.check_times(record)
-                if times is not None and times >= self.settings.check_max:
-                    if not await self._discard(record):
+                expired = now_ms() - record.born_timestamp > self.settings.file_reserved_ms
+                if expired or (times is not None and times >= self.settings.check_max):
+                    if not await self._discard(record, expired):
                         break
                     i += 1
                     continue
@@ -317,16 +336,20 @@ class TransactionChecker:
                      group, check.transaction_id, times)
         return True
 
-    async def _discard(self, record: MessageRecord) -> bool:
+    async def _discard(self, record: MessageRecord, expired: bool) -> bool:
+        """resolveDiscardMsg: for a half checked transactionCheckMax times (needDiscard), or born longer
+        than fileReservedTime ago (needSkip: its commitlog file may be deleted any time)."""
         result = await self._append(tx.discard_of(record))
         if result.status not in STORED:
             return False
         self.discarded += 1
         DISCARDED.inc()
-        log.warning("transaction %s of producer group %r (real topic %s) was checked %d times without an answer: "
-                    "discarded to %s (msg id %s)", record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+        why = (f"was born more than fileReservedTime ({self.settings.file_reserved_ms // 3_600_000} h) ago"
+               if expired else f"was checked {self.settings.check_max} times without an answer")
+        log.warning("transaction %s of producer group %r (real topic %s) %s: discarded to %s (msg id %s)",
+                    record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
                     record.properties.get(tx.PROPERTY_PRODUCER_GROUP), record.properties.get(PROPERTY_REAL_TOPIC),
-                    self.settings.check_max, tx.CHECK_MAX_TIME_TOPIC, result.msg_id)
+                    why, tx.CHECK_MAX_TIME_TOPIC, result.msg_id)
         return True
 
     # -- ends --------------------------------------------------------------------------------------
@@ -379,7 +402,18 @@ class TransactionChecker:
                            f"transaction id {request.transaction_id!r} is not the half's ({key!r})")
         if request.resolution == transaction_pb2.UNKNOWN:
             return scheduler_pb2.EndHalfResult(applied=False)
+        # The commit record and the op record are written together or not at all, whatever the caller
+        # does: a caller gone between them (its deadline) would leave the half open and a check would
+        # commit it a second time. So the pair runs as a task of its own, which a cancelled call leaves running.
+        task = asyncio.ensure_future(self._apply(request.resolution, record, key))
+        self._applying.add(task)
+        task.add_done_callback(self._applying.discard)
+        return await asyncio.shield(task)
+
+    async def _apply(self, resolution: int, record: MessageRecord, key: str) -> scheduler_pb2.EndHalfResult:
+        """The end of ``record``'s transaction: COMMIT's commit record, then the op record of its live copy."""
         async with self._lock:
+            await self._recover()
             await self._read_ops()
             if key and key in self._done_keys:
                 return scheduler_pb2.EndHalfResult(applied=False)
@@ -387,20 +421,100 @@ class TransactionChecker:
             if live is None:
                 return scheduler_pb2.EndHalfResult(applied=False)
             answer = scheduler_pb2.EndHalfResult(applied=True)
-            if request.resolution == transaction_pb2.COMMIT:
+            if resolution == transaction_pb2.COMMIT:
                 committed = await self._append(tx.commit_of(record))
                 if committed.status not in STORED:
                     raise EndError(grpc.StatusCode.UNAVAILABLE, f"the commit was not stored (status "
                                                                 f"{committed.status}): end the transaction again")
                 answer.committed.CopyFrom(committed)
-            op = await self._append(tx.op_of(live, now_ms(), await self._store_host()))
-            if op.status not in STORED:
-                raise EndError(grpc.StatusCode.UNAVAILABLE, f"the op record was not stored (status {op.status}): end "
-                                                            "the transaction again")
-            self._done[live.queue_offset] = None
-            if key:
-                self._done_keys[key] = live.queue_offset
+                self._mark_done(live, key)
+                # Committed: the op record must follow. If it cannot be stored now, the next round writes it
+                # (and after a crash, the next process derives it from the commit record: _recover).
+                try:
+                    stored = await self._write_op(live)
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("transaction end: the op record of the committed half at %d: %s; written later",
+                                live.commitlog_offset, exc.code().name)
+                    stored = False
+                if not stored:
+                    self._pending_ops.append(live)
+                return answer
+            if not await self._write_op(live):
+                raise EndError(grpc.StatusCode.UNAVAILABLE, "the op record was not stored: end the transaction again")
+            self._mark_done(live, key)
             return answer
+
+    def _mark_done(self, live: MessageRecord, key: str) -> None:
+        self._done[live.queue_offset] = None
+        if key:
+            self._done_keys[key] = live.queue_offset
+
+    async def _write_op(self, live: MessageRecord) -> bool:
+        op = await self._append(tx.op_of(live, now_ms(), await self._store_host()))
+        if op.status not in STORED:
+            log.warning("transaction end: the op record of the half at %d not stored (status %d)",
+                        live.commitlog_offset, op.status)
+            return False
+        return True
+
+    async def _write_pending_ops(self) -> None:
+        """The op records of committed halves that could not be stored with their commit (under the lock)."""
+        while self._pending_ops:
+            if not await self._write_op(self._pending_ops[0]):
+                return
+            self._pending_ops.pop(0)
+
+    async def _recover(self) -> None:
+        """Once, before the first end or round (under the lock): the op record of every live half whose
+        commit record is in the log without it (a process that died between the two writes). A commit is
+        written after the copy it ends, so the log from the first live half on holds every such commit."""
+        if self._recovered:
+            return
+        await self._read_ops()
+        half_max = await self._max_offset(tx.HALF_TOPIC)
+        first = self._halves.unit(self.half_offset) if self.half_offset < half_max else None
+        if first is not None and is_valid_unit(*first):
+            info = await self._commitlog.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S)
+            committed = self._committed_halves(first[0], info.max_offset)
+            if committed:
+                for live in self._live_copies(committed, half_max):
+                    if not await self._write_op(live):
+                        self._pending_ops.append(live)
+                    key = live.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+                    self._mark_done(live, key)
+                    log.warning("transaction %s: committed by an earlier process that stopped before its op "
+                                "record; the op record is written now", key or live.commitlog_offset)
+        self._recovered = True
+
+    def _committed_halves(self, start: int, end: int) -> set[str | int]:
+        """The transactions committed by records in [start, end) of the log: their UNIQ_KEYs (the prepared
+        half's commitlog offset for a half without one)."""
+        committed: set[str | int] = set()
+        position = start
+        while position < end:
+            record = self._files.record(position)
+            if record is None:  # the blank end of a file (or a record that does not decode): the next file
+                position = (position // self._commitlog_file_size + 1) * self._commitlog_file_size
+                continue
+            if record.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_COMMIT_TYPE and record.topic != tx.HALF_TOPIC:
+                key = record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+                committed.add(key or record.prepared_transaction_offset)
+            position += record.store_size
+        return committed
+
+    def _live_copies(self, committed: set[str | int], half_max: int) -> list[MessageRecord]:
+        """The live copies (at or past the half offset, no op record) of the ``committed`` transactions."""
+        found = []
+        for i in range(self.half_offset, half_max):
+            if i in self._done:
+                continue
+            copy = self._record(i)
+            if copy is None:
+                continue
+            key = copy.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+            if (key or copy.commitlog_offset) in committed:
+                found.append(copy)
+        return found
 
     # -- watchers ----------------------------------------------------------------------------------
     async def watch(self, group: str) -> AsyncIterator[transaction_pb2.TransactionCheck]:

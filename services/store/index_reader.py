@@ -32,10 +32,12 @@ class IndexReader:
         self._listed_mtime_ns = -1
         self._complete = True
 
-    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
-        """Commitlog offsets indexed under ``topic#key`` stored in [begin, end] (hash collisions included)."""
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                     skip: int = 0) -> QueryOffsetResult:
+        """Commitlog offsets indexed under ``topic#key`` with an index time in [begin, end] (hash
+        collisions included), after the first ``skip``."""
         self._refresh()
-        max_num = min(max_num, self.max_msgs_num_batch)
+        limit = skip + min(max_num, self.max_msgs_num_batch)
         key_hash = index_key_hash_fast(f"{topic}#{key}")
         offsets: list[int] = []
         last_ts = last_offset = 0
@@ -48,10 +50,10 @@ class IndexReader:
             if position != len(files) - 1:
                 f.reload_header()
             if f.is_time_matched(begin, end):
-                f.select_by_hash(key_hash, max_num, begin, end, offsets)
-            if f.begin_timestamp < begin or len(offsets) >= max_num:
+                f.select_by_hash(key_hash, limit, begin, end, offsets)
+            if f.begin_timestamp < begin or len(offsets) >= limit:
                 break
-        return QueryOffsetResult(offsets, last_ts, last_offset)
+        return QueryOffsetResult(offsets[skip:], last_ts, last_offset)
 
     def _refresh(self) -> None:
         try:

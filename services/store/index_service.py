@@ -372,12 +372,14 @@ class IndexService:
             self.checkpoint.flush()
 
     # -- querying ------------------------------------------------------------------------------
-    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int) -> QueryOffsetResult:
-        """Commitlog offsets indexed under ``topic#key`` with store time in [begin, end], newest file
-        first and each chain newest first, at most min(max_num, maxMsgsNumBatch). Hash collisions are
-        included: the caller compares the real key. RocketMQ's loop: only files whose time span meets
-        [begin, end] are searched, and the walk stops at a file that began before ``begin``."""
-        max_num = min(max_num, self.max_msgs_num_batch)
+    def query_offset(self, topic: str, key: str, max_num: int, begin: int, end: int,
+                     skip: int = 0) -> QueryOffsetResult:
+        """Commitlog offsets indexed under ``topic#key`` with an index time in [begin, end], newest file
+        first and each chain newest first, at most min(max_num, maxMsgsNumBatch), after the first
+        ``skip`` (a walk's next page). Hash collisions are included: the caller compares the real key.
+        RocketMQ's loop: only files whose time span meets [begin, end] are searched, and the walk stops
+        at a file that began before ``begin``."""
+        limit = skip + min(max_num, self.max_msgs_num_batch)
         key_hash = index_key_hash_fast(f"{topic}#{key}")
         offsets: list[int] = []
         last_ts = last_offset = 0
@@ -386,10 +388,10 @@ class IndexService:
                 last_ts, last_offset = self._files[-1].end_timestamp, self._files[-1].end_phy_offset
             for f in reversed(self._files):
                 if f.is_time_matched(begin, end):
-                    f.select_by_hash(key_hash, max_num, begin, end, offsets)
-                if f.begin_timestamp < begin or len(offsets) >= max_num:
+                    f.select_by_hash(key_hash, limit, begin, end, offsets)
+                if f.begin_timestamp < begin or len(offsets) >= limit:
                     break
-        return QueryOffsetResult(offsets, last_ts, last_offset)
+        return QueryOffsetResult(offsets[skip:], last_ts, last_offset)
 
     # -- maintenance ---------------------------------------------------------------------------
     def flush(self) -> int:

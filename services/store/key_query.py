@@ -11,6 +11,10 @@ INT64_MAX = (1 << 63) - 1
 DEFAULT_MAX_NUM = 32
 # maxMsgsNumBatch: the index answers at most this many hits per query.
 MAX_NUM = 64
+# Index hits one key query walks at most (the indexer's QueryByKey: skip + max_num). Beyond RocketMQ,
+# which keeps the first maxMsgsNumBatch hits whatever they are: a bound on the records read when hash
+# collisions crowd a key's chain.
+MAX_HITS_WALKED = 1024
 
 
 def check_key_query(topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> tuple[int, int]:

@@ -114,6 +114,9 @@ def test_index_file_headers_equal_the_fixture(built: tuple[CommitLogProcess, Ind
     ("QueryByKey", indexer_pb2.QueryByKeyRequest(topic="TopicA", key=""), grpc.StatusCode.INVALID_ARGUMENT),
     ("QueryByKey", indexer_pb2.QueryByKeyRequest(topic="TopicA", key="k", max_num=-1),
      grpc.StatusCode.INVALID_ARGUMENT),
+    ("QueryByKey", indexer_pb2.QueryByKeyRequest(topic="TopicA", key="k", skip=-1), grpc.StatusCode.INVALID_ARGUMENT),
+    ("QueryByKey", indexer_pb2.QueryByKeyRequest(topic="TopicA", key="k", max_num=64, skip=961),
+     grpc.StatusCode.INVALID_ARGUMENT),
 ])
 def test_bad_requests_get_precise_codes(built: tuple[CommitLogProcess, IndexerProcess, Path], method: str,
                                         request_message: Any, code: grpc.StatusCode) -> None:

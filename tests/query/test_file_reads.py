@@ -265,6 +265,7 @@ def test_a_read_only_index_reader_follows_slots_past_a_lagging_header(tmp_path: 
         # the header of the batch not written yet: the slot already names the complete new entry
         writer._mm[0:40] = struct.pack(">qqqqii", *dataclasses.astuple(before))
         assert reader.query_offset("T", "a", 8, 0, 2**62).phy_offsets == [300, 100]
+        assert reader.query_offset("T", "a", 8, 0, 2**62, skip=1).phy_offsets == [100]
         assert reader.query_offset("T", "b", 8, 0, 2**62).phy_offsets == [200]
         assert reader.query_offset("T", "c", 8, 0, 2**62).phy_offsets == []
     finally:

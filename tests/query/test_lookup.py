@@ -3,15 +3,19 @@ against real services."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from mqstore.services.store.index_file import IndexFile
 from mqstore.services.store.java_hash import index_key_hash
 from mqstore.services.store.message_id import make_message_id
 from mqstore.v1 import query_pb2
-from tests.query.query_process import System, message
+from tests.query.query_process import System, message, running_system
 
 Kind = query_pb2.MessageIdKind
 
@@ -192,7 +196,9 @@ def test_time_range_and_max_num(system: System) -> None:
     assert [m.body for m in newest_two] == [b"k3", b"k4"]
     assert query(system, topic, "same", begin_timestamp=stamps[-1] + 1).messages == []
     assert query(system, topic, "same", end_timestamp=stamps[0] - 1).messages == []
-    inside = query(system, topic, "same", begin_timestamp=stamps[0], end_timestamp=stamps[-1]).messages
+    # The window begins at index times (whole seconds from the index file's begin, as RocketMQ's): one
+    # that begins a second before the first store time holds every record.
+    inside = query(system, topic, "same", begin_timestamp=stamps[0] - 1000, end_timestamp=stamps[-1]).messages
     assert len(inside) == 5
     by_uniq = query(system, "ViewA", UNIQ)
     assert [m.body for m in by_uniq.messages] == [b"first"]
@@ -208,3 +214,88 @@ def test_bad_key_queries_are_invalid(system: System, fields: dict[str, Any]) -> 
     error = rpc_error(system.query.stub.QueryMessage, query_pb2.QueryMessageRequest(**fields), timeout=5)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.details()
+
+
+def test_a_key_repeated_in_keys_gives_its_record_once(system: System) -> None:
+    """KEYS ``ord-1441 BB BB`` puts two index entries for BB at one commitlog offset: one record."""
+    topic = "KeyTwice"
+    results = system.append([message(topic, 0, b"first", KEYS="BB"), message(topic, 0, b"second", KEYS="BB"),
+                             message(topic, 0, b"twice", KEYS="ord-1441 BB BB")])
+    offsets = [r.commitlog_offset for r in results]
+    for max_num in (0, 3, 64):
+        response = query(system, topic, "BB", max_num=max_num)
+        assert [m.commitlog_offset for m in response.messages] == offsets, max_num
+    assert [m.body for m in query(system, topic, "BB", max_num=2).messages] == [b"second", b"twice"]
+    assert query(system, topic, "BB").index_hits == 4  # entries examined, the repeat included
+
+
+# Index files of 7 slots and 300 entries: every key's chain runs through other keys' entries, and
+# a few hundred keys roll files.
+SMALL_INDEX_ENV = {"MQSTORE_MAX_HASH_SLOT_NUM": "7", "MQSTORE_MAX_INDEX_NUM": "300"}
+
+
+@pytest.fixture(scope="module")
+def small_index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    with running_system(tmp_path_factory.mktemp("small-index"), SMALL_INDEX_ENV) as started:
+        yield started
+
+
+def colliding_keys(blocks: int) -> list[str]:
+    """Every key of ``blocks`` "Aa"/"BB" blocks: all have one String.hashCode."""
+    return ["".join(parts) for parts in itertools.product(("Aa", "BB"), repeat=blocks)]
+
+
+def index_times(index_dir: Path, commitlog_offset: int) -> list[int]:
+    """The store times (whole seconds from the file's begin) the index holds for a record."""
+    times = []
+    for path in sorted(index_dir.iterdir()):
+        f = IndexFile(path, int(SMALL_INDEX_ENV["MQSTORE_MAX_HASH_SLOT_NUM"]),
+                      int(SMALL_INDEX_ENV["MQSTORE_MAX_INDEX_NUM"]), read_only=True)
+        try:
+            times += [f.begin_timestamp + e.time_diff * 1000 for e in f.entries() if e.phy_offset == commitlog_offset]
+        finally:
+            f.close()
+    return times
+
+
+def test_colliding_keys_do_not_crowd_out_older_matches(small_index: System) -> None:
+    """The 4 records of the key are older than 100 records of keys with the same hash: the first 64
+    index hits are all collisions, the walk goes on until it has the real matches."""
+    topic = "KeyCrowd"
+    target, *others = colliding_keys(4)
+    assert {index_key_hash(f"{topic}#{k}") for k in others} == {index_key_hash(f"{topic}#{target}")}
+    wanted = small_index.append([message(topic, 0, f"real {i}".encode(), KEYS=target) for i in range(4)])
+    crowd = small_index.append([message(topic, i % 4, b"crowd", KEYS=f"{others[i % len(others)]} other-{i}")
+                                for i in range(100)])
+    offsets = [r.commitlog_offset for r in wanted]
+    response = query(small_index, topic, target)
+    assert [m.commitlog_offset for m in response.messages] == offsets
+    assert response.index_hits == 104
+    assert [m.body for m in query(small_index, topic, target, max_num=2).messages] == [b"real 2", b"real 3"]
+    # A window that ends at the last real match: records of the same second after it are index hits
+    # (the index keeps whole seconds) but not matches.
+    window = query(small_index, topic, target, end_timestamp=wanted[-1].store_timestamp)
+    assert [m.commitlog_offset for m in window.messages] == offsets
+    # A collider's own key is found among them.
+    assert [m.commitlog_offset for m in query(small_index, topic, others[0]).messages] == \
+        [crowd[i].commitlog_offset for i in range(0, 100, len(others))]
+
+
+def test_the_window_begins_at_the_index_time_as_in_rocketmq(small_index: System) -> None:
+    """RocketMQ 4.9.8's selectPhyOffset keeps an entry whose index time (the file's beginTimestamp +
+    whole seconds) is in [begin, end], and stops the walk at one older than begin: a record stored
+    after ``begin`` whose index time is before it is not returned."""
+    topic = "KeyBegin"
+    results = small_index.append([message(topic, 0, f"b{i}".encode(), KEYS="edge") for i in range(3)])
+    index_dir = small_index.indexer.store_dir / "index"
+    for result in results:
+        [indexed_at] = index_times(index_dir, result.commitlog_offset)
+        if indexed_at < result.store_timestamp:
+            break
+    else:
+        pytest.skip("every record was stored at a whole second from its index file's begin")
+    stored_at = result.store_timestamp
+    inside = query(small_index, topic, "edge", begin_timestamp=indexed_at, end_timestamp=stored_at)
+    assert result.commitlog_offset in [m.commitlog_offset for m in inside.messages]
+    after = query(small_index, topic, "edge", begin_timestamp=indexed_at + 1, end_timestamp=stored_at)
+    assert result.commitlog_offset not in [m.commitlog_offset for m in after.messages]
