@@ -56,8 +56,6 @@ class KeyQueryResult:
     index_last_update_phy_offset: int
     #: index entries walked (hash collisions and a record's repeated key included)
     index_hits: int
-    #: hits skipped because their record lies in a quarantined commitlog range
-    lost_hits: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -212,7 +210,7 @@ class MessageLookup:
         index_end = 0 if end == INT64_MAX else end
         matching: list[StoredMessage] = []
         seen: set[int] = set()
-        walked = lost = 0
+        walked = 0
         last_update = (0, 0)
         while len(matching) < max_num and walked < MAX_HITS_WALKED:
             asked = min(INDEX_PAGE_HITS, MAX_HITS_WALKED - walked)
@@ -223,7 +221,6 @@ class MessageLookup:
             fresh = [o for o in dict.fromkeys(page.commitlog_offsets) if o not in seen]  # hits come newest first
             seen.update(fresh)
             read = await self._read_hits(fresh)
-            lost += len(read.lost)
             by_offset = {m.commitlog_offset: m for m in read.messages}
             matching += [m for o in fresh if (m := by_offset.get(o)) is not None
                          and m.topic == topic and has_key(m, key) and begin_ms <= m.store_timestamp <= end]
@@ -231,7 +228,7 @@ class MessageLookup:
                 break
         newest = matching[:max_num]
         newest.sort(key=lambda m: m.commitlog_offset)
-        return KeyQueryResult(newest, *last_update, walked, lost)
+        return KeyQueryResult(newest, *last_update, walked)
 
     # -- shared ----------------------------------------------------------------------------------
     async def _read_hits(self, offsets: Sequence[int]) -> _ReadHits:
