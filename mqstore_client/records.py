@@ -4,7 +4,8 @@ A pull with ``raw_records`` (the default of the consumers) answers with the comm
 they are on disk, concatenated (RocketMQ's zero-copy pull): the store skips building one protobuf
 message per record and the client decodes here, with :mod:`struct`, what the store would have
 decoded. The result equals what a decoded pull gives (``Message.from_proto``), field for field:
-bodies the producer compressed (SYSFLAG 0x1, zlib) are inflated, with the store's bound, and the
+bodies the producer compressed (SYSFLAG 0x1, zlib) are inflated by the store's own rule
+(:mod:`mqstore.client.compression`; a body it does not inflate keeps its bytes and flag), and the
 body CRC is checked again, so bytes damaged after the store's own check are refused, not delivered.
 
 The layout (RocketMQ's v1 record, big-endian; a RocketMQ 5 store's v2 record differs only in a
@@ -30,19 +31,14 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from mqstore.client.compression import COMPRESSED_FLAG, consumer_body
 from mqstore.client.errors import DataLossError
 from mqstore.client.models import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
 
 MESSAGE_MAGIC_CODE = 0xDAA320A7
 MESSAGE_MAGIC_CODE_V2 = 0xDAA320AB
-COMPRESSED_FLAG = 0x1
 BORNHOST_V6_FLAG = 0x10
 STOREHOSTADDRESS_V6_FLAG = 0x20
-# Compression type bits of a 5.x sysflag (none, as 4.9.8 writes, means zlib).
-COMPRESSION_TYPE_MASK = 0x7 << 8
-COMPRESSION_ZLIB_TYPE = 0x3 << 8
-#: A body that would inflate beyond this is handed over still compressed (the store's bound).
-MAX_INFLATED_BODY_BYTES = 64 * 1024 * 1024
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 SYSFLAG_POS = 36
@@ -111,7 +107,7 @@ def decode_records(data: bytes, queue_id: int | None = None) -> list[Message]:
             raise _malformed(pos, f"topic or properties are not UTF-8 ({exc})") from None
         compressed = False
         if sys_flag & COMPRESSED_FLAG:
-            body, compressed = _inflated(body, sys_flag)
+            body, compressed = consumer_body(body, sys_flag)
         uniq_key = properties.get(PROPERTY_UNIQ_KEY, "")
         offset_msg_id = _offset_msg_id(store_raw, commitlog_offset)
         keys = properties.get(PROPERTY_KEYS)
@@ -156,21 +152,6 @@ def _properties(text: str) -> dict[str, str]:
         if name and value:
             properties[name] = value
     return properties
-
-
-def _inflated(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
-    """(body, still compressed?): zlib bodies inflate, unless over the bound or not zlib data; other
-    algorithms (LZ4, ZSTD: sysflag bits 8-10) are handed over as stored."""
-    if sys_flag & COMPRESSION_TYPE_MASK not in (0, COMPRESSION_ZLIB_TYPE):
-        return body, True
-    inflater = zlib.decompressobj()
-    try:
-        inflated = inflater.decompress(body, MAX_INFLATED_BODY_BYTES)
-    except zlib.error:
-        return body, True
-    if inflater.unconsumed_tail:
-        return body, True
-    return inflated, False
 
 
 def _topic(raw: bytes) -> str:

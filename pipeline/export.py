@@ -25,7 +25,6 @@ import argparse
 import json
 import sys
 import uuid
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from mqstore.client.compression import consumer_body
 from mqstore.pipeline.columnar import export_batches
 from mqstore.pipeline.failures import JobError, run_job
 from mqstore.pipeline.fs import HadoopFiles, parse_location
@@ -61,10 +61,6 @@ STATE_FILE_NAME = "_mqstore_export_state.json"
 STAGING_PREFIX = "_mqstore_export_staging-"
 BATCH_ROWS = 4096
 MS_PER_DAY = 86_400_000
-# sysFlag bits 8..10 name the compression type (RocketMQ 5 MessageSysFlag); 0 is a 4.x client's zlib.
-COMPRESSION_TYPE_SHIFT = 8
-COMPRESSION_TYPE_MASK = 0x7
-ZLIB_TYPES = (0, 3)
 
 _FIELDS: list[pa.Field[Any]] = [
     pa.field("topic", pa.string()),
@@ -106,15 +102,10 @@ KAFKA_COLUMNS = (("timestamp", "store_timestamp"), ("key", "properties['KEYS']")
 
 
 def decompress_body(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
-    """(body, whether it was inflated). Only zlib is inflated; LZ4/ZSTD bodies are kept as stored."""
-    if not sys_flag & COMPRESSED_FLAG:
-        return body, False
-    if (sys_flag >> COMPRESSION_TYPE_SHIFT) & COMPRESSION_TYPE_MASK not in ZLIB_TYPES:
-        return body, False
-    try:
-        return zlib.decompress(body), True
-    except zlib.error:
-        return body, False
+    """(body, whether it was inflated), by the consumers' rule (``mqstore.client.compression``): whole
+    zlib streams up to 64 MiB inflated; LZ4/ZSTD and bodies that do not inflate kept as stored."""
+    inflated, still_compressed = consumer_body(body, sys_flag)
+    return inflated, bool(sys_flag & COMPRESSED_FLAG) and not still_compressed
 
 
 class _Columns:

@@ -17,9 +17,11 @@ import gzip
 import hashlib
 import zlib
 
+import grpc
 from google.protobuf import timestamp_pb2
 
 from mqstore.apache.rocketmq.v2 import definition_pb2
+from mqstore.gateway.rocketmq5.local_call import MqstoreCallError
 from mqstore.v1 import common_pb2, query_pb2, transaction_pb2
 
 TAGS = "TAGS"
@@ -81,9 +83,15 @@ def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue
           invisible_ms: int, delivery_attempt: int) -> definition_pb2.Message:
     """The v2 message a consumer receives for a stored one."""
     props = stored.properties
-    body = bytes(stored.body)
     if stored.body_compressed:
-        body = zlib.decompress(body)
+        # The query service already inflated every body the one inflate rule allows; what is still
+        # compressed (LZ4, ZSTD, or not a whole zlib stream) has no v2 encoding to travel with.
+        raise MqstoreCallError(grpc.StatusCode.DATA_LOSS, (
+            f"the message at {stored.topic} queue {queue_id} offset {stored.queue_offset} (msg id {stored.msg_id}) "
+            f"has a body flagged compressed (sys_flag {stored.sys_flag:#x}) that the store cannot inflate, and a "
+            "RocketMQ 5 message has no encoding for it: read it with mqstore's own Pull or GetMessage, which "
+            "hand over the stored bytes with their compressed flag"))
+    body = bytes(stored.body)
     system = definition_pb2.SystemProperties(
         message_id=stored.uniq_key or stored.msg_id,
         body_digest=body_digest(body),

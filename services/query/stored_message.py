@@ -3,7 +3,9 @@
 Assert on both sides: the writer checked the record before it went to disk; here the bytes must be
 a whole record that starts where the ConsumeQueue unit (or message id) says, with the body CRC the
 writer stored. Bodies the producer compressed (sysflag 0x1) are inflated as the RocketMQ consumer
-does, with a bound so a hostile body cannot inflate without limit.
+does, by the one rule every reader follows (``mqstore.client.compression``: whole zlib streams, with a
+bound so a hostile body cannot inflate without limit); any other body flagged compressed is handed
+over as stored with ``body_compressed``, never as an empty or partial body.
 
 A pull decodes up to 1024 records, so the common layout (IPv4 hosts, v1 magic) takes a fast path:
 one struct unpack for the 88 fixed bytes and cached host strings. Any other record goes through
@@ -18,10 +20,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from mqstore.client.compression import consumer_body
 from mqstore.services.query.errors import DataLossError
 from mqstore.services.store.message import (
     BORNHOST_V6_FLAG,
-    COMPRESSED_FLAG,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
@@ -42,10 +44,6 @@ from mqstore.services.store.record import (
 )
 from mqstore.services.store.socket_address import decode_address
 
-# Compression type bits of a 5.x sysflag (4.9.8 sets none, which means zlib).
-COMPRESSION_TYPE_MASK = 0x7 << 8
-COMPRESSION_ZLIB_TYPE = 0x3 << 8
-MAX_INFLATED_BODY_BYTES = 64 * 1024 * 1024
 MESSAGE_MAGIC_CODES = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 # TOTALSIZE .. BODYLENGTH of a record with IPv4 born and store hosts (the layout in record.py).
 _IPV4_HEAD = struct.Struct(f">iIiiiqqiq{IPV4_HOST_LENGTH}sq{IPV4_HOST_LENGTH}siqi")
@@ -133,10 +131,10 @@ def _fast(data: bytes, commitlog_offset: int, head: tuple[Any, ...]) -> StoredMe
         raise DataLossError(f"commitlog offset {commitlog_offset}: fields add up to {properties_end} bytes, "
                             f"total size says {size}")
     _check_crc(body, crc, commitlog_offset)
-    consumer_body, compressed = _consumer_body(body, sys_flag)
+    body_out, compressed = consumer_body(body, sys_flag)
     return StoredMessage(topic, queue_id, queue_offset, commitlog_offset, _msg_id(store_raw, commitlog_offset),
                          string_to_properties(properties) if properties else {}, born_timestamp, _host(born_raw),
-                         store_timestamp, _host(store_raw), reconsume_times, sys_flag, flag, consumer_body, crc,
+                         store_timestamp, _host(store_raw), reconsume_times, sys_flag, flag, body_out, crc,
                          size, prepared, compressed)
 
 
@@ -149,7 +147,7 @@ def _general(data: bytes, commitlog_offset: int) -> StoredMessage:
     _check_crc(record.body, record.body_crc, commitlog_offset)
     born_length, store_length = host_lengths(record.sys_flag)
     host_pos = BORNHOST_POS + born_length + 8
-    body, compressed = _consumer_body(record.body, record.sys_flag)
+    body, compressed = consumer_body(record.body, record.sys_flag)
     return StoredMessage(record.topic, record.queue_id, record.queue_offset, commitlog_offset,
                          _msg_id(bytes(data[host_pos:host_pos + store_length]), commitlog_offset),
                          record.properties, record.born_timestamp, record.born_host, record.store_timestamp,
@@ -236,19 +234,3 @@ def _msg_id(store_raw: bytes, commitlog_offset: int) -> str:
             _host_hex.clear()
         prefix = _host_hex[store_raw] = store_raw.hex().upper()
     return f"{prefix}{commitlog_offset & 0xFFFF_FFFF_FFFF_FFFF:016X}"
-
-
-def _consumer_body(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
-    """(body, still compressed?)."""
-    if not sys_flag & COMPRESSED_FLAG:
-        return body, False
-    if sys_flag & COMPRESSION_TYPE_MASK not in (0, COMPRESSION_ZLIB_TYPE):
-        return body, True  # LZ4 or ZSTD: no codec here, the client inflates it
-    inflater = zlib.decompressobj()
-    try:
-        inflated = inflater.decompress(body, MAX_INFLATED_BODY_BYTES)
-    except zlib.error:
-        return body, True  # flagged but not zlib data: hand it over as stored
-    if inflater.unconsumed_tail:
-        return body, True
-    return inflated, False
