@@ -9,6 +9,11 @@ from the item counts per split, which the driver adds up. The output is what the
 builds: ConsumeQueue files byte-identical, index files with identical headers and entries; index files
 are named from their begin timestamp (the online indexer names them by creation time).
 
+The commitlog's quarantined ranges (``config/quarantine.json`` next to ``commitlog/``: damaged records
+its recovery stepped over) are what the online indexer learns from GetStoreInfo: no unit or index
+entry points into them, and a queue whose record was lost there gets a filler unit at its queue offset
+(ConsumeQueue.put_batch's ``lost``), so the output stays the online indexer's.
+
 The output goes where the store keeps these files: ``indexer/`` in mqstore's layout, the root in
 RocketMQ's (mqstore.services.store.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
 maxHashSlotNum, maxIndexNum) is the flags', else the settings' (``--config``, ``MQSTORE_*``), else
@@ -21,6 +26,7 @@ Run as ``mqstore pipeline reindex STORE`` or ``spark-submit pipeline/reindex.py 
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import struct
 import sys
@@ -34,7 +40,15 @@ import numpy as np
 from mqstore.pipeline.columnar import FastRecords, decode_fast, pc
 from mqstore.pipeline.failures import run_job
 from mqstore.pipeline.scan import StoreInput, splits_rdd
-from mqstore.pipeline.split_reader import DEFAULT_SPLIT_SIZE, Gap, MappedSplit, Split, iter_record_positions, scan_split
+from mqstore.pipeline.split_reader import (
+    DEFAULT_SPLIT_SIZE,
+    GAP_CORRUPT,
+    Gap,
+    MappedSplit,
+    Split,
+    iter_record_positions,
+    scan_split,
+)
 from mqstore.services.store.consume_queue import ConsumeQueueStore
 from mqstore.services.store.dispatch_columns import DispatchColumns, cached_column
 from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
@@ -47,6 +61,7 @@ from mqstore.services.store.index_file import (
 )
 from mqstore.services.store.index_service import IndexService
 from mqstore.services.store.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
+from mqstore.services.store.quarantine import QuarantinedRange, QuarantineTable
 from mqstore.services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
 
 if TYPE_CHECKING:
@@ -168,18 +183,39 @@ def _fast_columns(view: memoryview, split: Split, start: int, end: int) -> Dispa
                                props.lookup("KEYS").to_pylist())
 
 
-def dispatch_split(split: Split) -> SplitDispatch:
+def _outside(runs: Sequence[tuple[int, int]], file_offset: int,
+             lost: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of ``runs`` (file positions) outside the ``lost`` commitlog ranges. A quarantined range
+    runs from a record's start to the next valid record's, so the parts are whole records."""
+    kept: list[tuple[int, int]] = []
+    for start, end in runs:
+        for lost_start, lost_end in lost:
+            lost_start, lost_end = lost_start - file_offset, lost_end - file_offset
+            if lost_end <= start or lost_start >= end:
+                continue
+            if lost_start > start:
+                kept.append((start, lost_start))
+            start = max(start, lost_end)
+            if start >= end:
+                break
+        if start < end:
+            kept.append((start, end))
+    return kept
+
+
+def dispatch_split(split: Split, lost: Sequence[tuple[int, int]] = ()) -> SplitDispatch:
     """Requests per topic-queue and index items of one split, as packed bytes. Each run of records
     becomes the library's DispatchColumns (from the columnar decoder, else ``parse_dispatch_requests``),
     which groups the queues and collects the index items with NumPy (the online indexer's columnar
-    path), so no per-record struct packing or key hashing is left in Python."""
+    path), so no per-record struct packing or key hashing is left in Python. Records in the ``lost``
+    (quarantined) commitlog ranges are left out."""
     queues: dict[tuple[str, int], bytearray] = {}
     items = bytearray()
     records = 0
     end_phy_offset = 0
     with MappedSplit(split) as view:
         layout = scan_split(view, split)
-        for start, end in layout.runs:
+        for start, end in _outside(layout.runs, split.file_offset, lost):
             columns = _fast_columns(view, split, start, end)
             if columns is None:
                 requests = _requests(view, split, start, end)
@@ -238,11 +274,12 @@ class PackedQueueColumns(DispatchColumns):
 
 
 def build_queue(key: tuple[str, int], pieces: Iterable[tuple[int, bytes]], root: str,
-                cq_file_size: int) -> int:
+                cq_file_size: int, lost: Sequence[tuple[int, int]] = ()) -> int:
     """Write one topic-queue with the library's dispatcher (its columnar path), its requests in
-    commitlog order."""
+    commitlog order; a queue offset whose record was ``lost`` gets a filler unit."""
     topic, queue_id = key
     store = ConsumeQueueStore(Path(root), cq_file_size)
+    store.lost_ranges = tuple(lost)
     try:
         packed = np.frombuffer(b"".join(units for _, units in sorted(pieces, key=lambda piece: piece[0])),
                                dtype=_REQUEST_DTYPE)
@@ -344,10 +381,12 @@ def reindex(spark: SparkSession, store: str | Path | StoreInput | ReindexInputs,
     cq_file_size, hash_slot_num, index_num = inputs.cq_file_size, inputs.hash_slot_num, inputs.index_num
     _prepare(cq_root)
     _prepare(index_dir)
-    dispatched = splits_rdd(spark, splits).map(dispatch_split).cache()
+    quarantined = _quarantined(inputs.source)
+    lost = tuple((r.start, r.end) for r in quarantined)
+    dispatched = splits_rdd(spark, splits).map(functools.partial(dispatch_split, lost=lost)).cache()
     counts = dispatched.map(lambda d: (d.index, d.item_count, d.records, d.gaps)).collect()
     records = sum(c[2] for c in counts)
-    gaps = [gap for c in counts for gap in c[3]]
+    gaps = _with_quarantined([gap for c in counts for gap in c[3]], quarantined)
     first_items: dict[int, int] = {}
     total = 0
     for split_index, item_count, _, _ in sorted(counts, key=lambda c: c[0]):
@@ -360,7 +399,7 @@ def reindex(spark: SparkSession, store: str | Path | StoreInput | ReindexInputs,
     queue_count = dispatched.flatMap(lambda d: d.queues.keys()).distinct().count()
     cq_units = dispatched.flatMap(lambda d: [(key, (d.index, units)) for key, units in d.queues.items()]) \
         .groupByKey(max(min(queue_count, 64), 1)) \
-        .map(lambda kv: build_queue(kv[0], kv[1], str(cq_root), cq_file_size)).sum()
+        .map(lambda kv: build_queue(kv[0], kv[1], str(cq_root), cq_file_size, lost)).sum()
     built = dispatched.flatMap(lambda d: index_pieces(d, first_items[d.index], per_file, files)) \
         .groupByKey(partitions) \
         .map(lambda kv: build_index_file(kv[0], kv[1], str(index_dir), per_file, hash_slot_num, index_num)) \
@@ -368,6 +407,25 @@ def reindex(spark: SparkSession, store: str | Path | StoreInput | ReindexInputs,
     dispatched.unpersist()
     named = _name_index_files(index_dir, sorted(built))
     return ReindexResult(records, queue_count, int(cq_units), named, gaps)
+
+
+def _quarantined(source: StoreInput) -> tuple[QuarantinedRange, ...]:
+    """The ranges the commitlog's recovery quarantined (none for a remote store: its commitlog only)."""
+    if source.remote is not None:
+        return ()
+    table = QuarantineTable(source.layout.commitlog.parent)
+    table.load()
+    return table.ranges
+
+
+def _with_quarantined(gaps: list[Gap], quarantined: Sequence[QuarantinedRange]) -> list[Gap]:
+    """The split readers' gaps and the quarantined ranges (one gap each: a range of garbage is a gap of
+    the readers' too), in commitlog order."""
+    seen = {gap.offset for gap in gaps}
+    extra = [Gap(r.start, r.size, GAP_CORRUPT, f"QUARANTINED by the commitlog's recovery ({r.reason}): no unit or "
+                 "index entry points into it, its queue offset holds a filler unit")
+             for r in quarantined if r.start not in seen]
+    return sorted([*gaps, *extra], key=lambda gap: gap.offset)
 
 
 def _name_index_files(index_dir: Path, built: list[tuple[int, IndexHeader]]) -> list[tuple[str, IndexHeader]]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -13,9 +15,16 @@ from mqstore.pipeline import verify as verify_job
 from mqstore.pipeline.reindex import reindex
 from mqstore.pipeline.verify import verify
 from mqstore.services.cli import main as mqstore_main
+from mqstore.services.store.consume_queue import BLANK_UNIT
 from mqstore.services.store.index_file import INDEX_HEADER_SIZE, IndexHeader
+from mqstore.v1 import commitlog_pb2
+from tests.commitlog.commitlog_process import start_commitlog
 from tests.conftest import StoreFactory
+from tests.indexer.indexer_process import start_indexer
+from tests.indexer.test_indexer_fixture import FIXTURE_ENV
 from tests.pipeline.services_store import ServicesStore
+
+CRASH_END = 2034195  # the end of the crash fixture's log
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -118,3 +127,51 @@ def test_reindex_into_the_mqstore_layout(spark: SparkSession, services_store: Se
     for mine, reference in zip(ours, theirs, strict=True):
         assert mine.read_bytes()[INDEX_HEADER_SIZE:] == reference.read_bytes()[INDEX_HEADER_SIZE:]
     assert not (store / "consumequeue").exists() and not (store / "index").exists()
+
+
+def test_a_quarantined_record_gets_the_same_filler_unit_online_fresh_and_from_reindex(
+        spark: SparkSession, pristine_store: StoreFactory, dump_rows: Callable[..., list[dict[str, Any]]],
+        tmp_path: Path) -> None:
+    """The differential check with a CRC-damaged record: the online indexer built its unit before the
+    damage (then voided it when the commitlog quarantined the record), a fresh indexer and ``pipeline
+    reindex`` build after it. All three give the same ConsumeQueue bytes, a filler unit at the lost
+    record's queue offset; reindex and the fresh indexer the same index entries (none for it)."""
+    rows = dump_rows("crash", "msg")
+    victim = next(r for r in rows if r["commitLogOffset"] > 1_200_000 and r["bodyLen"] > 10)
+    broker, online, fresh = tmp_path / "broker", tmp_path / "online", tmp_path / "fresh"
+    shutil.copytree(pristine_store("crash-recovered") / "commitlog", broker / "commitlog")
+    commitlog = start_commitlog(broker, FIXTURE_ENV)
+    indexer = start_indexer(online, commitlog.address, FIXTURE_ENV)
+    indexer.wait_caught_up(CRASH_END)
+    assert indexer.stop() == 0 and commitlog.stop() == 0
+    with open(broker / "commitlog" / f"{1 << 20:020d}", "r+b") as f:  # a byte of its body: a CRC mismatch
+        f.seek(victim["commitLogOffset"] - (1 << 20) + 98)
+        byte = f.read(1)[0]
+        f.seek(victim["commitLogOffset"] - (1 << 20) + 98)
+        f.write(bytes([byte ^ 0xFF]))
+    commitlog = start_commitlog(broker, FIXTURE_ENV)
+    try:
+        info = commitlog.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=5)
+        assert [(r.start_offset, r.end_offset) for r in info.quarantined_ranges] == \
+            [(victim["commitLogOffset"], victim["commitLogOffset"] + victim["storeSize"])]
+        for root in (online, fresh):
+            indexer = start_indexer(root, commitlog.address, FIXTURE_ENV)
+            indexer.wait_caught_up(CRASH_END)
+            assert indexer.stop() == 0
+    finally:
+        assert commitlog.stop() == 0
+    result = reindex(spark, broker, tmp_path / "reindex", split_size=1 << 20, cq_file_size=6000, hash_slot_num=100,
+                     index_num=400)
+    assert result.records == len(rows) - 1
+    assert any(g.offset == victim["commitLogOffset"] and "QUARANTINED" in g.reason for g in result.gaps)
+    queue = f"consumequeue/{victim['topic']}/{victim['queueId']}"
+    built = files_under(tmp_path / "reindex" / queue)
+    assert built == files_under(online / queue) == files_under(fresh / queue)
+    unit = b"".join(built.values())[20 * victim["queueOffset"]:20 * victim["queueOffset"] + 20]
+    assert unit == BLANK_UNIT
+    assert files_under(tmp_path / "reindex" / "consumequeue") == files_under(online / "consumequeue") == \
+        files_under(fresh / "consumequeue")
+    ours, theirs = sorted((tmp_path / "reindex" / "index").iterdir()), sorted((fresh / "index").iterdir())
+    assert len(ours) == len(theirs)
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert mine.read_bytes()[INDEX_HEADER_SIZE:] == reference.read_bytes()[INDEX_HEADER_SIZE:]
