@@ -45,7 +45,12 @@ from mqstore.services.store.key_query import check_key_query
 from mqstore.services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from mqstore.services.store.message_id import check_message_id, message_id_kind
 from mqstore.services.store.names import check_group, check_offset, check_queue, check_topic_name
-from mqstore.services.store.producer_message import check_producer_message
+from mqstore.services.store.producer_message import (
+    check_batch_entry,
+    check_producer_body,
+    check_producer_message,
+    check_producer_request,
+)
 from mqstore.services.store.topics import check_topic_config
 from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
@@ -301,10 +306,10 @@ class MessagingServicer:
                 raise InvalidArgumentError("the batch has both messages and encoded_messages: send one form")
             topic = request.topic
             check_topic_name(topic)
-            check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
+            check_producer_request(topic, request.sys_flag, request.born_timestamp)
             if not blob:
                 raise InvalidArgumentError("encoded_messages is empty: give at least one message")
-            scan = scan_blob(blob, MAX_BATCH)
+            scan = scan_blob(blob, MAX_BATCH, request.sys_flag)
             self.tokens.authorize(principal, Action.PRODUCE, topic)
             born_host = request.born_host or peer_host
             missing = {e.index: self.uniq_keys.next(born_host) for e in scan.missing}
@@ -322,9 +327,10 @@ class MessagingServicer:
         topic = messages[0].topic
         check_topic_name(topic)
         for i, message in enumerate(messages):
-            _check_body(message, i)
-            _check_producer_fields(message, i)
-            transactions.refuse_in_batch(message, i)
+            # The rules a blob entry follows (check_batch_entry), with the request-wide ones per message.
+            check_producer_request(message.topic, message.sys_flag, message.born_timestamp, i)
+            check_batch_entry(message.properties, message.flag, message.body, message.sys_flag, i,
+                              message.reconsume_times, message.prepared_transaction_offset)
             if message.topic != topic:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
@@ -908,10 +914,7 @@ def _route_proto(route: TopicRoute) -> gateway_pb2.TopicRoute:
 
 
 def _check_body(message: common_pb2.Message, index: int | None) -> None:
-    """The RocketMQ client's Validators.checkMessage: an empty body is a mistake, not a message."""
-    if not message.body:
-        where = "" if index is None else f"message #{index}: "
-        raise InvalidArgumentError(f"{where}the message body is empty: give a body of at least one byte")
+    check_producer_body(message.body, message.sys_flag, index)
 
 
 def _check_producer_fields(message: common_pb2.Message, index: int | None) -> None:

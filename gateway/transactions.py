@@ -33,6 +33,7 @@ from mqstore.services.store.errors import InvalidArgumentError, StoreError
 from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
 from mqstore.services.store.message_id import MessageIdKind, check_message_id
 from mqstore.services.store.names import check_producer_group
+from mqstore.services.store.producer_message import refuse_transactional
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2, scheduler_pb2, transaction_pb2
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,7 @@ def is_transactional(message: common_pb2.Message) -> bool:
 
 def refuse_in_batch(message: common_pb2.Message, index: int | None) -> None:
     """Batches and streams: INVALID_ARGUMENT for a transactional message (RocketMQ refuses them too)."""
-    if tx.is_transactional(message.properties):
-        where = "" if index is None else f"message #{index}: "
-        raise InvalidArgumentError(f"{where}a transactional message (TRAN_MSG=true) cannot be sent in a batch or a "
-                                   "stream: send each half alone with Send (or TransactionProducer)")
+    refuse_transactional(message.properties, index)
 
 
 def half_message(message: common_pb2.Message, shard_queue_id: int) -> common_pb2.Message:

@@ -4,7 +4,9 @@ decoded into something else."""
 
 from __future__ import annotations
 
+import re
 import struct
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -127,3 +129,28 @@ def test_names_ending_in_uniq_key_take_the_precise_pass_with_the_same_outcome(pr
 def test_the_frame_is_rocketmq_encode_message() -> None:
     """totalSize, magic 0, body CRC 0, flag, body length + body, int16 properties length + properties."""
     assert encode_entry(b"ab", 5, b"K\x01v") == struct.pack(">iiiii", 27, 0, 0, 5, 2) + b"ab" + b"\x00\x03K\x01v"
+
+
+@pytest.mark.parametrize("props, sys_flag, body, refused", [
+    (b"TRAN_MSG\x01true\x02PGROUP\x01pg", 0, b"x", "message #1: a transactional message (TRAN_MSG=true)"),
+    (b"TRAN_MSG\x01True", 0, b"x", "message #1: a transactional message"),
+    (b"TRAN_MSG\x01false", 0, b"x", None),
+    (b"XTRAN_MSG\x01true", 0, b"x", None),
+    (b"", 0x1, b"not zlib", "message #1: sys_flag 0x1 marks the body compressed, but the body is not zlib data"),
+    (b"", 0x301, zlib.compress(b"abc")[:-1], "message #1: sys_flag 0x301 marks the body compressed, but the body "
+                                                "ends before"),
+    (b"", 0x1, zlib.compress(b"abc"), None),
+    (b"", 0x101, b"LZ4 is stored as sent", None),
+])
+def test_both_passes_apply_the_batch_rules(props: bytes, sys_flag: int, body: bytes, refused: str | None) -> None:
+    """What the fast passes leave to the precise ones (a TRAN_MSG property, a compressed batch)."""
+    good = zlib.compress(b"fine") if sys_flag & 1 else b"fine"
+    blob = encode_entry(good, 0, b"") + encode_entry(body, 0, props)
+    if refused is None:
+        assert batch_codec.scan_blob(blob, 8, sys_flag).count == 2
+        assert [m.body for m in batch_codec.decode_blob(blob, "t", 0, 0, "h:1", sys_flag, 8)] == [good, body]
+        return
+    with pytest.raises(InvalidArgumentError, match=re.escape(refused)):
+        batch_codec.scan_blob(blob, 8, sys_flag)
+    with pytest.raises(InvalidArgumentError, match=re.escape(refused)):
+        batch_codec.decode_blob(blob, "t", 0, 0, "h:1", sys_flag, 8)

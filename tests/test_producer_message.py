@@ -5,6 +5,7 @@ PUT_OK with a queue offset the next message was given too)."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -73,9 +74,29 @@ def test_what_a_producer_may_not_send_is_refused_everywhere(system: UpProcess, f
 
 
 def test_what_a_producer_may_set_is_kept(system: UpProcess) -> None:
-    allowed = message(sys_flag=0x301, flag=7, properties={"UNIQ_KEY": "0A0B0C0D0000AAAA0000000000000001"})
+    allowed = message(sys_flag=0x301, flag=7, properties={"UNIQ_KEY": "0A0B0C0D0000AAAA0000000000000001"},
+                      body=zlib.compress(b"payload"))
     result = system.stub.Send(gateway_pb2.SendRequest(message=allowed), timeout=10)
     assert result.msg_id == "0A0B0C0D0000AAAA0000000000000001"
+    lz4 = system.stub.Send(gateway_pb2.SendRequest(message=message(sys_flag=0x101, body=b"no codec here")), timeout=10)
+    assert lz4.status == commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK  # stored as sent, read back flagged
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b"payload", "the body is not zlib data"),
+    (b"x", "the body ends before its zlib stream does"),
+    (zlib.compress(b"payload") + b"\x00", "the body has 1 bytes after the end of its zlib stream"),
+])
+def test_a_compressed_body_that_does_not_inflate_is_refused(system: UpProcess, body: bytes, fragment: str) -> None:
+    """Acknowledged, it would read back as its stored bytes, still compressed: refused at the send instead."""
+    before = system.store_state()
+    bad = message(sys_flag=0x1, body=body)
+    detail = _refused(system.stub.Send, gateway_pb2.SendRequest(message=bad))
+    assert fragment in detail and "send it zlib-compressed whole" in detail and "clear the compressed flag" in detail
+    with pytest.raises(grpc.RpcError) as stream:
+        list(system.stub.SendStream(iter([gateway_pb2.SendRequest(message=bad)]), timeout=10))
+    assert stream.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in str(stream.value.details())
+    assert system.store_state() == before
 
 
 def test_a_request_over_the_limit_is_invalid_not_busy(system: UpProcess) -> None:

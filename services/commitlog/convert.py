@@ -13,7 +13,7 @@ from mqstore.services.server.peer import peer_address
 from mqstore.services.store.batch_codec import decode_blob
 from mqstore.services.store.due_message import DueMessage
 from mqstore.services.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Message
-from mqstore.services.store.producer_message import check_producer_message
+from mqstore.services.store.producer_message import check_producer_message, check_producer_request
 from mqstore.services.store.quarantine import QuarantinedRange
 from mqstore.services.store.topics import TopicConfig
 from mqstore.v1 import commitlog_pb2, common_pb2
@@ -85,7 +85,7 @@ def blob_messages_from_proto(request: commitlog_pb2.AppendBatchRequest, blob: by
     """A blob batch's messages (``batch_codec.py``): the request-wide fields checked once, every entry in
     the decoding pass. ``blob``: the request's encoded_messages, read once (each read copies it)."""
     topic = request.topic
-    check_producer_message(topic, {}, 0, request.sys_flag, request.born_timestamp, 0, 0)
+    check_producer_request(topic, request.sys_flag, request.born_timestamp)
     return decode_blob(blob, topic, request.queue_id, request.born_timestamp,
                        request.born_host or peer_address(peer), request.sys_flag, max_messages)
 

@@ -8,8 +8,9 @@ commitlog builds messages from it (:func:`decode_blob`). Per entry, big-endian::
     | int16 properties length | properties (UTF-8, name \\x01 value pairs separated by \\x02)
 
 Only flag, body and properties are per message; topic, queue, born time and host and sys_flag are the
-request's, as in RocketMQ's batch send. Every entry is checked against the producer rules
-(:mod:`mqstore.services.store.producer_message`) with its index, so an error names "message #i" and nothing
+request's, as in RocketMQ's batch send. Every entry is checked against the rules of a message of a
+batch in either form (:func:`mqstore.services.store.producer_message.check_batch_entry`: no transactional
+message, a compressed body that inflates, ...) with its index, so an error names "message #i" and nothing
 of the batch is stored. The rules on properties are the engine's: no empty names or values, no
 separator inside a name or value (on the blob: exactly one \\x01 per pair), at most 32,767 bytes.
 """
@@ -23,12 +24,14 @@ from dataclasses import dataclass
 
 from mqstore.services.store.errors import InvalidArgumentError
 from mqstore.services.store.message import (
+    COMPRESSED_FLAG,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     Message,
 )
-from mqstore.services.store.producer_message import check_blob_entry
+from mqstore.services.store.producer_message import check_batch_entry
 
 HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body length
 PROPERTIES_LENGTH = struct.Struct(">h")
@@ -40,6 +43,9 @@ _PAIR = NAME_VALUE_SEPARATOR.encode()
 _ITEM = PROPERTY_SEPARATOR.encode()
 _UNIQ = _ITEM + PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode() + _PAIR
 _UNIQ_NAME = _UNIQ[1:]
+#: The fast passes leave an entry with this property to the precise ones, which apply check_batch_entry
+#: (and a compressed batch, whose bodies must inflate).
+_TRANSACTIONAL_NAME = PROPERTY_TRANSACTION_PREPARED.encode() + _PAIR
 #: Well-formed properties: name \x01 value pairs separated by \x02 (a trailing \x02 allowed), every name
 #: and value non-empty and free of both separators.
 _PROPERTIES = re.compile(rb"[^\x01\x02]+\x01[^\x01\x02]+(?:\x02[^\x01\x02]+\x01[^\x01\x02]+)*\x02?")
@@ -140,7 +146,18 @@ def _too_many(max_messages: int) -> InvalidArgumentError:
     return InvalidArgumentError(f"the batch has more than {max_messages} messages, the limit: split it")
 
 
-def _scan_precise(blob: bytes, max_messages: int) -> list[BlobEntry]:
+def _properties_of(props: bytes) -> dict[str, str]:
+    """Properties :func:`_check_properties` accepted, as a dict (a repeated name: its last value, as
+    RocketMQ's string2messageProperties reads it; the commitlog refuses repeats)."""
+    if not props:
+        return {}
+    items = props.decode("utf-8").split(PROPERTY_SEPARATOR)
+    if not items[-1]:
+        items.pop()
+    return {name: value for name, _, value in (item.partition(NAME_VALUE_SEPARATOR) for item in items)}
+
+
+def _scan_precise(blob: bytes, max_messages: int, sys_flag: int = 0) -> list[BlobEntry]:
     """Every entry checked step by step: the rules' definition, and the error naming the first bad
     entry precisely (:func:`scan_blob` falls back to it on anything unusual)."""
     entries: list[BlobEntry] = []
@@ -149,9 +166,11 @@ def _scan_precise(blob: bytes, max_messages: int) -> list[BlobEntry]:
     while pos < size:
         if index >= max_messages:
             raise _too_many(max_messages)
-        end, flag, _, props_start = _frame(blob, pos, index)
-        uniq_key = _check_properties(blob[props_start:end], index)
-        check_blob_entry(flag, uniq_key, index)
+        end, flag, body_at, props_start = _frame(blob, pos, index)
+        props = blob[props_start:end]
+        uniq_key = _check_properties(props, index)
+        check_batch_entry(_properties_of(props), flag, blob[body_at:props_start - PROPERTIES_LENGTH.size], sys_flag,
+                          index)
         entries.append(BlobEntry(index, pos, end, props_start, uniq_key))
         pos = end
         index += 1
@@ -172,19 +191,22 @@ class _Unusual(Exception):
     """The fast pass met something it leaves to the precise one (which raises the error, if any)."""
 
 
-def scan_blob(blob: bytes, max_messages: int) -> BlobScan:
-    """The gateway's pass: every entry of ``blob`` checked (framing, producer rules) without copying its
-    body; InvalidArgumentError names the first bad one. An empty blob or more than ``max_messages``
-    entries is refused too.
+def scan_blob(blob: bytes, max_messages: int, sys_flag: int = 0) -> BlobScan:
+    """The gateway's pass: every entry of ``blob`` checked (framing, the rules of a batch's message with
+    the request's ``sys_flag``) without copying its body; InvalidArgumentError names the first bad one.
+    An empty blob or more than ``max_messages`` entries is refused too.
 
     Per entry the work is a frame unpack, one regex match of the properties (name \x01 value pairs,
     each part non-empty and free of separators) and a look for UNIQ_KEY; UTF-8 is checked once for the
     whole batch. Anything else (an error, a name merely ending in UNIQ_KEY) goes through
-    :func:`_scan_precise`, which defines the rules and names the bad entry."""
+    :func:`_scan_precise`, which defines the rules and names the bad entry: so do a compressed batch
+    and an entry with a ``TRAN_MSG`` property."""
     try:
+        if sys_flag & COMPRESSED_FLAG:
+            raise _Unusual
         return _scan_fast(blob, max_messages)
     except (_Unusual, struct.error, UnicodeDecodeError):
-        entries = _scan_precise(blob, max_messages)
+        entries = _scan_precise(blob, max_messages, sys_flag)
         return BlobScan(len(entries), [e for e in entries if not e.uniq_key])
 
 
@@ -208,6 +230,8 @@ def _scan_fast(blob: bytes, max_messages: int) -> BlobScan:
                 if well_formed(blob, props_start, end) is None:
                     raise _Unusual
                 blob[props_start:end].decode("utf-8")
+            if find(_TRANSACTIONAL_NAME, props_start, end) >= 0:
+                raise _Unusual
             at = find(uniq_name, props_start, end)
             if at < 0:
                 missing.append(BlobEntry(index, pos, end, props_start, ""))
@@ -248,8 +272,11 @@ def with_uniq_keys(blob: bytes, missing: list[BlobEntry], keys: Mapping[int, str
 def decode_blob(blob: bytes, topic: str, queue_id: int, born_timestamp: int, born_host: str, sys_flag: int,
                 max_messages: int) -> list[Message]:
     """The commitlog's pass: messages for the engine, every entry checked as :func:`scan_blob` checks it
-    (the topic-wide fields are the caller's to check). A fast pass, with the precise one for errors."""
+    (the topic-wide fields are the caller's to check). A fast pass, with the precise one for errors, a
+    compressed batch and an entry with a ``TRAN_MSG`` property."""
     try:
+        if sys_flag & COMPRESSED_FLAG:
+            raise _Unusual
         return _decode_fast(blob, topic, queue_id, born_timestamp, born_host, sys_flag, max_messages)
     except (_Unusual, struct.error, ValueError):  # UnicodeDecodeError is a ValueError
         return _decode_precise(blob, topic, queue_id, born_timestamp, born_host, sys_flag, max_messages)
@@ -263,7 +290,7 @@ def _decode_fast(blob: bytes, topic: str, queue_id: int, born_timestamp: int, bo
     append = messages.append
     unpack, unpack_length = HEAD.unpack_from, PROPERTIES_LENGTH.unpack_from
     uniq_name, uniq_ok = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, _UNIQ_VALUE_TEXT.fullmatch
-    item_sep, pair_sep = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR
+    item_sep, pair_sep, transactional = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_TRANSACTION_PREPARED
     while pos < size:
         total, _, _, flag, body_length = unpack(blob, pos)
         end = pos + total
@@ -278,7 +305,8 @@ def _decode_fast(blob: bytes, topic: str, queue_id: int, born_timestamp: int, bo
             # dict() refuses an item without exactly one pair separator (ValueError); the rest of the
             # well-formedness is: no repeated, empty name or empty value.
             properties = dict([item.split(pair_sep) for item in items])
-            if len(properties) != len(items) or "" in properties or "" in properties.values():
+            if len(properties) != len(items) or "" in properties or "" in properties.values() or \
+                    transactional in properties:
                 raise _Unusual
             uniq_key = properties.get(uniq_name)
             if uniq_key is not None and uniq_ok(uniq_key) is None:
@@ -299,7 +327,7 @@ def _decode_precise(blob: bytes, topic: str, queue_id: int, born_timestamp: int,
     messages: list[Message] = []
     pos = index = 0
     size = len(blob)
-    item_sep, pair_sep, uniq_name = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+    item_sep, pair_sep = PROPERTY_SEPARATOR, NAME_VALUE_SEPARATOR
     while pos < size:
         if index >= max_messages:
             raise _too_many(max_messages)
@@ -321,9 +349,9 @@ def _decode_precise(blob: bytes, topic: str, queue_id: int, born_timestamp: int,
                 properties[name] = value
             if len(properties) != len(items):
                 raise _fail(index, "a property name appears twice: give each once")
-        check_blob_entry(flag, properties.get(uniq_name, ""), index)
-        messages.append(Message(topic, queue_id, blob[body_at:props_start - PROPERTIES_LENGTH.size], flag,
-                                properties, born_timestamp, born_host, sys_flag, 0, 0))
+        body = blob[body_at:props_start - PROPERTIES_LENGTH.size]
+        check_batch_entry(properties, flag, body, sys_flag, index)
+        messages.append(Message(topic, queue_id, body, flag, properties, born_timestamp, born_host, sys_flag, 0, 0))
         pos = end
         index += 1
     if not messages:

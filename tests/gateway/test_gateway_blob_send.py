@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -173,6 +174,62 @@ def test_request_wide_fields_follow_the_producer_rules(up: UpProcess, fields: di
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert fragment in (error.value.details() or ""), error.value.details()
     assert up.store_state() == before
+
+
+# Every rule the message form of SendBatch applies to a message, as (the message's fields, what the
+# answer says). The blob form carries topic, sys_flag and born_timestamp in the request and the rest in
+# the entry; reconsume_times and prepared_transaction_offset have no place in a blob (always 0).
+MESSAGE_RULES: list[tuple[str, dict[str, Any], str]] = [
+    ("transactional", {"properties": {"TRAN_MSG": "true", "PGROUP": "pg"}}, "cannot be sent in a batch"),
+    ("transactional, any case", {"properties": {"TRAN_MSG": "TRUE", "PGROUP": "pg"}}, "cannot be sent in a batch"),
+    ("empty body", {"body": b""}, "the message body is empty"),
+    ("negative flag", {"flag": -1}, "flag -1 is negative"),
+    ("bad uniq key", {"properties": {"UNIQ_KEY": "nope"}}, "UNIQ_KEY 'nope' must be 32"),
+    ("transaction bits", {"sys_flag": 0x4}, "transaction flow"),
+    ("unknown sys_flag bits", {"sys_flag": 0x40}, "may not set"),
+    ("negative born timestamp", {"born_timestamp": -1}, "born_timestamp -1 is negative"),
+    ("system topic", {"topic": "SCHEDULE_TOPIC_XXXX"}, "system topic"),
+    ("retry topic", {"topic": "%RETRY%g"}, "retry or dead-letter"),
+    ("compressed, not zlib", {"sys_flag": 0x1, "body": b"not zlib"}, "is not zlib data"),
+    ("compressed, truncated", {"sys_flag": 0x101 | 0x200, "body": zlib.compress(b"abc" * 100)[:-6]},
+     "ends before its zlib stream does"),
+    ("compressed, then more", {"sys_flag": 0x1, "body": zlib.compress(b"abc") + b"tail"},
+     "4 bytes after the end of its zlib stream"),
+]
+
+
+@pytest.mark.parametrize("fields, fragment", [(f, w) for _, f, w in MESSAGE_RULES],
+                         ids=[n for n, _, _ in MESSAGE_RULES])
+def test_a_blob_applies_every_rule_of_the_message_form(up: UpProcess, fields: dict[str, Any], fragment: str) -> None:
+    """One rule set for both forms: what SendBatch refuses as a message it refuses as a blob entry,
+    at the gateway and at the commitlog, and nothing is stored."""
+    before = up.store_state()
+    bad = common_pb2.Message(**{"topic": "blob-rules", "body": b"payload", **fields})
+    request_wide = {"topic": bad.topic, "sys_flag": bad.sys_flag, "born_timestamp": bad.born_timestamp}
+    blob = encode_entry(bad.body, bad.flag, properties_bytes(dict(bad.properties)))
+    answers = []
+    for request in (gateway_pb2.SendBatchRequest(messages=[bad]),
+                    gateway_pb2.SendBatchRequest(encoded_messages=blob, **request_wide)):
+        with pytest.raises(grpc.RpcError) as error:
+            up.stub.SendBatch(request, timeout=10)
+        answers.append(error.value)
+    with grpc.insecure_channel(up.commitlog, options=CHANNEL_OPTIONS) as channel:
+        stub = commitlog_pb2_grpc.CommitLogServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as commitlog_error:
+            stub.AppendBatch(commitlog_pb2.AppendBatchRequest(encoded_messages=blob, **request_wide), timeout=10)
+        answers.append(commitlog_error.value)
+    for answer in answers:
+        assert answer.code() == grpc.StatusCode.INVALID_ARGUMENT, answer
+        assert fragment in (answer.details() or ""), answer.details()
+    assert up.store_state() == before
+
+
+def test_a_blob_of_zlib_bodies_is_stored(up: UpProcess) -> None:
+    bodies = [zlib.compress(f"squeeze {i} ".encode() * 50) for i in range(3)]
+    response = up.stub.SendBatch(blob_request("blob-zlib", *(entry(b) for b in bodies), sys_flag=0x1), timeout=10)
+    assert [record_at(up, i).body for i in receipt_ids(response.receipt)] == bodies
+    ok = up.stub.SendBatch(blob_request("blob-zlib", entry(b"x", TRAN_MSG="false")), timeout=10)
+    assert ok.receipt.status == PUT_OK
 
 
 def test_a_batch_stream_answers_every_batch_in_order(up: UpProcess) -> None:
