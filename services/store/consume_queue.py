@@ -13,8 +13,10 @@ bytes below a file's wrote position, which is advanced after the bytes are in pl
 File mtimes matter: RocketMQ's offset-by-time query picks the file to search by its mtime. A broker
 writes these files through a memory mapping, and Linux sets a file's mtime when a write lands on one
 of its pages that is clean (not written since it was mapped or last flushed). So a broker's file ends
-up with the time of the first write into its last page: the store time of the unit that started that
-page, plus the dispatch delay (the fixture stores agree to within the kernel clock's few ms). A file
+up with the time of the first write into its last page since that page was last flushed: the store
+time of the unit that started that page, plus the dispatch delay (the fixture stores agree to within
+the kernel clock's few ms), unless a flush cleaned the page while units were still going into it
+(then a later unit's, which a rebuild cannot know: docs/architecture.md says when that matters). A file
 built later, by a lagging or rebuilding indexer or by ``pipeline reindex``, would carry the time it
 was built; it is given that store time instead (``stamp_store_time``), once complete and, for the
 last file, when the queue shuts down. Files this process did not write keep their mtime.

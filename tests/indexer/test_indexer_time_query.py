@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from mqstore.services.store.consume_queue import ConsumeQueue, last_modified_ms
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
@@ -80,3 +81,38 @@ def test_offset_by_time_on_queues_built_after_the_messages(start_commitlog: Star
     finally:
         assert indexer.stop() == 0
     assert cq_mtimes_ms(root) == [stamps[0], stamps[100], stamps[200]]
+
+
+def test_a_rebuilt_file_answers_as_the_broker_file_except_between_their_mtimes(tmp_path: Path) -> None:
+    """Where a rebuilt queue can differ from the broker's (docs/architecture.md, "ConsumeQueue file
+    mtimes"): a broker whose flush cleaned a file's last page while units were still going into it left
+    the mtime of the first unit written after that flush, which no file records; the rebuilt file has
+    the store time of the unit that started the page. A timestamp between the two is searched in the
+    next file (its first unit) on the rebuilt queue and in this file (the nearest unit) on the
+    broker's. Every other timestamp gets the same answer. 400 units a file: the last page starts in
+    unit 204; the broker flushed after unit 299."""
+    times = [1_000_000 + 10 * i for i in range(450)]
+
+    def store_time_of(offset: int, size: int) -> int:
+        return times[offset // 100]
+
+    units = [(100 * i, 100, 0, i) for i in range(len(times))]
+    broker = ConsumeQueue(tmp_path / "broker", TOPIC, 0, 20 * 400)
+    broker.put_batch(units[:300], times[:300])
+    assert broker.flush(0)  # a flush round of the broker, inside the last page of file 0
+    broker.put_batch(units[300:], times[300:])
+    rebuilt = ConsumeQueue(tmp_path / "rebuilt", TOPIC, 0, 20 * 400)
+    rebuilt.put_batch(units, times)
+    try:
+        broker_mtime, rebuilt_mtime = (last_modified_ms(q.mapped_file_queue.files[0].path) for q in (broker, rebuilt))
+        assert (broker_mtime, rebuilt_mtime) == (times[300], times[204])
+        differ = []
+        for stamp in range(times[0] - 20, times[-1] + 20):
+            ours, theirs = (q.get_offset_in_queue_by_time(stamp, store_time_of) for q in (rebuilt, broker))
+            if ours != theirs:
+                differ.append(stamp)
+                assert ours == 400 and theirs == min(range(400), key=lambda i: (abs(times[i] - stamp), i))
+        assert differ == list(range(rebuilt_mtime + 1, broker_mtime + 1))
+    finally:
+        broker.shutdown()
+        rebuilt.shutdown()
