@@ -12,7 +12,13 @@ The token file (YAML) lists one entry per client; topic patterns are shell globs
         admin: true            # every topic, plus CreateTopic/UpdateTopic
 
 Tokens are kept as SHA-256 digests and looked up by digest, so a lookup takes the same time whatever
-the token. A call carries ``authorization: Bearer <token>`` metadata. Neither a token nor its digest
+the token. A call carries ``authorization: Bearer <token>`` metadata.
+
+RocketMQ 5's clients sign instead of sending a secret: ``authorization: MQv2-HMAC-SHA1 Credential=<AK>,
+SignedHeaders=x-mq-date-time, Signature=<hex HMAC-SHA1(SK, x-mq-date-time)>``. An entry's name is its
+access key and its token the secret key (``Credentials(ak=name, sk=token)``); the signature is verified
+with that secret, and a ``x-mq-date-time`` more than MAX_SIGNATURE_SKEW_S from the gateway's clock is
+refused, so a captured header stops working. Names are unique for that reason. Neither a token nor its digest
 is ever logged or put in an error message (a YAML syntax error names the line and column, not the
 line's text). The gateway reloads the file when it changes (gateway/token_reload.py):
 :meth:`TokenTable.replace` swaps the whole table at once, so a call sees the old or the new tokens.
@@ -23,8 +29,11 @@ from __future__ import annotations
 import enum
 import fnmatch
 import hashlib
+import hmac
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,12 @@ from mqstore.services.store.config import ConfigError
 
 AUTHORIZATION = "authorization"
 _BEARER = "bearer "
+#: RocketMQ 5's signature scheme and the header it signs.
+SIGNATURE_SCHEME = "MQv2-HMAC-SHA1"
+DATE_TIME = "x-mq-date-time"
+_DATE_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+#: How far a signed request's x-mq-date-time may be from the gateway's clock (either way).
+MAX_SIGNATURE_SKEW_S = 15 * 60
 
 
 class Action(enum.Enum):
@@ -81,8 +96,10 @@ ANONYMOUS = Principal("anonymous", admin=True)
 class TokenTable:
     """Empty table = auth off: every call acts as an admin."""
 
-    def __init__(self, principals_by_digest: dict[bytes, Principal] | None = None) -> None:
+    def __init__(self, principals_by_digest: dict[bytes, Principal] | None = None,
+                 secrets_by_access_key: dict[str, tuple[bytes, Principal]] | None = None) -> None:
         self._by_digest = principals_by_digest or {}
+        self._by_access_key = secrets_by_access_key or {}
 
     @property
     def enabled(self) -> bool:
@@ -94,21 +111,20 @@ class TokenTable:
     def replace(self, other: TokenTable) -> None:
         """Take ``other``'s tokens (a reload). One reference assignment: calls in flight on the event
         loop see either table whole, never a mix."""
-        self._by_digest = other._by_digest
+        self._by_digest, self._by_access_key = other._by_digest, other._by_access_key
 
     def authenticate(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> Principal:
         if not self._by_digest:
             return ANONYMOUS
-        header = None
-        for key, value in metadata or ():
-            if key == AUTHORIZATION:
-                header = value.decode() if isinstance(value, bytes) else value
-                break
+        header = _header(metadata, AUTHORIZATION)
         if header is None:
             raise UnauthenticatedError("this gateway requires a token: send metadata "
                                        "'authorization: Bearer <token>'")
+        if header.startswith(SIGNATURE_SCHEME + " "):
+            return self._verify_signature(header, _header(metadata, DATE_TIME))
         if not header[:len(_BEARER)].lower() == _BEARER:
-            raise UnauthenticatedError("the authorization metadata must be 'Bearer <token>'")
+            raise UnauthenticatedError("the authorization metadata must be 'Bearer <token>' (or RocketMQ 5's "
+                                       f"'{SIGNATURE_SCHEME} Credential=...')")
         token = header[len(_BEARER):]
         if token != token.strip():  # "t0ken " is another token: never let it pass for "t0ken"
             raise UnauthenticatedError("the token has whitespace around it: send exactly 'Bearer <token>'")
@@ -116,6 +132,32 @@ class TokenTable:
         if principal is None:
             raise UnauthenticatedError("unknown token: check the token you were given")
         return principal
+
+    def _verify_signature(self, header: str, date_time: str | None, now: float | None = None) -> Principal:
+        """A RocketMQ 5 client's signed request: the access key's secret must give the same HMAC-SHA1 of
+        the signed date-time, and that time must be recent."""
+        fields = dict(part.split("=", 1) for part in header[len(SIGNATURE_SCHEME):].replace(",", " ").split()
+                      if "=" in part)
+        access_key = fields.get("Credential", "").split("/")[0]
+        if not access_key:
+            raise UnauthenticatedError(f"the {SIGNATURE_SCHEME} authorization names no access key: give the "
+                                       "client Credentials(access key = the token's name, secret key = the token)")
+        if DATE_TIME not in fields.get("SignedHeaders", "").split(";") or date_time is None:
+            raise UnauthenticatedError(f"the signature must cover the {DATE_TIME} header the request sends")
+        try:
+            signed_at = datetime.strptime(date_time, _DATE_TIME_FORMAT).replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            raise UnauthenticatedError(f"{DATE_TIME} {date_time[:40]!r} is not yyyyMMddTHHmmssZ") from None
+        skew = (time.time() if now is None else now) - signed_at
+        if abs(skew) > MAX_SIGNATURE_SKEW_S:
+            raise UnauthenticatedError(f"the request was signed {skew:+.0f} s from the gateway's clock, more than "
+                                       f"{MAX_SIGNATURE_SKEW_S} s: check the client machine's clock (UTC)")
+        known = self._by_access_key.get(access_key)
+        expected = hmac.new(known[0] if known else b"", date_time.encode(), hashlib.sha1).hexdigest()
+        if not hmac.compare_digest(expected, fields.get("Signature", "").lower()) or known is None:
+            raise UnauthenticatedError("unknown access key or wrong secret key: the client's Credentials must be "
+                                       "a token's name (access key) and the token (secret key)")
+        return known[1]
 
     @staticmethod
     def authorize(principal: Principal, action: Action, topic: str) -> None:
@@ -128,6 +170,13 @@ class TokenTable:
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
+
+
+def _header(metadata: Sequence[tuple[str, str | bytes]] | None, name: str) -> str | None:
+    for key, value in metadata or ():
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else value
+    return None
 
 
 def load_token_table(path: str | Path | None) -> TokenTable:
@@ -145,13 +194,18 @@ def load_token_table(path: str | Path | None) -> TokenTable:
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{path}: expected 'tokens:' with at least one entry")
     table: dict[bytes, Principal] = {}
+    by_name: dict[str, tuple[bytes, Principal]] = {}
     for i, entry in enumerate(entries):
         principal, token = _entry(path, i, entry)
         digest = _digest(token)
         if digest in table:
             raise ConfigError(f"{path}: tokens[{i}] ({principal.name}) repeats the token of {table[digest].name}")
+        if principal.name in by_name:
+            raise ConfigError(f"{path}: tokens[{i}] repeats the name {principal.name!r}: names are RocketMQ 5 "
+                              "clients' access keys, so each must be unique")
         table[digest] = principal
-    return TokenTable(table)
+        by_name[principal.name] = (token.encode(), principal)
+    return TokenTable(table, by_name)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

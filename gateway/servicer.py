@@ -135,8 +135,14 @@ class MessagingServicer:
     # -- the edge: who is calling, how long they wait, which route ------------------------------------
 
     def _principal(self, context: Context) -> Principal:
+        cached: Principal | None = getattr(context, "authenticated", None)  # an in-process caller, verified once
+        if cached is not None:
+            return cached
         metadata = context.invocation_metadata() if self.tokens.enabled else None
-        return self.tokens.authenticate(metadata)  # type: ignore[arg-type]  # grpc-stubs: Metadata
+        principal = self.tokens.authenticate(metadata)  # type: ignore[arg-type]  # grpc-stubs: Metadata
+        if hasattr(context, "authenticated"):
+            context.authenticated = principal
+        return principal
 
     def _timeout(self, context: Context, extra_s: float = 0.0) -> float:
         """The backend deadline: ours, plus any wait the request asks for, within the caller's own."""

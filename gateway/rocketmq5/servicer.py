@@ -24,7 +24,7 @@ from mqstore.gateway.resilience import BackendError
 from mqstore.gateway.rocketmq5 import status as st
 from mqstore.gateway.rocketmq5.checks import CheckRelay
 from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
-from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, bearer_metadata, call
+from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
 from mqstore.gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
 from mqstore.gateway.wire import Undecodable
 from mqstore.services.store.record import largest_body_always_stored
@@ -82,8 +82,7 @@ class RocketMQ5Servicer:
         remaining = context.time_remaining()
         if timeout_s is None or (remaining is not None and remaining < timeout_s):
             timeout_s = remaining
-        metadata = list(context.invocation_metadata() or ())
-        return LocalContext(bearer_metadata(metadata), context.peer() or "", timeout_s)
+        return LocalContext(tuple(context.invocation_metadata() or ()), context.peer() or "", timeout_s)
 
     async def _route(self, topic: str, context: Context) -> gateway_pb2.TopicRoute:
         return await call(self.mq.GetRoute, gateway_pb2.GetRouteRequest(topic=topic), self._local(context))

@@ -7,6 +7,7 @@ protobuf names as the gateway's (apache.rocketmq.v2), which one process cannot h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -198,8 +199,23 @@ def tls_roundtrip(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"sent": sent, "received": received}
 
 
+def signed_send(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A producer with Credentials(access key, secret key) sends one message: its message id, or the
+    error the client raised (a refused signature fails the route lookup at startup)."""
+    config = ClientConfiguration(endpoint, Credentials(args["ak"], args["sk"]))
+    producer = Producer(config, (args["topic"],))
+    try:
+        producer.startup()
+        return {"sent": producer.send(_message(args["topic"], "signed body", "TagA")).message_id}
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        with contextlib.suppress(Exception):  # a producer that never started
+            producer.shutdown()
+
+
 SCENARIOS = {"tls": tls_roundtrip, "push": push, "orphan": orphan, "produce": produce, "consume": consume,
-             "consume_fifo": consume_fifo}
+             "consume_fifo": consume_fifo, "signed_send": signed_send}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))
