@@ -20,6 +20,7 @@ from mqstore.services.commitlog import metrics
 from mqstore.services.commitlog.clean_commitlog import CommitLogCleaner
 from mqstore.services.commitlog.disk_guard import DiskGuard
 from mqstore.services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
+from mqstore.services.commitlog.indexer_headroom import IndexerHeadroom
 from mqstore.services.commitlog.message_encoder import EncodedMessage, MessageEncoder
 from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from mqstore.services.commitlog.queue_offsets import (
@@ -29,12 +30,20 @@ from mqstore.services.commitlog.queue_offsets import (
     advances_queue,
     replay_queue_offsets,
 )
-from mqstore.services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
+from mqstore.services.commitlog.recovery import (
+    MissingLogError,
+    RecoveryResult,
+    find_missing_log,
+    read_dispatched_end,
+    recover_abnormally,
+    recover_normally,
+)
 from mqstore.services.commitlog.topic_config import TopicConfigManager
 from mqstore.services.commitlog.topic_discovery import discover_queue_nums
 from mqstore.services.server import tracing
 from mqstore.services.store.checkpoint import StoreCheckpoint
 from mqstore.services.store.config import SYNC_FLUSH, MessageStoreConfig
+from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
 from mqstore.services.store.disk_space import is_disk_full
 from mqstore.services.store.errors import (
     DataLossError,
@@ -45,6 +54,7 @@ from mqstore.services.store.errors import (
     StoreError,
     UnavailableError,
 )
+from mqstore.services.store.index_file import index_file_size
 from mqstore.services.store.mapped_file import MappedFile
 from mqstore.services.store.mapped_file_queue import MappedFileQueue
 from mqstore.services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
@@ -62,6 +72,7 @@ from mqstore.services.store.record import (
     encode_blank,
 )
 from mqstore.services.store.service_thread import ServiceThread
+from mqstore.services.store.store_layout import INDEXER_DIR
 from mqstore.services.store.store_root import AbortFile, StoreLock
 from mqstore.services.store.timer_message import TIMER_TOPIC
 from mqstore.services.store.topics import PERM_WRITE, TopicConfig
@@ -126,8 +137,15 @@ class CommitLog:
         self._abort = AbortFile(self.root)
         self.pool = TransientStorePool(config.transient_store_pool_size, config.mapped_file_size_commit_log) \
             if self.pool_enabled else None
+        self.queue_table: dict[QueueKey, int] = {}
+        index_bytes = index_file_size(config.max_hash_slot_num, config.max_index_num) \
+            if config.message_index_enable else 0
+        headroom = IndexerHeadroom(self.root, self.root / "commitlog", lambda: dict(self.queue_table),
+                                   config.mapped_file_size_consume_queue, index_bytes)
         self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
-                              config.mapped_file_size_commit_log)
+                              config.mapped_file_size_commit_log, headroom)
+        #: ConsumeQueue units per file: a message whose queue offset is a multiple starts a new file.
+        self._queue_units_per_file = max(1, config.mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE)
         self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
                                    prefault=config.prefault_mapped_file and not self.pool_enabled,
                                    space_check=self.disk.check_new_file)
@@ -139,7 +157,6 @@ class CommitLog:
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
                                       config.mapped_file_size_commit_log, len(self._delay_levels_ms),
                                       config.timer_max_delay_sec)
-        self.queue_table: dict[QueueKey, int] = {}
         self._put_lock = threading.Lock()
         # RocketMQ's beginTimeInLock: when the put holding the lock started (0 = none), for isOSPageCacheBusy.
         self._begin_time_in_lock = 0.0
@@ -188,6 +205,7 @@ class CommitLog:
                                                cfg.message_index_enable and cfg.message_index_safe,
                                                self._delay_levels_ms, quarantine, recorded_end)
         end = self.recovery.end
+        accepted_loss = self._check_missing_log(recorded_end)
         self.quarantine.reconcile(self.recovery.quarantined, self.mfq.min_offset, end)
         for bad in self.quarantine.ranges:
             log.warning("commitlog offsets %s are QUARANTINED: reads of them answer DATA_LOSS", bad.describe())
@@ -198,6 +216,8 @@ class CommitLog:
         self.recovered_offset = end
         self.topics.load()
         self._restore_queue_table(end, snapshot)
+        if accepted_loss:  # the evidence now describes the log as it is: the next start finds nothing missing
+            self._save_queue_offsets(self.queue_offset_snapshot())
         self._discover_topics()
         self._abort.create()
         self.incarnation = uuid.uuid4().hex
@@ -206,6 +226,35 @@ class CommitLog:
         log.info("commitlog ready in %.2fs: offsets [%d, %d), %d queues, incarnation %s",
                  time.monotonic() - started, self.min_offset, self.max_offset, len(self.queue_table),
                  self.incarnation)
+
+    def _check_missing_log(self, recorded_end: int | None) -> bool:
+        """A silent loss becomes a loud one: when the store's records say the log reached further than
+        recovery found it, log an ERROR naming what is missing and (refuseStartOnMissingLog) refuse to
+        start, before anything is truncated. True when an operator accepted the loss (the setting off)."""
+        assert self._checkpoint is not None
+        dispatched = read_dispatched_end(self.root / INDEXER_DIR / "config" / "dispatch_checkpoint.json")
+        missing = find_missing_log(self.recovery, self._checkpoint.physic_msg_timestamp, recorded_end, dispatched)
+        metrics.observe_missing_log(missing)
+        if missing is None:
+            return False
+        if not missing.durable_evidence and not self.sync_flush:
+            log.warning("recovery: %s; under ASYNC_FLUSH records are durable only once flushed, so this is the "
+                        "loss the flush policy allows (%d bytes)", missing.describe(missing.dispatched_evidence),
+                        missing.dispatched_missing_bytes)
+            return False
+        evidence = missing.describe(missing.durable_evidence + missing.dispatched_evidence)
+        if self.config.refuse_start_on_missing_log:
+            log.error("recovery found LESS LOG than the store's records say existed: %s. Refusing to start; nothing "
+                      "was changed. Look for the missing files (a restore, a disk, a power cut under a file system "
+                      "that lost them), then start once with refuseStartOnMissingLog=false "
+                      "(MQSTORE_REFUSE_START_ON_MISSING_LOG=false) to accept the loss", evidence)
+            raise MissingLogError(evidence)
+        log.error("recovery found LESS LOG than the store's records say existed: %s. Starting anyway "
+                  "(refuseStartOnMissingLog=false): the loss is accepted and the records are reset to the log found",
+                  evidence)
+        self._checkpoint.physic_msg_timestamp = self.recovery.last_timestamp
+        self._checkpoint.flush()
+        return True
 
     def _restore_queue_table(self, end: int, snapshot: QueueOffsetSnapshot | None) -> None:
         start = self.mfq.min_offset
@@ -371,6 +420,8 @@ class CommitLog:
             if not self._running:
                 raise UnavailableError("the commitlog is not writable (stopping)")
             self.disk.check_writable()
+            if self.disk.queue_files_tight(len(encoded)):
+                self.disk.check_queue_files(self._queue_files_started(encoded))
             self._begin_time_in_lock = time.monotonic()
             try:
                 results = self._append_locked(encoded)
@@ -382,6 +433,19 @@ class CommitLog:
         if self._group_commit is not None or self._wake_flush_service:
             self._handle_flush(encoded, results)
         return results
+
+    def _queue_files_started(self, encoded: Sequence[EncodedMessage]) -> int:
+        """How many ConsumeQueue files appending ``encoded`` starts (under the put lock)."""
+        units, table = self._queue_units_per_file, self.queue_table
+        next_offsets: dict[QueueKey, int] = {}
+        started = 0
+        for e in encoded:
+            if e.advances_queue:
+                key = (e.topic, e.queue_id)
+                offset = next_offsets.get(key, table.get(key, 0))
+                started += not offset % units
+                next_offsets[key] = offset + 1
+        return started
 
     def _check_busy(self) -> None:
         """RocketMQ's isOSPageCacheBusy: when the put in the lock has taken longer than
@@ -456,6 +520,7 @@ class CommitLog:
         (per file, after the last record written into it): readers never see a record unfilled."""
         store_timestamp = time.time_ns() // 1_000_000
         table = self.queue_table
+        units, started = self._queue_units_per_file, 0
         store_host = self.encoder.store_host
         results: list[PutMessageResult] = []
         append_result = results.append
@@ -480,6 +545,7 @@ class CommitLog:
                 key = (topic, queue_id)
                 queue_offset = table.get(key, 0)
                 table[key] = queue_offset + 1
+                started += not queue_offset % units
             else:
                 queue_offset = 0
             buffer[pos:end] = record
@@ -490,6 +556,8 @@ class CommitLog:
             pos = end
         mapped.wrote_position = pos
         mapped.store_timestamp = store_timestamp
+        if started:
+            self.disk.charge_queue_files(started)
         return results
 
     def _roll(self, mapped: MappedFile, store_timestamp: int) -> MappedFile:

@@ -18,6 +18,13 @@ creation (ENOSPC). Here:
 Writes racing in from elsewhere (another tenant of the disk) are caught where the file is created
 (``MappedFileQueue``) and refused the same way.
 
+What the commitlog acknowledges, the indexer must still write (ConsumeQueue units, index entries,
+checkpoints), so the disk must keep room for that too: the *headroom* (``indexer_headroom.py``),
+measured at every refresh. Writes are refused while the free space is below it, a commitlog file is
+created only if it fits next to it, and between refreshes every ConsumeQueue file a put starts is
+charged against it (checked before the put when the room left is tight): the indexer is never the
+first to meet ENOSPC.
+
 A *hold* refuses writes below that ratio too: with ``protectUnconsumedData`` the cleaner
 (``clean_commitlog.py``) holds the disk when it would have to delete a file consumer groups have not
 consumed. A hold lasts until it is released (the cleaner could delete the file after all) or a
@@ -30,6 +37,7 @@ import logging
 import threading
 from pathlib import Path
 
+from mqstore.services.commitlog.indexer_headroom import NO_HEADROOM, Headroom, IndexerHeadroom
 from mqstore.services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
 from mqstore.services.store.errors import DiskFullError
 
@@ -37,11 +45,18 @@ log = logging.getLogger(__name__)
 
 
 class DiskGuard:
-    def __init__(self, path: Path, warning_ratio: float, file_size: int) -> None:
-        """``path``: the commitlog directory (it must exist before the first refresh)."""
+    def __init__(self, path: Path, warning_ratio: float, file_size: int,
+                 headroom: IndexerHeadroom | None = None) -> None:
+        """``path``: the commitlog directory (it must exist before the first refresh). ``headroom``
+        measures the room the indexer needs (None: none is kept)."""
         self.path = path
         self.warning_ratio = warning_ratio
         self.file_size = file_size
+        self._headroom_source = headroom
+        self.headroom = NO_HEADROOM
+        # ConsumeQueue file bytes the puts since the last measure started (the indexer may not have
+        # created them yet, so the disk's usage does not show them).
+        self._charged = 0
         self._mount: Path | None = None
         self.usage: DiskUsage | None = None
         # The store-state thread, the allocator thread and a rolling put may update the state at once.
@@ -70,7 +85,9 @@ class DiskGuard:
         usage = self._read_usage()
         if usage is None:
             return  # cannot tell: let the creation try (ENOSPC is caught there)
+        headroom = self._measure()
         with self._lock:
+            self._set_headroom(headroom)
             reason = self._ratio_reason(usage) or self._file_reason(usage)
             if reason is None:
                 self._file_needed = False
@@ -104,9 +121,50 @@ class DiskGuard:
         """Read the disk's usage and update the state; None (state kept) if it cannot be read."""
         usage = self._read_usage()
         if usage is not None:
+            headroom = self._measure()
             with self._lock:
+                self._set_headroom(headroom)
                 self._update(usage)
         return usage
+
+    # -- the indexer's headroom ------------------------------------------------------------------
+    def _measure(self) -> Headroom:
+        if self._headroom_source is None:
+            return NO_HEADROOM
+        try:
+            return self._headroom_source.measure()
+        except OSError as exc:
+            log.warning("cannot measure the room the indexer needs (%s): keeping the last measure", exc)
+            return self.headroom
+
+    def _set_headroom(self, headroom: Headroom) -> None:
+        """Under the lock: a new measure, which sees every ConsumeQueue file charged before it."""
+        self.headroom, self._charged = headroom, 0
+
+    def queue_files_tight(self, messages: int) -> bool:
+        """Whether ``messages`` messages could start more ConsumeQueue files than the disk has room for
+        (then :meth:`check_queue_files` must count them before they are written)."""
+        usage, cost = self.usage, self.headroom.queue_file_size
+        return bool(cost) and usage is not None and \
+            self.headroom.total + self._charged + messages * cost > usage.available
+
+    def check_queue_files(self, count: int) -> None:
+        """Before a put that starts ``count`` ConsumeQueue files: DiskFullError if they do not fit."""
+        usage, cost = self.usage, count * self.headroom.queue_file_size
+        if cost and usage is not None and self.headroom.total + self._charged + cost > usage.available:
+            raise DiskFullError(_refusal(
+                f"{usage.describe()}: the {count} new ConsumeQueue files of these messages "
+                f"({cost / MIB:.1f} MiB) do not fit next to {self.headroom.describe()}", usage))
+
+    def charge_queue_files(self, count: int) -> None:
+        """After a put that started ``count`` ConsumeQueue files: their room is taken until the next
+        measure sees them; the next puts are refused once the headroom is no longer there."""
+        cost = count * self.headroom.queue_file_size
+        if cost:
+            with self._lock:
+                self._charged += cost
+                if self.usage is not None:
+                    self._update(self.usage)
 
     def _read_usage(self) -> DiskUsage | None:
         try:
@@ -123,7 +181,7 @@ class DiskGuard:
         if self._hold is not None and usage.ratio <= self._hold[1]:
             log.info("the hold on writes ends: %s, not above %.2f any more", usage.describe(), self._hold[1])
             self._hold = None
-        reason = self._ratio_reason(usage)
+        reason = self._ratio_reason(usage) or self._headroom_reason(usage)
         if reason is None and self._file_needed:
             reason = self._file_reason(usage)
             if reason is None:
@@ -144,11 +202,22 @@ class DiskGuard:
             return f"{usage.describe()}, above diskSpaceWarningLevelRatio {self.warning_ratio:.2f}"
         return None
 
+    def _headroom_reason(self, usage: DiskUsage) -> str | None:
+        """Why the free space is too little for what the indexer must still write, None if it is not."""
+        needed = self.headroom.total + self._charged
+        if not needed or usage.available >= needed:
+            return None
+        started = f" and the {self._charged / MIB:.1f} MiB of ConsumeQueue files the last writes started" \
+            if self._charged else ""
+        return f"{usage.describe()}, less than {self.headroom.describe()}{started}"
+
     def _file_reason(self, usage: DiskUsage) -> str | None:
         """Why the next commitlog file cannot be created now, None if it can."""
         file_mib = self.file_size / MIB
-        if usage.available < self.file_size:
-            return f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file does not fit"
+        kept = self.headroom.total + self._charged
+        if usage.available < self.file_size + kept:
+            beside = f" next to {self.headroom.describe()}" if kept else ""
+            return f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file does not fit{beside}"
         if usage.total and (usage.used + self.file_size) / usage.total > self.warning_ratio:
             return (f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file would take it past "
                     f"diskSpaceWarningLevelRatio {self.warning_ratio:.2f}")

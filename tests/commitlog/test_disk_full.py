@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,12 @@ from mqstore.services.store.mapped_file_queue import MappedFileQueue
 from mqstore.services.store.message import Message
 from mqstore.services.store.topics import TopicConfig
 from mqstore.services.store.transient_store_pool import TransientStorePool
-from mqstore.v1 import commitlog_pb2, common_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import StartCommitLog
+from tests.commitlog.commitlog_process import start_commitlog as start_commitlog_process
 from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
+from tests.indexer.indexer_process import start_indexer
+from tests.query.query_process import start_query
 
 FILE_SIZE = 2 * MIB
 BODY = b"d" * 30_000
@@ -240,3 +244,88 @@ def test_the_service_answers_resource_exhausted_then_resumes(disk: Path, start_c
     logs = server.logs()
     assert "Traceback" not in logs and "Errno 28" not in logs, logs[-3000:]
     assert "refusing writes" in logs and "accepting writes again" in logs
+
+
+# -- the indexer's headroom: what was acknowledged stays pullable and findable ------------------------
+
+# ConsumeQueue files of 1 MiB: on a nearly full disk a queue's first (or next) file is a big share of
+# what is left, so the refusal has to leave room for them.
+HEADROOM_ENV = {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(FILE_SIZE),
+                "MQSTORE_MAPPED_FILE_SIZE_CONSUME_QUEUE": str(52_428 * 20),
+                "MQSTORE_MAX_HASH_SLOT_NUM": "1000", "MQSTORE_MAX_INDEX_NUM": "4000",
+                "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200", "MQSTORE_CLEAN_RESOURCE_INTERVAL": "3600000"}
+
+
+def test_a_put_that_starts_consumequeue_files_the_disk_has_no_room_for_is_refused(disk: Path) -> None:
+    """The headroom is kept when the indexer's files share the disk: the put path counts the
+    ConsumeQueue files its messages start, before the indexer has created them."""
+    (disk / "store" / "indexer" / "consumequeue").mkdir(parents=True)
+    log = make_log(disk / "store", mapped_file_size_consume_queue=52_428 * 20, max_hash_slot_num=1000,
+                   max_index_num=4000, flush_interval_consume_queue=3_600_000)  # no refresh during the test
+    try:
+        log.put_message(Message("Warm", 0, b"w"))
+        wait_until(lambda: len(store_files(disk / "store" / "commitlog")) == 2)  # the next file, made ahead
+        fill(disk / "ballast", leave_bytes=7 * MIB)
+        log.disk.refresh()
+        # Warm's ConsumeQueue file and its next (the indexer has made neither), an index file, checkpoints
+        assert log.disk.headroom.queues == 1 and 3 * MIB < log.disk.headroom.total < 3.2 * MIB, log.disk.headroom
+        results = [log.put_message(Message("Room", q, b"r")) for q in range(3)]  # 3 new 1 MiB files
+        log.put_message(Message("Room", 0, b"again"))  # no new file: accepted
+        with pytest.raises(DiskFullError) as refused:
+            log.put_message(Message("Room", 3, b"r"))
+        assert_refusal(str(refused.value), disk)
+        assert "the 1 new ConsumeQueue files of these messages (1.0 MiB) do not fit next to the " in \
+            str(refused.value), refused.value
+        assert [r.queue_offset for r in results] == [0, 0, 0] and ("Room", 3) not in log.queue_table
+        log.disk.refresh()  # the indexer has made none of the 3 files: each is counted, and the next one
+        assert log.disk.headroom.queues == 4 and log.disk.headroom.consume_queue == 8 * 52_428 * 20
+        with pytest.raises(DiskFullError) as refused:
+            log.put_message(Message("Room", 0, b"r"))
+        assert "less than the 9.1 MiB kept for the indexer to write what was acknowledged" in str(refused.value)
+    finally:
+        log.shutdown()
+
+
+def test_at_the_threshold_every_acked_message_stays_pullable_and_findable_by_uniq_key(disk: Path) -> None:
+    """The commitlog, indexer and query service share the small disk, as under ``mqstore up``."""
+    commitlog = start_commitlog_process(disk, HEADROOM_ENV)
+    indexer = start_indexer(disk / "indexer", commitlog.address, HEADROOM_ENV)
+    query = start_query(disk / "query", commitlog.address, indexer.address, HEADROOM_ENV)
+    try:
+        warm = common_pb2.Message(topic="Warm", body=b"w", born_host="127.0.0.1:50000")
+        first = commitlog.stub.Append(commitlog_pb2.AppendRequest(message=warm), timeout=10)
+        indexer.wait_caught_up(first.commitlog_offset + first.wrote_bytes, timeout_s=10)
+        wait_until(lambda: len(store_files(disk / "commitlog")) == 2)  # the next file, made ahead
+        # 6 MiB left: the commitlog's files have room, but 8 new queues need 8 MiB of ConsumeQueue.
+        fill(disk / "ballast", leave_bytes=6 * MIB)
+        time.sleep(0.5)  # the commitlog sees the ballast at its next refresh (every 200 ms here)
+        acked: list[tuple[str, commitlog_pb2.AppendResult]] = []
+        refused: list[grpc.RpcError] = []
+        for i in range(300):
+            key = uuid.uuid4().hex.upper()
+            message = common_pb2.Message(topic="Headroom", queue_id=i % 8, body=b"h" * 1000,
+                                         born_host="127.0.0.1:50000", properties={"UNIQ_KEY": key})
+            try:
+                acked.append((key, commitlog.stub.Append(commitlog_pb2.AppendRequest(message=message), timeout=10)))
+            except grpc.RpcError as exc:
+                refused.append(exc)
+        assert acked and refused, (len(acked), len(refused), refused and refused[0].details())
+        assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED for e in refused), refused[0]
+        assert_refusal(refused[-1].details() or "", disk)
+        last = acked[-1][1]
+        indexer.wait_caught_up(last.commitlog_offset + last.wrote_bytes, timeout_s=10)
+        for key, result in acked:
+            pulled = query.stub.PullMessage(query_pb2.PullMessageRequest(
+                topic="Headroom", queue_id=result.queue_id, queue_offset=result.queue_offset, max_messages=1),
+                timeout=10)
+            assert [m.commitlog_offset for m in pulled.messages] == [result.commitlog_offset], (result, pulled)
+            found = query.stub.ViewMessage(query_pb2.ViewMessageRequest(
+                msg_id=key, topic="Headroom", kind=query_pb2.MESSAGE_ID_KIND_UNIQ_KEY), timeout=10)
+            assert found.message.commitlog_offset == result.commitlog_offset
+        logs = indexer.logs()
+        assert "No space left on device" not in logs and "Errno 28" not in logs, logs[-3000:]
+        (disk / "ballast").unlink()
+        until_accepted(lambda: commitlog.stub.Append(commitlog_pb2.AppendRequest(message=warm), timeout=10), 10)
+    finally:
+        for handle in (query, indexer, commitlog):
+            assert handle.stop() == 0, handle.logs()[-3000:]
