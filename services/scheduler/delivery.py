@@ -5,15 +5,15 @@ are in store order, so deliver times within a level only grow: the first unit no
 level until then. Due units are re-put (:func:`message_timeup`) in one AppendBatch of at most
 ``MAX_BATCH`` per level and round, the levels in turn (as 4.9.8 runs one timer task per level): a
 level that is behind holds the others up for one batch at a time, not until it has caught up.
-The level's offset moves past a unit only once the store acknowledged it, so a crash can repeat
-deliveries (at least once), never lose one.
+The level's offset moves past a unit only once the store acknowledged it, so a crash never loses a
+delivery.
 
 The table is written every persist interval, at stop, and also at once after the first acknowledged
-batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries. After kill -9 the duplicates are
-the deliveries since the last write: at most one persist interval's worth and fewer than
-``PERSIST_EVERY_UNITS`` (each plus the batches acknowledged while a write was under way), however
-short the killed process lived; a run killed before its first write repeats only its first batches.
-(Without the early write a crash loop repeated the whole backlog on every restart.)
+batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries, with ``scanFromOffset``. A restart
+after kill -9 repeats nothing: before its first delivery it reads the re-puts the log holds past that
+offset and moves each level past the units they came from (:meth:`DelayScheduler._reconcile`; a
+level's re-puts are in unit order, so a level is walked from its offset while its units' re-puts are
+found, stepping over the units 4.9.8 passes over).
 
 The loop sleeps until the earliest known deliver time, a new SCHEDULE_TOPIC_XXXX unit (the indexer's
 WatchArrivals), or ``POLL_S`` (max offsets are asked again then: the stream may be down).
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -32,12 +33,19 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
 from mqstore.services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
-from mqstore.services.scheduler.timeup import NotDeliverable, message_timeup
-from mqstore.services.store.delay_offsets_file import DelayOffsetTable, read_delay_offsets, write_delay_offsets
-from mqstore.services.store.message import SCHEDULE_TOPIC, Message
+from mqstore.services.scheduler.timeup import NotDeliverable, ReputKey, message_timeup, reput_key
+from mqstore.services.store.delay_offsets_file import DelayOffsetTable, read_delay_progress, write_delay_offsets
+from mqstore.services.store.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    SCHEDULE_TOPIC,
+    Message,
+)
+from mqstore.services.store.parked_record import ParkedRecord
+from mqstore.services.store.record import real_destination
+from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +75,9 @@ class DelayScheduler(DeliveryLoop):
 
     def __init__(self, delay_levels_ms: tuple[int, ...], offsets_path: Path, files: ScheduleFiles,
                  indexer: IndexerPeer, commitlog: CommitLogPeer, persist_interval_s: float) -> None:
-        super().__init__(indexer, commitlog, persist_interval_s, str(offsets_path), log)
+        super().__init__(files, indexer, commitlog, persist_interval_s, str(offsets_path), log)
         self.delay_levels_ms = delay_levels_ms
         self.offsets_path = offsets_path
-        self._files = files
         self._levels: list[_Level] = []
         self._queues: dict[int, _Level] = {}
         self._level_counters: dict[int, DeliveryMetrics] = {}
@@ -78,7 +85,8 @@ class DelayScheduler(DeliveryLoop):
     # -- the table -----------------------------------------------------------------------------
     def load(self) -> None:
         """Read delayOffset.json (ValueError when it and its .bak are unreadable)."""
-        table = read_delay_offsets(self.offsets_path)
+        table, self._scan_from = read_delay_progress(self.offsets_path)
+        self._written_at_ms = written_at_ms(self.offsets_path)
         self._levels = [_Level(level, table.get(level, 0)) for level in range(1, len(self.delay_levels_ms) + 1)]
         kept = {level: offset for level, offset in table.items() if level > len(self.delay_levels_ms)}
         if kept:
@@ -91,7 +99,7 @@ class DelayScheduler(DeliveryLoop):
         return {**self._beyond, **{lv.level: lv.offset for lv in self._levels}}
 
     def _snapshot(self) -> partial[None]:
-        return partial(write_delay_offsets, self.offsets_path, self.table())
+        return partial(write_delay_offsets, self.offsets_path, self.table(), self._scan_from)
 
     def _arrived(self, topic: str, queue_id: int, max_offset: int) -> bool:
         level = self._queues.get(queue_id) if topic == SCHEDULE_TOPIC else None
@@ -125,6 +133,8 @@ class DelayScheduler(DeliveryLoop):
                 if time.monotonic() - last_refresh >= POLL_S:
                     await self._refresh_bounds()
                     last_refresh = time.monotonic()
+                if not self._recovered:
+                    await self._recover()
                 for lv in self._levels:
                     if self._stopping:
                         break
@@ -176,6 +186,45 @@ class DelayScheduler(DeliveryLoop):
             return next_due
         return 0
 
+    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
+        pending = Counter(reput_key(r) for r in reputs
+                          if PROPERTY_DELAY_TIME_LEVEL in r.properties and PROPERTY_TIMER_OUT_MS not in r.properties)
+        found = 0
+        for lv in self._levels:
+            if not pending:
+                break
+            found += self._reconcile_level(lv, pending)
+        if pending:
+            log.warning("%d delay-level re-puts past %s's last write match no unit due from the levels' offsets",
+                        pending.total(), self.offsets_path)
+        return found
+
+    def _reconcile_level(self, lv: _Level, pending: Counter[ReputKey]) -> int:
+        """Move the level past its units whose re-puts are ``pending`` (taking them out): from its offset,
+        up to the first unit that would be re-put and has none there (or is not due yet). The units the
+        loop passes over (not valid, record gone, no REAL_TOPIC) are stepped over, as they were."""
+        delay_ms, now = self.delay_levels_ms[lv.level - 1], now_ms()
+        found, offset = 0, lv.offset
+        while pending and offset < lv.max_offset:
+            unit = self._files.unit(lv.queue_id, offset)
+            if unit is None or unit.valid and now < unit.deliver_at <= now + delay_ms:
+                break
+            record = self._files.parked(unit.commitlog_offset) if unit.valid else None
+            if record is not None:
+                key = reput_key(record)
+                if pending[key] > 0:
+                    pending[key] -= 1
+                    if not pending[key]:
+                        del pending[key]
+                    found, lv.offset, self._dirty = found + 1, offset + 1, True
+                elif _deliverable(record):
+                    break  # re-put by no run yet: the killed run got no further on this level
+            offset += 1
+        if found:
+            log.info("delay level %d: %d units re-put after the last write of %s: moved to offset %d", lv.level,
+                     found, self.offsets_path, lv.offset)
+        return found
+
     def _counters(self, level: int) -> DeliveryMetrics:
         """The level's metric children, looked up once (on its first round)."""
         counters = self._level_counters.get(level)
@@ -215,6 +264,15 @@ class DelayScheduler(DeliveryLoop):
             return False
         lv.offset = end  # units passed over after the last of the batch
         return True
+
+
+def _deliverable(record: ParkedRecord) -> bool:
+    """Whether the re-put of ``record`` goes to the store (else it is passed over: NotDeliverable)."""
+    try:
+        real_destination(record.properties)
+    except ValueError:
+        return False
+    return True
 
 
 def _unit_name(unit: ScheduledUnit) -> str:

@@ -12,7 +12,13 @@ kept here in one place:
   batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries (without the early write a crash
   loop repeated the whole backlog on every restart);
 * a unit is marked done only once the store acknowledged it (or refused it for good), in batch order;
-  the first one to be tried again ends the batch.
+  the first one to be tried again ends the batch;
+* the state carries a commitlog offset, ``scan_from``, at or below every re-put it does not count: the
+  end of the last acknowledged re-put, or the log's end when none is in flight (moved up every persist
+  interval, so the stretch stays short while nothing is delivered). Before its first delivery a run
+  reads the re-puts in the log from there to the end (:meth:`ScheduleFiles.reputs`) and counts those
+  of the units it would deliver again as delivered (:meth:`DeliveryLoop._reconcile`): the re-puts a
+  killed run made after its last write are in the log, so kill -9 at any point repeats none.
 """
 
 from __future__ import annotations
@@ -23,30 +29,49 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import grpc
 
 from mqstore.services.scheduler import metrics
 from mqstore.services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from mqstore.services.scheduler.store_reader import ScheduleFiles
 from mqstore.services.server import tracing
 from mqstore.services.server.metrics import Counter, Histogram
 from mqstore.services.store.message import Message
+from mqstore.services.store.parked_record import ParkedRecord
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
 #: after a failed append (RocketMQ waits DELAY_FOR_A_PERIOD, 10 s; shorter keeps lateness bounded)
 RETRY_S = 1.0
-#: deliveries after which the state is written before the persist interval is up (bounds the repeats
-#: after kill -9 at a high delivery rate)
+#: deliveries after which the state is written before the persist interval is up (keeps the stretch of
+#: log a restart reads for re-puts short at a high delivery rate)
 PERSIST_EVERY_UNITS = 10_000
+#: how long after the state file's last write (plus a persist interval) a killed run may still have
+#: re-put something: commitlog files whose first record is younger are not read for re-puts (a
+#: scheduler that was down a long time does not walk the log written meanwhile)
+REPUT_SLACK_MS = 60_000
 
 U = TypeVar("U")
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def written_at_ms(path: Path) -> int | None:
+    """When a state file written by ``write_atomically(keep_backup=True)`` was last written: the later
+    mtime of it and its ``.bak`` (ms); None when neither exists."""
+    times = []
+    for candidate in (path, path.with_name(path.name + ".bak")):
+        try:
+            times.append(candidate.stat().st_mtime_ns // 1_000_000)
+        except FileNotFoundError:
+            continue
+    return max(times, default=None)
 
 
 class DeliveryMetrics(NamedTuple):
@@ -76,8 +101,9 @@ class DeliveryLoop(ABC):
     #: names of the deliver, arrival-watch and persist tasks
     TASK_NAMES: tuple[str, str, str]
 
-    def __init__(self, indexer: IndexerPeer, commitlog: CommitLogPeer, persist_interval_s: float,
-                 state_name: str, log: logging.Logger) -> None:
+    def __init__(self, files: ScheduleFiles, indexer: IndexerPeer, commitlog: CommitLogPeer,
+                 persist_interval_s: float, state_name: str, log: logging.Logger) -> None:
+        self._files = files
         self._indexer = indexer
         self._commitlog = commitlog
         self._persist_interval_s = persist_interval_s
@@ -94,7 +120,17 @@ class DeliveryLoop(ABC):
         self._since_write = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._saving: asyncio.Future[None] | None = None
+        self._write_lock = asyncio.Lock()
         self.delivered = 0
+        #: a commitlog offset at or below every re-put the state does not count (None: the state file
+        #: had none); the re-puts from there on are looked for once before the first delivery
+        self._scan_from: int | None = None
+        #: when the state file was last written (ms; its mtime), None without one
+        self._written_at_ms: int | None = None
+        self._recovered = False
+        #: an AppendBatch in flight, and how many were sent (_advance_scan_from's check)
+        self._appending = False
+        self._appends = 0
 
     # -- the hooks -----------------------------------------------------------------------------
     @abstractmethod
@@ -107,21 +143,31 @@ class DeliveryLoop(ABC):
 
     @abstractmethod
     async def _deliver_loop(self) -> None:
-        """Deliver until ``_stopping``; the round in flight is finished first."""
+        """Deliver until ``_stopping``; the round in flight is finished first. It calls
+        :meth:`_recover` once the queue bounds are known, before its first delivery."""
+
+    @abstractmethod
+    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
+        """Count as delivered the units whose re-puts are among ``reputs`` (found in the log past
+        ``scan_from``); the number found."""
 
     # -- the state file ------------------------------------------------------------------------
     async def _write(self) -> None:
         """Write the state as it is now. The write is shielded: a cancelled caller (the persist loop at
-        stop) leaves it to finish, and stop() waits for it before its own."""
-        save = self._snapshot()
-        since = self._since_write
-        self._dirty, self._since_write, self._written = False, 0, True
-        self._saving = asyncio.ensure_future(asyncio.to_thread(save))
-        try:
-            await asyncio.shield(self._saving)
-        except BaseException:
-            self._dirty, self._since_write = True, self._since_write + since
-            raise
+        stop) leaves it to finish, and the next write waits for it (two at once would race on the file)."""
+        async with self._write_lock:
+            if self._saving is not None and not self._saving.done():
+                with suppress(OSError):
+                    await asyncio.shield(self._saving)
+            save = self._snapshot()
+            since = self._since_write
+            self._dirty, self._since_write, self._written = False, 0, True
+            self._saving = asyncio.ensure_future(asyncio.to_thread(save))
+            try:
+                await asyncio.shield(self._saving)
+            except BaseException:
+                self._dirty, self._since_write = True, self._since_write + since
+                raise
 
     def _write_soon_if_due(self) -> None:
         """After a batch: have the state written now for the first acknowledged batch of this run, or
@@ -134,12 +180,53 @@ class DeliveryLoop(ABC):
             with suppress(TimeoutError):
                 await asyncio.wait_for(self._persist_soon.wait(), self._persist_interval_s)
             self._persist_soon.clear()
+            await self._advance_scan_from()
             if self._dirty:
                 try:
                     await self._write()
                 except OSError:
                     self._log.exception("cannot write %s; retrying in %.1fs", self._state_name,
                                         self._persist_interval_s)
+
+    # -- the re-puts past the state ------------------------------------------------------------
+    async def _recover(self) -> None:
+        """Count the re-puts stored after the state was written (by a run killed since) as delivered,
+        then have the state written with ``scan_from`` at the log's end before anything is delivered.
+        AioRpcError when the commitlog service does not answer (the deliver loop tries again)."""
+        end = await self._commitlog.log_end()
+        start = self._scan_from
+        if start is None:
+            self._log.info("%s records no commitlog offset to look for re-puts from: starting from the "
+                           "log's end %d", self._state_name, end)
+        elif start < end:
+            began = time.monotonic()
+            until = None if self._written_at_ms is None else \
+                self._written_at_ms + int(self._persist_interval_s * 1000) + REPUT_SLACK_MS
+            reputs = self._files.reputs(start, end, until)
+            found = self._reconcile(reputs)
+            self._log.info("%d re-puts in the commitlog [%d, %d) after %s was written, %d of them counted "
+                           "as delivered (%.3fs)", len(reputs), start, end, self._state_name, found,
+                           time.monotonic() - began)
+        self._scan_from, self._recovered, self._dirty = end, True, True
+        try:
+            await self._write()
+        except OSError:
+            self._log.exception("cannot write %s: re-puts before the next write may repeat after a crash",
+                                self._state_name)
+        self._written = False  # the early write after the first acknowledged batch still comes
+
+    async def _advance_scan_from(self) -> None:
+        """Move ``scan_from`` up to the log's end while no re-put is in flight (none was sent during the
+        call either): every re-put to come lies past it, and the state counts every earlier one."""
+        if not self._recovered or self._appending:
+            return
+        appends = self._appends
+        try:
+            end = await self._commitlog.log_end()
+        except grpc.aio.AioRpcError:
+            return
+        if appends == self._appends and not self._appending and end > (self._scan_from or 0):
+            self._scan_from, self._dirty = end, True
 
     # -- running -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -187,6 +274,7 @@ class DeliveryLoop(ABC):
         lateness against ``deliver_ms``) or refused for good (passed over) units are ``passed`` and the
         state is dirty; False at a failed call or the first unit to be tried again (``prefix`` and
         ``name`` make the log lines)."""
+        self._appending, self._appends = True, self._appends + 1
         try:
             # One trace per delivered batch: this span, and the AppendBatch call's client span beneath it.
             with tracing.span("scheduler.deliver", messages=len(batch), **span):
@@ -195,6 +283,8 @@ class DeliveryLoop(ABC):
             self._log.warning("%s: AppendBatch to %s failed (%s: %s); retrying in %.1fs", prefix,
                               self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
             return False
+        finally:
+            self._appending = False
         done = now_ms()
         delivered, lateness = counts.delivered, counts.lateness
         try:
@@ -203,6 +293,7 @@ class DeliveryLoop(ABC):
                     delivered.inc()
                     self.delivered += 1
                     self._since_write += 1
+                    self._scan_from = max(self._scan_from or 0, result.commitlog_offset + result.wrote_bytes)
                     lateness.observe(max(0, done - deliver_ms(unit)) / 1000)
                 elif result.status in REFUSED:
                     self._log.error("%s: the store refused %s for %s queue %d for good (%s): passed over", prefix,

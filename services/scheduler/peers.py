@@ -1,5 +1,5 @@
 """The scheduler's gRPC clients: the indexer (published max offsets of SCHEDULE_TOPIC_XXXX's queues,
-arrivals) and the commitlog service (AppendBatch of the due messages)."""
+arrivals) and the commitlog service (AppendBatch of the due messages, the log's end)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,12 @@ class CommitLogPeer:
                           message.queue_id, exc.details())
                 results.append(commitlog_pb2.AppendResult(status=commitlog_pb2.PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL))
         return results
+
+    async def log_end(self) -> int:
+        """The commitlog's max offset: the records below it are whole in the files, and an append sent
+        after the answer lies at or past it."""
+        info = await self._stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=CALL_TIMEOUT_S)
+        return int(info.max_offset)
 
     async def close(self) -> None:
         await self._channel.close(None)

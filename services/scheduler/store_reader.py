@@ -2,25 +2,46 @@
 (under the indexer's root) and the commitlog records they point at (under the commitlog service's).
 
 Only units below the max offset the indexer published (GetQueueOffsets, WatchArrivals) are read:
-those are whole, and so are the records they point at (the indexer dispatched them).
+those are whole, and so are the records they point at (the indexer dispatched them). The re-puts of
+a stretch of the log (:meth:`ScheduleFiles.reputs`) are read below the commitlog's own max offset.
 """
 
 from __future__ import annotations
 
+import logging
+import mmap
 import struct
+from array import array
+from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
 from mqstore.services.store.consume_queue import is_valid_unit
-from mqstore.services.store.message import SCHEDULE_TOPIC, MessageRecord
+from mqstore.services.store.message import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, MessageRecord
 from mqstore.services.store.parked_record import ParkedRecord, decode_parked
 from mqstore.services.store.readonly_files import ReadOnlyFiles
-from mqstore.services.store.record import RecordError, decode_record
+from mqstore.services.store.record import (
+    MESSAGE_MAGIC_CODE,
+    MESSAGE_MAGIC_CODE_V2,
+    SYSFLAG_POS,
+    RecordError,
+    decode_record,
+    real_destination,
+    store_timestamp_pos,
+)
+from mqstore.services.store.record_scan import record_positions
 from mqstore.services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
 from mqstore.services.store.timer_message import record_timer_out_ms
 
+log = logging.getLogger(__name__)
+
 _UNIT = struct.Struct(">qiq")
 UNIT_SIZE = _UNIT.size
+_SIZE_MAGIC = struct.Struct(">iI")
+_I32 = struct.Struct(">i")
+_I64 = struct.Struct(">q")
+#: the bytes every parked record and every re-put of one holds in its properties
+_REAL_TOPIC_MARK = (PROPERTY_REAL_TOPIC + "\x01").encode()
 
 
 class ScheduledUnit(NamedTuple):
@@ -93,7 +114,71 @@ class ScheduleFiles:
         except RecordError:
             return False, None
 
+    def reputs(self, start: int, end: int, stored_until_ms: int | None = None) -> list[ParkedRecord]:
+        """The records in the commitlog's ``[start, end)`` stored under their own REAL_TOPIC / REAL_QID:
+        the scheduler's re-puts (a parked record, a transaction's half, lies under another topic), in log
+        order, with the fields a re-put copies (:func:`decode_parked`: what :func:`reput_key` reads).
+        ``start`` is a record's first byte and ``end`` at most the commitlog's max offset. Only the
+        records whose bytes hold "REAL_TOPIC" are decoded. The walk ends at a file whose first record
+        was stored after ``stored_until_ms`` (what a scheduler long down finds past its mark is not
+        walked through), or at a stretch that holds no record (logged; the re-puts found before it are
+        returned)."""
+        found: list[ParkedRecord] = []
+        offset = start
+        file_size = self._commitlog.file_size
+        while offset < end:
+            located = self._commitlog.find(offset)
+            if located is None:
+                log.warning("commitlog offset %d is in no file: re-puts past it are not looked for", offset)
+                break
+            base, mapped = located
+            if offset == base and offset != start and stored_until_ms is not None \
+                    and _first_stored_ms(mapped) > stored_until_ms:
+                break
+            try:
+                starts, reached, blank = record_positions(mapped, offset - base, min(end - base, file_size))
+            except RecordError as exc:
+                log.warning("commitlog at %d: %s: re-puts past it are not looked for", base, exc)
+                break
+            found += self._reputs_among(mapped, base, starts, reached)
+            offset = base + (file_size if blank else reached)
+        return found
+
+    @staticmethod
+    def _reputs_among(mapped: mmap.mmap, base: int, starts: array[int], stop: int) -> list[ParkedRecord]:
+        """The re-puts among the records at ``starts`` (positions in ``mapped``, the last ending at ``stop``)."""
+        found: list[ParkedRecord] = []
+        hit = mapped.find(_REAL_TOPIC_MARK, starts[0], stop) if starts else -1
+        while hit >= 0:
+            index = bisect_right(starts, hit) - 1
+            try:
+                record = decode_parked(mapped, starts[index])
+            except RecordError as exc:
+                log.warning("commitlog offset %d: %s: not looked at for a re-put", base + starts[index], exc)
+            else:
+                if _is_reput(record):
+                    found.append(record)
+            after = starts[index + 1] if index + 1 < len(starts) else stop
+            hit = mapped.find(_REAL_TOPIC_MARK, after, stop)
+        return found
+
     def close(self) -> None:
         for files in self._queues.values():
             files.close()
         self._commitlog.close()
+
+
+def _first_stored_ms(mapped: mmap.mmap) -> int:
+    """STORETIMESTAMP of a file's first record (0 when it does not hold one)."""
+    size, magic = _SIZE_MAGIC.unpack_from(mapped, 0)
+    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) or size < 91:
+        return 0
+    stored: int = _I64.unpack_from(mapped, store_timestamp_pos(_I32.unpack_from(mapped, SYSFLAG_POS)[0]))[0]
+    return stored
+
+
+def _is_reput(record: ParkedRecord) -> bool:
+    try:
+        return real_destination(record.properties) == (record.topic, record.queue_id)
+    except ValueError:
+        return False

@@ -8,14 +8,13 @@ Two steps in one loop (one asyncio task, so they never interleave):
 * deliver: the second being delivered (``delivered_second``) has its units re-put (timer_timeup) once
   their deliver ms has come; the second is done once it has ended and all its units are acknowledged.
 
-The checkpoint (enqueue offset, timerlog length, delivered second, and the units of that second already
-delivered) is written every persist interval, at stop, and also at once after the first acknowledged
-batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries, after the timer files are fsynced.
-So a clean restart repeats nothing; after kill -9 the repeats are the deliveries since the last
-checkpoint (at most one persist interval's worth and fewer than ``PERSIST_EVERY_UNITS``, each plus
-the batches acknowledged while it was written, however short the killed process lived), and nothing
-is lost: a unit leaves the store only by its
-second being passed, which happens after its delivery was acknowledged.
+The checkpoint (enqueue offset, timerlog length, delivered second, the units of that second or later
+already delivered, and ``scanFromOffset``) is written every persist interval, at stop, and also at once
+after the first acknowledged batch of a run and after every ``PERSIST_EVERY_UNITS`` deliveries, after
+the timer files are fsynced. Nothing is lost: a unit leaves the store only by its second being passed,
+which happens after its delivery was acknowledged. Nothing is repeated, after kill -9 either: before
+its first delivery a run takes in what the queue holds and marks done the units whose re-puts the log
+holds past ``scanFromOffset`` (:meth:`TimerScheduler._reconcile`).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import asyncio
 import heapq
 import logging
 import time
+from collections import Counter
 from contextlib import suppress
 from functools import cached_property, partial
 from operator import attrgetter
@@ -32,13 +32,19 @@ from pathlib import Path
 import grpc
 
 from mqstore.services.scheduler import metrics
-from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms
+from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
 from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.scheduler.timeup import NotDeliverable, timer_timeup
+from mqstore.services.scheduler.timeup import NotDeliverable, reput_key, timer_timeup
 from mqstore.services.store.message import Message
-from mqstore.services.store.timer_files import TimerFiles, TimerUnit
-from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_QUEUE_ID, TIMER_TOPIC
+from mqstore.services.store.parked_record import ParkedRecord
+from mqstore.services.store.timer_files import CHECK_NAME, UNIT_SIZE, TimerFiles, TimerUnit
+from mqstore.services.store.timer_message import (
+    PROPERTY_TIMER_DEQUEUE_MS,
+    PROPERTY_TIMER_OUT_MS,
+    TIMER_QUEUE_ID,
+    TIMER_TOPIC,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +67,8 @@ class TimerScheduler(DeliveryLoop):
 
     def __init__(self, store: Path, files: ScheduleFiles, indexer: IndexerPeer, commitlog: CommitLogPeer,
                  persist_interval_s: float, max_delay_sec: int) -> None:
-        super().__init__(indexer, commitlog, persist_interval_s, "the timer checkpoint", log)
+        super().__init__(files, indexer, commitlog, persist_interval_s, "the timer checkpoint", log)
         self._store = store
-        self._files = files
         self._max_delay_sec = max_delay_sec
         self._timer: TimerFiles | None = None
         self.enqueue_offset = 0
@@ -71,9 +76,10 @@ class TimerScheduler(DeliveryLoop):
         self._max_offset = 0
         self._min_offset = 0
         #: the undelivered units of delivered_second by deliver time (loaded once per second; None: not
-        #: loaded), and the timerlog positions of those of its units delivered
+        #: loaded), and the timerlog positions of the units of that second or later delivered (with
+        #: their second: later ones are found in the log after a kill -9)
         self._current: list[tuple[int, int, TimerUnit]] | None = None
-        self._done: set[int] = set()
+        self._done: dict[int, int] = {}
 
     @property
     def timer(self) -> TimerFiles:
@@ -91,7 +97,10 @@ class TimerScheduler(DeliveryLoop):
         check = self._timer.checkpoint
         self.enqueue_offset = check.enqueue_offset
         self.delivered_second = check.delivered_second or now_ms() // 1000
-        self._done = set(check.done_positions)
+        timer = self._timer
+        self._done = {p: timer.unit(p).second for p in check.done_positions if p + UNIT_SIZE <= timer.log_end}
+        self._scan_from = check.scan_from
+        self._written_at_ms = written_at_ms(timer.directory / CHECK_NAME)
 
     def _snapshot(self) -> partial[None]:
         """Checkpoint what the loop has done so far. The state is taken here, in the loop's thread; the
@@ -99,7 +108,8 @@ class TimerScheduler(DeliveryLoop):
         timerlog length: recovery undoes them and they are taken in again)."""
         timer = self.timer
         timer.flush_writes()
-        return partial(timer.save, self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end)
+        return partial(timer.save, self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end,
+                       self._scan_from)
 
     @cached_property
     def _metrics(self) -> DeliveryMetrics:
@@ -143,6 +153,8 @@ class TimerScheduler(DeliveryLoop):
                 if time.monotonic() - last_refresh >= POLL_S:
                     await self._refresh_bounds()
                     last_refresh = time.monotonic()
+                if not self._recovered:
+                    await self._recover()
                 if self._enqueue():
                     self._wake.set()  # more to take in: another round at once
                 wait_s = min(wait_s, await self._deliver())
@@ -197,6 +209,35 @@ class TimerScheduler(DeliveryLoop):
                       commitlog_offset, PROPERTY_TIMER_OUT_MS)
         return deliver
 
+    # -- the re-puts past the checkpoint --------------------------------------------------------
+    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
+        """Take in up to the published max (the units the checkpoint's timerlog length left out come
+        back), then mark done the units whose re-puts are among ``reputs``: those of the seconds from
+        the delivered one up to the last re-put's TIMER_DEQUEUE_MS (a unit is re-put only within or
+        after its second)."""
+        timers = [r for r in reputs if PROPERTY_TIMER_OUT_MS in r.properties]
+        if not timers:
+            return 0
+        pending = Counter(map(reput_key, timers))
+        while self._enqueue():
+            pass
+        last_second = max(map(_dequeue_second, timers))
+        found, second = 0, self.delivered_second
+        while pending and second <= last_second:
+            for unit in self.timer.units_of(second):
+                record = None if unit.position in self._done else self._files.parked(unit.commitlog_offset)
+                key = None if record is None else reput_key(record)
+                if key is not None and pending[key] > 0:
+                    pending[key] -= 1
+                    if not pending[key]:
+                        del pending[key]
+                    self._done[unit.position], self._dirty, found = second, True, found + 1
+            second += 1
+        if pending:
+            log.warning("timers: %d re-puts past the checkpoint match no unit of seconds %d..%d", pending.total(),
+                        self.delivered_second, last_second)
+        return found
+
     # -- deliver -------------------------------------------------------------------------------
     async def _deliver(self) -> float:
         """Deliver what is due; the seconds until something may be due next."""
@@ -223,7 +264,9 @@ class TimerScheduler(DeliveryLoop):
                 return max(0.0, (pending[0][0] - now_ms()) / 1000)
             if now_ms() < (second + 1) * 1000:
                 return ((second + 1) * 1000 - now_ms()) / 1000
-            self.delivered_second, self._current, self._done, self._dirty = second + 1, None, set(), True
+            self.delivered_second, self._current, self._dirty = second + 1, None, True
+            if self._done:
+                self._done = {p: s for p, s in self._done.items() if s > second}
             passed += 1
             if passed % 1000 == 0:  # catching up on a long stop: let the rest of the loop run
                 await asyncio.sleep(0)
@@ -247,7 +290,7 @@ class TimerScheduler(DeliveryLoop):
                     log.error("timers: %s: passed over", exc)
             if message is None:
                 self._metrics.skipped.inc()
-                self._done.add(unit.position)
+                self._done[unit.position] = unit.second
                 self._dirty = True
             else:
                 batch.append((unit, message))
@@ -255,10 +298,18 @@ class TimerScheduler(DeliveryLoop):
             return True
 
         def passed(unit: TimerUnit) -> None:
-            self._done.add(unit.position)
+            self._done[unit.position] = unit.second
 
         return await self._append_batch(batch, self._metrics, "timers", {"kind": "timer", "second": second},
                                         _deliver_ms, _message_name, passed)
+
+
+def _dequeue_second(record: ParkedRecord) -> int:
+    """The second a timer re-put was made in (its TIMER_DEQUEUE_MS; now for one without)."""
+    try:
+        return int(record.properties[PROPERTY_TIMER_DEQUEUE_MS]) // 1000
+    except (KeyError, ValueError):
+        return now_ms() // 1000
 
 
 def _message_name(unit: TimerUnit) -> str:

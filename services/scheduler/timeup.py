@@ -14,9 +14,14 @@ the scheduler took the message into its timer store) and TIMER_DEQUEUE_MS (when 
 The store gives the record a new store timestamp, store host (the same commitlog service), commitlog
 and queue offsets, and the indexer a tags code of its TAGS (not a deliver time: the topic is not
 SCHEDULE_TOPIC_XXXX).
+
+So a re-put and the parked record it came from share a :func:`reput_key`: what a restart matches the
+re-puts it finds in the log against the units it would deliver.
 """
 
 from __future__ import annotations
+
+from zlib import crc32
 
 from mqstore.services.store.message import Message, MessageRecord
 from mqstore.services.store.parked_record import ParkedRecord
@@ -49,3 +54,20 @@ def _real_message(record: Parked, properties: dict[str, str]) -> Message:
     return Message(topic=topic, queue_id=queue_id, body=record.body, flag=record.flag, properties=properties,
                    born_timestamp=record.born_timestamp, born_host=record.born_host, sys_flag=record.sys_flag,
                    reconsume_times=record.reconsume_times, prepared_transaction_offset=0)
+
+
+#: born time, born host, flag, reconsume times, body length and CRC, the properties
+ReputKey = tuple[int, str, int, int, int, int, frozenset[tuple[str, str]]]
+_ADDED_AT_TIMEUP = (PROPERTY_TIMER_ENQUEUE_MS, PROPERTY_TIMER_DEQUEUE_MS)
+
+
+def reput_key(record: Parked) -> ReputKey:
+    """What a parked record and its re-put have in common: every field the re-put copies, the
+    properties less the two a timer re-put adds. Two records share a key only when they are the same
+    message (UNIQ_KEY, REAL_TOPIC, REAL_QID, DELAY or TIMER_OUT_MS included): a producer's retried
+    send parked twice, whose copies no consumer can tell apart."""
+    properties = record.properties
+    if PROPERTY_TIMER_DEQUEUE_MS in properties or PROPERTY_TIMER_ENQUEUE_MS in properties:
+        properties = {k: v for k, v in properties.items() if k not in _ADDED_AT_TIMEUP}
+    return (record.born_timestamp, record.born_host, record.flag, record.reconsume_times, len(record.body),
+            crc32(record.body), frozenset(properties.items()))

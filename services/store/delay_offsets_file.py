@@ -1,25 +1,37 @@
 """The delay offsets file, ``config/delayOffset.json``: RocketMQ's ScheduleMessageService progress.
 
-Shape ``{"offsetTable": {"1": 12, "2": 0}}``: per delay level, the SCHEDULE_TOPIC_XXXX queue offset
-(queue = level - 1) of the next unit to deliver; every unit below it was re-put to its real topic.
-Written whole and atomically (with a ``.bak``) so a crash leaves the old or the new table.
+Shape ``{"offsetTable": {"1": 12, "2": 0}, "scanFromOffset": 4096}``: per delay level, the
+SCHEDULE_TOPIC_XXXX queue offset (queue = level - 1) of the next unit to deliver; every unit below it
+was re-put to its real topic. ``scanFromOffset`` (mqstore's, absent in RocketMQ's file, which ignores
+unknown fields) is a commitlog offset at or below every re-put the table does not count yet: a
+restart after kill -9 looks for those re-puts from there on (services/scheduler/delivery.py).
+Written whole and atomically (with a ``.bak``) so a crash leaves the old or the new table and mark
+together.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from mqstore.services.store.store_root import read_with_backup, write_atomically
 
 FILE_NAME = "delayOffset.json"
+SCAN_FROM_KEY = "scanFromOffset"
 
 #: delay level -> next queue offset of SCHEDULE_TOPIC_XXXX queue level - 1
 DelayOffsetTable = dict[int, int]
 
 
-def parse_delay_offsets(data: bytes) -> DelayOffsetTable:
-    """The table of a file's bytes; ValueError naming the bad entry for anything else."""
+class DelayProgress(NamedTuple):
+    table: DelayOffsetTable
+    #: where a restart looks for re-puts the table does not count; None in a file written without one
+    scan_from: int | None = None
+
+
+def parse_delay_progress(data: bytes) -> DelayProgress:
+    """The table and mark of a file's bytes; ValueError naming the bad entry for anything else."""
     document = json.loads(data)
     raw = document.get("offsetTable") if isinstance(document, dict) else None
     if not isinstance(raw, dict):
@@ -27,15 +39,30 @@ def parse_delay_offsets(data: bytes) -> DelayOffsetTable:
     table = {int(level): int(offset) for level, offset in raw.items()}
     if any(level < 1 or offset < 0 for level, offset in table.items()):
         raise ValueError("a delay level below 1 or a negative offset")
-    return table
+    scan_from = document.get(SCAN_FROM_KEY)
+    if scan_from is not None and (not isinstance(scan_from, int) or scan_from < 0):
+        raise ValueError(f"{SCAN_FROM_KEY} {scan_from!r} is not a commitlog offset")
+    return DelayProgress(table, scan_from)
+
+
+def parse_delay_offsets(data: bytes) -> DelayOffsetTable:
+    return parse_delay_progress(data).table
+
+
+def read_delay_progress(path: Path) -> DelayProgress:
+    """The table and mark in ``path``, else its ``.bak``; empty when neither exists; ValueError when
+    neither reads."""
+    return read_with_backup(path, parse_delay_progress) or DelayProgress({})
 
 
 def read_delay_offsets(path: Path) -> DelayOffsetTable:
     """The table in ``path``, else its ``.bak``; empty when neither exists; ValueError when neither reads."""
-    return read_with_backup(path, parse_delay_offsets) or {}
+    return read_delay_progress(path).table
 
 
-def write_delay_offsets(path: Path, table: DelayOffsetTable) -> None:
+def write_delay_offsets(path: Path, table: DelayOffsetTable, scan_from: int | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"offsetTable": {str(level): offset for level, offset in sorted(table.items())}}
+    document: dict[str, object] = {"offsetTable": {str(level): offset for level, offset in sorted(table.items())}}
+    if scan_from is not None:
+        document[SCAN_FROM_KEY] = scan_from
     write_atomically(path, json.dumps(document, indent=4).encode(), keep_backup=True)

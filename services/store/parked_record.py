@@ -1,10 +1,11 @@
 """The fields of a parked (delayed or timer) record that its re-put needs, decoded without the rest.
 
 The scheduler re-puts every due message; decoding the whole record
-(:func:`~mqstore.services.store.record.decode_record`) for it formatted both hosts and decoded the
-topic, which the re-put does not use (the store gives it a new store host; its topic comes from
-REAL_TOPIC). Here only the born host is formatted, through a small cache (a shard sees few producer
-addresses). The checks are decode_record's, less the UTF-8 of the topic (not decoded).
+(:func:`~mqstore.services.store.record.decode_record`) for it formatted both hosts, which the re-put
+does not use (the store gives it a new store host). Here only the born host is formatted, through a
+small cache (a shard sees few producer addresses). The checks are decode_record's. The topic and
+queue are read too: a restart tells the scheduler's re-puts in the log by them (stored under their
+REAL_TOPIC / REAL_QID) with this same decode.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ParkedRecord(NamedTuple):
     """What a re-put copies from a parked record (the names are MessageRecord's)."""
 
     commitlog_offset: int
+    queue_id: int
     flag: int
     sys_flag: int
     born_timestamp: int
@@ -45,6 +47,7 @@ class ParkedRecord(NamedTuple):
     reconsume_times: int
     body: bytes
     properties: dict[str, str]
+    topic: str
 
 
 def _born_host(raw: bytes) -> str:
@@ -68,7 +71,7 @@ def decode_parked(buf: Buffer, pos: int = 0) -> ParkedRecord:
         raise RecordError(f"offset {pos}: total size {size} does not fit the {limit - pos} bytes left")
     end = pos + size
     try:
-        (_, _, _, _, flag, _, commitlog_offset, sys_flag, born_ts) = _PREFIX.unpack_from(buf, pos)
+        (_, _, _, queue_id, flag, _, commitlog_offset, sys_flag, born_ts) = _PREFIX.unpack_from(buf, pos)
         born_len, store_len = host_lengths(sys_flag)
         p = pos + BORNHOST_POS
         raw_born = bytes(buf[p:p + born_len])
@@ -88,7 +91,8 @@ def decode_parked(buf: Buffer, pos: int = 0) -> ParkedRecord:
         else:
             topic_len = _U16.unpack_from(buf, p)[0]
             p += 2
-        p += topic_len  # the topic is SCHEDULE_TOPIC_XXXX / rmq_sys_wheel_timer: REAL_TOPIC says where to
+        topic = bytes(buf[p:p + topic_len]).decode("utf-8")
+        p += topic_len
         props_len = _I16.unpack_from(buf, p)[0]
         p += 2
         if props_len < 0:
@@ -103,5 +107,5 @@ def decode_parked(buf: Buffer, pos: int = 0) -> ParkedRecord:
         raise RecordError(f"offset {pos}: malformed record ({exc})") from None
     if p != end:
         raise RecordError(f"offset {pos}: fields add up to {p - pos} bytes, total size says {size}")
-    return ParkedRecord(commitlog_offset, flag, sys_flag, born_ts, born_host, reconsume, body,
-                        string_to_properties(props))
+    return ParkedRecord(commitlog_offset, queue_id, flag, sys_flag, born_ts, born_host, reconsume, body,
+                        string_to_properties(props), topic)

@@ -14,7 +14,8 @@ Three files (RocketMQ 5's TimerMessageStore keeps the same three: timerlog, time
 * ``timercheck``: JSON, written atomically after both files are fsynced: the next queue offset to take
   in (``enqueueOffset``), the timerlog length covering exactly the units of the offsets below it
   (``timerLogPos``), the first second not yet wholly delivered (``deliveredSecond``), the timerlog
-  positions of that second's units already delivered (``donePositions``), ``slots``.
+  positions of the units of that second or later already delivered (``donePositions``), ``slots``,
+  and the commitlog offset from which re-puts not counted yet may lie (``scanFromOffset``).
 
 Recovery (:meth:`TimerFiles.open`) undoes the units past ``timerLogPos`` (taken in after the last
 checkpoint, taken in again from ``enqueueOffset``): newest first, each is unlinked from its slot when
@@ -97,12 +98,17 @@ class TimerCheckpoint:
     done_positions: list[int] = field(default_factory=list)
     #: per timerlog chunk not given back yet (index -> the latest second filed in it)
     chunk_seconds: dict[int, int] = field(default_factory=dict)
+    #: a commitlog offset at or below every re-put this checkpoint does not count (None: not recorded)
+    scan_from: int | None = None
 
     def to_json(self) -> bytes:
-        return json.dumps({"enqueueOffset": self.enqueue_offset, "timerLogPos": self.timer_log_pos,
-                           "deliveredSecond": self.delivered_second, "slots": self.slots,
-                           "donePositions": self.done_positions,
-                           "chunkSeconds": {str(k): v for k, v in sorted(self.chunk_seconds.items())}}).encode()
+        doc: dict[str, Any] = {"enqueueOffset": self.enqueue_offset, "timerLogPos": self.timer_log_pos,
+                               "deliveredSecond": self.delivered_second, "slots": self.slots,
+                               "donePositions": self.done_positions,
+                               "chunkSeconds": {str(k): v for k, v in sorted(self.chunk_seconds.items())}}
+        if self.scan_from is not None:
+            doc["scanFromOffset"] = self.scan_from
+        return json.dumps(doc).encode()
 
     @classmethod
     def parse(cls, data: bytes) -> TimerCheckpoint:
@@ -111,9 +117,10 @@ class TimerCheckpoint:
             raise ValueError("not a JSON object")
         check = cls(int(doc["enqueueOffset"]), int(doc["timerLogPos"]), int(doc["deliveredSecond"]),
                     int(doc["slots"]), [int(p) for p in doc.get("donePositions", [])],
-                    {int(k): int(v) for k, v in doc.get("chunkSeconds", {}).items()})
-        if min(check.enqueue_offset, check.timer_log_pos, check.delivered_second) < 0 or check.slots <= 0 \
-                or check.timer_log_pos % UNIT_SIZE:
+                    {int(k): int(v) for k, v in doc.get("chunkSeconds", {}).items()},
+                    None if doc.get("scanFromOffset") is None else int(doc["scanFromOffset"]))
+        if min(check.enqueue_offset, check.timer_log_pos, check.delivered_second, check.scan_from or 0) < 0 \
+                or check.slots <= 0 or check.timer_log_pos % UNIT_SIZE:
             raise ValueError(f"impossible values {check}")
         return check
 
@@ -258,10 +265,11 @@ class TimerFiles:
 
     # -- checkpoint ----------------------------------------------------------------------------
     def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int],
-             log_pos: int | None = None) -> None:
+             log_pos: int | None = None, scan_from: int | None = None) -> None:
         """Make the units and slots so far durable, then record how far both sides got. ``log_pos``:
-        the timerlog length that goes with ``enqueue_offset`` (default: the length now). The writes
-        must have been flushed (:meth:`flush_writes`, in the thread that appends)."""
+        the timerlog length that goes with ``enqueue_offset`` (default: the length now); ``scan_from``:
+        the commitlog offset from which re-puts not counted here may lie. The writes must have been
+        flushed (:meth:`flush_writes`, in the thread that appends)."""
         log_pos = self.log_end if log_pos is None else log_pos
         if log_pos > self._written:
             raise ValueError(f"checkpoint at timerlog position {log_pos}, past what was written ({self._written})")
@@ -275,7 +283,7 @@ class TimerFiles:
         for chunk in spent:
             del chunks[chunk]
         self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions,
-                                          chunks)
+                                          chunks, scan_from)
         write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
         for chunk in spent:  # after the checkpoint that no longer lists them
             self._chunk_seconds.pop(chunk, None)
