@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
-from typing import Any, BinaryIO, NoReturn, TypeAlias, TypeVar
+from typing import Any, BinaryIO, NoReturn, TypeAlias, TypeVar, cast
 
 from mqstore.client import admin_cli
 from mqstore.client.client import Client
@@ -924,7 +924,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The client commands alone (``python -m mqstore.client.cli``); ``mqstore`` has them too."""
     parser = CommandParser(prog=PROG, description=__doc__)
     admin_cli.add_version_option(parser)
-    add_client_commands(parser.add_subparsers(dest="command", required=True))
+    add_client_commands(cast(Subcommands, parser.add_subparsers(dest="command", required=True)))
     args = parser.parse_args(argv)
     handler: Handler = args.handler
     return handler(args)

@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import cast
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -17,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = CommandParser(prog="mqstore", description=__doc__)
     add_version_option(parser)
-    commands = parser.add_subparsers(dest="command", required=True)
+    # Subcommand parsers are CommandParsers too (one-line errors); the adders take the base type.
+    commands = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+                    parser.add_subparsers(dest="command", required=True))
     _add_run(commands)
     _add_inspect(commands)
     _add_pipeline(commands)

@@ -112,10 +112,10 @@ def test_user_mistakes_are_one_line_errors(gateway: str, topic: str) -> None:
     assert "UNAVAILABLE" in nobody and "cannot reach the gateway" in nobody
     no_file = _clean_failure(run_cli("send", topic, "--file", "/no/such/file", "--gateway", gateway))
     assert "/no/such/file" in no_file
-    # Usage errors exit 2, like argparse's own.
-    _clean_failure(run_cli("send", topic, "--gateway", gateway), code=2)
-    _clean_failure(run_cli("pull", topic, "--max", "-1"), code=2)
-    _clean_failure(run_cli("query", "--topic", topic, "--begin", "yesterday-ish"), code=2)
+    # Usage errors are one line and exit 1 too (README: "a mistake gives one line on stderr and exit code 1").
+    _clean_failure(run_cli("send", topic, "--gateway", gateway), code=1)
+    _clean_failure(run_cli("pull", topic, "--max", "-1"), code=1)
+    _clean_failure(run_cli("query", "--topic", topic, "--begin", "yesterday-ish"), code=1)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
