@@ -99,6 +99,15 @@ PARTITION_COLUMNS = ("topic", "store_date")
 #: decoded ones (the decoders never see them): ``timestamp`` is the store time (Kafka's
 #: LogAppendTime), ``key`` the KEYS property as stored (the message key; ``keys`` has its words).
 KAFKA_COLUMNS = (("timestamp", "store_timestamp"), ("key", "properties['KEYS']"))
+#: The rows of the Kafka-shaped view (:func:`kafka_view`): records that took a queue offset. PREPARED
+#: (0x4) and ROLLBACK (0xC) records take none (their QUEUEOFFSET is 0, as RocketMQ writes them) and are
+#: in no ConsumeQueue; they are exported, but in the view they would repeat (topic, partition, offset).
+KAFKA_VIEW_FILTER = "(sys_flag & 12) NOT IN (4, 12)"
+#: The view's columns, as Spark's Kafka source names them.
+KAFKA_VIEW_COLUMNS = ("topic", "queue_id AS partition", "queue_offset AS offset", "timestamp", "1 AS timestampType",
+                      "CAST(key AS BINARY) AS key", "body AS value",
+                      "transform(map_entries(properties), e -> struct(e.key AS key, CAST(e.value AS BINARY) AS value))"
+                      " AS headers")
 
 
 def decompress_body(body: bytes, sys_flag: int) -> tuple[bytes, bool]:
@@ -292,6 +301,12 @@ def with_kafka_columns(frame: DataFrame) -> DataFrame:
     columns = [c for c in frame.columns if c not in PARTITION_COLUMNS]
     derived = [F.expr(expression).alias(name) for name, expression in KAFKA_COLUMNS]
     return frame.select(*columns, *derived, *PARTITION_COLUMNS)
+
+
+def kafka_view(exported: DataFrame) -> DataFrame:
+    """The Kafka-shaped view of exported rows (docs/pipeline.md): one row per (topic, partition, offset),
+    the records a consumer of the queues reads."""
+    return exported.where(KAFKA_VIEW_FILTER).selectExpr(*KAFKA_VIEW_COLUMNS)
 
 
 def check_written(written: WrittenRows, summary: ScanSummary) -> None:

@@ -13,8 +13,24 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.export import STAGING_PREFIX, STATE_FILE_NAME, ExportError, check_written, export, written_rows
+from mqstore.pipeline.export import (
+    STAGING_PREFIX,
+    STATE_FILE_NAME,
+    ExportError,
+    check_written,
+    export,
+    kafka_view,
+    written_rows,
+)
+from mqstore.services.commitlog.commit_log import CommitLog
 from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
+from mqstore.services.store.config import load_config
+from mqstore.services.store.message import (
+    TRANSACTION_NOT_TYPE,
+    TRANSACTION_PREPARED_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    Message,
+)
 from tests.conftest import StoreFactory
 from tests.pipeline.conftest import PutRecord
 
@@ -158,3 +174,25 @@ def test_an_interrupted_commit_is_finished_not_repeated(spark: SparkSession, mqs
         [e.offset for e in iter_commitlog(mqstore_store / "commitlog") if isinstance(e, RecordEntry)]
     assert not staging.exists() and not stale.exists()
     assert json.loads((out / STATE_FILE_NAME).read_text())["exported_records"] == 400
+
+
+def test_the_kafka_view_is_unique_by_topic_partition_and_offset(spark: SparkSession, tmp_path: Path) -> None:
+    """PREPARED and ROLLBACK records take no queue offset (the record says 0): every one is exported,
+    and the Kafka-shaped view leaves them out, so (topic, partition, offset) names one row."""
+    store = tmp_path / "store"
+    log = CommitLog(load_config(environ={}, mapped_file_size_commit_log=64 * 1024), store)
+    log.start()
+    try:
+        for i in range(12):
+            sys_flag = (TRANSACTION_NOT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE)[i % 3]
+            log.put_messages([Message("Tx", i % 2, f"m{i}".encode(), sys_flag=sys_flag)])
+    finally:
+        log.shutdown()
+    out = tmp_path / "out"
+    export(spark, store, str(out), split_size=1 << 20)
+    keys = [(row["topic"], row["queue_id"], row["queue_offset"]) for row in read_rows(out)]
+    assert len(keys) == 12 and len(set(keys)) == 4  # the table: every record, offsets repeating
+    view = kafka_view(spark.read.parquet(str(out)))
+    assert view.columns == ["topic", "partition", "offset", "timestamp", "timestampType", "key", "value", "headers"]
+    rows = sorted((r.partition, r.offset, r.value) for r in view.collect())
+    assert rows == [(0, 0, b"m0"), (0, 1, b"m6"), (1, 0, b"m3"), (1, 1, b"m9")]
