@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
-from mqstore.services.store.disk_space import MIB
+from mqstore.services.store.disk_space import MIB, unallocated_bytes
 from mqstore.services.store.index_file import is_index_file_name
 from mqstore.services.store.mapped_file import file_name, parse_file_name
 from mqstore.services.store.store_layout import StoreLayout, StoreLayoutError, resolve_store
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 #: Checkpoints and config files rewritten on a full disk (checkpoint, dispatch_checkpoint.json,
 #: reput.json, consumerOffset.json, each once more as the copy renamed over it).
 CHECKPOINT_BYTES = MIB
-_BLOCK = 512  # st_blocks unit
 
 QueueTable = Callable[[], Mapping[tuple[str, int], int]]
 
@@ -119,7 +118,7 @@ class IndexerHeadroom:
         size = self.queue_file_size
         last_start = (end - 1) * CQ_STORE_UNIT_SIZE // size * size
         try:
-            return size + _unallocated(directory / file_name(last_start), size)
+            return size + unallocated_bytes(directory / file_name(last_start), size)
         except FileNotFoundError:
             pass
         # The indexer is behind on this queue: the files up to the last unit's are still to come.
@@ -131,7 +130,7 @@ class IndexerHeadroom:
             return 2 * size  # the file of its first unit (where the indexer starts it) and the next
         last = max(starts)
         missing = max(0, (last_start - last) // size)
-        return (missing + 1) * size + _unallocated(directory / file_name(last), size)
+        return (missing + 1) * size + unallocated_bytes(directory / file_name(last), size)
 
     def _index_needs(self, directory: Path) -> int:
         size = self.index_file_size
@@ -144,7 +143,7 @@ class IndexerHeadroom:
         if not names:
             return size
         try:
-            return size + _unallocated(directory / names[-1], size)
+            return size + unallocated_bytes(directory / names[-1], size)
         except FileNotFoundError:  # expired meanwhile
             return size
 
@@ -156,8 +155,3 @@ class IndexerHeadroom:
 
 def is_store_file_name(name: str) -> bool:
     return len(name) == 20 and name.isdigit()
-
-
-def _unallocated(path: Path, size: int) -> int:
-    """Bytes of ``path`` (``size`` long) that have no disk blocks yet: a sparse file's unwritten part."""
-    return max(0, size - os.stat(path).st_blocks * _BLOCK)

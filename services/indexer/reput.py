@@ -30,10 +30,12 @@ from mqstore.services.indexer.commitlog_files import CommitLogFiles, FileChunk, 
 from mqstore.services.indexer.indexer_store import IndexerStore, ReputState
 from mqstore.services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from mqstore.services.server.channels import sync_channel
+from mqstore.services.store.errors import DiskFullError
 from mqstore.services.store.message import parse_delay_levels
 from mqstore.services.store.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
+    DispatchRequest,
     RecordError,
     parse_dispatch_requests,
 )
@@ -48,6 +50,8 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 #: logged as a WARNING: dispatch is stalled there, not resynchronising once after a restart.
 STALL_RESYNCS = 3
 _SIZE_MAGIC = struct.Struct(">iI")
+#: How often an ERROR repeats while dispatch waits for room on a full disk.
+DISK_FULL_LOG_INTERVAL_S = 30.0
 #: Bytes compared between a commitlog file and the service's Read before the files are trusted.
 _PROBE_BYTES = 256
 
@@ -400,10 +404,37 @@ class ReputService:
                 requests = parse_dispatch_requests(chunk.data, chunk.start_offset, self._delay_levels_ms)
             except RecordError as exc:
                 raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
-            self._store.dispatch(requests, step.next_offset)
+            self._dispatch(requests, step.next_offset)
         elif step.next_offset != self._store.reput_offset:
             self._store.skip_to(step.next_offset)
         self.resyncs.progressed()
+
+    def _dispatch(self, requests: Sequence[DispatchRequest], next_offset: int) -> None:
+        """Dispatch a chunk; while the disk has no room for the files it needs (DiskFullError, raised
+        before the write that would fail: whatever of the chunk was written is written again
+        unchanged), wait and try again at the same reput offset, logging an ERROR when it starts and
+        every ``DISK_FULL_LOG_INTERVAL_S`` while it lasts. Returns early, nothing dispatched, on a stop."""
+        waiting_since = told = 0.0
+        while True:
+            try:
+                self._store.dispatch(requests, next_offset)
+            except DiskFullError as exc:
+                now = time.monotonic()
+                if not waiting_since:
+                    waiting_since = now
+                if now - told >= DISK_FULL_LOG_INTERVAL_S:
+                    told = now
+                    log.error("dispatch waits at reput offset %d for %.0f s: the indexer cannot write its files "
+                              "(%s). Nothing is lost: it retries every %.1f s and goes on from there once there "
+                              "is room", self._store.reput_offset, now - waiting_since, exc, self._max_backoff_s,
+                              extra={"reput_offset": self._store.reput_offset})
+                if self._stopped.wait(self._max_backoff_s):
+                    return
+                continue
+            if waiting_since:
+                log.warning("dispatch goes on at reput offset %d after waiting %.1f s for room on the disk",
+                            self._store.reput_offset, time.monotonic() - waiting_since)
+            return
 
     # -- records from the Tail --------------------------------------------------------------
     def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int,

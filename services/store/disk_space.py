@@ -54,6 +54,12 @@ def disk_usage(path: Path, mount: Path | None = None) -> DiskUsage:
                      st.f_bavail * st.f_frsize)
 
 
+def unallocated_bytes(path: Path, size: int) -> int:
+    """Bytes of the ``size``-byte file ``path`` that have no disk blocks yet (a sparse file's holes):
+    what writing all of it may still take."""
+    return max(0, size - os.stat(path).st_blocks * 512)
+
+
 def is_disk_full(exc: OSError) -> bool:
     return exc.errno in _DISK_FULL_ERRNOS
 

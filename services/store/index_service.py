@@ -35,10 +35,13 @@ from typing import NamedTuple, cast
 import numpy as np
 
 from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.disk_space import disk_full_error, disk_usage, unallocated_bytes
 from mqstore.services.store.dispatch_columns import DispatchColumns
 from mqstore.services.store.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
+    HASH_SLOT_SIZE,
+    INDEX_ENTRY_SIZE,
     IndexColumns,
     IndexFile,
     IndexHeader,
@@ -59,6 +62,7 @@ from mqstore.services.store.java_hash import (
     segment_hashes_u32,
     utf16_units,
 )
+from mqstore.services.store.mapped_file import OS_PAGE_SIZE
 from mqstore.services.store.message import (
     KEY_SEPARATOR,
     TRANSACTION_ROLLBACK_TYPE,
@@ -204,11 +208,37 @@ class IndexService:
             if columns.count < self.columnar_min_records:
                 items = self.collect_items(columns.requests, end_phy_offset)
                 if items is not None:
+                    self._check_room(len(items))
                     self._put(items)
                 return
             arrays = self.collect_columns(columns, end_phy_offset)
             if arrays is not None:
+                self._check_room(arrays.size)
                 self._put_columns(arrays)
+
+    def _check_room(self, entries: int) -> None:
+        """Raise DiskFullError, before anything is written, when the disk may not have the blocks that
+        ``entries`` entries take: index files are sparse and written through their mapping, where a
+        full disk is a SIGBUS, not an error. At most, each entry takes its 20 bytes and a page of hash
+        slots, and a new file its header page: bounded by what the files have not allocated yet."""
+        last = self._files[-1] if self._files else None
+        writable = last if last is not None and not last.is_write_full else None
+        slot_table = self.hash_slot_num * HASH_SLOT_SIZE
+        needed, left = 0, entries
+        while left > 0:
+            here = min(left, self.index_num - (writable.index_count if writable is not None else 1))
+            bound = OS_PAGE_SIZE + here * INDEX_ENTRY_SIZE + min(here * OS_PAGE_SIZE, slot_table)
+            if writable is not None:
+                bound = min(bound, unallocated_bytes(writable.path, writable.file_size))
+            needed += bound
+            left -= here
+            writable = None  # the rest goes into new files
+        try:
+            usage = disk_usage(self.index_dir)
+        except OSError:
+            return  # cannot tell: the write goes ahead
+        if usage.available < needed:
+            raise disk_full_error(self.index_dir, f"indexing {entries} keys (up to {needed} bytes of index files)")
 
     @staticmethod
     def collect_items(requests: Iterable[DispatchRequest], end_phy_offset: int) -> list[IndexItem] | None:

@@ -5,6 +5,9 @@ themselves once space is freed. On a real small filesystem (tmpfs, else an ext4 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,10 +19,13 @@ import pytest
 
 from mqstore.services.commitlog.commit_log import CommitLog
 from mqstore.services.commitlog.topic_config import TopicConfigManager
+from mqstore.services.indexer.indexer_store import IndexerStore
+from mqstore.services.indexer.reput import ReputService
 from mqstore.services.store.config import load_config
 from mqstore.services.store.errors import DiskFullError
 from mqstore.services.store.mapped_file_queue import MappedFileQueue
 from mqstore.services.store.message import Message
+from mqstore.services.store.record import DispatchRequest, parse_dispatch_requests
 from mqstore.services.store.topics import TopicConfig
 from mqstore.services.store.transient_store_pool import TransientStorePool
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
@@ -329,3 +335,75 @@ def test_at_the_threshold_every_acked_message_stays_pullable_and_findable_by_uni
     finally:
         for handle in (query, indexer, commitlog):
             assert handle.stop() == 0, handle.logs()[-3000:]
+
+
+# -- the indexer on a full disk: it waits where it is and goes on without a loss or a double --------------
+
+def records(root: Path, count: int) -> tuple[list[DispatchRequest], int]:
+    """``count`` records in 3 queues, each with its own key, written by a commitlog off the small disk."""
+    log = make_log(root)
+    try:
+        for i in range(count):
+            log.put_message(Message("Wait", i % 3, b"w", properties={"KEYS": f"key-{i}"}))
+        return parse_dispatch_requests(log.read(0, log.max_offset), 0), log.max_offset
+    finally:
+        log.shutdown()
+
+
+def test_the_indexer_waits_at_its_reput_offset_while_the_disk_is_full_then_goes_on(
+        disk: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    requests, end = records(tmp_path / "commitlog", 30)
+    config = load_config(environ={}, mapped_file_size_consume_queue=52_428 * 20, max_hash_slot_num=1000,
+                         max_index_num=4000)
+    store = IndexerStore(config, disk / "indexer")
+    store.start()
+    try:
+        fill(disk / "ballast", leave_bytes=MIB // 2)  # not one 1 MiB ConsumeQueue file more
+        with pytest.raises(DiskFullError):
+            store.dispatch(requests, end)
+        assert store.reput_offset == 0
+        reput = ReputService(store, "127.0.0.1:1", max_backoff_s=0.05)
+        waiting = threading.Thread(target=reput._dispatch, args=(requests, end))
+        waiting.start()
+        wait_until(lambda: any("dispatch waits at reput offset 0" in r.getMessage() and r.levelname == "ERROR"
+                               for r in caplog.records))
+        assert waiting.is_alive() and store.reput_offset == 0
+        (disk / "ballast").unlink()
+        waiting.join(10)
+        assert not waiting.is_alive() and store.reput_offset == end
+        assert [store.queue("Wait", q).max_offset_in_queue for q in range(3)] == [10, 10, 10]
+        for i in (0, 1, 29):
+            found = store.query_by_key("Wait", f"key-{i}", 32, 0, 2**62).phy_offsets
+            assert found == [requests[i].commitlog_offset], (i, found)
+    finally:
+        (disk / "ballast").unlink(missing_ok=True)
+        store.shutdown()
+
+
+INDEX_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+from mqstore.services.store.errors import DiskFullError
+from mqstore.services.store.index_service import IndexService
+from mqstore.services.store.record import DispatchRequest
+index = IndexService(Path(sys.argv[1]), 400_000, 1_000)
+index.load(True)
+requests = [DispatchRequest(topic="T", queue_id=0, commitlog_offset=100 * i, msg_size=100, tags_code=0,
+                            store_timestamp=1, queue_offset=i, keys=f"k{i}", uniq_key="", sys_flag=0,
+                            prepared_transaction_offset=0, success=True) for i in range(1, 900)]
+try:
+    index.build_index_batch(requests)
+except DiskFullError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_index_entries_the_disk_has_no_blocks_for_are_refused_not_a_sigbus(disk: Path) -> None:
+    """Index files are sparse and written through their mapping: writing a hole on a full disk is a
+    SIGBUS that kills the indexer, unless the write is refused before."""
+    fill(disk / "ballast", leave_bytes=64 * 1024)
+    done = subprocess.run([sys.executable, "-c", INDEX_ON_A_FULL_DISK, str(disk / "index")], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "refused: disk full: indexing " in done.stdout, done.stdout
+    assert " bytes of index files) failed" in done.stdout, done.stdout
