@@ -86,7 +86,6 @@ class MessageLookup:
         if topic:
             check_topic_name(topic)
         misses: list[str] = []
-        not_offset_id = ""  # why the id cannot be an offset msg id: said last, the UNIQ_KEY miss matters more
         lost: DataLossError | None = None
         if kind is not MessageIdKind.UNIQ_KEY:
             try:
@@ -94,7 +93,8 @@ class MessageLookup:
             except MessageIdError as exc:
                 if kind is MessageIdKind.OFFSET:
                     raise InvalidArgumentError(str(exc)) from None
-                not_offset_id = f"(nor can it be an offset msg id: {exc})"
+                # Not an offset msg id (most UNIQ_KEYs are not): the UNIQ_KEY miss alone is the answer; why
+                # its bytes make no offset id (a port field out of range...) would only mislead.
             else:
                 try:
                     found = await self._by_offset_id(offset_id, topic)
@@ -118,8 +118,6 @@ class MessageLookup:
                               f"hits could not be read ({key_lost[0]})")
             else:
                 misses.append(f"no message has UNIQ_KEY {msg_id} {where}")
-        if not_offset_id:
-            misses.append(not_offset_id)
         if lost is not None:
             raise DataLossError("; ".join(misses))
         raise NotFoundError("; ".join(misses))

@@ -83,3 +83,12 @@ def test_bench_runs_against_the_running_system(gateway: str) -> None:
     assert done.code == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert f"the running system at {gateway}" in done.stdout
     assert "starting mqstore up" not in done.stderr and "send 1x1" in done.stdout
+
+
+def test_get_of_an_unknown_uniq_key_says_only_that(gateway: str) -> None:
+    """A UNIQ_KEY whose digits make no offset msg id (the port field 0x26251A2C is out of range): the
+    answer is that no message has it, not why it is no offset msg id."""
+    done = run_cli("get", "7F00000126251A2C0000000000000000", "--gateway", gateway)
+    assert done.code == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "NOT_FOUND" in done.stderr and "no message has UNIQ_KEY 7F00000126251A2C0000000000000000" in done.stderr
+    assert "port field" not in done.stderr
