@@ -14,8 +14,9 @@ kept here in one place:
 * a unit is marked done only once the store acknowledged it (or refused it for good), in batch order;
   the first one to be tried again ends the batch;
 * the state carries a commitlog offset, ``scan_from``, at or below every re-put it does not count: the
-  end of the last acknowledged re-put, or the log's end when none is in flight (moved up every persist
-  interval, so the stretch stays short while nothing is delivered). Before its first delivery a run
+  end of the last acknowledged re-put, or the log's end when none is in flight and the last call was
+  answered (moved up every persist interval, so the stretch stays short while nothing is delivered;
+  a call that failed may have been written, and a restart must still find it). Before its first delivery a run
   reads the re-puts in the log from there to the end (:meth:`ScheduleFiles.reputs`) and counts those
   of the units it would deliver again as delivered (:meth:`DeliveryLoop._reconcile`): the re-puts a
   killed run made after its last write are in the log, so kill -9 at any point repeats none.
@@ -128,9 +129,11 @@ class DeliveryLoop(ABC):
         #: when the state file was last written (ms; its mtime), None without one
         self._written_at_ms: int | None = None
         self._recovered = False
-        #: an AppendBatch in flight, and how many were sent (_advance_scan_from's check)
+        #: an AppendBatch in flight, how many were sent, and whether the last one failed without an
+        #: answer (the store may have written it: scan_from stays below it until a batch is answered)
         self._appending = False
         self._appends = 0
+        self._unanswered = False
 
     # -- the hooks -----------------------------------------------------------------------------
     @abstractmethod
@@ -218,7 +221,7 @@ class DeliveryLoop(ABC):
     async def _advance_scan_from(self) -> None:
         """Move ``scan_from`` up to the log's end while no re-put is in flight (none was sent during the
         call either): every re-put to come lies past it, and the state counts every earlier one."""
-        if not self._recovered or self._appending:
+        if not self._recovered or self._appending or self._unanswered:
             return
         appends = self._appends
         try:
@@ -282,9 +285,11 @@ class DeliveryLoop(ABC):
         except grpc.aio.AioRpcError as exc:
             self._log.warning("%s: AppendBatch to %s failed (%s: %s); retrying in %.1fs", prefix,
                               self._commitlog.address, exc.code().name, exc.details(), RETRY_S)
+            self._unanswered = True
             return False
         finally:
             self._appending = False
+        self._unanswered = len(results) < len(batch)  # a call failed after the ones answered
         done = now_ms()
         delivered, lateness = counts.delivered, counts.lateness
         try:
