@@ -802,12 +802,11 @@ class MessagingServicer:
                                 context: Context) -> AsyncIterator[transaction_pb2.TransactionCheck]:
         try:
             principal = self._principal(context)
+            # A check carries the half's body: the relay hands this stream only checks of topics its token
+            # may produce to (transactions.CheckReceiver).
             async for check in self.transactions.checks(
-                    request_iterator, lambda answer: self._end_transaction(principal, answer, context)):
-                # A check carries the half's body: only a caller that may produce to its topic sees it (a
-                # check held back is asked again next interval, of another stream of the group).
-                if principal.may(Action.PRODUCE, check.message.topic):
-                    yield check
+                    request_iterator, principal, lambda answer: self._end_transaction(principal, answer, context)):
+                yield check
         except (StoreError, BackendError, AuthError) as exc:
             fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
 

@@ -11,6 +11,11 @@
   one such stream on this gateway, the gateway watches every shard's scheduler for the group's checks
   and hands each to one of the group's streams (round robin). Answers come back on the same stream
   and are ended as EndTransaction with ``from_transaction_check``.
+* **Who is asked**: a check carries the half's body and its answer decides the transaction, so it goes
+  only to a :class:`CheckReceiver` (a v1 stream, or a RocketMQ 5 producer: rocketmq5/checks.py) whose
+  token may produce to the half's real topic (and, for a RocketMQ 5 producer, that publishes it). The
+  schedulers are told those topics with each watch, so a half no receiver may be asked about is not
+  checked (no check of its transactionCheckMax spent) and waits for the next round.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 import grpc
 
-from mqstore.gateway.auth import AuthError
+from mqstore.gateway.auth import Action, AuthError, PermissionDeniedError, Principal
 from mqstore.gateway.message_finder import MessageFinder
 from mqstore.gateway.resilience import BackendError
 from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
@@ -104,12 +110,13 @@ class Transactions:
         self.shards = tuple(shards)
         self.routes = routes
         self.finder = finder
-        self._producers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
-        self._watches: dict[str, list[asyncio.Task[None]]] = {}
+        self._receivers: dict[str, list[CheckReceiver]] = {}
+        #: group -> (the topics its watches name, one watch task per shard)
+        self._watches: dict[str, tuple[tuple[str, ...], list[asyncio.Task[None]]]] = {}
         self._turn = 0
 
     async def close(self) -> None:
-        for tasks in self._watches.values():
+        for _, tasks in self._watches.values():
             for task in tasks:
                 task.cancel()
         self._watches.clear()
@@ -142,10 +149,40 @@ class Transactions:
         return result
 
     # -- the check relay -----------------------------------------------------------------------------
+    def join(self, group: str, receiver: CheckReceiver) -> None:
+        """``receiver`` is asked about ``group``'s halves of the topics it takes from now on."""
+        self._receivers.setdefault(group, []).append(receiver)
+        self._rewatch(group)
+
+    def leave(self, group: str, receiver: CheckReceiver) -> None:
+        receivers = self._receivers.get(group, [])
+        if receiver in receivers:
+            receivers.remove(receiver)
+        if not receivers:
+            self._receivers.pop(group, None)
+        self._rewatch(group)
+
+    def _rewatch(self, group: str) -> None:
+        """Watches of ``group`` on every shard that name the topics its receivers take (new ones first,
+        then the old ones cancelled: no moment without a watch); none when no receiver is left."""
+        topics = tuple(sorted({t for r in self._receivers.get(group, ()) for t in r.topics}))
+        current = self._watches.get(group)
+        if current is not None and current[0] == topics:
+            return
+        if topics:
+            self._watches[group] = (topics, [
+                asyncio.get_running_loop().create_task(self._watch(group, topics, shard), name=f"watch-checks-{group}")
+                for shard in self.shards])
+        else:
+            self._watches.pop(group, None)
+        for task in current[1] if current is not None else ():
+            task.cancel()
+
     async def checks(self, requests: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
-                     end: Callable[[transaction_pb2.EndTransactionRequest], Awaitable[object]]
+                     principal: Principal, end: Callable[[transaction_pb2.EndTransactionRequest], Awaitable[object]]
                      ) -> AsyncIterator[transaction_pb2.TransactionCheck]:
-        """One producer's TransactionChecks stream: the first request names its group, later ones answer."""
+        """One producer's TransactionChecks stream: the first request names its group, later ones answer.
+        It is asked about the group's halves of the topics ``principal`` may produce to."""
         first = await anext(aiter(requests), None)
         if first is None:
             return
@@ -155,11 +192,14 @@ class Transactions:
             raise InvalidArgumentError("the first message of a TransactionChecks stream must be producer_group")
         group = first.producer_group
         check_producer_group(group)
+        topics = ("*",) if principal.admin else principal.produce
+        if not topics:
+            raise PermissionDeniedError(f"token {principal.name!r} may produce to no topic, so it answers no "
+                                        f"transaction check (of producer group {group!r}): use a token with a "
+                                        "produce list")
         queue: asyncio.Queue[transaction_pb2.TransactionCheck] = asyncio.Queue()
-        self._producers.setdefault(group, []).append(queue)
-        if group not in self._watches:
-            self._watches[group] = [asyncio.create_task(self._watch(group, shard), name=f"watch-checks-{group}")
-                                    for shard in self.shards]
+        receiver = CheckReceiver(topics, lambda topic: principal.may(Action.PRODUCE, topic), queue.put_nowait)
+        self.join(group, receiver)
         reader = asyncio.create_task(self._answers(group, requests, end))
         try:
             while True:
@@ -173,13 +213,7 @@ class Transactions:
                 return  # the producer closed its side
         finally:
             reader.cancel()
-            producers = self._producers.get(group, [])
-            if queue in producers:
-                producers.remove(queue)
-            if not producers:
-                self._producers.pop(group, None)
-                for task in self._watches.pop(group, []):
-                    task.cancel()
+            self.leave(group, receiver)
             # Checks handed to this producer and not sent: the scheduler checks them again next interval.
 
     async def _answers(self, group: str, requests: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
@@ -200,9 +234,10 @@ class Transactions:
                 log.warning("transaction check answer for %s of group %r not applied: %s", answer.offset_msg_id,
                             group, getattr(exc, "details", str(exc)))
 
-    async def _watch(self, group: str, shard: ShardClient) -> None:
+    async def _watch(self, group: str, topics: tuple[str, ...], shard: ShardClient) -> None:
         while True:
-            call = shard.transactions.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group))
+            call = shard.transactions.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group,
+                                                                                   topics=topics))
             try:
                 async for check in call:
                     check.shard = shard.name
@@ -220,9 +255,23 @@ class Transactions:
             await asyncio.sleep(REWATCH_S)
 
     def _hand_out(self, group: str, check: transaction_pb2.TransactionCheck) -> None:
-        producers = self._producers.get(group)
-        if not producers:
+        """To the next receiver of ``group`` (round robin) that may be asked about the half's topic; none
+        when the last such one left meanwhile (the half is checked again next interval)."""
+        receivers = [r for r in self._receivers.get(group, ()) if r.takes(check.message.topic)]
+        if not receivers:
+            log.info("transaction check of %s (topic %r, group %r): no producer that may be asked is connected "
+                     "any more", check.transaction_id, check.message.topic, group)
             return
         self._turn += 1
-        producers[self._turn % len(producers)].put_nowait(check)
+        receivers[self._turn % len(receivers)].deliver(check)
 
+
+@dataclass(eq=False)
+class CheckReceiver:
+    """A producer that may be asked about halves: ``topics``, the patterns the schedulers are told (the
+    token file's rule, fnmatch); ``takes``, whether it may be asked about a topic (its token may produce
+    to it, and for a RocketMQ 5 producer it publishes it); ``deliver``, how a check reaches it."""
+
+    topics: tuple[str, ...]
+    takes: Callable[[str], bool]
+    deliver: Callable[[transaction_pb2.TransactionCheck], None]

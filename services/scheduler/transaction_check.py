@@ -21,11 +21,13 @@ of a half (the producer's send result, or a check's put-back copy): the live cop
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import fnmatch
 import logging
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +124,18 @@ class _QueueFiles:
         self._files.close()
 
 
+@dataclass(eq=False)
+class Watcher:
+    """One WatchChecks stream: the real topics it may be asked about, as the token file's patterns
+    (fnmatch, case-sensitive), and the checks handed to it."""
+
+    topics: tuple[str, ...]
+    queue: asyncio.Queue[transaction_pb2.TransactionCheck] = dataclasses.field(default_factory=asyncio.Queue)
+
+    def takes(self, topic: str) -> bool:
+        return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.topics)
+
+
 class EndError(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
@@ -153,7 +167,7 @@ class TransactionChecker:
         #: UNIQ_KEY of a half this process ended -> the ended copy's half queue offset (pruned with _done)
         self._done_keys: dict[str, int] = {}
         self._lock = asyncio.Lock()
-        self._watchers: dict[str, list[asyncio.Queue[transaction_pb2.TransactionCheck]]] = {}
+        self._watchers: dict[str, list[Watcher]] = {}
         self._turn = 0
         self._task: asyncio.Task[None] | None = None
         #: ends being applied: each runs to its end whatever its caller does (see :meth:`end`)
@@ -279,7 +293,7 @@ class TransactionChecker:
                         break
                     i += 1
                     continue
-                if not await self._check(record, 1 if times is None else times + 1):
+                if not await self._check_or_wait(record, 1 if times is None else times + 1):
                     break
                 i += 1
             self._advance(i)
@@ -307,8 +321,25 @@ class TransactionChecker:
             self._born_host = info.store_host
         return self._born_host
 
-    async def _check(self, record: MessageRecord, times: int) -> bool:
-        """putBackHalfMsgQueue, then the check to one watcher of the half's producer group."""
+    async def _check_or_wait(self, record: MessageRecord, times: int) -> bool:
+        """The check of a due half when a producer that may be asked about it is connected; else the half
+        is put back with its check count as it is and waits for the next round (no producer was asked,
+        so no check is spent: 4.9.8 counts it, and a half of a group with none connected is discarded)."""
+        group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
+        topic = record.properties.get(PROPERTY_REAL_TOPIC, "")
+        watcher = self._watcher_for(group, topic)
+        if watcher is not None:
+            return await self._check(record, times, watcher)
+        result = await self._append(tx.put_back_of(record, tx.check_times(record)))
+        if result.status not in STORED:
+            return False
+        log.info("transaction check: no producer of group %r that may produce to %r is connected: transaction "
+                 "%s waits for the next round", group, topic,
+                 record.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX))
+        return True
+
+    async def _check(self, record: MessageRecord, times: int, watcher: Watcher) -> bool:
+        """putBackHalfMsgQueue, then the check to ``watcher``."""
         result = await self._append(tx.put_back_of(record, times))
         if result.status not in STORED:
             log.warning("transaction check: put-back of the half at %d not stored (status %d)",
@@ -316,7 +347,6 @@ class TransactionChecker:
             return False
         self.checks += 1
         CHECKS.inc()
-        group = record.properties.get(tx.PROPERTY_PRODUCER_GROUP, "")
         try:
             topic, queue_id = tx.real_queue(record)
         except tx.NotAHalf:
@@ -327,14 +357,16 @@ class TransactionChecker:
             message=common_pb2.Message(topic=topic, queue_id=queue_id, body=record.body, flag=record.flag,
                                        properties=record.properties, born_timestamp=record.born_timestamp,
                                        born_host=record.born_host))
-        watchers = self._watchers.get(group)
-        if watchers:
-            self._turn += 1
-            watchers[self._turn % len(watchers)].put_nowait(check)
-        else:
-            log.info("transaction check: no producer of group %r is connected for transaction %s (check %d)",
-                     group, check.transaction_id, times)
+        watcher.queue.put_nowait(check)
         return True
+
+    def _watcher_for(self, group: str, topic: str) -> Watcher | None:
+        """The next watcher of ``group`` (round robin) that names ``topic``."""
+        watchers = [w for w in self._watchers.get(group, ()) if w.takes(topic)]
+        if not watchers:
+            return None
+        self._turn += 1
+        return watchers[self._turn % len(watchers)]
 
     async def _discard(self, record: MessageRecord, expired: bool) -> bool:
         """resolveDiscardMsg: for a half checked transactionCheckMax times (needDiscard), or born longer
@@ -517,16 +549,16 @@ class TransactionChecker:
         return found
 
     # -- watchers ----------------------------------------------------------------------------------
-    async def watch(self, group: str) -> AsyncIterator[transaction_pb2.TransactionCheck]:
-        queue: asyncio.Queue[transaction_pb2.TransactionCheck] = asyncio.Queue()
-        self._watchers.setdefault(group, []).append(queue)
+    async def watch(self, group: str, topics: Sequence[str]) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        watcher = Watcher(tuple(topics))
+        self._watchers.setdefault(group, []).append(watcher)
         try:
             while True:
-                yield await queue.get()
+                yield await watcher.queue.get()
         finally:
             watchers = self._watchers.get(group, [])
-            if queue in watchers:
-                watchers.remove(queue)
+            if watcher in watchers:
+                watchers.remove(watcher)
             if not watchers:
                 self._watchers.pop(group, None)
 
@@ -555,7 +587,7 @@ class TransactionServicer(scheduler_pb2_grpc.TransactionServiceServicer):  # typ
         except InvalidArgumentError as exc:
             fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
-        async for check in self.checker.watch(request.producer_group):
+        async for check in self.checker.watch(request.producer_group, request.topics):
             yield check
 
 

@@ -137,10 +137,12 @@ def check_times(record: MessageRecord) -> int | None:
         return 0
 
 
-def put_back_of(half: MessageRecord, times: int) -> Message:
-    """renewHalfMessageInner with TRANSACTION_CHECK_TIMES = ``times`` (needDiscard counted it)."""
+def put_back_of(half: MessageRecord, times: int | None) -> Message:
+    """renewHalfMessageInner with TRANSACTION_CHECK_TIMES = ``times`` (needDiscard counted it); None keeps
+    the half's own (a half put back unchecked)."""
     properties = dict(half.properties)
-    properties[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times)
+    if times is not None:
+        properties[PROPERTY_TRANSACTION_CHECK_TIMES] = str(times)
     return Message(HALF_TOPIC, half.queue_id, half.body, half.flag, properties, half.born_timestamp,
                    half.born_host, half.sys_flag & ~STOREHOSTADDRESS_V6_FLAG, half.reconsume_times, 0)
 

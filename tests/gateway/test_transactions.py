@@ -195,14 +195,48 @@ def _real_queue_or_empty(up: UpProcess, topic: str) -> list[query_pb2.StoredMess
         raise
 
 
+class SilentProducer:
+    """A TransactionChecks stream of ``group`` that receives checks and never answers them."""
+
+    def __init__(self, up: UpProcess, group: str, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.checks: list[transaction_pb2.TransactionCheck] = []
+        self.error: grpc.RpcError | None = None
+        self._hold = threading.Event()
+
+        def requests() -> Iterator[transaction_pb2.TransactionCheckStreamRequest]:
+            yield transaction_pb2.TransactionCheckStreamRequest(producer_group=group)
+            self._hold.wait()
+
+        self._stream = up.stub.TransactionChecks(requests(), metadata=metadata)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for check in self._stream:
+                self.checks.append(check)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+    def close(self) -> None:
+        self._hold.set()
+        self._stream.cancel()
+        self._thread.join(5)
+
+
 def test_a_half_never_answered_is_discarded_after_the_max_checks(tx_up: UpProcess) -> None:
-    sent = _half(tx_up, "TxNeverAnswered", group="nobodyListens")
-    deadline = time.monotonic() + 20
-    while True:
-        discarded = [m for m in _system_queue(tx_up, CHECK_MAX_TOPIC) if m.uniq_key == sent.msg_id]
-        if discarded or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    silent = SilentProducer(tx_up, "nobodyListens")  # checked (and counted) only while a producer is connected
+    try:
+        sent = _half(tx_up, "TxNeverAnswered", group="nobodyListens")
+        deadline = time.monotonic() + 20
+        while True:
+            discarded = [m for m in _system_queue(tx_up, CHECK_MAX_TOPIC) if m.uniq_key == sent.msg_id]
+            if discarded or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        silent.close()
+    assert [c.check_times for c in silent.checks] == list(range(1, CHECK_MAX + 1))
     assert len(discarded) == 1
     props = dict(discarded[0].properties)
     assert props["TRANSACTION_CHECK_TIMES"] == str(CHECK_MAX) and props["REAL_TOPIC"] == "TxNeverAnswered"

@@ -2,7 +2,8 @@
 whatever its caller does (cancelled EndHalf calls while a check producer answers COMMIT), a commit
 record left without its op record (a crash between the two) completed on restart without a second
 commit, halves older than fileReservedTime discarded on the first round (4.9.8's needSkip), and the
-first round after one check interval (TransactionalMessageCheckService waits before it checks)."""
+first round after one check interval (TransactionalMessageCheckService waits before it checks), and a
+half no watcher may be asked about put back unchecked, its count kept, until one is."""
 
 from __future__ import annotations
 
@@ -73,14 +74,15 @@ def _end(stub: scheduler_pb2_grpc.TransactionServiceStub, group: str, offset_msg
 class Checks:
     """A watcher of one producer group's checks (the gateway's side); ``answer`` ends each check."""
 
-    def __init__(self, address: str, group: str, answer: int | None = transaction_pb2.COMMIT) -> None:
+    def __init__(self, address: str, group: str, answer: int | None = transaction_pb2.COMMIT,
+                 topics: tuple[str, ...] = ("*",)) -> None:
         self.channel = grpc.insecure_channel(address)
         self.stub = scheduler_pb2_grpc.TransactionServiceStub(self.channel)
         self.group = group
         self.answer = answer
         self.received: list[tuple[float, transaction_pb2.TransactionCheck]] = []
         self.failed: list[str] = []
-        self._call = self.stub.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group))
+        self._call = self.stub.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group, topics=topics))
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -204,4 +206,29 @@ def test_the_first_round_comes_after_one_check_interval(shard: Shard, fresh: Pat
         assert waited >= interval_ms / 1000, f"first check {waited:.2f}s after the start, before one interval"
     finally:
         checks.close()
+        assert scheduler.stop() == 0, scheduler.logs()
+
+
+def test_a_half_no_watcher_names_waits_unchecked_until_one_does(shard: Shard, fresh: Path) -> None:
+    ((_, key),) = _halves(shard, "TxNamed", "namedTopics", 1)
+    scheduler = _scheduler(shard, fresh, {"MQSTORE_TRANSACTION_CHECK_MAX": "2"})
+    others = Checks(scheduler.address, "namedTopics", answer=None, topics=("TxOther", "Orders-*"))
+    try:
+        time.sleep(8 * INTERVAL_MS / 1000)  # rounds enough to discard it, were its checks counted
+        assert others.received == [], "a watcher that does not name the topic is never handed its check"
+        copies = [r for _, r in queue_records(shard.commitlog, shard.indexer, tx.HALF_TOPIC, 0)
+                  if r.properties["UNIQ_KEY"] == key]
+        assert len(copies) > 2, "put back each round (it does not hold the half queue)"
+        assert all(tx.PROPERTY_TRANSACTION_CHECK_TIMES not in r.properties for r in copies), "no check spent"
+        named = Checks(scheduler.address, "namedTopics", topics=("Tx*",))
+        try:
+            _wait(lambda: named.received, 10)
+            assert [c.check_times for _, c in named.received] == [1]
+            _wait(lambda: _real_keys(shard, "TxNamed"), 10)
+            assert list(_real_keys(shard, "TxNamed").values()) == [1]
+        finally:
+            named.close()
+        assert others.received == []
+    finally:
+        others.close()
         assert scheduler.stop() == 0, scheduler.logs()
