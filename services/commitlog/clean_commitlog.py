@@ -11,16 +11,17 @@ RocketMQ 4.9.8 (``DefaultMessageStore.CleanCommitLogService``, every ``cleanReso
   whether their reserved time is over or not, consumed or not. Round after round this empties the log
   down to its last file, which is how a full disk loses acknowledged messages nobody has read yet.
 
-That stays the default, but no early deletion is silent: each deleted file is a WARNING naming it,
-its commitlog offsets and the consumer groups whose unconsumed messages it held (``unconsumed.py``
-reads the query service's committed offsets and the indexer's ConsumeQueue), and is counted
-(``mqstore_commitlog_early_deleted_files``/``_bytes``).
+Here ``protectUnconsumedData`` is on by default: a file that some group has not
+consumed (or of which that cannot be told) is not deleted early. The cleaner holds the disk instead
+(``DiskGuard.hold``): writes are refused with RESOURCE_EXHAUSTED naming the disk, its use and the
+groups, and a WARNING says the same, until the groups commit past the file's messages (the next round
+deletes it) or space is freed some other way. Files past their reserved time are deleted as always:
+``fileReservedTime`` is the retention the store promises.
 
-With ``protectUnconsumedData`` a file that some group has not consumed (or of which that cannot be
-told) is not deleted early. The cleaner holds the disk instead (``DiskGuard.hold``): writes are
-refused with RESOURCE_EXHAUSTED naming the disk, its use and the groups, until the groups commit past
-the file's messages (the next round deletes it) or space is freed some other way. Files past their
-reserved time are deleted as always: ``fileReservedTime`` is the retention the store promises.
+``protectUnconsumedData: false`` restores RocketMQ's forced cleaning, never silently: each file deleted
+early is a WARNING naming it, its commitlog offsets and the consumer groups whose unconsumed messages
+it held (``unconsumed.py`` reads the query service's committed offsets and the indexer's
+ConsumeQueue), and is counted (``mqstore_commitlog_early_deleted_files``/``_bytes``).
 """
 
 from __future__ import annotations

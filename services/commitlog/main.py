@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mqstore.services.commitlog import metrics
 from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.recovery import MissingLogError
 from mqstore.services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
 from mqstore.services.server.gc_tuning import tune_gc
 from mqstore.services.server.grpc_server import (
@@ -37,6 +38,8 @@ from mqstore.v1 import commitlog_pb2_grpc
 log = logging.getLogger("mqstore.services.commitlog")
 
 MIB = 1024 * 1024
+#: Recovery found less log than the store's records say existed (refuseStartOnMissingLog).
+EXIT_MISSING_LOG = 4
 
 
 def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
@@ -77,6 +80,8 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     except FileSizeMismatchError as exc:
         log.error("bad settings: %s", exc, extra={"store": store})
         return EXIT_BAD_SETTINGS
+    except MissingLogError:  # logged with what is missing and how to accept it
+        return EXIT_MISSING_LOG
     metrics.bind_commitlog(engine.stats, config.mapped_file_size_commit_log, lambda: engine.disk_full)
     servicer = CommitLogServicer(engine)
     await servicer.start()

@@ -51,6 +51,14 @@ RECOVERY_DROPPED_BYTES = Gauge(
     "mqstore_commitlog_recovery_dropped_bytes",
     "Bytes the last recovery cut off at a torn or damaged record (to the end of the data found after it); "
     "0 for a clean end of the log")
+RECOVERY_MISSING_BYTES = Gauge(
+    "mqstore_commitlog_recovery_missing_bytes",
+    "Log the store's records say existed but the last start-up's recovery did not find, by evidence: "
+    "durable (the queue-offset snapshot: flushed data lost) or dispatched (the indexer's dispatch checkpoint: "
+    "under ASYNC_FLUSH, the flush window's loss)", ["evidence"])
+RECOVERY_MISSING_MS = Gauge(
+    "mqstore_commitlog_recovery_missing_ms",
+    "Store time of records the checkpoint says were flushed but the last start-up's recovery did not find")
 RECOVERY_DROPPED_RECORDS = Gauge(
     "mqstore_commitlog_recovery_dropped_records",
     "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
@@ -120,6 +128,24 @@ def observe_recovery(result: _Recovery, elapsed_s: float) -> None:
     damage = result.damage
     RECOVERY_DROPPED_BYTES.set(damage.dropped_bytes if damage is not None else 0)
     RECOVERY_DROPPED_RECORDS.set(damage.intact_records if damage is not None else 0)
+
+
+class _MissingLog(Protocol):
+    @property
+    def durable_missing_bytes(self) -> int: ...
+
+    @property
+    def dispatched_missing_bytes(self) -> int: ...
+
+    @property
+    def missing_ms(self) -> int: ...
+
+
+def observe_missing_log(missing: _MissingLog | None) -> None:
+    """Record what a start-up found missing of the log (all 0: nothing)."""
+    RECOVERY_MISSING_BYTES.labels("durable").set(missing.durable_missing_bytes if missing else 0)
+    RECOVERY_MISSING_BYTES.labels("dispatched").set(missing.dispatched_missing_bytes if missing else 0)
+    RECOVERY_MISSING_MS.set(missing.missing_ms if missing else 0)
 
 
 def observe_early_deletion(file_bytes: int) -> None:

@@ -31,13 +31,15 @@ that the records after the damage were live.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from mqstore.services.store.checkpoint import StoreCheckpoint
+from mqstore.services.store.checkpoint import RECOVERY_SAFETY_MARGIN_MS, StoreCheckpoint
 from mqstore.services.store.mapped_file import MappedFile
 from mqstore.services.store.mapped_file_queue import MappedFileQueue
 from mqstore.services.store.quarantine import QuarantinedRange
@@ -65,6 +67,8 @@ class RecoveryResult:
     records: int
     damage: Damage | None = None
     quarantined: tuple[QuarantinedRange, ...] = ()
+    #: STORETIMESTAMP of the last valid record the walk found (0: none)
+    last_timestamp: int = 0
 
     @property
     def scanned_bytes(self) -> int:
@@ -198,7 +202,8 @@ def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels
                     "%d intact records after it lost (%d records walked from offset %d)",
                     end, damage.reason, damage.dropped_bytes, end + damage.dropped_bytes,
                     damage.intact_records, records, start)
-    return RecoveryResult(end, start, records, damage, tuple(quarantined))
+    last_timestamp = _store_timestamp(*last_record) if last_record is not None else 0
+    return RecoveryResult(end, start, records, damage, tuple(quarantined), last_timestamp)
 
 
 def _resynchronise(files: Sequence[MappedFile], index: int, pos: int, check_crc: bool,
@@ -221,3 +226,81 @@ def _buffers(files: Sequence[MappedFile], index: int) -> Iterator[FileView]:
             yield FileView(mapped.file_from_offset, mapped.buffer, fd)
         finally:
             os.close(fd)
+
+
+class MissingLogError(RuntimeError):
+    """Recovery found less log than the store's records say existed, and refuseStartOnMissingLog is on."""
+
+
+@dataclass(frozen=True, slots=True)
+class MissingLog:
+    """Evidence that the log reached further than recovery found it: data that existed is gone (a
+    file whose name or content a power cut took, files deleted by hand, a restore from an old copy).
+
+    ``durable_evidence`` lists records written only once the log they describe was durable (the
+    checkpoint's physicMsgTimestamp, the queue-offset snapshot): their loss is never the flush
+    policy's. ``dispatched_evidence`` lists the indexer's dispatch checkpoint, which may cover records
+    readable before their flush: past the end by up to the flush window under ASYNC_FLUSH."""
+
+    end: int
+    durable_end: int
+    dispatched_end: int
+    missing_ms: int
+    durable_evidence: tuple[str, ...]
+    dispatched_evidence: tuple[str, ...]
+
+    @property
+    def durable_missing_bytes(self) -> int:
+        return max(0, self.durable_end - self.end)
+
+    @property
+    def dispatched_missing_bytes(self) -> int:
+        return max(0, self.dispatched_end - self.end)
+
+    def describe(self, evidence: tuple[str, ...]) -> str:
+        return f"the log ends at offset {self.end}, but " + "; ".join(evidence)
+
+
+def find_missing_log(result: RecoveryResult, checkpoint_timestamp: int, recorded_end: int | None,
+                     dispatched_end: int | None) -> MissingLog | None:
+    """What the store's own records say existed past the end recovery found (None: nothing).
+
+    ``recorded_end``: the queue-offset snapshot's offset (saved only once the log is flushed that far);
+    ``checkpoint_timestamp``: the checkpoint's physicMsgTimestamp (the store time of the newest flushed
+    record; RecoveryResult.last_timestamp is compared with it, less RocketMQ's 3 s recovery margin for a
+    clock stepped back); ``dispatched_end``: the indexer's dispatch checkpoint (its reputOffset). An end
+    recovery itself cut at a damaged record (and logged) counts up to the data it found after it, and
+    the checkpoint's time is not compared then (the records after the cut are newer)."""
+    explained = result.end + (result.damage.dropped_bytes if result.damage is not None else 0)
+    durable: list[str] = []
+    durable_end = result.end
+    if recorded_end is not None and recorded_end > explained:
+        durable_end = recorded_end
+        durable.append(f"the queue-offset snapshot (config/queue_offsets.json) was saved once the log was durable "
+                       f"up to offset {recorded_end}: offsets [{result.end}, {recorded_end}) are missing")
+    missing_ms = 0
+    if result.damage is None and checkpoint_timestamp > result.last_timestamp + RECOVERY_SAFETY_MARGIN_MS:
+        missing_ms = checkpoint_timestamp - result.last_timestamp
+        newest = f"the newest record found was stored at {result.last_timestamp}" if result.last_timestamp \
+            else "no record was found"
+        durable.append(f"the checkpoint says records stored up to {checkpoint_timestamp} (ms) were durable and "
+                       f"{newest}: {missing_ms} ms of records are missing")
+    dispatched: list[str] = []
+    if dispatched_end is not None and dispatched_end > explained:
+        dispatched.append(f"the indexer dispatched records up to offset {dispatched_end} (indexer/config/"
+                          f"dispatch_checkpoint.json): offsets [{result.end}, {dispatched_end}) are missing")
+    if not durable and not dispatched:
+        return None
+    return MissingLog(result.end, durable_end, dispatched_end or result.end, missing_ms, tuple(durable),
+                      tuple(dispatched))
+
+
+def read_dispatched_end(path: Path) -> int | None:
+    """The ``reputOffset`` of the indexer's dispatch checkpoint at ``path`` (the indexer's
+    services/indexer/dispatch_checkpoint.py writes it), read as plain JSON: None when there is none
+    or it cannot be read (the indexer reports that itself)."""
+    try:
+        value = json.loads(path.read_bytes()).get("reputOffset")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -89,11 +89,12 @@ class MessageStoreConfig:
     clean_resource_interval: int = 10_000
     file_reserved_time: int = 72
     delete_when: str = "04"
-    # Not in RocketMQ: above diskSpaceCleanForciblyRatio (0.85) RocketMQ deletes the oldest commitlog
-    # files before fileReservedTime, consumed or not. On, a file some consumer group has not consumed
-    # is kept and writes are refused instead (RESOURCE_EXHAUSTED naming the groups); see
-    # services/commitlog/clean_commitlog.py.
-    protect_unconsumed_data: bool = False
+    # Above diskSpaceCleanForciblyRatio (0.85) RocketMQ deletes the oldest commitlog files before
+    # fileReservedTime, consumed or not (protectUnconsumedData false, its default). Here the default
+    # is true: a file some consumer group has not consumed is kept and writes are refused instead
+    # (RESOURCE_EXHAUSTED naming the groups); false restores the forced cleaning. Files past
+    # fileReservedTime are deleted either way. See services/commitlog/clean_commitlog.py.
+    protect_unconsumed_data: bool = True
     warm_mapped_file_enable: bool = False
     # Not in RocketMQ: map the next commitlog file's page cache in the background (MADV_POPULATE_READ)
     # so appends do not allocate pages on the put path. Costs page cache (clean, reclaimable), no I/O.

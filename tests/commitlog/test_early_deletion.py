@@ -1,14 +1,16 @@
-"""Commitlog files deleted before fileReservedTime because the disk is full (issue 17, item 6).
+"""Commitlog files deleted before fileReservedTime because the disk is full.
 
 Real processes on a real small filesystem (tmpfs, else an ext4 loop file): the commitlog service owns
 the mount, the indexer and the query service sit at ``<root>/indexer`` and ``<root>/query`` as under
 ``mqstore up`` (symlinked off the mount, so only commitlog files and a ballast file fill it). The disk
 is filled past diskSpaceCleanForciblyRatio (0.85) but below diskSpaceWarningLevelRatio (0.90):
 
-* by default (RocketMQ's behaviour) the oldest files go although their 72 h are not over, each with a
-  WARNING naming it, its offsets and the groups whose unconsumed messages it held, and counted;
-* with protectUnconsumedData the files stay and sends are RESOURCE_EXHAUSTED naming the disk and the
-  groups, until space is freed or the groups commit past the data.
+* by default (protectUnconsumedData true) the files stay, every acknowledged message stays readable,
+  and sends are RESOURCE_EXHAUSTED naming the disk and the groups, until space is freed or the groups
+  commit past the data;
+* with protectUnconsumedData false (RocketMQ's behaviour) the oldest files go although their 72 h are
+  not over, each with a WARNING naming it, its offsets and the groups whose unconsumed messages it
+  held, and counted.
 """
 
 from __future__ import annotations
@@ -72,6 +74,13 @@ class Deployment:
         message = common_pb2.Message(topic="Probe", body=b"probe", born_host="127.0.0.1:50000")
         return self.commitlog.stub.Append(commitlog_pb2.AppendRequest(message=message), timeout=10)
 
+    def assert_all_readable(self) -> None:
+        """Every acknowledged message is still there (none answers NOT_FOUND)."""
+        for result in self.results:
+            found = self.query.stub.ViewMessage(query_pb2.ViewMessageRequest(
+                msg_id=result.msg_id, kind=query_pb2.MESSAGE_ID_KIND_OFFSET), timeout=5)
+            assert found.message.commitlog_offset == result.commitlog_offset
+
     def fill(self) -> None:
         """The ballast file takes the disk to FILLED_RATIO used."""
         st = os.statvfs(self.root)
@@ -105,13 +114,14 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 15.0) -> None:
 
 
 @contextlib.contextmanager
-def deployment(tmp_path: Path, protect: bool) -> Iterator[Deployment]:
+def deployment(tmp_path: Path, protect: bool | None) -> Iterator[Deployment]:
+    """``protect``: protectUnconsumedData (None: its default)."""
     with small_filesystem(tmp_path, 32) as root:
         for name in ("indexer", "query"):
             (tmp_path / name).mkdir()
             (root / name).symlink_to(tmp_path / name)
         metrics_port = free_port()
-        env = {**ENV, "MQSTORE_PROTECT_UNCONSUMED_DATA": str(protect).lower()}
+        env = ENV if protect is None else {**ENV, "MQSTORE_PROTECT_UNCONSUMED_DATA": str(protect).lower()}
         started: list[CommitLogProcess | IndexerProcess | QueryProcess] = []
         try:
             commitlog = start_commitlog(root, {**env, "MQSTORE_METRICS_PORT": str(metrics_port)})
@@ -147,7 +157,7 @@ def queue_offsets_by_file(results: list[commitlog_pb2.AppendResult]) -> dict[int
     return files
 
 
-def test_by_default_files_go_early_with_a_warning_naming_the_groups_and_are_counted(tmp_path: Path) -> None:
+def test_without_protection_files_go_early_with_a_warning_naming_the_groups_and_are_counted(tmp_path: Path) -> None:
     with deployment(tmp_path, protect=False) as system:
         system.commit("Lagging", 3)  # its offset lies below everything deleted
         system.commit("Middle", 50)  # in the second file
@@ -172,9 +182,10 @@ def test_by_default_files_go_early_with_a_warning_naming_the_groups_and_are_coun
         system.send()  # below the watermark: writes go on
 
 
-def test_protect_unconsumed_data_refuses_writes_naming_the_groups_until_space_or_consumption(tmp_path: Path) -> None:
-    with deployment(tmp_path, protect=True) as system:
+def test_by_default_unconsumed_data_is_kept_and_writes_refused_naming_the_groups(tmp_path: Path) -> None:
+    with deployment(tmp_path, protect=None) as system:
         system.commit("Lagging", 3)
+        system.commit("Never", 0)  # subscribed, consumed nothing yet
         system.commit("Done", MESSAGES)
         system.fill()
         wait_until(lambda: len(system.warnings("refusing writes instead of deleting unconsumed data")) == 1)
@@ -187,6 +198,12 @@ def test_protect_unconsumed_data_refuses_writes_naming_the_groups_until_space_or
         assert "protectUnconsumedData keeps commitlog file 00000000000000000000 (commitlog offsets [0, 1048576))" \
             in details, details
         assert f"Lagging (topic {TOPIC} queue 0: committed offset 3," in details and "Done" not in details, details
+        assert f"Never (topic {TOPIC} queue 0: committed offset 0," in details, details
+        via_gateway = backend_error("the commitlog of shard-0 (127.0.0.1:1)", Refused(details))
+        assert via_gateway.code == grpc.StatusCode.RESOURCE_EXHAUSTED and via_gateway.details.startswith(
+            "the commitlog of shard-0 (127.0.0.1:1) refused the write because its disk is full"), via_gateway
+        assert "Lagging" in via_gateway.details and "Never" in via_gateway.details
+        system.assert_all_readable()
         info = system.info()
         assert info.min_offset == 0 and info.mapped_file_count >= 5, "no unconsumed file may be deleted"
         assert system.metric("mqstore_commitlog_early_deleted_files_total") == 0
@@ -198,8 +215,9 @@ def test_protect_unconsumed_data_refuses_writes_naming_the_groups_until_space_or
         wait_until(lambda: len(system.warnings("refusing writes instead of deleting unconsumed data")) == 2)
         assert not _accepted(system)()
 
-        # The lagging group consumes past the data: its files may go, and writes resume.
+        # The groups consume past the data: its files may go, and writes resume.
         system.commit("Lagging", MESSAGES)
+        system.commit("Never", MESSAGES)
         wait_until(_accepted(system))
         assert system.info().min_offset >= 4 * MIB
         deleted = system.warnings("deleted commitlog file")
@@ -218,12 +236,15 @@ def _accepted(system: Deployment) -> Callable[[], bool]:
     return accepted
 
 
-def test_the_gateway_tells_a_full_disk_as_such_not_as_busy() -> None:
-    class Refused(grpc.aio.AioRpcError):
-        def __init__(self, details: str) -> None:
-            super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details,
-                             None)
+class Refused(grpc.aio.AioRpcError):
+    """A commitlog's RESOURCE_EXHAUSTED as the gateway receives it."""
 
+    def __init__(self, details: str) -> None:
+        super().__init__(grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.aio.Metadata(), grpc.aio.Metadata(), details,
+                         None)
+
+
+def test_the_gateway_tells_a_full_disk_as_such_not_as_busy() -> None:
     full = backend_error("the commitlog of shard-0 (127.0.0.1:1)", Refused(
         "disk full: the disk of /s/commitlog (mounted at /s) is 91.0% used (...); nothing was written"))
     assert full.code == grpc.StatusCode.RESOURCE_EXHAUSTED and full.not_applied
