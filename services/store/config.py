@@ -76,6 +76,11 @@ class MessageStoreConfig:
     # "quarantine" steps over it (services/store/quarantine.py: reads of it answer DATA_LOSS, the
     # records after it stay); "cut" ends the log there as RocketMQ does. A torn tail is cut either way.
     recover_corruption_mode: str = "quarantine"
+    # Not in RocketMQ: when the store's own records (the checkpoint, the queue-offset snapshot, the
+    # indexer's dispatch checkpoint) show the log reached further than recovery found it, refuse to
+    # start (the files are left untouched for a look) until an operator accepts the loss by starting
+    # once with this off (services/commitlog/recovery.py find_missing_log; docs/operations.md).
+    refuse_start_on_missing_log: bool = True
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     # RocketMQ 5's timerMaxDelaySec: how far ahead a timer message (TIMER_DELIVER_MS) may be (7 days).
     timer_max_delay_sec: int = 7 * 24 * 3600
