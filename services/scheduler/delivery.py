@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -186,10 +187,10 @@ class DelayScheduler(DeliveryLoop):
             return next_due
         return 0
 
-    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
+    def _reconcile(self, reputs: Iterable[ParkedRecord]) -> tuple[int, int]:
         pending = Counter(reput_key(r) for r in reputs
                           if PROPERTY_DELAY_TIME_LEVEL in r.properties and PROPERTY_TIMER_OUT_MS not in r.properties)
-        found = 0
+        total, found = pending.total(), 0
         for lv in self._levels:
             if not pending:
                 break
@@ -197,7 +198,7 @@ class DelayScheduler(DeliveryLoop):
         if pending:
             log.warning("%d delay-level re-puts past %s's last write match no unit due from the levels' offsets",
                         pending.total(), self.offsets_path)
-        return found
+        return total, found
 
     def _reconcile_level(self, lv: _Level, pending: Counter[ReputKey]) -> int:
         """Move the level past its units whose re-puts are ``pending`` (taking them out): from its offset,

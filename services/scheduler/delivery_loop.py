@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -150,9 +150,10 @@ class DeliveryLoop(ABC):
         :meth:`_recover` once the queue bounds are known, before its first delivery."""
 
     @abstractmethod
-    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
-        """Count as delivered the units whose re-puts are among ``reputs`` (found in the log past
-        ``scan_from``); the number found."""
+    def _reconcile(self, reputs: Iterable[ParkedRecord]) -> tuple[int, int]:
+        """Count as delivered the units whose re-puts are among ``reputs`` (read from the log past
+        ``scan_from``, once; those of the other kind are passed over): (re-puts of this kind, units
+        counted)."""
 
     # -- the state file ------------------------------------------------------------------------
     async def _write(self) -> None:
@@ -205,10 +206,9 @@ class DeliveryLoop(ABC):
             began = time.monotonic()
             until = None if self._written_at_ms is None else \
                 self._written_at_ms + int(self._persist_interval_s * 1000) + REPUT_SLACK_MS
-            reputs = self._files.reputs(start, end, until)
-            found = self._reconcile(reputs)
-            self._log.info("%d re-puts in the commitlog [%d, %d) after %s was written, %d of them counted "
-                           "as delivered (%.3fs)", len(reputs), start, end, self._state_name, found,
+            reputs, found = self._reconcile(self._files.reputs(start, end, until))
+            self._log.info("%d re-puts in the commitlog [%d, %d) after %s was written, %d units counted as "
+                           "delivered for them (%.3fs)", reputs, start, end, self._state_name, found,
                            time.monotonic() - began)
         self._scan_from, self._recovered, self._dirty = end, True, True
         try:

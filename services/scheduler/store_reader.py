@@ -13,6 +13,7 @@ import mmap
 import struct
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -114,7 +115,7 @@ class ScheduleFiles:
         except RecordError:
             return False, None
 
-    def reputs(self, start: int, end: int, stored_until_ms: int | None = None) -> list[ParkedRecord]:
+    def reputs(self, start: int, end: int, stored_until_ms: int | None = None) -> Iterator[ParkedRecord]:
         """The records in the commitlog's ``[start, end)`` stored under their own REAL_TOPIC / REAL_QID:
         the scheduler's re-puts (a parked record, a transaction's half, lies under another topic), in log
         order, with the fields a re-put copies (:func:`decode_parked`: what :func:`reput_key` reads).
@@ -123,7 +124,6 @@ class ScheduleFiles:
         was stored after ``stored_until_ms`` (what a scheduler long down finds past its mark is not
         walked through), or at a stretch that holds no record (logged; the re-puts found before it are
         returned)."""
-        found: list[ParkedRecord] = []
         offset = start
         file_size = self._commitlog.file_size
         while offset < end:
@@ -140,14 +140,12 @@ class ScheduleFiles:
             except RecordError as exc:
                 log.warning("commitlog at %d: %s: re-puts past it are not looked for", base, exc)
                 break
-            found += self._reputs_among(mapped, base, starts, reached)
+            yield from self._reputs_among(mapped, base, starts, reached)
             offset = base + (file_size if blank else reached)
-        return found
 
     @staticmethod
-    def _reputs_among(mapped: mmap.mmap, base: int, starts: array[int], stop: int) -> list[ParkedRecord]:
+    def _reputs_among(mapped: mmap.mmap, base: int, starts: array[int], stop: int) -> Iterator[ParkedRecord]:
         """The re-puts among the records at ``starts`` (positions in ``mapped``, the last ending at ``stop``)."""
-        found: list[ParkedRecord] = []
         hit = mapped.find(_REAL_TOPIC_MARK, starts[0], stop) if starts else -1
         while hit >= 0:
             index = bisect_right(starts, hit) - 1
@@ -157,10 +155,9 @@ class ScheduleFiles:
                 log.warning("commitlog offset %d: %s: not looked at for a re-put", base + starts[index], exc)
             else:
                 if _is_reput(record):
-                    found.append(record)
+                    yield record
             after = starts[index + 1] if index + 1 < len(starts) else stop
             hit = mapped.find(_REAL_TOPIC_MARK, after, stop)
-        return found
 
     def close(self) -> None:
         for files in self._queues.values():

@@ -24,6 +24,7 @@ import heapq
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from contextlib import suppress
 from functools import cached_property, partial
 from operator import attrgetter
@@ -35,7 +36,7 @@ from mqstore.services.scheduler import metrics
 from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
 from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.scheduler.timeup import NotDeliverable, reput_key, timer_timeup
+from mqstore.services.scheduler.timeup import NotDeliverable, ReputKey, reput_key, timer_timeup
 from mqstore.services.store.message import Message
 from mqstore.services.store.parked_record import ParkedRecord
 from mqstore.services.store.timer_files import CHECK_NAME, UNIT_SIZE, TimerFiles, TimerUnit
@@ -210,23 +211,27 @@ class TimerScheduler(DeliveryLoop):
         return deliver
 
     # -- the re-puts past the checkpoint --------------------------------------------------------
-    def _reconcile(self, reputs: list[ParkedRecord]) -> int:
+    def _reconcile(self, reputs: Iterable[ParkedRecord]) -> tuple[int, int]:
         """Take in up to the published max (the units the checkpoint's timerlog length left out come
         back), then mark done the units whose re-puts are among ``reputs``: those of the seconds from
         the delivered one up to the last re-put's TIMER_DEQUEUE_MS (a unit is re-put only within or
         after its second)."""
-        timers = [r for r in reputs if PROPERTY_TIMER_OUT_MS in r.properties]
-        if not timers:
-            return 0
-        pending = Counter(map(reput_key, timers))
+        pending: Counter[ReputKey] = Counter()
+        last_second = 0
+        for record in reputs:
+            if PROPERTY_TIMER_OUT_MS in record.properties:
+                pending[reput_key(record)] += 1
+                last_second = max(last_second, _dequeue_second(record))
+        total = pending.total()
+        if not total:
+            return 0, 0
         while self._enqueue():
             pass
-        last_second = max(map(_dequeue_second, timers))
         found, second = 0, self.delivered_second
         while pending and second <= last_second:
             for unit in self.timer.units_of(second):
-                record = None if unit.position in self._done else self._files.parked(unit.commitlog_offset)
-                key = None if record is None else reput_key(record)
+                parked = None if unit.position in self._done else self._files.parked(unit.commitlog_offset)
+                key = None if parked is None else reput_key(parked)
                 if key is not None and pending[key] > 0:
                     pending[key] -= 1
                     if not pending[key]:
@@ -236,7 +241,7 @@ class TimerScheduler(DeliveryLoop):
         if pending:
             log.warning("timers: %d re-puts past the checkpoint match no unit of seconds %d..%d", pending.total(),
                         self.delivered_second, last_second)
-        return found
+        return total, found
 
     # -- deliver -------------------------------------------------------------------------------
     async def _deliver(self) -> float:

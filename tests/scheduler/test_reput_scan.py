@@ -65,7 +65,7 @@ def test_the_reputs_of_a_stretch_in_order_across_files_and_only_those(tmp_path: 
         assert [r.body for r in files.reputs(offsets[0][1], end, stored_until_ms=1999)] == [b"a", b"b"]
         assert [r.body for r in files.reputs(offsets[0][1], end, stored_until_ms=2000)] == [b"a", b"b", b"d"]
         # a start that is no record's first byte: nothing found there, logged
-        assert files.reputs(offsets[0][1] + 4, end) == []
+        assert list(files.reputs(offsets[0][1] + 4, end)) == []
     finally:
         files.close()
 
