@@ -140,7 +140,7 @@ class CommitLog:
         self.queue_table: dict[QueueKey, int] = {}
         index_bytes = index_file_size(config.max_hash_slot_num, config.max_index_num) \
             if config.message_index_enable else 0
-        headroom = IndexerHeadroom(self.root, self.root / "commitlog", lambda: dict(self.queue_table),
+        headroom = IndexerHeadroom(self.root, self.root / "commitlog", self._live_queues,
                                    config.mapped_file_size_consume_queue, index_bytes)
         self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
                               config.mapped_file_size_commit_log, headroom)
@@ -433,6 +433,12 @@ class CommitLog:
         if self._group_commit is not None or self._wake_flush_service:
             self._handle_flush(encoded, results)
         return results
+
+    def _live_queues(self) -> dict[QueueKey, int]:
+        """The queue table's queues of topics in the topic table (a deleted topic's queues keep their
+        next offsets here, but the indexer writes nothing more for them)."""
+        topics = self.topics
+        return {key: end for key, end in dict(self.queue_table).items() if topics.get(key[0]) is not None}
 
     def _queue_files_started(self, encoded: Sequence[EncodedMessage]) -> int:
         """How many ConsumeQueue files appending ``encoded`` starts (under the put lock)."""
