@@ -186,6 +186,31 @@ def test_check_back_unknown_twice_then_commit(tx_up: UpProcess) -> None:
     assert len(_real_queue_or_empty(tx_up, "TxCheck")) == 1, "committed once"
 
 
+def test_an_end_whose_caller_gives_up_is_applied_once(tx_up: UpProcess) -> None:
+    """EndTransaction with client deadlines of 2-40 ms while a check producer answers COMMIT: the calls
+    that end DEADLINE_EXCEEDED may or may not have ended their half, but no message is committed twice."""
+    def check(c: TransactionCheck) -> TransactionState:
+        return TransactionState.COMMIT
+
+    with TransactionProducer("hastyEnds", check=check, address=tx_up.gateway) as producer:
+        halves = [producer.send_half("TxHasty", f"hasty-{i}".encode())[1] for i in range(80)]
+        gave_up = 0
+        for i, half in enumerate(halves):
+            try:
+                tx_up.stub.EndTransaction(transaction_pb2.EndTransactionRequest(
+                    producer_group="hastyEnds", transaction_id=half.msg_id, offset_msg_id=half.offset_msg_id,
+                    resolution=transaction_pb2.COMMIT), timeout=(2 + i % 39) / 1000)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED, exc
+                gave_up += 1
+        deadline = time.monotonic() + 20
+        while len(_real_queue_or_empty(tx_up, "TxHasty")) < len(halves) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # more check rounds: nothing is committed again
+    bodies = sorted(m.body for m in _real_queue_or_empty(tx_up, "TxHasty"))
+    assert bodies == sorted(f"hasty-{i}".encode() for i in range(80)), f"{gave_up} of 80 ends gave up"
+
+
 def _real_queue_or_empty(up: UpProcess, topic: str) -> list[query_pb2.StoredMessage]:
     try:
         return _real_queue(up, topic)
@@ -328,4 +353,7 @@ def test_a_long_immunity_does_not_hold_the_half_queue(tx_up: UpProcess) -> None:
     assert all("TRANSACTION_CHECK_TIMES" not in m.properties for m in copies), "not checked yet"
     assert _end(tx_up, immune, transaction_pb2.COMMIT, group="immuneGroup").applied
     assert not _end(tx_up, immune, transaction_pb2.COMMIT, group="immuneGroup").applied
+    deadline = time.monotonic() + 10  # the commit is readable once the indexer has dispatched it
+    while len(_real_queue_or_empty(tx_up, "TxImmune")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert sorted(m.body for m in _real_queue_or_empty(tx_up, "TxImmune")) == [b"after", b"immune"]
