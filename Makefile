@@ -47,7 +47,7 @@ proto:
 run: $(GENERATED)
 	$(VENV)/bin/mqstore up --store $(STORE)
 
-test: $(GENERATED) java node-deps
+test: $(GENERATED) java node-deps powercut-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The Spark pipeline's tests need a Java 17 runtime; a fresh machine (CI) gets Debian's.
@@ -66,6 +66,28 @@ $(NODE_DEPS): clients/node/package-lock.json clients/node/package.json
 		apt-get install -y -qq nodejs npm >/dev/null; }
 	npm ci --prefix clients/node --no-audit --no-fund
 	touch $@
+
+# The power-cut tests' FUSE file system (tests/powercut/): Debian's fuse3 (fusermount3, libfuse3) and
+# the ctypes binding mfusepy (tests/powercut/requirements.txt, into .venv only: not a server dependency).
+POWERCUT_DEPS := $(VENV)/.powercut-deps
+
+.PHONY: powercut-deps
+powercut-deps: $(POWERCUT_DEPS)
+
+$(POWERCUT_DEPS): tests/powercut/requirements.txt $(INSTALLED)
+	@command -v fusermount3 >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq fuse3 >/dev/null; }
+	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/powercut/requirements.txt
+	touch $@
+
+# The long power-cut campaign (not in CI; tests/powercut/campaign.py): the commitlog service on a FUSE
+# file system that forgets everything not made durable, cut SOAK_POWER_CUTS times under SYNC_FLUSH.
+# SOAK_POWER_MODE=torn tears unsynced writes at a random sector instead of dropping them.
+SOAK_POWER_CUTS ?= 500
+SOAK_POWER_MODE ?= drop
+.PHONY: soak-power
+soak-power: $(GENERATED) powercut-deps
+	$(PY) -m tests.powercut.campaign --cuts $(SOAK_POWER_CUTS) --mode $(SOAK_POWER_MODE)
 
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
