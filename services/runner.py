@@ -8,6 +8,12 @@ tails the commitlog, the query service reads both, the gateway fronts them all; 
 follows the indexer and appends to the commitlog). A signal stops the services in reverse start
 order (readers before the writer), each cleanly, so no abort file is left and the next ``up``
 reuses the data.
+
+A child's health answer names the instance ``up`` started it as (``MQSTORE_INSTANCE_ID``), so a second
+``up`` whose ports another system holds fails at the first one, naming it, instead of taking the other
+system's answers for its own. Once the system is up, a child that dies (kill -9, a crash) is restarted
+after a backoff, with a WARNING; the others keep serving and reconnect to it. Only a child that dies
+more than ``RestartPolicy.max_restarts`` times within its window stops the system, saying so.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -33,6 +40,8 @@ from mqstore.gateway.tls import ENV_SETTINGS as TLS_ENV_SETTINGS
 from mqstore.gateway.workers import workers_from_env
 from mqstore.services.query import DEFAULT_LISTEN as QUERY_LISTEN
 from mqstore.services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
+from mqstore.services.server.grpc_server import INSTANCE_ENV, INSTANCE_METADATA
+from mqstore.services.server.process import RestartPolicy, exit_reason
 from mqstore.services.store.config import ConfigError, load_config
 from mqstore.services.store.store_root import make_dirs
 
@@ -101,8 +110,17 @@ def child_specs(store: Path, config_file: str | None, addresses: Addresses, auth
     return result
 
 
-def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Poll the standard health service until SERVING; False when the child exits or time runs out.
+class PortTakenError(Exception):
+    """Another process answers health checks on a child's address, so the child could not listen there."""
+
+
+def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float, instance: str | None = None) -> bool:
+    """Poll the standard health service until SERVING; False when the child exits or time runs out
+    (a stop requested meanwhile waits too: a child stopped before it serves cannot stop cleanly).
+
+    With ``instance``, only the child's own answer counts (its health check names the instance it was
+    started with): any other answer raises PortTakenError, for a child that fails to bind a port another
+    process holds may still be alive when that process answers in its place.
 
     A gRPC channel that was refused once backs off for seconds before its next connect, so the port is
     probed with a plain TCP connect first and a fresh channel asks for health once it accepts.
@@ -115,16 +133,84 @@ def wait_serving(address: str, proc: subprocess.Popen[bytes], timeout_s: float) 
         except OSError:
             time.sleep(0.05)
             continue
+        answered_by = None
         with grpc.insecure_channel(address) as channel:
             try:
-                status = health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(service=""), timeout=2.0, wait_for_ready=True).status
+                answer, call = health_pb2_grpc.HealthStub(channel).Check.with_call(
+                    health_pb2.HealthCheckRequest(service=""), timeout=2.0, wait_for_ready=True)
+                status = answer.status
+                answered_by = dict(call.trailing_metadata() or ()).get(INSTANCE_METADATA)
             except grpc.RpcError:
                 status = None
         if status == health_pb2.HealthCheckResponse.SERVING:
-            return True
+            if instance is None or answered_by == instance:
+                return True
+            raise PortTakenError(f"port {address} is taken by another process (it answers there, not the child "
+                                 f"started as pid {proc.pid}: is another mqstore up running?)")
         time.sleep(0.05)
     return False
+
+
+@dataclass
+class _Child:
+    """One service of the system: its current process, and when it is restarted after dying."""
+
+    spec: ChildSpec
+    proc: subprocess.Popen[bytes] | None = None
+    instance: str = ""
+    restarts: RestartPolicy = field(default_factory=RestartPolicy)
+    restart_at: float | None = None
+
+    def start(self) -> subprocess.Popen[bytes]:
+        spec = self.spec
+        self.instance = uuid.uuid4().hex
+        env = dict(os.environ)
+        env[INSTANCE_ENV] = self.instance
+        if spec.metrics_port is not None:
+            env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
+        # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
+        # once, in order (a second signal would make a child skip its clean shutdown).
+        self.proc = subprocess.Popen([sys.executable, "-m", "mqstore.services.cli", *spec.args],
+                                     start_new_session=True, env=env)
+        log.info("started %s (pid %d) on %s", spec.name, self.proc.pid, spec.listen)
+        return self.proc
+
+    def start_serving(self) -> str | None:
+        """Start the child and wait until it serves; why it does not (None: serving, or it exited)."""
+        proc = self.start()
+        try:
+            if wait_serving(self.spec.listen, proc, START_TIMEOUT_S, self.instance):
+                return None
+        except PortTakenError as exc:
+            return f"{self.spec.name} did not start: {exc}"
+        if proc.poll() is None:
+            return f"{self.spec.name} did not report SERVING on {self.spec.listen} within {START_TIMEOUT_S:.0f} s"
+        return None
+
+    def supervise(self) -> str | None:
+        """Restart the child if it died and its backoff is over; why the system must stop instead."""
+        assert self.proc is not None
+        name, now = self.spec.name, time.monotonic()
+        if self.restart_at is not None:
+            if now < self.restart_at:
+                return None
+            self.restart_at = None
+            failure = self.start_serving()
+            if failure is None and self.proc.poll() is None:
+                log.info("%s is SERVING again on %s", name, self.spec.listen)
+            return failure  # one that died again is counted at the next round
+        code = self.proc.poll()
+        if code is None:
+            return None
+        backoff = self.restarts.died(now)
+        policy = self.restarts
+        if backoff is None:
+            return (f"{name} exited {len(policy.deaths)} times within {policy.window_s:.0f} s (last: "
+                    f"{exit_reason(code)}); restarting it does not help")
+        log.warning("%s exited with %s: restarting it in %.1f s (restart %d of at most %d within %.0f s)", name,
+                    exit_reason(code), backoff, len(policy.deaths), policy.max_restarts, policy.window_s)
+        self.restart_at = now + backoff
+        return None
 
 
 def run(store: str, config_file: str | None, base_port: int | None = None, auth_file: str | None = None,
@@ -144,7 +230,7 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
     root = Path(store)
     make_dirs(root)
     addresses = Addresses.of(config_file, base_port)
-    children: list[tuple[ChildSpec, subprocess.Popen[bytes]]] = []
+    children: list[_Child] = []
     stop_requested = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -153,46 +239,50 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    exit_code = 0
+    failure = None
     for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port, gateway_workers):
-        env = dict(os.environ)
-        if spec.metrics_port is not None:
-            env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
-        # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
-        # once, in order (a second signal would make a child skip its clean shutdown).
-        proc = subprocess.Popen([sys.executable, "-m", "mqstore.services.cli", *spec.args],
-                                start_new_session=True, env=env)
-        children.append((spec, proc))
-        log.info("started %s (pid %d) on %s", spec.name, proc.pid, spec.listen)
-        if not wait_serving(spec.listen, proc, START_TIMEOUT_S) or stop_requested:
-            if not stop_requested:
-                log.error("%s did not report SERVING on %s (exit code %s): stopping the system", spec.name,
-                          spec.listen, proc.poll())
-                exit_code = 1
-            stop_requested = True
+        child = _Child(spec)
+        children.append(child)
+        failure = child.start_serving()
+        if stop_requested:
+            break
+        if failure is None and child.proc is not None and child.proc.poll() is not None:
+            failure = f"{spec.name} exited with {exit_reason(child.proc.returncode)} before it served"
+        if failure is not None:
             break
         log.info("%s is SERVING on %s", spec.name, spec.listen)
-    if not stop_requested:
+    if failure is None and not stop_requested:
         _print_welcome(addresses.gateway, root, metrics_base_port, gateway_workers or 1)
-    while not stop_requested:
-        for spec, proc in children:
-            if proc.poll() is not None:
-                log.error("%s exited with code %d: stopping the system", spec.name, proc.returncode)
-                stop_requested = True
-                exit_code = 1
+    while failure is None and not stop_requested:
+        for child in children:
+            failure = child.supervise()
+            if failure is not None or stop_requested:
+                break
         time.sleep(0.2)
-    for spec, proc in reversed(children):
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log.error("%s did not stop within %.0fs: killing it", spec.name, STOP_TIMEOUT_S)
-                proc.kill()
-                code = proc.wait()
-            log.info("%s stopped (exit code %d)", spec.name, code)
-            exit_code = exit_code or code
+    exit_code = 0
+    if failure is not None:
+        log.error("%s: stopping the system", failure)
+        exit_code = 1
+    for child in reversed(children):
+        code = _stop(child)
+        exit_code = exit_code or code
     return exit_code
+
+
+def _stop(child: _Child) -> int:
+    """SIGTERM to a live child, then wait (kill it after STOP_TIMEOUT_S); its exit code (0 if not running)."""
+    proc, name = child.proc, child.spec.name
+    if proc is None or proc.poll() is not None:
+        return 0
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        log.error("%s did not stop within %.0fs: killing it", name, STOP_TIMEOUT_S)
+        proc.kill()
+        code = proc.wait()
+    log.info("%s stopped (exit code %d)", name, code)
+    return code
 
 
 def _print_welcome(gateway: str, root: Path, metrics_base_port: int | None, gateway_workers: int = 1) -> None:

@@ -71,6 +71,34 @@ class ServerSettings:
         return dataclasses.replace(self, internal=True, service_token=service_auth.load_service_token())
 
 
+#: Set by ``mqstore up`` for each child it starts (and inherited by a gateway's workers): the child's
+#: health check answers it in its trailing metadata, so ``up`` can tell its own child from another
+#: process that already listens on the port (services/runner.py).
+INSTANCE_ENV = "MQSTORE_INSTANCE_ID"
+INSTANCE_METADATA = "mqstore-instance"
+
+
+def _instance_metadata() -> tuple[tuple[str, str], ...]:
+    instance = os.environ.get(INSTANCE_ENV, "").strip()
+    return ((INSTANCE_METADATA, instance),) if instance else ()
+
+
+class _HealthServicer(health.HealthServicer):
+    """The standard health service, whose Check names this process's instance (see INSTANCE_ENV)."""
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> Any:
+        context.set_trailing_metadata(_instance_metadata())
+        return super().Check(request, context)
+
+
+class _AioHealthServicer(health_aio.HealthServicer):  # type: ignore[misc]
+    """The grpc.aio health service, whose Check names this process's instance (see INSTANCE_ENV)."""
+
+    async def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        context.set_trailing_metadata(_instance_metadata())
+        return await super().Check(request, context)
+
+
 class BindError(RuntimeError):
     """The server could not listen on the configured address."""
 
@@ -142,7 +170,7 @@ class GrpcServer:
         self._server = grpc.server(self._executor, maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
                                    options=_channel_options(settings),
                                    interceptors=_server_interceptors(settings) or None)
-        self.health = health.HealthServicer()
+        self.health = _HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)
         reflection.enable_server_reflection(
@@ -182,7 +210,7 @@ class AioGrpcServer:
         self._server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
                                        options=_channel_options(settings),
                                        interceptors=_aio_server_interceptors(settings) or None)
-        self.health = health_aio.HealthServicer()
+        self.health = _AioHealthServicer()
         self.metrics: MetricsServer | None = None
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         register(self._server)

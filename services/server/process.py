@@ -1,8 +1,12 @@
-"""What every service process does before it serves: its exit codes and its settings."""
+"""What every service process does before it serves: its exit codes and its settings; and what a
+supervisor (``mqstore up``) does when one dies: its exit described, a restart after a backoff."""
 
 from __future__ import annotations
 
 import logging
+import signal
+from collections import deque
+from dataclasses import dataclass, field
 
 from mqstore.services.server.metrics import metrics_port_from_env
 from mqstore.services.server.service_auth import load_service_token
@@ -27,3 +31,35 @@ def load_service_settings(config_file: str | None) -> tuple[MessageStoreConfig, 
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         raise BadSettings(str(exc)) from None
+
+
+def exit_reason(code: int) -> str:
+    """A child's exit status in words: ``code 1``, ``signal SIGKILL``."""
+    if code >= 0:
+        return f"code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
+@dataclass(slots=True)
+class RestartPolicy:
+    """When to restart a child that died: after a backoff that doubles with each death within the
+    window (a crash loop does not spin), and never again once it died more than ``max_restarts``
+    times within it (something is wrong that restarts do not fix)."""
+
+    max_restarts: int = 5
+    window_s: float = 60.0
+    first_backoff_s: float = 0.5
+    max_backoff_s: float = 8.0
+    deaths: deque[float] = field(default_factory=deque)
+
+    def died(self, now: float) -> float | None:
+        """Count a death at ``now`` (monotonic seconds): the backoff before the restart, or None to give up."""
+        self.deaths.append(now)
+        while self.deaths and self.deaths[0] < now - self.window_s:
+            self.deaths.popleft()
+        if len(self.deaths) > self.max_restarts:
+            return None
+        return min(self.first_backoff_s * 2.0 ** (len(self.deaths) - 1), self.max_backoff_s)
