@@ -39,6 +39,7 @@ from types import FrameType
 
 from mqstore.gateway.settings import GatewayOptions, GatewaySettings
 from mqstore.services.server.metrics import METRICS_PORT_ENV
+from mqstore.services.server.process import exit_reason
 from mqstore.services.store.config import ConfigError
 
 log = logging.getLogger("mqstore.gateway.workers")
@@ -201,7 +202,7 @@ class WorkerGroup:
         code = worker.proc.poll()
         if code is None:
             return 0
-        how = _exit_reason(code)
+        how = exit_reason(code)
         if code == EXIT_BAD_SETTINGS:
             log.error("gateway worker %d (pid %d) exited with %s (bad settings or the port is taken): stopping "
                       "the group", worker.index, worker.proc.pid, how)
@@ -237,15 +238,6 @@ class WorkerGroup:
                 exit_code = 1
         log.info("gateway workers stopped%s", "" if exit_code == 0 else " (not every one cleanly)")
         return exit_code
-
-
-def _exit_reason(code: int) -> str:
-    if code >= 0:
-        return f"code {code}"
-    try:
-        return f"signal {signal.Signals(-code).name}"
-    except ValueError:
-        return f"signal {-code}"
 
 
 def supervise(options: GatewayOptions, settings: GatewaySettings, count: int, metrics_port: int | None) -> int:
