@@ -195,7 +195,7 @@ def test_a_half_older_than_the_file_reserved_time_is_discarded_in_the_first_roun
 def test_the_first_round_comes_after_one_check_interval(shard: Shard, fresh: Path) -> None:
     _halves(shard, "TxFirstRound", "firstRound", 1)
     time.sleep(0.3)  # due at once
-    interval_ms = 3000
+    interval_ms = 2000
     started = time.monotonic()
     scheduler = _scheduler(shard, fresh, {"MQSTORE_TRANSACTION_CHECK_INTERVAL_MS": str(interval_ms)})
     checks = Checks(scheduler.address, "firstRound")
@@ -214,7 +214,7 @@ def test_a_half_no_watcher_names_waits_unchecked_until_one_does(shard: Shard, fr
     scheduler = _scheduler(shard, fresh, {"MQSTORE_TRANSACTION_CHECK_MAX": "2"})
     others = Checks(scheduler.address, "namedTopics", answer=None, topics=("TxOther", "Orders-*"))
     try:
-        time.sleep(8 * INTERVAL_MS / 1000)  # rounds enough to discard it, were its checks counted
+        time.sleep(5 * INTERVAL_MS / 1000)  # rounds enough to discard it, were its checks counted
         assert others.received == [], "a watcher that does not name the topic is never handed its check"
         copies = [r for _, r in queue_records(shard.commitlog, shard.indexer, tx.HALF_TOPIC, 0)
                   if r.properties["UNIQ_KEY"] == key]
