@@ -3,7 +3,8 @@
 Every check returns the divergences it found as plain sentences (empty: the two sides agree), so a
 test asserts on them and ``make soak`` prints them. The sides compared:
 
-* ConsumeQueue files: the online indexer's, ``pipeline reindex``'s, a fresh indexer's (byte for byte);
+* ConsumeQueue files: the online indexer's, ``pipeline reindex``'s, a fresh indexer's (byte for byte),
+  also on a copy of the store with a CRC-damaged record the commitlog quarantined;
 * index files: the same three, decoded (header, hash slots, entries; names differ by creation time);
 * messages: the commitlog's records (walked offline), ``pipeline export``'s rows, the producers'
   acknowledged sends (by UNIQ_KEY), and what the gateway answers for each of them.
@@ -157,6 +158,20 @@ def compare_indexes(expected_name: str, expected: Sequence[IndexContents], actua
             problems.append("(later files differ as a consequence of the entries above)")
             break
     return problems
+
+
+def compare_index_items_but(expected_name: str, expected: Sequence[IndexContents], actual_name: str,
+                            actual: Sequence[IndexContents], lost: tuple[int, int]) -> list[str]:
+    """The entries of two builds as (key hash, commitlog offset) counts, the ``expected`` side's entries
+    into the ``lost`` commitlog range [start, end) left out: an indexer that put them before the range
+    was quarantined keeps them (lookups skip them), a build after it has none, and the files they shift
+    differ as a consequence."""
+    start, end = lost
+    ours = Counter(item for item in _items(expected) if not start <= item[1] < end)
+    theirs = Counter(_items(actual))
+    return [f"index entry (key hash {h}, commitlog offset {o}): {ours[(h, o)]} in {expected_name} (less the "
+            f"quarantined range [{start}, {end})), {theirs[(h, o)]} in {actual_name}"
+            for h, o in sorted((ours - theirs) + (theirs - ours))]
 
 
 def _items(files: Sequence[IndexContents]) -> Iterator[tuple[int, int]]:

@@ -6,7 +6,11 @@ produce through the gateway (bursts of batches and streams, single sends of near
 each service is killed with SIGKILL at random points and restarted; wait for the indexer to catch
 up; look every acknowledged message up through the gateway; stop everything cleanly; rebuild the
 indexes twice more, with ``mqstore pipeline reindex`` and with a fresh indexer on an empty root; run
-``pipeline export`` and ``pipeline verify``; compare.
+``pipeline export`` and ``pipeline verify``; compare. Then, on a copy of the stopped store, flip a
+body byte of one record that has intact records after it (the commitlog's recovery quarantines it):
+the online indexer, which built its unit before, voids it; a fresh indexer and ``pipeline reindex``
+build after it; the three ConsumeQueues must be identical (a filler unit at the lost record's queue
+offset) and the index entries too, the online indexer's less those it put for the lost record.
 
 ``tests/soak/test_differential_soak.py`` runs one short round in the small geometry. ``make soak``
 runs this module: rounds on one growing store for ``SOAK_MINUTES`` (default 60) in the default
@@ -32,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from mqstore.services.runner import ChildSpec
+from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog, list_commitlog_files
+from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from mqstore.services.store.record import host_lengths, store_timestamp_pos
 from tests.commitlog.commitlog_process import free_port, mqstore_command
 from tests.geometry import SMALL, GeometryPreset, geometry_named
 from tests.soak.divergence import (
@@ -40,6 +47,7 @@ from tests.soak.divergence import (
     check_lookups,
     commitlog_records,
     compare_consume_queues,
+    compare_index_items_but,
     compare_indexes,
     compare_records,
     export_rows,
@@ -57,7 +65,7 @@ from tests.soak.workload import (
 
 #: The checks of a round, in the order a report lists them.
 CHECKS = ("workload", "caught-up", "clean-stop", "lookup-offset-id", "lookup-uniq-key", "lookup-key", "pull",
-          "fresh-indexer", "consumequeue", "index", "export", "acknowledged", "verify")
+          "fresh-indexer", "consumequeue", "index", "export", "acknowledged", "verify", "corrupted-record")
 #: Acknowledged messages of earlier rounds looked up again in a round.
 LOOKUP_SAMPLE_EARLIER = 2000
 Log = Callable[[str], None]
@@ -130,6 +138,9 @@ def run_round(root: Path, work: Path, options: SoakOptions, ledger: Ledger, run_
                                        (root / "abort", root / "indexer" / "abort", root / "query" / "abort")
                                        if path.exists()))
         offline_checks(system, work, options, ledger, findings, stats, timings, log)
+        mark = time.monotonic()
+        findings.extend("corrupted-record", corrupted_record_checks(system, work, options, rng, stats, log))
+        timings["corrupted-record"] = time.monotonic() - mark
     finally:
         system.kill_all()
     timings["round"] = time.monotonic() - started
@@ -197,6 +208,90 @@ def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger:
     findings.extend("export", compare_records("commitlog", records, "pipeline export", export_rows(export)))
     findings.extend("acknowledged", check_acknowledged(records, ledger))
     findings.extend("verify", verify_findings(work / "verify-report.json", outputs["verify"]))
+
+
+def corrupted_record_checks(system: SoakSystem, work: Path, options: SoakOptions, rng: random.Random,
+                            stats: dict[str, Any], log: Log) -> list[str]:
+    """The differential check with a CRC-damaged record, on a copy of the stopped store (the store
+    itself goes on intact into the next round); see the module docstring."""
+    copy_dir = work / "corrupted"
+    shutil.rmtree(copy_dir, ignore_errors=True)
+    root = copy_dir / "store"
+    shutil.copytree(system.root, root)
+    victim = pick_victim(root, rng)
+    if victim is None:
+        return ["no record to damage: the last three commitlog files hold none with a later record in its queue"]
+    entry, body_at = victim
+    flip_byte(root / "commitlog", entry.offset + body_at, options.geometry.commitlog_file_size)
+    lost = (entry.offset, entry.offset + entry.size)
+    stats["corrupted_record"] = f"{entry.record.topic}/{entry.record.queue_id}@{entry.record.queue_offset} at {lost}"
+    log(f"  damaged the record at commitlog offset {entry.offset} of a copy; rebuilding around it")
+    copy = SoakSystem(root, options.geometry, copy_dir / "logs")
+    problems: list[str] = []
+    try:
+        copy.start("commitlog")
+        ranges = [(r.start_offset, r.end_offset) for r in copy.store_info().quarantined_ranges]
+        if ranges != [lost]:
+            problems.append(f"the commitlog quarantined {ranges}, not the damaged record {lost}")
+        copy.start("indexer")  # the online indexer: it built the record's unit before the damage
+        stuck = copy.wait_indexer_caught_up(options.catch_up_timeout_s)
+        codes = copy.stop_all()
+        if stuck or any(codes.values()):
+            return [*problems, f"online indexer on the copy: {stuck or codes}\n{copy.logs_tail('indexer')}"]
+        reindex = start_pipeline(copy_dir, options.geometry, "reindex", str(root), "--output",
+                                 str(copy_dir / "reindex"), *options.geometry.reindex_args(),
+                                 "--master", options.spark_master)
+        try:
+            problem = rebuild_with_fresh_indexer(copy, copy_dir / "fresh", options.catch_up_timeout_s * 3)
+            failure = finish_pipeline(copy_dir, "reindex", reindex, options.pipeline_timeout_s)
+        finally:
+            if reindex.poll() is None:
+                reindex.kill()
+                reindex.wait()
+    finally:
+        copy.kill_all()
+    problems.extend(p for p in (problem, failure) if p)
+    online = root / "indexer"
+    problems.extend(compare_consume_queues("online indexer", online / "consumequeue",
+                                           "pipeline reindex", copy_dir / "reindex" / "consumequeue"))
+    problems.extend(compare_consume_queues("online indexer", online / "consumequeue",
+                                           "fresh indexer", copy_dir / "fresh" / "consumequeue"))
+    fresh_index = index_contents(copy_dir / "fresh" / "index", options.geometry)
+    problems.extend(compare_indexes("fresh indexer", fresh_index, "pipeline reindex",
+                                    index_contents(copy_dir / "reindex" / "index", options.geometry)))
+    problems.extend(compare_index_items_but("online indexer", index_contents(online / "index", options.geometry),
+                                            "fresh indexer", fresh_index, lost))
+    if not problems:
+        shutil.rmtree(copy_dir, ignore_errors=True)
+    return problems
+
+
+def pick_victim(root: Path, rng: random.Random) -> tuple[RecordEntry, int] | None:
+    """A record of the last three commitlog files (a clean start's recovery walks them) with a body and a
+    later record in its queue (so every build has a unit after the lost one), and where its body starts."""
+    files = list_commitlog_files(root / "commitlog")
+    walked_from = files[max(0, len(files) - 3)].start_offset
+    entries = [e for e in iter_commitlog(root / "commitlog", check_crc=False) if isinstance(e, RecordEntry)]
+    last_of_queue = {(e.record.topic, e.record.queue_id): e.offset for e in entries}
+    candidates = [e for e in entries if e.offset >= walked_from and e.record.body
+                  and last_of_queue[(e.record.topic, e.record.queue_id)] > e.offset
+                  and e.record.sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_PREPARED_TYPE,
+                                                                        TRANSACTION_ROLLBACK_TYPE)]
+    if not candidates:
+        return None
+    entry = rng.choice(candidates)
+    store_host_length = host_lengths(entry.record.sys_flag)[1]
+    # STORETIMESTAMP, STOREHOST, RECONSUMETIMES, PREPAREDTRANSACTIONOFFSET, BODYLENGTH, then the body
+    body_at = store_timestamp_pos(entry.record.sys_flag) + 8 + store_host_length + 4 + 8 + 4
+    return entry, body_at + rng.randrange(len(entry.record.body))
+
+
+def flip_byte(commitlog: Path, offset: int, file_size: int) -> None:
+    with open(commitlog / f"{offset - offset % file_size:020d}", "r+b") as f:
+        f.seek(offset % file_size)
+        byte = f.read(1)[0]
+        f.seek(offset % file_size)
+        f.write(bytes([byte ^ 0xFF]))
 
 
 def start_pipeline(work: Path, geometry: GeometryPreset, job: str, *args: str) -> subprocess.Popen[bytes]:
