@@ -251,6 +251,7 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     commitlog.add_argument("--from", dest="from_offset", type=int, default=None,
                            help="start at this commitlog offset (a record boundary)")
     commitlog.add_argument("--json", action="store_true", help="one JSON object per record")
+    _json_names_argument(commitlog)
     commitlog.add_argument("--allow-corrupt", action="store_true",
                            help="exit 0 even if the data ends at a damaged record with intact records after it")
     add_geometry_arguments(commitlog, commitlog=True)
@@ -259,35 +260,46 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     consumequeue.add_argument("dir", help="a store root (mqstore's or RocketMQ's), a consumequeue directory, "
                                           "a topic's or a queue's directory")
     consumequeue.add_argument("--json", action="store_true", help="one JSON object per unit")
+    _json_names_argument(consumequeue)
     add_geometry_arguments(consumequeue, consumequeue=True)
     consumequeue.set_defaults(handler=_inspect_consumequeue)
     index = kinds.add_parser("index", help="print an IndexFile: header, then entries")
     index.add_argument("file", help="one index file (mqstore's or RocketMQ's)")
     index.add_argument("--json", action="store_true", help="one JSON object per line")
+    _json_names_argument(index)
     index.add_argument("--slots", action="store_true", help="also print the non-empty hash slots")
     add_geometry_arguments(index, index=True)
     index.set_defaults(handler=_inspect_index)
+
+
+def _json_names_argument(parser: argparse.ArgumentParser) -> None:
+    from mqstore.services.store.inspect_output import JSON_NAMES, SNAKE_CASE
+
+    parser.add_argument("--json-names", choices=JSON_NAMES, default=SNAKE_CASE,
+                        help="--json field names: snake_case like every mqstore command (default), or rocketmq: "
+                             "the camelCase names of RocketMQ's reference dumps")
 
 
 def _inspect_commitlog(args: argparse.Namespace) -> int:
     from mqstore.services.store.geometry import options_of
     from mqstore.services.store.inspect_commitlog import main as inspect_main
 
-    return inspect_main(args.dir, args.from_offset, args.json, options_of(args), allow_corrupt=args.allow_corrupt)
+    return inspect_main(args.dir, args.from_offset, args.json, options_of(args), allow_corrupt=args.allow_corrupt,
+                        json_names=args.json_names)
 
 
 def _inspect_consumequeue(args: argparse.Namespace) -> int:
     from mqstore.services.store.geometry import options_of
     from mqstore.services.store.inspect_consumequeue import main as inspect_main
 
-    return inspect_main(args.dir, args.json, options_of(args))
+    return inspect_main(args.dir, args.json, options_of(args), json_names=args.json_names)
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
     from mqstore.services.store.geometry import options_of
     from mqstore.services.store.inspect_index import main as inspect_main
 
-    return inspect_main(args.file, args.json, args.slots, options_of(args))
+    return inspect_main(args.file, args.json, args.slots, options_of(args), json_names=args.json_names)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -588,7 +588,9 @@ def test_all_valid_agrees_with_the_unit_rule(units: list[tuple[int, int, int]]) 
 
 # -- mqstore inspect consumequeue --------------------------------------------------------------------
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    return run_mqstore("inspect", "consumequeue", *args)
+    """``--json`` with the field names of RocketMQ's reference dumps, which the tests compare with."""
+    names = ("--json-names", "rocketmq") if "--json" in args else ()
+    return run_mqstore("inspect", "consumequeue", *args, *names)
 
 
 @pytest.mark.parametrize("run", ["normal", "crash"])

@@ -506,7 +506,9 @@ def test_abs_java_int() -> None:
 
 # -- inspect CLI -----------------------------------------------------------------------------------
 def run_inspect(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    return run_mqstore("inspect", "index", *args)
+    """``--json`` with the field names of RocketMQ's reference dumps, which the tests compare with."""
+    names = ("--json-names", "rocketmq") if "--json" in args else ()
+    return run_mqstore("inspect", "index", *args, *names)
 
 
 def test_inspect_index_json(pristine_store: StoreFactory, dump_rows: DumpRows) -> None:

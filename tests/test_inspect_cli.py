@@ -25,7 +25,9 @@ MIB = 1024 * 1024
 
 
 def run_cli(*args: str | Path) -> subprocess.CompletedProcess[bytes]:
-    return run_mqstore("inspect", "commitlog", *args)
+    """``--json`` with the field names of RocketMQ's reference dumps, which the tests compare with."""
+    names = ("--json-names", "rocketmq") if "--json" in args else ()
+    return run_mqstore("inspect", "commitlog", *args, *names)
 
 
 def _dump_entry_lines(dump_lines: LinesLoader, run: str) -> list[str]:
@@ -119,14 +121,28 @@ def test_broken_pipe_is_quiet(pristine_store: StoreFactory) -> None:
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 0
-    assert json.loads(first)["commitLogOffset"] == 0
+    assert json.loads(first)["commit_log_offset"] == 0
     assert err == b""
 
 
 def test_main_in_process(pristine_store: StoreFactory, capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     assert main(str(pristine_store("torn-recovered") / "commitlog"), 2033580, True) == 0
     out = capsysbinary.readouterr().out.decode().splitlines()
-    assert [json.loads(line)["commitLogOffset"] for line in out] == [2033580]
+    assert [json.loads(line)["commit_log_offset"] for line in out] == [2033580]
+
+
+def test_json_names_are_snake_case_unless_rocketmqs_are_asked_for(pristine_store: StoreFactory) -> None:
+    """Like every mqstore command's --json; the reference dumps' camelCase names stay an option, and
+    property names (data) keep their spelling."""
+    store = pristine_store("normal-raw")
+    snake = json.loads(run_mqstore("inspect", "commitlog", store / "commitlog", "--json").stdout.splitlines()[1])
+    camel = json.loads(run_mqstore("inspect", "commitlog", store / "commitlog", "--json", "--json-names",
+                                   "rocketmq").stdout.splitlines()[1])
+    assert snake["commit_log_offset"] == camel["commitLogOffset"] and snake["body_crc"] == camel["bodyCRC"]
+    assert snake["dispatch"]["uniq_key"] == camel["dispatch"]["uniqKey"]
+    assert snake["properties"] == camel["properties"] and "UNIQ_KEY" in snake["properties"]
+    unit = json.loads(run_mqstore("inspect", "consumequeue", store, "--json").stdout.splitlines()[0])
+    assert {"queue_id", "cq_offset", "phy_offset", "tags_code"} <= set(unit)
 
 
 # --- the directory checks behind the CLI -------------------------------------------------------------
@@ -191,7 +207,7 @@ def test_a_store_root_of_either_layout(pristine_store: StoreFactory, services_st
     ours = run_mqstore("inspect", "consumequeue", services_store.root, "--json")
     assert ours.returncode == 0, ours.stderr.decode()
     units = [json.loads(line) for line in ours.stdout.splitlines()]
-    assert sorted(u["phyOffset"] for u in units) == sorted(r["commitLogOffset"] for r in records if r["type"] == "msg")
+    assert sorted(u["phy_offset"] for u in units) == sorted(r["commitLogOffset"] for r in records if r["type"] == "msg")
     theirs = run_mqstore("inspect", "consumequeue", rocketmq, "--json")
     assert theirs.stdout == run_mqstore("inspect", "consumequeue", rocketmq / "consumequeue", "--json").stdout != b""
 
@@ -218,7 +234,7 @@ def test_index_geometry_from_the_settings(services_store: ServicesStore, tmp_pat
     expected = run_mqstore("inspect", "index", first, "--config", services_store.config, "--json")
     assert expected.returncode == 0, expected.stderr.decode()
     rows = [json.loads(line) for line in expected.stdout.splitlines()]
-    assert rows[0]["indexCount"] == 5000 and len(rows) == 5000  # full: header + 4999 entries
+    assert rows[0]["index_count"] == 5000 and len(rows) == 5000  # full: header + 4999 entries
     env = {"MQSTORE_MAX_HASH_SLOT_NUM": "997", "MQSTORE_MAX_INDEX_NUM": "5000"}
     assert run_with_env(env, "inspect", "index", first, "--json").stdout == expected.stdout
     assert run_mqstore("inspect", "index", first, "--hash-slot-num", "997", "--json").stdout == expected.stdout

@@ -22,7 +22,6 @@ a warning naming ``--from`` for the records after it, exit 0.
 from __future__ import annotations
 
 import base64
-import json
 import sys
 import unicodedata
 from collections.abc import Iterable
@@ -39,7 +38,8 @@ from mqstore.services.store.commitlog_files import (
     iter_commitlog,
 )
 from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
+from mqstore.services.store.inspect_output import ROCKETMQ_NAMES, SNAKE_CASE, silence_stdout, stdout_bytes, usage_error
+from mqstore.services.store.inspect_output import json_line as output_json_line
 from mqstore.services.store.message_id import make_message_id
 from mqstore.services.store.quarantine import QuarantineTable
 from mqstore.services.store.store_layout import StoreLayoutError, resolve_store
@@ -96,9 +96,9 @@ def entry_row(entry: CommitLogEntry) -> dict[str, Any]:
     }
 
 
-def json_line(entry: CommitLogEntry) -> str:
-    """One compact JSON line, non-ASCII kept as is, like the dumps."""
-    return json.dumps(entry_row(entry), ensure_ascii=False, separators=(",", ":"))
+def json_line(entry: CommitLogEntry, names: str = ROCKETMQ_NAMES) -> str:
+    """One compact JSON line, non-ASCII kept as is, like the dumps (their field names by default)."""
+    return output_json_line(entry_row(entry), names)
 
 
 def _display_width(text: str) -> int:
@@ -149,7 +149,7 @@ def _table_header() -> str:
 
 
 def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOptions | None = None,
-         allow_corrupt: bool = False) -> int:
+         allow_corrupt: bool = False, json_names: str = SNAKE_CASE) -> int:
     """Print every entry of the commitlog of ``dir`` (a store root or its commitlog directory) from
     ``from_offset`` (a record boundary) on. Returns 0, 1 after the data ends at a damaged record with
     intact records after it (0 with ``allow_corrupt``), or 2 after a one-line message on stderr for a
@@ -169,7 +169,7 @@ def main(dir: str, from_offset: int | None, as_json: bool, options: GeometryOpti
         print(f"{PROG}: warning: QUARANTINED range {bad.describe()}: the store answers DATA_LOSS there "
               "and keeps the records after it", file=sys.stderr)
     try:
-        _print(walk, as_json)
+        _print(walk, as_json, json_names)
     except BrokenPipeError:
         # The reader went away (``| head``): it asked for less, which is not an error.
         silence_stdout()
@@ -201,7 +201,7 @@ def _report_damage(walk: CommitLogWalk, allow_corrupt: bool, quarantine: Quarant
     return 0 if allow_corrupt else EXIT_DAMAGED
 
 
-def _print(walk: CommitLogWalk, as_json: bool) -> None:
+def _print(walk: CommitLogWalk, as_json: bool, json_names: str) -> None:
     out = stdout_bytes()
     records = blanks = 0
     if not as_json:
@@ -211,7 +211,7 @@ def _print(walk: CommitLogWalk, as_json: bool) -> None:
             records += 1
         else:
             blanks += 1
-        out.write(((json_line(entry) if as_json else table_line(entry)) + "\n").encode())
+        out.write(((json_line(entry, json_names) if as_json else table_line(entry)) + "\n").encode())
     if not as_json:
         end = walk.end
         where = f"; data ends at offset {end.offset}: {end.reason}" if end is not None else ""

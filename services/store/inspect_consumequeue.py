@@ -11,7 +11,6 @@ a live store is using. A queue's data ends at its first invalid unit (commitlog 
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 
 from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
 from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
+from mqstore.services.store.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
 from mqstore.services.store.store_layout import StoreLayoutError, looks_like_store_root, resolve_store
 
 PROG = "mqstore inspect consumequeue"
@@ -146,21 +145,21 @@ def _table_line(values: tuple[str, ...]) -> str:
     return "  ".join(cells).rstrip()
 
 
-def _line(unit: CqUnit, as_json: bool) -> str:
+def _line(unit: CqUnit, as_json: bool, json_names: str = SNAKE_CASE) -> str:
     if as_json:
-        return json.dumps(unit.row(), ensure_ascii=False, separators=(",", ":"))
+        return json_line(unit.row(), json_names)
     return _table_line((unit.topic, str(unit.queue_id), str(unit.cq_offset), str(unit.commitlog_offset),
                         str(unit.size), str(unit.tags_code)))
 
 
-def _print(queues: list[QueueDir], file_size: int, as_json: bool) -> None:
+def _print(queues: list[QueueDir], file_size: int, as_json: bool, json_names: str) -> None:
     out = stdout_bytes()
     if not as_json:
         out.write((_table_line(tuple(name for name, _, _ in _COLUMNS)) + "\n").encode())
     count = 0
     for queue in queues:
         for unit in iter_units(queue, file_size):
-            out.write((_line(unit, as_json) + "\n").encode())
+            out.write((_line(unit, as_json, json_names) + "\n").encode())
             count += 1
     if not as_json:
         out.write(f"# {count} units in {len(queues)} queues\n".encode())
@@ -169,11 +168,11 @@ def _print(queues: list[QueueDir], file_size: int, as_json: bool) -> None:
 
 
 
-def main(dir: str, as_json: bool, options: GeometryOptions | None = None) -> int:
+def main(dir: str, as_json: bool, options: GeometryOptions | None = None, json_names: str = SNAKE_CASE) -> int:
     """Print every unit under ``dir``. Returns 0, or 2 after a one-line message on stderr."""
     try:
         queues = find_queues(Path(dir))
-        _print(queues, file_size_of(queues, Path(dir), options), as_json)
+        _print(queues, file_size_of(queues, Path(dir), options), as_json, json_names)
     except BrokenPipeError:
         silence_stdout()  # the reader went away (``| head``): not an error
         return 0

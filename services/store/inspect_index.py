@@ -10,7 +10,6 @@ file when that is unambiguous (mqstore.services.store.geometry).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
 from mqstore.services.store.geometry import infer_geometry as infer_geometry  # the one definition, re-exported
 from mqstore.services.store.index_file import IndexFile, IndexFileError, IndexHeader
-from mqstore.services.store.inspect_output import silence_stdout, stdout_bytes, usage_error
+from mqstore.services.store.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
 
 PROG = "mqstore inspect index"
 
@@ -58,7 +57,8 @@ def _text_line(row: dict[str, Any]) -> str:
 
 
 
-def main(file: str, as_json: bool, slots: bool = False, options: GeometryOptions | None = None) -> int:
+def main(file: str, as_json: bool, slots: bool = False, options: GeometryOptions | None = None,
+         json_names: str = SNAKE_CASE) -> int:
     """Print index file ``file``. Returns 0, or 2 after a one-line message on stderr."""
     path = Path(file)
     if not path.is_file():
@@ -73,7 +73,7 @@ def main(file: str, as_json: bool, slots: bool = False, options: GeometryOptions
     try:
         out = stdout_bytes()
         for row in rows(index_file, slots):
-            line = json.dumps(row, separators=(",", ":")) if as_json else _text_line(row)
+            line = json_line(row, json_names) if as_json else _text_line(row)
             out.write((line + "\n").encode())
         out.flush()
     except BrokenPipeError:

@@ -167,7 +167,7 @@ def test_inspect_lists_the_quarantine_and_the_records_after_it(tmp_path: Path) -
     after = run_mqstore("inspect", "commitlog", tmp_path, "--json", "--from", str(bad_end))
     assert after.returncode == 0
     rows = [json.loads(line) for line in after.stdout.decode().splitlines()]
-    assert [r["commitLogOffset"] for r in rows if "commitLogOffset" in r][:2] == [bad_end, ends[victim + 1]]
+    assert [r["commit_log_offset"] for r in rows if "commit_log_offset" in r][:2] == [bad_end, ends[victim + 1]]
 
 
 def test_a_flipped_byte_in_the_crash_fixture_is_quarantined(
