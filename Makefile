@@ -89,6 +89,14 @@ SOAK_POWER_MODE ?= drop
 soak-power: $(GENERATED) powercut-deps
 	$(PY) -m tests.powercut.campaign --cuts $(SOAK_POWER_CUTS) --mode $(SOAK_POWER_MODE)
 
+# The scheduler's kill -9 campaign at length (not in CI; tests/scheduler/test_delay_crash.py runs 6 kills
+# in the suite): SOAK_SCHEDULER_KILLS kills during delayed and timer delivery, every message exactly once.
+SOAK_SCHEDULER_KILLS ?= 90
+.PHONY: soak-scheduler
+soak-scheduler: $(GENERATED)
+	MQSTORE_SOAK_SCHEDULER_KILLS=$(SOAK_SCHEDULER_KILLS) MQSTORE_SOAK_SCHEDULER_PER_KILL=1500 \
+		$(PY) -m pytest tests/scheduler/test_delay_crash.py -q -s
+
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
 	$(VENV)/bin/mypy -p mqstore.services -p mqstore.gateway -p mqstore.pipeline -p mqstore.client

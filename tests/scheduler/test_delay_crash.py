@@ -9,11 +9,16 @@ a restart counts them before it delivers anything, so nothing is repeated, where
 (soon after a start, during a batch, long after the last write). A level's units are delivered in
 queue order, so across every run the real queue holds the level-1 messages once each, in the order
 they were sent.
+
+``make soak-scheduler`` runs the same campaign with ``MQSTORE_SOAK_SCHEDULER_KILLS`` kills (90 there)
+and ``MQSTORE_SOAK_SCHEDULER_PER_KILL`` level-1 messages per kill (1,500 there: the producer goes on
+through all the kills).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -31,13 +36,14 @@ from tests.scheduler.scheduler_process import SchedulerProcess, queue_records, s
 TOPIC = "delay-crash"
 TIMER_TOPIC_REAL = "timer-crash"
 QUEUE = 0
-MESSAGES = 3000
-TIMERS = 1500
+KILLS = int(os.environ.get("MQSTORE_SOAK_SCHEDULER_KILLS", "6"))
+#: 500 level-1 and 250 timer messages per kill (3,000 and 1,500 for the six of the normal suite)
+MESSAGES = int(os.environ.get("MQSTORE_SOAK_SCHEDULER_PER_KILL", "500")) // 50 * 50 * KILLS
+TIMERS = MESSAGES // 2
 BATCH = 50
 #: the producer spreads its appends over MESSAGES / BATCH * APPEND_EVERY_S seconds, so that units fall
 #: due (one second later) all through the kills
 APPEND_EVERY_S = 0.15
-KILLS = 6
 #: longer than any life here: what a kill leaves past the last write is never small
 PERSIST_INTERVAL_MS = 5000
 
