@@ -42,6 +42,7 @@ from mqstore.services.store.errors import (
     StoreError,
 )
 from mqstore.services.store.key_query import check_key_query
+from mqstore.services.store.message import PROPERTY_SHARDING_KEY
 from mqstore.services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from mqstore.services.store.message_id import check_message_id, message_id_kind
 from mqstore.services.store.names import check_group, check_offset, check_queue, check_topic_name
@@ -199,12 +200,16 @@ class MessagingServicer:
 
     # -- sends ----------------------------------------------------------------------------------------
 
-    def _prepare(self, message: common_pb2.Message, born_host: str) -> str:
+    def _prepare(self, message: common_pb2.Message, born_host: str, sharding_key: str = "") -> str:
         """The message's UNIQ_KEY, added when the producer gave none (with the born host's ip, as the
-        producer's client would); the born host is the producer's address, not the gateway's."""
+        producer's client would); the born host is the producer's address, not the gateway's. A send's
+        sharding key is kept as the message's RocketMQ 5 message group (``__SHARDINGKEY``), unless it
+        names one itself, so v2 FIFO consumers see the order the key gives."""
         if not message.born_host:
             message.born_host = born_host
         properties = message.properties
+        if sharding_key and PROPERTY_SHARDING_KEY not in properties:
+            properties[PROPERTY_SHARDING_KEY] = sharding_key
         uniq_key: str = properties.get(UNIQ_KEY, "")
         if not uniq_key:
             uniq_key = properties[UNIQ_KEY] = self.uniq_keys.next(message.born_host)
@@ -271,7 +276,7 @@ class MessagingServicer:
         topic = message.topic
         route, explicit = await self._send_route(self._principal(context), request, context)
         sharding_key = request.sharding_key
-        uniq_key = self._prepare(message, _peer_host(context))
+        uniq_key = self._prepare(message, _peer_host(context), sharding_key)
         if tracing.ENABLED:
             tracing.annotate({"messaging.system": tracing.MESSAGING_SYSTEM, "messaging.destination.name": topic,
                               "messaging.message.id": uniq_key})
@@ -341,7 +346,7 @@ class MessagingServicer:
                 raise InvalidArgumentError(f"message #{i} has topic {message.topic!r} but the batch's topic is "
                                            f"{topic!r}: a batch goes to one topic")
         self.tokens.authorize(principal, Action.PRODUCE, topic)
-        uniq_keys = [self._prepare(m, peer_host) for m in messages]
+        uniq_keys = [self._prepare(m, peer_host, request.sharding_key) for m in messages]
         return PreparedBatch(request, topic, len(messages), uniq_keys=uniq_keys)
 
     async def _store_batch(self, batch: PreparedBatch, context: Context) -> gateway_pb2.SendBatchResponse:
@@ -550,7 +555,7 @@ class MessagingServicer:
                 group = group[:i]  # the ones before it are still stored
                 break
             message.queue_id = queue.shard_queue_id
-            picks.append((queue, topic, self._prepare(message, born_host)))
+            picks.append((queue, topic, self._prepare(message, born_host, request.sharding_key)))
             request.ClearField("sharding_key")
             request.ClearField("queue_id")
         results, append_error = await self._append_runs(picks, group, sequence, self._timeout(context))

@@ -138,7 +138,8 @@ class AsyncProducer(_AsyncEndpoint):
         connection = self.connection
         with tracing.send_span(topic, connection.address, tags=tags, keys=keys) as span:
             metadata = tracing.call_metadata(span, connection.metadata)
-            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span)):
+            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span),
+                                      sharding_key):
                 try:
                     response = await connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id),
                                                      timeout, metadata)

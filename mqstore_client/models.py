@@ -19,6 +19,8 @@ PROPERTY_TAGS = "TAGS"
 PROPERTY_KEYS = "KEYS"
 PROPERTY_DELAY = "DELAY"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+#: RocketMQ 5's message group: a batch's sharding key, kept so v2 FIFO consumers see the order.
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 #: RocketMQ separates the keys of one message with a space (MessageConst.KEY_SEPARATOR).
 KEY_SEPARATOR = " "
 #: TopicConfig.perm bits, as in RocketMQ's PermName.

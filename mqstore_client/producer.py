@@ -12,7 +12,7 @@ from mqstore.client import tracing
 from mqstore.client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
 from mqstore.client.connection import MIB, Endpoint
 from mqstore.client.errors import MqstoreError, from_rpc_error
-from mqstore.client.models import Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
+from mqstore.client.models import PROPERTY_SHARDING_KEY, Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
 from mqstore.v1 import gateway_pb2
 
 #: The gateway's limit of messages per SendBatch.
@@ -45,9 +45,11 @@ class BatchChunk:
 
 def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, keys: Keys | None = None,
                  properties: Mapping[str, str] | None = None,
-                 trace_properties: Mapping[str, str] | None = None) -> Iterator[BatchChunk]:
+                 trace_properties: Mapping[str, str] | None = None,
+                 sharding_key: str | None = None) -> Iterator[BatchChunk]:
     """Blobs the gateway accepts (<= 1024 messages, <= 16 MiB), each message with its own UNIQ_KEY (one it
-    carries in its properties is kept) and the send's ``trace_properties`` (mqstore_client/tracing.py)."""
+    carries in its properties is kept), the send's ``trace_properties`` (mqstore_client/tracing.py) and
+    its ``sharding_key`` as the message group (``__SHARDINGKEY``, as the gateway keeps a message form's)."""
     parts: list[bytes] = []
     uniq_keys: list[str] = []
     size = 0
@@ -61,6 +63,8 @@ def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, 
         wire_properties = message.wire_properties()
         if trace_properties:
             tracing.add_properties(wire_properties, trace_properties)
+        if sharding_key:
+            wire_properties.setdefault(PROPERTY_SHARDING_KEY, sharding_key)
         uniq_key = wire_properties.get(UNIQ_KEY) or wire_properties.setdefault(UNIQ_KEY, UNIQ_KEYS.next())
         entry = encode_entry(encode_body(message.body), message.flag, properties_bytes(wire_properties))
         if parts and (len(parts) >= MAX_BATCH or size + len(entry) > MAX_BATCH_BYTES):
@@ -144,7 +148,8 @@ class Producer(Endpoint):
         connection = self.connection
         with tracing.send_span(topic, connection.address, tags=tags, keys=keys) as span:
             metadata = tracing.call_metadata(span, connection.metadata)
-            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span)):
+            for chunk in batch_chunks(topic, messages, tags, keys, properties, tracing.message_properties(span),
+                                      sharding_key):
                 try:
                     response = connection.call("SendBatch", batch_request(chunk, sharding_key, queue_id), timeout,
                                                metadata)

@@ -24,6 +24,8 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
 PROPERTY_CLUSTER = "CLUSTER"
+#: RocketMQ 5's message group (FIFO): a send's sharding key, kept so v2 consumers see the group.
+PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
 KEY_SEPARATOR = " "
 
 # sysFlag bits (RocketMQ MessageSysFlag).

@@ -320,3 +320,26 @@ def test_a_producer_starts_on_a_topic_that_does_not_exist_yet(up: UpProcess,
     bad = v2.QueryRoute(s.QueryRouteRequest(topic=d.Resource(name="bad topic!"), endpoints=endpoints(up)),
                         timeout=10)
     assert bad.status.code != Code.OK
+
+
+def test_a_v1_sharding_key_is_a_v2_message_group(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    """mqstore's own producer with a sharding key (one message at a time, and a batch): a v2 consumer sees
+    the key as the messages' message group, FIFO, and gets them one at a time in send order."""
+    from mqstore.client import Producer
+
+    create_topic(up, "rmq5-sharded", 2)
+    with Producer(up.gateway) as producer:
+        for i in range(5):
+            producer.send("rmq5-sharded", f"single {i}", sharding_key="order-7")
+        producer.send_batch("rmq5-sharded", [f"batched {i}" for i in range(5)], sharding_key="order-7")
+    seen: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 10 and time.monotonic() < deadline:
+        messages, _ = receive(v2, "rmq5-sharded", "g-sharded", invisible_s=10, wait_s=1)
+        assert len(messages) <= 1, "a message group's next message waits for the ack of the one before"
+        for m in messages:
+            assert m.system_properties.message_group == "order-7"
+            assert m.system_properties.message_type == d.MessageType.FIFO
+            seen.append(m.body)
+            assert ack(v2, "rmq5-sharded", "g-sharded", m.system_properties.receipt_handle).status.code == Code.OK
+    assert seen == [f"single {i}".encode() for i in range(5)] + [f"batched {i}".encode() for i in range(5)]
