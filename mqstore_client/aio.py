@@ -36,6 +36,7 @@ from mqstore.client.consumer import (
     DEFAULT_COMMIT_INTERVAL_S,
     DEFAULT_LONG_POLL_MS,
     PULL_MARGIN_S,
+    MissingTopics,
     OffsetTracker,
     PullOptions,
     max_long_poll_of,
@@ -196,6 +197,7 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
         self._retry_wanted = retry and group is not None and not topic.startswith(("%RETRY%", "%DLQ%"))
         self._retry_feed: AsyncPullConsumer | None = None
         self._retry_checked_at = float("-inf")
+        self._missing = MissingTopics()
 
     async def start(self) -> OffsetTracker:
         """Reads the route and the starting offsets (poll() does it on first use)."""
@@ -203,7 +205,12 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
             return self._tracker
         call = self.connection.call
         if self._queue_ids is None:
-            route = await call("GetRoute", gateway_pb2.GetRouteRequest(topic=self.topic), self.timeout)
+            try:
+                route = await call("GetRoute", gateway_pb2.GetRouteRequest(topic=self.topic), self.timeout)
+            except NotFoundError as exc:
+                self._missing.missing(self.topic, exc)
+                raise
+            self._missing.found(self.topic)
             self._queue_ids = TopicRoute.from_proto(route).readable_queue_ids
         ids = self._queue_ids
         committed: dict[int, int | None] = {q: None for q in ids}
@@ -239,7 +246,9 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
         if self._closed:
             raise RuntimeError("the consumer is closed")
         started_ns = time.time_ns()
-        tracker = await self.start()
+        tracker = await self._started_or_waited(timeout)
+        if tracker is None:
+            return []
         if self.auto_commit and time.monotonic() - self._last_commit >= self.commit_interval_s:
             await self.commit()
         if not tracker.buffered:
@@ -251,6 +260,22 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
             if feed is not None:
                 messages += [as_original(m) for m in await feed.poll(max_messages - len(messages), timeout=0)]
         return messages
+
+    async def _started_or_waited(self, timeout: float | None) -> OffsetTracker | None:
+        """start(), or, while the topic does not exist yet, look for it again (bounded backoff) until the
+        poll's wait is over: None then (as PullConsumer's)."""
+        deadline = time.monotonic() + (self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0))
+        while True:
+            if time.monotonic() >= self._missing.next_at:
+                try:
+                    return await self.start()
+                except NotFoundError:
+                    if not self._missing.waiting:  # not a missing route: the error is the caller's
+                        raise
+            pause = min(self._missing.next_at, deadline) - time.monotonic()
+            if pause <= 0 and time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(max(pause, 0.0))
 
     async def _retries(self) -> AsyncPullConsumer | None:
         """The group's retry topic's consumer, once the topic exists (as PullConsumer's)."""
@@ -264,6 +289,7 @@ class AsyncPullConsumer(PullOptions, _AsyncEndpoint):
                                  batch_size=self.batch_size, auto_commit=self.auto_commit,
                                  commit_interval_s=self.commit_interval_s, timeout=self.timeout,
                                  raw_records=self.raw_records, retry=False)
+        feed._missing = MissingTopics(announce=False)
         try:
             await feed.start()
         except NotFoundError:

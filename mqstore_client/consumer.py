@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import queue
 import re
 import time
@@ -47,6 +48,39 @@ _MAX_LONG_POLL = re.compile(r"long poll \d+ ms must be within 0\.\.(\d+)")
 
 #: GetMessageStatus FOUND: the only status whose answer carries messages.
 FOUND = 1
+#: A topic that does not exist yet is looked for again after this long, doubled each time up to the max.
+MISSING_TOPIC_FIRST_WAIT_S = 0.2
+MISSING_TOPIC_MAX_WAIT_S = 5.0
+
+log = logging.getLogger(__name__)
+
+
+class MissingTopics:
+    """The wait for topics that do not exist yet (a consumer started before its producer sent, as
+    Kafka's and RocketMQ's consumers allow): when to look again, with a bounded backoff, and one log
+    line when a topic is first missed and when it appears."""
+
+    def __init__(self, announce: bool = True) -> None:
+        #: False for the group's retry topic, which exists only once a message was sent back.
+        self.announce = announce
+        self.waiting: set[str] = set()
+        self.delay_s = MISSING_TOPIC_FIRST_WAIT_S
+        self.next_at = float("-inf")
+
+    def missing(self, topic: str, error: NotFoundError) -> None:
+        if topic not in self.waiting and self.announce:
+            log.warning("topic %r does not exist yet (%s): waiting for it, looking again every %.1f s at most",
+                        topic, error.message, MISSING_TOPIC_MAX_WAIT_S)
+            self.waiting.add(topic)
+        self.next_at = time.monotonic() + self.delay_s
+        self.delay_s = min(self.delay_s * 2, MISSING_TOPIC_MAX_WAIT_S)
+
+    def found(self, topic: str) -> None:
+        if topic in self.waiting and self.announce:
+            log.info("topic %r exists now: consuming it", topic)
+            self.waiting.discard(topic)
+        if not self.waiting:
+            self.delay_s = MISSING_TOPIC_FIRST_WAIT_S
 
 
 @dataclass(slots=True)
@@ -290,6 +324,7 @@ class PullConsumer(PullOptions, Endpoint):
         if group is not None and queue_ids is None and rebalance:
             self._membership = GroupMembership(self.connection, group, strategy_of(allocation), rebalance_interval_s,
                                                member_timeout_s, client_id, timeout)
+        self._missing = MissingTopics()
         #: The topics after the first, each read by a consumer of its own on this one's channel, polled
         #: together with this one (in a group their queues are allocated too).
         self._feeds = {t: self._feed(t, [] if self._membership is not None else None) for t in topics[1:]}
@@ -301,12 +336,15 @@ class PullConsumer(PullOptions, Endpoint):
         self._turn = 0
 
     def _feed(self, topic: str, queue_ids: list[int] | None) -> PullConsumer:
-        """A consumer of another topic (or the retry topic) for this one to poll along."""
-        return PullConsumer(self.group, topic, connection=self.connection, queue_ids=queue_ids,
+        """A consumer of another topic (or the retry topic) for this one to poll along; a topic of its
+        that does not exist yet is this one's wait too."""
+        feed = PullConsumer(self.group, topic, connection=self.connection, queue_ids=queue_ids,
                             subscription=self.subscription, batch_size=self.batch_size, max_bytes=self.max_bytes,
                             auto_commit=self.auto_commit, commit_interval_s=self.commit_interval_s,
                             from_latest=self.from_latest, timeout=self.timeout, raw_records=self.raw_records,
                             retry=False, rebalance=False)
+        feed._missing = self._missing
+        return feed
 
     @property
     def topics(self) -> list[str]:
@@ -328,9 +366,7 @@ class PullConsumer(PullOptions, Endpoint):
                 raise
             return
         if self._queue_ids is None:
-            request = gateway_pb2.GetRouteRequest(topic=self.topic)
-            response = self.connection.call("GetRoute", request, self.timeout)
-            self._queue_ids = TopicRoute.from_proto(response).readable_queue_ids
+            self._queue_ids = self._route(self.topic).readable_queue_ids
         starts = start_offsets(self.connection, self.group, self.topic, self._queue_ids, self._explicit,
                                self.from_latest, self.timeout)
         for feed in self._feeds.values():
@@ -367,7 +403,8 @@ class PullConsumer(PullOptions, Endpoint):
         if self._closed:
             raise RuntimeError("the consumer is closed")
         started_ns = time.time_ns()
-        self.start()
+        if not self._started_or_waited(timeout):
+            return []
         membership = self._membership
         if membership is not None and membership.due_in() <= 0:
             self._rebalance()
@@ -393,14 +430,46 @@ class PullConsumer(PullOptions, Endpoint):
         tracing.received(self.group, self.connection.address, started_ns, messages)
         return messages
 
+    def _route(self, topic: str) -> TopicRoute:
+        """The topic's route; NotFoundError while it does not exist (its wait noted in ``_missing``)."""
+        try:
+            route = TopicRoute.from_proto(self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=topic),
+                                                               self.timeout))
+        except NotFoundError as exc:
+            self._missing.missing(topic, exc)
+            raise
+        self._missing.found(topic)
+        return route
+
+    def _started_or_waited(self, timeout: float | None) -> bool:
+        """start(), or, while one of the topics does not exist yet, look for it again (bounded backoff)
+        until the poll's wait is over: False then (the poll answers nothing). A group member never
+        waits here: it consumes the topics that exist and its rebalancing looks for the others."""
+        wait_s = self.long_poll_ms / 1000 if timeout is None else max(timeout, 0.0)
+        deadline = time.monotonic() + wait_s
+        while True:
+            if time.monotonic() >= self._missing.next_at:
+                try:
+                    self.start()
+                    return True
+                except NotFoundError:
+                    if not self._missing.waiting:  # not a missing route: the error is the caller's
+                        raise
+            pause = min(self._missing.next_at, deadline) - time.monotonic()
+            if pause <= 0 and time.monotonic() >= deadline:
+                return False
+            time.sleep(max(pause, 0.0))
+
     def _retry_consumer(self, queue_ids: list[int] | None) -> PullConsumer:
         """The retry topic's consumer: every message, whatever this one's subscription (RocketMQ's
         retry subscription is "*"), from its oldest."""
         assert self.group is not None
-        return PullConsumer(self.group, retry_topic(self.group), connection=self.connection, queue_ids=queue_ids,
-                            batch_size=self.batch_size, auto_commit=self.auto_commit,
-                            commit_interval_s=self.commit_interval_s, timeout=self.timeout,
-                            raw_records=self.raw_records, retry=False, rebalance=False)
+        consumer = PullConsumer(self.group, retry_topic(self.group), connection=self.connection, queue_ids=queue_ids,
+                                batch_size=self.batch_size, auto_commit=self.auto_commit,
+                                commit_interval_s=self.commit_interval_s, timeout=self.timeout,
+                                raw_records=self.raw_records, retry=False, rebalance=False)
+        consumer._missing = MissingTopics(announce=False)
+        return consumer
 
     def _retries(self) -> PullConsumer | None:
         """The group's retry topic's consumer, once the topic exists (the first send back creates it)."""
@@ -437,8 +506,10 @@ class PullConsumer(PullOptions, Endpoint):
         """Topic -> readable queue ids, for the topic and (once it exists) the group's retry topic."""
         topics: dict[str, list[int]] = {}
         for name in self.topics:
-            route = self.connection.call("GetRoute", gateway_pb2.GetRouteRequest(topic=name), self.timeout)
-            topics[name] = TopicRoute.from_proto(route).readable_queue_ids
+            try:
+                topics[name] = self._route(name).readable_queue_ids
+            except NotFoundError:
+                topics[name] = []  # not yet: looked for again at the next rebalance, soon (see _rebalance)
         if self._retry_wanted:
             assert self.group is not None
             name = retry_topic(self.group)
@@ -500,7 +571,10 @@ class PullConsumer(PullOptions, Endpoint):
         # Until the retry topic exists (the first consume_later creates it), look for it as often as before
         # groups (RETRY_ROUTE_RECHECK_S), not only once an interval.
         soon = self._retry_wanted and self._retry_feed is None
-        membership.schedule(waiting=step.waits, within=RETRY_ROUTE_RECHECK_S if soon else None)
+        within = RETRY_ROUTE_RECHECK_S if soon else None
+        if self._missing.waiting:  # a topic that does not exist yet: its backoff, not a whole interval
+            within = min(within or float("inf"), self._missing.next_at - time.monotonic())
+        membership.schedule(waiting=step.waits, within=within)
 
     def _release(self, queue_ids: Sequence[int]) -> None:
         """Gives queues up: their consumed offsets committed (with auto_commit) before anything else."""

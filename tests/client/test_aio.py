@@ -42,3 +42,19 @@ async def _send_and_consume(gateway: str, topic: str) -> None:
 def test_async_producer_and_consumer(gateway: str, client: Client, topic: str) -> None:
     client.create_topic(topic, 4)
     asyncio.run(_send_and_consume(gateway, topic))
+
+
+async def _wait_for_topic(gateway: str, topic: str) -> None:
+    async with AsyncPullConsumer(f"{topic}_group", topic, gateway) as consumer:
+        assert await consumer.poll(timeout=0.3) == []  # no NotFoundError: the topic does not exist yet
+        async with AsyncProducer(gateway) as producer:
+            sent = await producer.send(topic, "first")
+        received: list[Message] = []
+        deadline = time.monotonic() + 20
+        while not received and time.monotonic() < deadline:
+            received = await consumer.poll(timeout=1.0)
+        assert [m.msg_id for m in received] == [sent.msg_id]
+
+
+def test_async_consumer_waits_for_its_topic(gateway: str, topic: str) -> None:
+    asyncio.run(_wait_for_topic(gateway, topic))

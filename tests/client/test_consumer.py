@@ -1,10 +1,14 @@
-"""PullConsumer against a running system: reading back, committing and resuming, long polling, tags."""
+"""PullConsumer against a running system: reading back, committing and resuming, long polling, tags,
+waiting for a topic that does not exist yet."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import defaultdict
+
+import pytest
 
 from mqstore.client import Client, Message, Producer, PullConsumer, SendReceipt
 
@@ -119,3 +123,21 @@ def test_iterating_a_consumer_yields_messages_as_they_come(gateway: str, client:
             if len(texts) == 5:
                 break
     assert texts == [f"i{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("group_mode", [False, True], ids=["queues", "group"])
+def test_a_consumer_started_before_its_topic_waits_for_it(gateway: str, client: Client, topic: str,
+                                                          group_mode: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """As Kafka's and RocketMQ's consumers do: no error while the topic does not exist, a log line,
+    and its messages once it does."""
+    caplog.set_level(logging.INFO, logger="mqstore.client.consumer")
+    with PullConsumer(f"{topic}_group", topic, gateway, rebalance=group_mode, rebalance_interval_s=1) as consumer:
+        assert consumer.poll(timeout=0.3) == []
+        assert consumer.poll(timeout=0.3) == []
+        assert any(topic in r.getMessage() and "does not exist yet" in r.getMessage() for r in caplog.records)
+        with Producer(gateway) as producer:
+            sent = producer.send(topic, "first")
+        started = time.monotonic()
+        received = _drain(consumer, 1, timeout_s=20)
+        assert [m.msg_id for m in received] == [sent.msg_id]
+    assert time.monotonic() - started < 10
