@@ -26,6 +26,7 @@ from mqstore.gateway.auth import TokenTable, load_token_table
 from mqstore.gateway.queue_selector import FaultTable, QueueSelector
 from mqstore.gateway.registration import add_to_server
 from mqstore.gateway.rocketmq5 import registration as rocketmq5
+from mqstore.gateway.rocketmq5.servicer import RocketMQ5Servicer
 from mqstore.gateway.route import RouteTable
 from mqstore.gateway.servicer import MessagingServicer
 from mqstore.gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
@@ -66,7 +67,7 @@ def serve(options: GatewayOptions) -> int:
         credentials = None if tls is None else server_credentials(tls)  # checks the files: exit 2 if unusable
         identity = WorkerIdentity.from_env()
         metrics_port = metrics_port_from_env()
-        rocketmq5.max_delivery_attempts()  # MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS: exit 2 if not a number
+        rocketmq5.check_settings()  # MQSTORE_RMQ5_*: exit 2 for a bad one
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
@@ -112,9 +113,12 @@ async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: Worker
     servicer = MessagingServicer(settings, shards, routes, selector, tokens, UniqKeyGenerator())
     server_settings = dataclasses.replace(_server_settings(settings, reuse_port=identity is not None),
                                           credentials=credentials)
+    v2: list[RocketMQ5Servicer] = []
+
     def register(server: grpc.aio.Server) -> None:
         add_to_server(servicer, server)
-        rocketmq5.add_to_server(servicer, server)  # RocketMQ 5's protocol (docs/rocketmq5.md)
+        started = rocketmq5.add_to_server(servicer, server)  # RocketMQ 5's protocol (docs/rocketmq5.md)
+        v2.extend([started] if started is not None else [])
 
     names = [SERVICE_NAME, *([rocketmq5.SERVICE_NAME] if rocketmq5.enabled() else [])]
     server = AioGrpcServer(server_settings, names, register)
@@ -124,6 +128,8 @@ async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: Worker
             reload_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reload_task
+        for started in v2:
+            await started.close()
         await servicer.close()
         for shard in shards:
             await shard.close()

@@ -1,126 +1,115 @@
-"""Receive with an invisible duration (RocketMQ 5's pop consumption) on top of mqstore's consumer offsets.
+"""Receipt handles of RocketMQ 5's pop consumption, and the auto renewal of push consumers' receipts.
 
-For each (consumer group, topic, queue) the gateway keeps a :class:`QueueLease`: the next queue offset
-to hand out and the messages handed out and not yet acked (in flight), each with the time it becomes
-visible again and a serial that changes on every hand-out. The group's committed consumer offset is
-the lowest offset still in flight (or the next one when none is): everything below it was acked (or
-filtered out), so a restart of the gateway hands out again only what was not acked (at least once).
+The consumer state itself (pop offset, messages in flight, invisible-until, delivery attempts) is kept
+by each shard's query service (services/query/pop.py), so every gateway process serves every receipt
+and a restart of either changes nothing a consumer sees. A receipt handle names one hand-out of one
+message: ``<queue>.<offset>.<version>``, the route's queue id (which names the shard and its queue),
+the queue offset and the version of the hand-out; an ack or a change of invisible duration with the
+handle of an earlier hand-out (the message was delivered again since) is refused, as RocketMQ does.
 
-Receipt handles encode the queue, the queue offset and the serial ("<queue>.<offset>.<serial>"): an ack
-or a change of invisible duration with the handle of an earlier hand-out of the same message (one that
-was handed out again after it became visible) is refused as an invalid receipt handle, as RocketMQ does.
-
-FIFO: a message with a message group (__SHARDINGKEY) is not handed out while an earlier message of the
-same group in the same queue is in flight: one group is consumed in order.
-
-This state lives in the gateway process (one per worker with --workers N: see docs/rocketmq5.md).
+What stays in the gateway process is :class:`Renewals`: the receipts it delivered to push consumers
+asking for auto renewal (RocketMQ's proxy: DefaultReceiptHandleManager), extended before they expire
+while the client's telemetry stream is connected to this process, for at most a maximum renew time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 from typing import Any
 
 #: RocketMQ's default maximum delivery attempts of a consumer group (its retry policy's max_attempts).
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
+#: RocketMQ's proxy renews a receipt this long before it expires (renewAheadTimeMillis), or half its
+#: invisible duration when that is shorter.
+RENEW_AHEAD_S = 10.0
+#: RocketMQ's proxy stops renewing a message this long after it was delivered (renewMaxTimeMillis).
+DEFAULT_RENEW_MAX_S = 3 * 3600.0
 
 
 class BadReceiptHandle(ValueError):
-    """A receipt handle that is malformed, of another queue's messages, or of an earlier hand-out."""
+    """A receipt handle that is malformed, of a message no longer in flight, or of an earlier hand-out."""
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
 class Receipt:
     queue_id: int
     offset: int
-    serial: int
+    version: int
 
     def encode(self) -> str:
-        return f"{self.queue_id}.{self.offset}.{self.serial}"
+        return f"{self.queue_id}.{self.offset}.{self.version}"
 
     @staticmethod
     def decode(handle: str) -> Receipt:
         try:
-            queue_id, offset, serial = (int(part) for part in handle.split("."))
+            queue_id, offset, version = (int(part) for part in handle.split("."))
         except ValueError:
             raise BadReceiptHandle(f"receipt handle {handle!r} is not one this gateway handed out "
-                                   "(<queue>.<offset>.<serial>)") from None
-        return Receipt(queue_id, offset, serial)
+                                   "(<queue>.<offset>.<version>)") from None
+        return Receipt(queue_id, offset, version)
 
 
 @dataclasses.dataclass(slots=True)
-class Delivery:
-    """A message in flight: handed out, not acked."""
+class Renewal:
+    """A receipt this process renews: whose, where, and until when it is invisible (time.time())."""
 
-    message: Any  # mqstore.v1 StoredMessage
+    client_id: str
+    group: str
+    topic: str
+    receipt: Receipt
+    invisible_s: float
     visible_at: float
-    serial: int
-    attempts: int
-    group_key: str | None
-
-
-class QueueLease:
-    """The hand-out state of one queue for one consumer group (see the module's docstring)."""
-
-    def __init__(self, queue_id: int, next_offset: int) -> None:
-        self.queue_id = queue_id
-        self.next_offset = next_offset
-        self.inflight: dict[int, Delivery] = {}
-        self.lock = asyncio.Lock()
-        #: The offset last committed for the group (None: not yet in this process).
-        self.stored_offset: int | None = None
-        #: When it was last committed (time.monotonic()).
-        self.committed_at = 0.0
-        #: The last look stopped at a FIFO message whose group has an earlier one in flight.
-        self.fifo_blocked = False
-        self._serial = 0
+    delivered_at: float
+    #: The receive's caller (LocalContext): renewals act with its credentials.
+    caller: Any
 
     @property
-    def committed(self) -> int:
-        return min(self.inflight, default=self.next_offset)
+    def handle(self) -> str:
+        return self.receipt.encode()
 
-    def _new_serial(self) -> int:
-        self._serial += 1
-        return self._serial
+    def due(self, now: float) -> bool:
+        return self.visible_at - now <= min(RENEW_AHEAD_S, self.invisible_s / 2)
 
-    def expired(self, now: float) -> list[tuple[int, Delivery]]:
-        """In-flight messages visible again, lowest offset first."""
-        return sorted(((o, d) for o, d in self.inflight.items() if d.visible_at <= now), key=lambda x: x[0])
 
-    def blocked(self, group_key: str | None, offset: int) -> bool:
-        """True when an earlier message of this FIFO group is in flight (and not visible again)."""
-        if group_key is None:
-            return False
-        return any(d.group_key == group_key and o < offset for o, d in self.inflight.items())
+class Renewals:
+    """The receipts to renew, by handle and by client."""
 
-    def hand_out(self, offset: int, message: Any, invisible_s: float, group_key: str | None) -> tuple[Receipt, int]:
-        """Hand out a message (again, when it is in flight and visible); its receipt and attempt count."""
-        previous = self.inflight.get(offset)
-        attempts = 1 if previous is None else previous.attempts + 1
-        serial = self._new_serial()
-        self.inflight[offset] = Delivery(message, time.monotonic() + invisible_s, serial, attempts, group_key)
-        return Receipt(self.queue_id, offset, serial), attempts
+    def __init__(self, max_renew_s: float = DEFAULT_RENEW_MAX_S) -> None:
+        self.max_renew_s = max_renew_s
+        self._by_handle: dict[str, Renewal] = {}
+        self._by_client: dict[str, set[str]] = {}
 
-    def find(self, receipt: Receipt) -> Delivery:
-        delivery = self.inflight.get(receipt.offset)
-        if delivery is None:
-            raise BadReceiptHandle(f"receipt handle {receipt.encode()!r}: the message at queue offset "
-                                   f"{receipt.offset} of queue {receipt.queue_id} is not in flight "
-                                   "(already acked, or handed out by another gateway process)")
-        if delivery.serial != receipt.serial:
-            raise BadReceiptHandle(f"receipt handle {receipt.encode()!r} is of an earlier hand-out: the message "
-                                   "became visible again and was handed out anew; use the newest handle")
-        return delivery
+    def __len__(self) -> int:
+        return len(self._by_handle)
 
-    def ack(self, receipt: Receipt) -> Delivery:
-        delivery = self.find(receipt)
-        del self.inflight[receipt.offset]
-        return delivery
+    def add(self, renewal: Renewal) -> None:
+        self._by_handle[renewal.handle] = renewal
+        self._by_client.setdefault(renewal.client_id, set()).add(renewal.handle)
 
-    def change_invisible(self, receipt: Receipt, invisible_s: float) -> Receipt:
-        delivery = self.find(receipt)
-        delivery.visible_at = time.monotonic() + invisible_s
-        delivery.serial = self._new_serial()
-        return Receipt(self.queue_id, receipt.offset, delivery.serial)
+    def forget(self, handle: str) -> None:
+        renewal = self._by_handle.pop(handle, None)
+        if renewal is not None:
+            handles = self._by_client.get(renewal.client_id)
+            if handles is not None:
+                handles.discard(handle)
+                if not handles:
+                    del self._by_client[renewal.client_id]
+
+    def drop_client(self, client_id: str) -> None:
+        """The client's telemetry stream closed: its messages are left to expire (delivered again)."""
+        for handle in self._by_client.pop(client_id, set()):
+            self._by_handle.pop(handle, None)
+
+    def due(self, now: float | None = None) -> list[Renewal]:
+        """Receipts close to expiring; those past the maximum renew time are forgotten instead."""
+        now = time.time() if now is None else now
+        out = []
+        for renewal in list(self._by_handle.values()):
+            if not renewal.due(now):
+                continue
+            if now - renewal.delivered_at >= self.max_renew_s:
+                self.forget(renewal.handle)
+                continue
+            out.append(renewal)
+        return out

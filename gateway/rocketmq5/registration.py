@@ -1,6 +1,9 @@
 """Registering apache.rocketmq.v2.MessagingService on the gateway's server (beside mqstore.v1), on unless
 MQSTORE_RMQ5=0 (or false/off) is set for the gateway. MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS (default 16,
-RocketMQ's) is how often a message is delivered to a consumer group before it goes to %DLQ%<group>."""
+RocketMQ's) is how often a message is delivered to a consumer group before it goes to %DLQ%<group>;
+MQSTORE_RMQ5_DEFAULT_INVISIBLE_MS (default 30000) is the invisible duration of a receive that gives none
+(push consumers'; RocketMQ's defaultInvisibleTimeMills); MQSTORE_RMQ5_RENEW_MAX_MS (default 3 h,
+RocketMQ's renewMaxTimeMillis) is how long a push consumer's receipt is renewed at most."""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ import grpc
 
 from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
 from mqstore.gateway.rocketmq5 import status as st
-from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS
-from mqstore.gateway.rocketmq5.servicer import RocketMQ5Servicer
+from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_RENEW_MAX_S
+from mqstore.gateway.rocketmq5.servicer import DEFAULT_INVISIBLE_S, MAX_INVISIBLE_S, MIN_INVISIBLE_S, RocketMQ5Servicer
 from mqstore.gateway.wire import Undecodable, decoder
 
 if TYPE_CHECKING:
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 ENV_FLAG = "MQSTORE_RMQ5"
 ENV_MAX_DELIVERY_ATTEMPTS = "MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS"
+ENV_DEFAULT_INVISIBLE_MS = "MQSTORE_RMQ5_DEFAULT_INVISIBLE_MS"
+ENV_RENEW_MAX_MS = "MQSTORE_RMQ5_RENEW_MAX_MS"
 
 
 def enabled() -> bool:
@@ -39,11 +44,39 @@ def max_delivery_attempts() -> int:
     return int(attempts)
 
 
+def _milliseconds(name: str, default_s: float, low_s: float, high_s: float) -> float:
+    """An environment variable in ms, as seconds; ValueError naming it when out of bounds."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default_s
+    if not (value.isdigit() and low_s <= int(value) / 1000 <= high_s):
+        raise ValueError(f"{name}={value!r}: give whole milliseconds within {low_s * 1000:.0f}..{high_s * 1000:.0f}")
+    return int(value) / 1000
+
+
+def default_invisible_s() -> float:
+    return _milliseconds(ENV_DEFAULT_INVISIBLE_MS, DEFAULT_INVISIBLE_S, MIN_INVISIBLE_S, MAX_INVISIBLE_S)
+
+
+def renew_max_s() -> float:
+    return _milliseconds(ENV_RENEW_MAX_MS, DEFAULT_RENEW_MAX_S, 0, 7 * 24 * 3600)
+
+
+def check_settings() -> None:
+    """Every MQSTORE_RMQ5_* setting read once: ValueError for the first bad one (the gateway exits 2)."""
+    max_delivery_attempts()
+    default_invisible_s()
+    renew_max_s()
+
+
 def add_to_server(mq: MessagingServicer, server: grpc.aio.Server) -> RocketMQ5Servicer | None:
-    """Serve RocketMQ 5's protocol over ``mq`` on ``server`` (when enabled); the servicer, or None."""
+    """Serve RocketMQ 5's protocol over ``mq`` on ``server`` (when enabled) and start its background
+    work on the running loop; the servicer, or None."""
     if not enabled():
         return None
-    servicer = RocketMQ5Servicer(mq, max_delivery_attempts=max_delivery_attempts())
+    servicer = RocketMQ5Servicer(mq, max_delivery_attempts=max_delivery_attempts(),
+                                 default_invisible_s=default_invisible_s(), renew_max_s=renew_max_s())
+    servicer.start()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers(servicer)),))
     return servicer
 

@@ -4,7 +4,8 @@ Each RPC is answered with the protocol's own status (``Status{code, message}`` i
 OK = 20000, BAD_REQUEST = 40000, TOPIC_NOT_FOUND = 40402, ...); mqstore's details, which say what to
 fix, are the message. Calls go to the gateway's mqstore.v1 handlers in process (local_call.py), so
 routes, tokens, queue selection, UNIQ_KEYs, timers, transactions and the retry/dead-letter topics
-are mqstore's. Receive with invisible durations: inflight.py. Message mapping: messages.py.
+are mqstore's. Receive with invisible durations: the shards' pop state (store_pop.py, inflight.py,
+consumer_tasks.py). Message mapping: messages.py.
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
 from mqstore.gateway.resilience import BackendError
 from mqstore.gateway.rocketmq5 import status as st
 from mqstore.gateway.rocketmq5.checks import CheckRelay
-from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, BadReceiptHandle, QueueLease, Receipt
+from mqstore.gateway.rocketmq5.consumer_tasks import DeadLetterMover, renew_receipts
+from mqstore.gateway.rocketmq5.inflight import (
+    DEFAULT_MAX_DELIVERY_ATTEMPTS,
+    DEFAULT_RENEW_MAX_S,
+    BadReceiptHandle,
+    Receipt,
+    Renewal,
+    Renewals,
+)
 from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
-from mqstore.gateway.rocketmq5.messages import SHARDING_KEY, V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
+from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
+from mqstore.gateway.rocketmq5.store_pop import StorePop
 from mqstore.gateway.wire import Undecodable
 from mqstore.services.store.record import largest_body_always_stored
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
@@ -48,9 +58,11 @@ MAX_INVISIBLE_S = 12 * 3600.0
 DEFAULT_LONG_POLL_S = 20.0
 MAX_LONG_POLL_S = 30.0
 MAX_BATCH = 1024
-#: Acks commit their group's offset at most this often per queue (then within this time).
-COMMIT_INTERVAL_S = 0.2
-COMMIT_TIMEOUT_S = 10.0
+#: A receive waiting on a FIFO group blocked by a message in flight looks again this often: the ack that
+#: unblocks it may come through another gateway process.
+FIFO_RECHECK_S = 1.0
+#: ForwardMessageToDeadLetterQueue keeps the message invisible this long while it moves it.
+FORWARD_CLAIM_MS = 30_000
 #: RocketMQ 5 clients heartbeat every 10 s.
 HEARTBEAT_INTERVAL_MS = 10_000
 #: RocketMQ's retry delays of consumer groups (messageDelayLevel from level 3 on: "1s 5s 10s 30s 1m 2m 3m 4m
@@ -63,18 +75,34 @@ ACCEPTED_TYPES = [definition_pb2.MessageType.NORMAL, definition_pb2.MessageType.
 class RocketMQ5Servicer:
     """The v2 MessagingService over one gateway process's mqstore.v1 servicer."""
 
-    def __init__(self, mq: MessagingServicer, max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS) -> None:
+    def __init__(self, mq: MessagingServicer, max_delivery_attempts: int = DEFAULT_MAX_DELIVERY_ATTEMPTS,
+                 default_invisible_s: float = DEFAULT_INVISIBLE_S, renew_max_s: float = DEFAULT_RENEW_MAX_S) -> None:
         self.mq = mq
         self._max_body_bytes: int | None = None
         self.max_delivery_attempts = max_delivery_attempts
-        self._leases: dict[tuple[str, str, int], QueueLease] = {}
-        self._lease_lock = asyncio.Lock()
+        self.default_invisible_s = default_invisible_s
         self.checks = CheckRelay(mq)
         self._changed = asyncio.Event()
         #: client id -> (consumer group, subscribed topics), from the consumers' settings.
         self._subscribers: dict[str, tuple[str, set[str]]] = {}
-        self._dirty: dict[tuple[str, str, int], LocalContext] = {}
-        self._flusher: asyncio.Task[None] | None = None
+        self.pop = StorePop(mq)
+        self.dead_letters = DeadLetterMover(mq, self.pop, max_delivery_attempts)
+        self.renewals = Renewals(renew_max_s)
+        #: Push consumers whose telemetry stream is connected to this process (their receipts are renewed).
+        self._push_clients: set[str] = set()
+        self._background: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the background work (on the running loop): dead letters, receipt renewals."""
+        loop = asyncio.get_running_loop()
+        self._background = [loop.create_task(self.dead_letters.run(), name="rocketmq5-dead-letters"),
+                            loop.create_task(renew_receipts(self.renewals, self.pop), name="rocketmq5-renewals")]
+
+    async def close(self) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background = []
 
     # -- the edge ------------------------------------------------------------------------------------
     @staticmethod
@@ -179,6 +207,8 @@ class RocketMQ5Servicer:
                     if command.settings.WhichOneof("pub_sub") == "subscription" and client_id:
                         sub = command.settings.subscription
                         self._subscribers[client_id] = (sub.group.name, {e.topic.name for e in sub.subscriptions})
+                        if command.settings.client_type == definition_pb2.ClientType.PUSH_CONSUMER:
+                            self._push_clients.add(client_id)
                     if command.settings.WhichOneof("pub_sub") == "publishing":
                         topics = {t.name for t in command.settings.publishing.topics}
                         self.checks.join(outbox, topics, self._local(context))
@@ -193,6 +223,8 @@ class RocketMQ5Servicer:
             reader.cancel()
             self.checks.leave(outbox)
             self._subscribers.pop(client_id, None)
+            self._push_clients.discard(client_id)
+            self.renewals.drop_client(client_id)
 
     def _settings(self, client: definition_pb2.Settings, max_body_bytes: int) -> definition_pb2.Settings:
         """The server's settings for a client: its own, with the limits and retry policy of mqstore.
@@ -300,27 +332,33 @@ class RocketMQ5Servicer:
 
     async def ReceiveMessage(self, request: service_pb2.ReceiveMessageRequest, context: Context
                              ) -> AsyncIterator[service_pb2.ReceiveMessageResponse]:
+        """Pops from the topic's readable queues (the shards keep what is in flight). A push consumer's
+        receive asking for auto renewal (its telemetry stream connected here) gets its receipts renewed
+        by this process until it acks, nacks or disconnects (consumer_tasks.renew_receipts)."""
         group, topic = request.group.name, request.message_queue.topic
         problem = _receive_problem(request)
         if problem is not None:
             yield service_pb2.ReceiveMessageResponse(status=problem)
             return
         invisible_s = (request.invisible_duration.ToMilliseconds() / 1000 if request.HasField("invisible_duration")
-                       else DEFAULT_INVISIBLE_S)
+                       else self.default_invisible_s)
         wait_s = (request.long_polling_timeout.ToMilliseconds() / 1000 if request.HasField("long_polling_timeout")
                   else DEFAULT_LONG_POLL_S)
         remaining = context.time_remaining()
         wait_s = min(wait_s, MAX_LONG_POLL_S, max((remaining or wait_s) - 1.0, 0.0))
         subscription = request.filter_expression.expression.strip() or "*"
         deadline = time.monotonic() + wait_s
+        client_id = _client_id(context)
+        renew_for = client_id if request.auto_renew and client_id in self._push_clients else None
+        local = self._local(context)  # one caller for every pop and renewal: authenticated once
         try:
             route = await self._route(topic.name, context)
             while True:
-                found = await self._take(group, topic, route, request.batch_size or 32, invisible_s,
-                                         subscription, context)
+                found, looks = await self._take(group, topic, route, request.batch_size or 32, invisible_s,
+                                                subscription, local, renew_for)
                 if found or time.monotonic() >= deadline:
                     break
-                await self._wait(group, topic.name, route, deadline - time.monotonic(), subscription, context)
+                await self._wait(topic.name, looks, deadline - time.monotonic(), subscription, context)
         except MqstoreCallError as exc:
             yield service_pb2.ReceiveMessageResponse(status=st.of_error(exc))
             return
@@ -334,24 +372,51 @@ class RocketMQ5Servicer:
             yield service_pb2.ReceiveMessageResponse(message=message)
         yield service_pb2.ReceiveMessageResponse(status=st.ok())
 
-    async def _wait(self, group: str, topic: str, route: gateway_pb2.TopicRoute, wait_s: float, subscription: str,
-                    context: Context) -> None:
+    async def _take(self, group: str, topic: definition_pb2.Resource, route: gateway_pb2.TopicRoute, batch: int,
+                    invisible_s: float, subscription: str, local: LocalContext, renew_for: str | None
+                    ) -> tuple[list[definition_pb2.Message], list[tuple[int, query_pb2.PopMessageResponse]]]:
+        """Up to ``batch`` messages popped from the topic's readable queues (in-flight ones visible again
+        first, then new ones), and what each queue's pop said of the queue (for a wait)."""
+        out: list[definition_pb2.Message] = []
+        looks: list[tuple[int, query_pb2.PopMessageResponse]] = []
+        invisible_ms = int(invisible_s * 1000)
+        for queue in route.queues:
+            if len(out) >= batch or not queue.readable:
+                continue
+            answer = await self.pop.pop(local, group, topic.name, queue.queue_id, batch - len(out), invisible_ms,
+                                        subscription, self.max_delivery_attempts)
+            looks.append((queue.queue_id, answer))
+            for popped in answer.messages:
+                stored = popped.message
+                receipt = Receipt(queue.queue_id, stored.queue_offset, popped.version)
+                out.append(to_v2(stored, topic, queue.queue_id, receipt.encode(), invisible_ms,
+                                 stored.reconsume_times + popped.attempts))
+                if renew_for is not None:
+                    self.renewals.add(Renewal(renew_for, group, topic.name, receipt, invisible_s,
+                                              popped.visible_at_ms / 1000, time.time(), local))
+        return out, looks
+
+    async def _wait(self, topic: str, looks: list[tuple[int, query_pb2.PopMessageResponse]], wait_s: float,
+                    subscription: str, context: Context) -> None:
         """Wait (at most ``wait_s``) until a receive may find something: a message arrives in a queue
-        (mqstore's long-polling pulls, one per queue the group waits on), an in-flight message becomes
-        visible again, or the group acks or changes a message (which may unblock a FIFO group)."""
+        (mqstore's long-polling pulls at each queue's pop offset), an in-flight message becomes visible
+        again, or the group acks or changes a message through this process. A queue whose next message
+        waits for an earlier one of its FIFO group is looked at again every FIFO_RECHECK_S (the ack may
+        come through another process)."""
         changed = self._changed
-        now = time.monotonic()
-        leases = [self._leases.get((group, topic, q.queue_id)) for q in route.queues if q.readable]
-        for lease in leases:
-            for delivery in lease.inflight.values() if lease is not None else ():
-                wait_s = min(wait_s, delivery.visible_at - now)
+        now_ms = time.time() * 1000
+        for _, look in looks:
+            if look.next_visible_ms:
+                wait_s = min(wait_s, (look.next_visible_ms - now_ms) / 1000)
+            if look.fifo_blocked:
+                wait_s = min(wait_s, FIFO_RECHECK_S)
         if wait_s <= 0:
             return
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(changed.wait())]
-        for lease in leases:
-            if lease is None or lease.fifo_blocked:
+        for queue_id, look in looks:
+            if look.fifo_blocked:
                 continue
-            pull = query_pb2.PullMessageRequest(topic=topic, queue_id=lease.queue_id, queue_offset=lease.next_offset,
+            pull = query_pb2.PullMessageRequest(topic=topic, queue_id=queue_id, queue_offset=look.pop_offset,
                                                 max_messages=1, subscription=subscription,
                                                 long_poll_ms=max(int(wait_s * 1000), 1))
             waits.append(asyncio.ensure_future(call(self.mq.Pull, pull, self._local(context, wait_s + 1.0))))
@@ -367,139 +432,18 @@ class RocketMQ5Servicer:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def _lease(self, group: str, topic: str, queue_id: int, context: Context) -> QueueLease:
-        key = (group, topic, queue_id)
-        lease = self._leases.get(key)
-        if lease is not None:
-            return lease
-        async with self._lease_lock:
-            lease = self._leases.get(key)
-            if lease is None:
-                start = await self._start_offset(group, topic, queue_id, context)
-                lease = self._leases[key] = QueueLease(queue_id, start)
-        return lease
-
-    async def _start_offset(self, group: str, topic: str, queue_id: int, context: Context) -> int:
-        """The group's committed offset; a new group starts at the queue's min offset (it sees what was
-        sent before it first received: nothing acknowledged to a producer is skipped)."""
-        try:
-            answer = await call(self.mq.QueryOffset, query_pb2.QueryConsumerOffsetRequest(
-                consumer_group=group, topic=topic, queue_id=queue_id), self._local(context))
-            return int(answer.offset)
-        except MqstoreCallError as exc:
-            if exc.code != grpc.StatusCode.NOT_FOUND:
-                raise
-        offsets = await call(self.mq.GetQueueOffsets, query_pb2.GetQueueOffsetRangeRequest(
-            topic=topic, queue_id=queue_id), self._local(context))
-        return int(offsets.min_offset)
-
-    async def _take(self, group: str, topic: definition_pb2.Resource, route: gateway_pb2.TopicRoute, batch: int,
-                    invisible_s: float, subscription: str, context: Context) -> list[definition_pb2.Message]:
-        """Up to ``batch`` messages of the topic's readable queues: in-flight ones visible again first
-        (or to the dead-letter topic after the group's max attempts), then new ones."""
-        out: list[definition_pb2.Message] = []
-        invisible_ms = int(invisible_s * 1000)
-        for queue in route.queues:
-            if len(out) >= batch or not queue.readable:
-                continue
-            lease = await self._lease(group, topic.name, queue.queue_id, context)
-            async with lease.lock:
-                for offset, delivery in lease.expired(time.monotonic()):
-                    if len(out) >= batch:
-                        break
-                    if delivery.attempts >= self.max_delivery_attempts:
-                        await self._dead_letter(group, topic.name, delivery.message, context)
-                        del lease.inflight[offset]
-                        continue
-                    receipt, attempts = lease.hand_out(offset, delivery.message, invisible_s, delivery.group_key)
-                    out.append(to_v2(delivery.message, topic, queue.queue_id, receipt.encode(), invisible_ms,
-                                     delivery.message.reconsume_times + attempts))
-                if len(out) < batch:
-                    await self._take_new(lease, topic, batch - len(out), invisible_s, subscription, out, context)
-                await self._commit(group, topic.name, lease, context)
-        return out
-
-    async def _take_new(self, lease: QueueLease, topic: definition_pb2.Resource, wanted: int, invisible_s: float,
-                        subscription: str, out: list[definition_pb2.Message], context: Context) -> None:
-        pull = query_pb2.PullMessageRequest(topic=topic.name, queue_id=lease.queue_id,
-                                            queue_offset=lease.next_offset, max_messages=min(wanted, 32),
-                                            subscription=subscription)
-        answer = await call(self.mq.Pull, pull, self._local(context, 10.0), query_pb2.PullMessageResponse)
-        next_offset = answer.next_begin_offset if answer.next_begin_offset else lease.next_offset
-        lease.fifo_blocked = False
-        for stored in answer.messages:
-            group_key = stored.properties.get(SHARDING_KEY)
-            if lease.blocked(group_key, stored.queue_offset):
-                next_offset = stored.queue_offset  # FIFO: its group's earlier message is still in flight
-                lease.fifo_blocked = True
-                break
-            receipt, attempts = lease.hand_out(stored.queue_offset, stored, invisible_s, group_key)
-            out.append(to_v2(stored, topic, lease.queue_id, receipt.encode(), int(invisible_s * 1000),
-                             stored.reconsume_times + attempts))
-        lease.next_offset = max(lease.next_offset, next_offset)
-
-    async def _commit(self, group: str, topic: str, lease: QueueLease, context: Context, soon: bool = False) -> None:
-        """Commit the group's offset of this queue (the lowest in flight). ``soon``: within COMMIT_INTERVAL_S
-        rather than at once when the queue was committed less than that ago (acks come one per call:
-        a commit each would bound a consumer to a few hundred acks a second). An offset not yet
-        committed when the gateway stops only delivers its acked messages again (at least once)."""
-        committed = lease.committed
-        if committed == lease.stored_offset:
-            return
-        if soon and time.monotonic() - lease.committed_at < COMMIT_INTERVAL_S:
-            self._dirty[(group, topic, lease.queue_id)] = self._local(context)
-            if self._flusher is None or self._flusher.done():
-                self._flusher = asyncio.get_running_loop().create_task(self._flush_later(), name="rocketmq5-commits")
-            return
-        await self._commit_now(group, topic, lease, committed, self._local(context))
-
-    async def _commit_now(self, group: str, topic: str, lease: QueueLease, committed: int, local: LocalContext) -> None:
-        await call(self.mq.CommitOffset, query_pb2.UpdateConsumerOffsetRequest(
-            consumer_group=group, topic=topic, queue_id=lease.queue_id, offset=committed), local)
-        lease.stored_offset = committed
-        lease.committed_at = time.monotonic()
-
-    async def _flush_later(self) -> None:
-        while self._dirty:
-            await asyncio.sleep(COMMIT_INTERVAL_S)
-            dirty, self._dirty = self._dirty, {}
-            for (group, topic, queue_id), local in dirty.items():
-                lease = self._leases[(group, topic, queue_id)]
-                async with lease.lock:
-                    if lease.committed == lease.stored_offset:
-                        continue
-                    try:
-                        await self._commit_now(group, topic, lease, lease.committed, local.renewed(COMMIT_TIMEOUT_S))
-                    except MqstoreCallError as exc:
-                        log.warning("committing %s's offset of %s queue %d: %s (retried with the next ack)",
-                                    group, topic, queue_id, exc)
-
-    async def _dead_letter(self, group: str, topic: str, message: query_pb2.StoredMessage, context: Context) -> None:
-        await call(self.mq.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest(
-            group=group, msg_id=message.msg_id, delay_level=-1, topic=topic), self._local(context))
-
-    async def _delivery(self, group: str, topic: str, handle: str, context: Context
-                        ) -> tuple[QueueLease, Receipt]:
-        receipt = Receipt.decode(handle)
-        lease = self._leases.get((group, topic, receipt.queue_id))
-        if lease is None:
-            raise BadReceiptHandle(f"receipt handle {handle!r}: group {group!r} has received nothing from queue "
-                                   f"{receipt.queue_id} of topic {topic!r} through this gateway process")
-        return lease, receipt
-
     async def AckMessage(self, request: service_pb2.AckMessageRequest, context: Context
                          ) -> service_pb2.AckMessageResponse:
         entries = []
         first_failure = None
+        local = self._local(context)
         for entry in request.entries:
             status = st.ok()
             try:
-                lease, receipt = await self._delivery(request.group.name, request.topic.name, entry.receipt_handle,
-                                                      context)
-                async with lease.lock:
-                    lease.ack(receipt)
-                    self._notify_change()
-                    await self._commit(request.group.name, request.topic.name, lease, context, soon=True)
+                receipt = Receipt.decode(entry.receipt_handle)
+                await self.pop.ack(local, request.group.name, request.topic.name, receipt)
+                self.renewals.forget(entry.receipt_handle)
+                self._notify_change()
             except BadReceiptHandle as exc:
                 status = st.status(Code.INVALID_RECEIPT_HANDLE, str(exc))
             except MqstoreCallError as exc:
@@ -512,40 +456,46 @@ class RocketMQ5Servicer:
 
     async def ChangeInvisibleDuration(self, request: service_pb2.ChangeInvisibleDurationRequest, context: Context
                                       ) -> service_pb2.ChangeInvisibleDurationResponse:
+        """The answer's receipt handle is a new one (the old one is refused from then on); the message
+        is no longer renewed (a push consumer's nack)."""
         seconds = request.invisible_duration.ToMilliseconds() / 1000
         if not 0 <= seconds <= MAX_INVISIBLE_S:
             return service_pb2.ChangeInvisibleDurationResponse(status=st.status(
                 Code.ILLEGAL_INVISIBLE_TIME,
                 f"invisible duration {seconds} s is not within 0..{MAX_INVISIBLE_S:.0f} s"))
         try:
-            lease, receipt = await self._delivery(request.group.name, request.topic.name, request.receipt_handle,
-                                                  context)
-            async with lease.lock:
-                renewed = lease.change_invisible(receipt, seconds)
-                self._notify_change()
+            receipt = Receipt.decode(request.receipt_handle)
+            answer = await self.pop.change_invisible(self._local(context), request.group.name, request.topic.name,
+                                                     receipt, int(seconds * 1000))
         except BadReceiptHandle as exc:
             return service_pb2.ChangeInvisibleDurationResponse(status=st.status(Code.INVALID_RECEIPT_HANDLE, str(exc)))
+        except MqstoreCallError as exc:
+            return service_pb2.ChangeInvisibleDurationResponse(status=st.of_error(exc))
+        self.renewals.forget(request.receipt_handle)
+        self._notify_change()
+        renewed = Receipt(receipt.queue_id, receipt.offset, answer.version)
         return service_pb2.ChangeInvisibleDurationResponse(status=st.ok(), receipt_handle=renewed.encode())
 
     async def ForwardMessageToDeadLetterQueue(self, request: service_pb2.ForwardMessageToDeadLetterQueueRequest,
                                               context: Context) -> service_pb2.ForwardMessageToDeadLetterQueueResponse:
         """The message goes to %DLQ%<group> (mqstore's ConsumerSendBack with delay level -1) and counts
-        as acked."""
+        as acked. The receipt is checked first (and the message kept invisible while it moves)."""
         group, topic = request.group.name, request.topic.name
+        local = self._local(context)
         try:
-            lease, receipt = await self._delivery(group, topic, request.receipt_handle, context)
-            async with lease.lock:
-                delivery = lease.find(receipt)
-                await self._dead_letter(group, topic, delivery.message, context)
-                lease.ack(receipt)
-                self._notify_change()
-                await self._commit(group, topic, lease, context)
+            receipt = Receipt.decode(request.receipt_handle)
+            await self.pop.change_invisible(local, group, topic, receipt, FORWARD_CLAIM_MS, renew=True)
+            await call(self.mq.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest(
+                group=group, msg_id=request.message_id, delay_level=-1, topic=topic), local)
+            await self.pop.ack(local, group, topic, receipt)
         except BadReceiptHandle as exc:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(
                 status=st.status(Code.INVALID_RECEIPT_HANDLE, str(exc)))
         except MqstoreCallError as exc:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(
                 status=st.of_error(exc, not_found=Code.MESSAGE_NOT_FOUND))
+        self.renewals.forget(request.receipt_handle)
+        self._notify_change()
         return service_pb2.ForwardMessageToDeadLetterQueueResponse(status=st.ok())
 
     # -- not supported: answered NOT_IMPLEMENTED (50100) in the protocol's own way ---------------------

@@ -1,7 +1,8 @@
 """Process entry point of the query service: ``mqstore serve query`` and ``python -m mqstore.services.query``.
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server and aio clients of the indexer and
-the commitlog service). Its store root holds only ``lock`` and ``config/consumerOffset.json``.
+the commitlog service). Its store root holds only ``lock``, ``config/consumerOffset.json`` and
+``config/popCheckpoint.json`` (RocketMQ 5 pop consumption: services/query/pop_checkpoints.py).
 Metrics on ``MQSTORE_METRICS_PORT`` like the other services (services/query/metrics.py).
 
 Data reads come from the store files when the shard's store is mounted here (``--store-root``: the
@@ -10,12 +11,14 @@ says otherwise), over gRPC from the indexer and the commitlog service otherwise 
 or no store root: a query service on another machine). See services/query/local_files.py.
 
 Exit codes: 0 after a clean stop, 2 for bad settings or an address it cannot listen on, 3 when
-another process holds the store's lock, 4 when the consumer offsets file and its backup are unreadable.
+another process holds the store's lock, 4 when the consumer offsets (or pop checkpoint) file and its backup
+are unreadable.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from contextlib import suppress
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from mqstore.services.query.backends import CommitLogClient, IndexerClient
 from mqstore.services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
 from mqstore.services.query.local_files import LocalCommitLog, LocalIndexer
 from mqstore.services.query.lookup import MessageLookup
+from mqstore.services.query.pop_checkpoints import PopCheckpointTable
 from mqstore.services.query.pull import Puller
 from mqstore.services.query.queue_offsets import QueueOffsets
 from mqstore.services.query.servicer import SERVICE_NAME, QueryServicer
@@ -125,14 +129,16 @@ async def _serve(options: QueryOptions) -> int:
         log.error("cannot start: %s", exc, extra={"store": options.store})
         return EXIT_STORE_LOCKED
     offsets = ConsumerOffsetTable(root / "config")
+    pops = PopCheckpointTable(root / "config")
     try:
         offsets.load()
-    except OffsetFileError as exc:
+        pops.load()
+    except (OffsetFileError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         lock.release()
         return EXIT_BAD_OFFSETS_FILE
     try:
-        return await _run(options, config, offsets, signals, metrics_port)
+        return await _run(options, config, offsets, pops, signals, metrics_port)
     finally:
         lock.release()
 
@@ -150,7 +156,7 @@ def _backends(options: QueryOptions, config: MessageStoreConfig) -> tuple[Indexe
 
 
 async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: ConsumerOffsetTable,
-               signals: ShutdownSignal, metrics_port: int | None) -> int:
+               pops: PopCheckpointTable, signals: ShutdownSignal, metrics_port: int | None) -> int:
     use_blocking_executor(BLOCKING_WORKERS)
     cq_file_size = config.mapped_file_size_consume_queue
     indexer, commitlog = _backends(options, config)
@@ -159,14 +165,14 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
     servicer = QueryServicer(Puller(indexer, commitlog, store, watcher, cq_file_size),
                              MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
-                             options.max_long_poll_ms)
+                             options.max_long_poll_ms, pops=pops)
     address = options.listen or DEFAULT_LISTEN
     settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS,
                               max_receive_message_bytes=MIB).as_internal()
     server = AioGrpcServer(settings, [SERVICE_NAME],
                            lambda s: query_pb2_grpc.add_QueryServiceServicer_to_server(servicer, s))
     watcher.start()
-    persister = asyncio.create_task(_persist_periodically(offsets, options.persist_interval_ms / 1000),
+    persister = asyncio.create_task(_persist_periodically(offsets, pops, options.persist_interval_ms / 1000),
                                     name="persist-consumer-offsets")
     background = [persister]
     if isinstance(commitlog, LocalCommitLog):
@@ -182,10 +188,11 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
             with suppress(asyncio.CancelledError):
                 await task
         await watcher.stop()
-        try:
-            await asyncio.to_thread(offsets.persist)
-        except OSError:
-            log.exception("cannot write %s at stop: commits since the last write are lost", offsets.path)
+        for table in (pops, offsets):
+            try:
+                await asyncio.to_thread(table.persist)
+            except OSError:
+                log.exception("cannot write %s at stop: changes since the last write are lost", table.path)
         await indexer.close()
         await commitlog.close()
 
@@ -199,14 +206,16 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     return await serve_aio_until_signal(server, signals, on_stopping=stopping, on_stopped=stopped)
 
 
-async def _persist_periodically(offsets: ConsumerOffsetTable, interval_s: float) -> None:
-    """RocketMQ's flushConsumerOffsetInterval: write the table when it changed. A failed write is
-    logged and tried again next interval (the stop path writes once more)."""
+async def _persist_periodically(offsets: ConsumerOffsetTable, pops: PopCheckpointTable, interval_s: float) -> None:
+    """RocketMQ's flushConsumerOffsetInterval: write each table when it changed. Both are snapshot in
+    one step of the loop, so the files agree (the pop state's committed offsets are the offsets').
+    A failed write is logged and tried again next interval (the stop path writes once more)."""
     while True:
         await asyncio.sleep(interval_s)
-        if not offsets.dirty:
-            continue
-        try:
-            await asyncio.to_thread(offsets.write, offsets.snapshot())
-        except OSError:
-            log.exception("cannot write %s; retrying in %.1fs", offsets.path, interval_s)
+        writes = [(table.path, functools.partial(table.write, table.snapshot()))
+                  for table in (pops, offsets) if table.dirty]
+        for path, write in writes:
+            try:
+                await asyncio.to_thread(write)
+            except OSError:
+                log.exception("cannot write %s; retrying in %.1fs", path, interval_s)

@@ -24,6 +24,9 @@ from mqstore.services.query.convert import (
 from mqstore.services.query.errors import query_status_code
 from mqstore.services.query.group_rpcs import GroupRpcs
 from mqstore.services.query.lookup import MessageLookup
+from mqstore.services.query.pop import PopService
+from mqstore.services.query.pop_checkpoints import PopCheckpointTable
+from mqstore.services.query.pop_rpcs import PopRpcs
 from mqstore.services.query.pull import Puller
 from mqstore.services.query.queue_offsets import QueueOffsets
 from mqstore.services.server.status import fail_call
@@ -49,15 +52,17 @@ def _fail(context: Context, method: str, exc: StoreError, empty: T) -> T:
     return empty
 
 
-class QueryServicer(GroupRpcs, query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
+class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
     def __init__(self, puller: Puller, lookup: MessageLookup, offsets: QueueOffsets,
                  consumer_offsets: ConsumerOffsetTable, max_long_poll_ms: int,
-                 members: GroupMembers | None = None) -> None:
+                 members: GroupMembers | None = None, pops: PopCheckpointTable | None = None) -> None:
         self._puller = puller
         self._lookup = lookup
         self._offsets = offsets
         self._consumer_offsets = consumer_offsets
         self._members = members if members is not None else GroupMembers()
+        pops = pops if pops is not None else PopCheckpointTable(consumer_offsets.path.parent)
+        self._pop = PopService(pops, consumer_offsets, puller, offsets)
         self._max_long_poll_ms = max_long_poll_ms
         self._stopping = False
 

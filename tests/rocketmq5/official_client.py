@@ -176,6 +176,31 @@ def push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"seen": seen}
 
 
+def slow_push(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A PushConsumer whose listener takes ``listen_s`` for every message: each call's start and end,
+    and the message it got (a message delivered again while its first call still runs shows twice)."""
+    calls: list[dict[str, Any]] = []
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Message) -> Any:
+            call = _received(message)
+            calls.append(call)
+            time.sleep(args["listen_s"])
+            call["done"] = time.time()
+            return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(_config(endpoint), args["group"], Listener(), {args["topic"]: FilterExpression()})
+    consumer.startup()
+    try:
+        deadline = time.time() + args["wait_s"]
+        while time.time() < deadline and not any("done" in c for c in calls):
+            time.sleep(0.1)
+        time.sleep(args["linger_s"])
+    finally:
+        consumer.shutdown()
+    return {"calls": calls}
+
+
 def tls_roundtrip(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
     """A send and a receive with ``tls_enable=True`` (the CA comes from GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)."""
     producer = Producer(_config(endpoint), (args["topic"],), tls_enable=True)
@@ -214,8 +239,8 @@ def signed_send(endpoint: str, args: dict[str, Any]) -> dict[str, Any]:
             producer.shutdown()
 
 
-SCENARIOS = {"tls": tls_roundtrip, "push": push, "orphan": orphan, "produce": produce, "consume": consume,
-             "consume_fifo": consume_fifo, "signed_send": signed_send}
+SCENARIOS = {"tls": tls_roundtrip, "push": push, "slow_push": slow_push, "orphan": orphan, "produce": produce,
+             "consume": consume, "consume_fifo": consume_fifo, "signed_send": signed_send}
 
 if __name__ == "__main__":
     result = SCENARIOS[sys.argv[1]](sys.argv[2], json.loads(sys.argv[3]))

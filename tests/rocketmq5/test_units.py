@@ -1,5 +1,5 @@
 """Units of gateway/rocketmq5: RocketMQ 5's request signature verified against a token's secret,
-receipt handles, the hand-out state of one queue (FIFO groups, outdated handles, the committed offset)."""
+receipt handles, the auto renewal of push consumers' receipts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mqstore.gateway.auth import MAX_SIGNATURE_SKEW_S, UnauthenticatedError, load_token_table
-from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, QueueLease, Receipt
+from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, Receipt, Renewal, Renewals
 
 
 def signed(access_key: str, secret: str, at: float | None = None, signature: str | None = None,
@@ -61,24 +61,20 @@ def test_receipt_handles() -> None:
         Receipt.decode("3.17")
 
 
-def test_a_queue_lease() -> None:
-    lease = QueueLease(0, next_offset=10)
-    first, attempts = lease.hand_out(10, "m10", 30, group_key="g")
-    assert attempts == 1 and lease.committed == 10
-    assert lease.blocked("g", 11) and not lease.blocked("other", 11) and not lease.blocked(None, 11)
-    lease.next_offset = 12
-    renewed = lease.change_invisible(first, 0)
-    with pytest.raises(BadReceiptHandle, match="earlier hand-out"):
-        lease.ack(first)
-    [(offset, _)] = lease.expired(float("inf"))
-    again, attempts = lease.hand_out(offset, "m10", 30, "g")
-    assert attempts == 2
-    with pytest.raises(BadReceiptHandle, match="earlier hand-out"):
-        lease.ack(renewed)
-    lease.ack(again)
-    assert lease.committed == 12 and not lease.blocked("g", 11)
-    with pytest.raises(BadReceiptHandle, match="not in flight"):
-        lease.ack(again)
+def test_renewals() -> None:
+    renewals = Renewals(max_renew_s=100)
+    ahead = Renewal("c1", "g", "t", Receipt(0, 1, 7), 30, visible_at=1000 + 30, delivered_at=1000, caller=None)
+    short = Renewal("c1", "g", "t", Receipt(0, 2, 8), 4, visible_at=1000 + 4, delivered_at=1000, caller=None)
+    other = Renewal("c2", "g", "t", Receipt(0, 3, 9), 30, visible_at=1000 + 30, delivered_at=1000, caller=None)
+    for renewal in (ahead, short, other):
+        renewals.add(renewal)
+    assert [r.handle for r in renewals.due(1000)] == [], "30 s left: not yet"
+    assert [r.handle for r in renewals.due(1002)] == ["0.2.8"], "half of a short duration ahead"
+    assert {r.handle for r in renewals.due(1021)} == {"0.1.7", "0.2.8", "0.3.9"}, "10 s ahead"
+    renewals.forget("0.1.7")
+    renewals.drop_client("c2")
+    assert [r.handle for r in renewals.due(1021)] == ["0.2.8"]
+    assert renewals.due(1100) == [] and len(renewals) == 0, "past the maximum renew time: forgotten"
 
 
 def test_max_delivery_attempts_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,143 @@
+"""RocketMQ 5's pop checkpoints, kept by the shard's query service in ``config/popCheckpoint.json``.
+
+For each (consumer group, topic, queue) consumed by pop (the gateway's apache.rocketmq.v2 consumers):
+the pop offset (where new messages are taken from) and the messages handed out and not acked, each
+with the time it becomes visible again (ms since the epoch, so that it means the same after a
+restart), its delivery attempts, the version of its latest hand-out (a receipt handle names one
+version: an ack with an earlier one is refused) and its message group (FIFO order).
+
+RocketMQ's broker keeps the same in its store as checkpoint and ack records, revived into the retry
+topic; here it is one table, written whole, atomically (temp file, fsync, rename, ``.bak`` kept),
+together with the consumer offsets (every persist interval when it changed, and at a clean stop): a
+kill -9 forgets at most the hand-outs and acks of the last interval (those messages are delivered
+again: at least once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mqstore.services.store.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
+from mqstore.services.store.store_root import read_with_backup, write_atomically
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "popCheckpoint.json"
+
+
+@dataclasses.dataclass(slots=True)
+class InFlight:
+    """A message handed out and not acked."""
+
+    visible_at_ms: int
+    attempts: int
+    version: int
+    group_key: str | None
+
+
+@dataclasses.dataclass(slots=True)
+class PopQueue:
+    """One queue's pop state for one group."""
+
+    pop_offset: int
+    inflight: dict[int, InFlight] = dataclasses.field(default_factory=dict)
+    #: The group offset this state last wrote to the consumer offsets (another value there: reset).
+    committed: int = -1
+    lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, compare=False, repr=False)
+
+    @property
+    def lowest(self) -> int:
+        """The group's offset: everything below it is acked (or filtered out)."""
+        return min(self.inflight, default=self.pop_offset)
+
+    def blocked(self, group_key: str | None, offset: int) -> bool:
+        """True when an earlier message of this message group is in flight."""
+        return group_key is not None and any(d.group_key == group_key and o < offset
+                                             for o, d in self.inflight.items())
+
+    def next_visible_ms(self, max_attempts: int) -> int:
+        """When the next message a pop would hand out again becomes visible (0: none in flight);
+        messages left to the dead-letter claim do not count."""
+        return min((d.visible_at_ms for d in self.inflight.values() if d.attempts < max_attempts), default=0)
+
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PopCheckpointTable:
+    def __init__(self, config_dir: Path) -> None:
+        self.path = config_dir / FILE_NAME
+        self.queues: dict[Key, PopQueue] = {}
+        self._last_version = 0
+        self._version = 0
+        self._persisted_version = 0
+        self._write_lock = threading.Lock()
+
+    @property
+    def dirty(self) -> bool:
+        return self._version != self._persisted_version
+
+    def changed(self) -> None:
+        self._version += 1
+
+    def new_version(self) -> int:
+        """A hand-out's version: microseconds since the epoch, strictly increasing, so a version is not
+        handed out twice even after a kill -9 forgot the last ones (unless the clock went back)."""
+        self._last_version = max(self._last_version + 1, time.time_ns() // 1000)
+        return self._last_version
+
+    def load(self) -> None:
+        """The file, else its ``.bak``, else nothing yet; ValueError when neither parses."""
+        parsed = read_with_backup(self.path, _parse)
+        if parsed is None:
+            return
+        self.queues, self._last_version = parsed
+        log.info("loaded the pop state of %d queues (%d messages in flight) from %s", len(self.queues),
+                 sum(len(q.inflight) for q in self.queues.values()), self.path)
+
+    def snapshot(self) -> tuple[int, dict[str, Any]]:
+        """(version, the document): built on the event loop (cheap), encoded in a thread."""
+        document: dict[str, Any] = {"lastVersion": self._last_version, "queues": {}}
+        for (group, topic, queue_id), q in self.queues.items():
+            entry = {"popOffset": q.pop_offset, "committed": q.committed,
+                     "inflight": {str(o): [d.visible_at_ms, d.attempts, d.version, d.group_key]
+                                  for o, d in sorted(q.inflight.items())}}
+            document["queues"].setdefault(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {})[str(queue_id)] = entry
+        return self._version, document
+
+    def write(self, snapshot: tuple[int, dict[str, Any]]) -> None:
+        """Blocking (fsyncs): meant for a worker thread."""
+        version, document = snapshot
+        data = json.dumps(document, separators=(",", ":")).encode()
+        with self._write_lock:
+            write_atomically(self.path, data, keep_backup=True)
+            self._persisted_version = max(self._persisted_version, version)
+
+    def persist(self) -> None:
+        """Write now if changed (the stop path)."""
+        if self.dirty:
+            self.write(self.snapshot())
+
+
+def _parse(data: bytes) -> tuple[dict[Key, PopQueue], int]:
+    document = json.loads(data)
+    queues: dict[Key, PopQueue] = {}
+    for key, per_queue in document["queues"].items():
+        topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+        for queue_id, entry in per_queue.items():
+            inflight = {int(o): InFlight(int(v), int(a), int(ver), g)
+                        for o, (v, a, ver, g) in entry["inflight"].items()}
+            queues[(group, topic, int(queue_id))] = PopQueue(int(entry["popOffset"]), inflight,
+                                                             int(entry["committed"]))
+    return queues, int(document["lastVersion"])
