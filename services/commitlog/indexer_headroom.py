@@ -38,7 +38,10 @@ log = logging.getLogger(__name__)
 #: reput.json, consumerOffset.json, each once more as the copy renamed over it).
 CHECKPOINT_BYTES = MIB
 
-QueueTable = Callable[[], Mapping[tuple[str, int], int]]
+QueueKey = tuple[str, int]
+QueueTable = Callable[[], Mapping[QueueKey, int]]
+#: Measures after which the queues found settled are looked at again (a file deleted under them).
+RECHECK_SETTLED_EVERY = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,10 @@ class IndexerHeadroom:
         self.index_file_size = index_file_size
         self._layout: StoreLayout | None = None
         self._told = ""
+        # queue -> start of its last acknowledged unit's file, for queues whose file there is created
+        # and wholly allocated: they need one more file until their end passes it (no stat needed).
+        self._settled: dict[QueueKey, int] = {}
+        self._measures = 0
 
     def measure(self) -> Headroom:
         """The headroom now; NO_HEADROOM when the indexer's files are not on the commitlog's disk."""
@@ -92,10 +99,23 @@ class IndexerHeadroom:
             return NO_HEADROOM
         self._tell("")
         assert self._layout is not None
-        consumequeue = self._layout.consumequeue
+        self._measures += 1
+        if self._measures % RECHECK_SETTLED_EVERY == 0:
+            self._settled.clear()
+        consumequeue, size, settled = self._layout.consumequeue, self.queue_file_size, self._settled
         table = self.queues()
-        queue_bytes = sum(self._queue_needs(consumequeue / topic / str(queue_id), end)
-                          for (topic, queue_id), end in table.items() if end > 0)
+        queue_bytes = 0
+        for key, end in table.items():
+            if end <= 0:
+                continue
+            last_start = (end - 1) * CQ_STORE_UNIT_SIZE // size * size
+            if settled.get(key) == last_start:
+                queue_bytes += size
+                continue
+            needs = self._queue_needs(consumequeue / key[0] / str(key[1]), last_start)
+            if needs == size:
+                settled[key] = last_start
+            queue_bytes += needs
         return Headroom(len(table), queue_bytes, self._index_needs(self._layout.index), CHECKPOINT_BYTES,
                         self.queue_file_size)
 
@@ -113,10 +133,10 @@ class IndexerHeadroom:
             return f"{logic} is on another file system"
         return ""
 
-    def _queue_needs(self, directory: Path, end: int) -> int:
-        """Bytes queue ``directory`` still needs for its units [0, end) and its next one."""
+    def _queue_needs(self, directory: Path, last_start: int) -> int:
+        """Bytes queue ``directory`` still needs for its acknowledged units, the last of which lies in
+        the file starting at byte ``last_start``, and for its next one."""
         size = self.queue_file_size
-        last_start = (end - 1) * CQ_STORE_UNIT_SIZE // size * size
         try:
             return size + unallocated_bytes(directory / file_name(last_start), size)
         except FileNotFoundError:
