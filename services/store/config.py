@@ -34,6 +34,7 @@ _NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # services/ser
                     "GATEWAY_WORKERS", "GATEWAY_WORKER",  # gateway/workers.py
                     "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY", "GATEWAY_TLS_CLIENT_CA",  # gateway/tls.py
                     "RMQ5", "RMQ5_MAX_DELIVERY_ATTEMPTS",  # gateway/rocketmq5/registration.py
+                    "RMQ5_DEFAULT_INVISIBLE_MS", "RMQ5_RENEW_MAX_MS",
                     "GATEWAY", "TOKEN", "TLS", "TLS_CA", "TLS_CERT", "TLS_KEY",  # mqstore_client/connection.py
                     "PROGRESS"}  # mqstore_client/progress.py
 log = logging.getLogger(__name__)
