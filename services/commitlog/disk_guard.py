@@ -154,7 +154,7 @@ class DiskGuard:
         if cost and usage is not None and self.headroom.total + self._charged + cost > usage.available:
             raise DiskFullError(_refusal(
                 f"{usage.describe()}: the {count} new ConsumeQueue files of these messages "
-                f"({cost / MIB:.1f} MiB) do not fit next to {self.headroom.describe()}", usage))
+                f"({cost / MIB:.1f} MiB) do not fit next to {self.headroom.describe()}", usage, SHRINK_HEADROOM))
 
     def charge_queue_files(self, count: int) -> None:
         """After a put that started ``count`` ConsumeQueue files: their room is taken until the next
@@ -181,15 +181,17 @@ class DiskGuard:
         if self._hold is not None and usage.ratio <= self._hold[1]:
             log.info("the hold on writes ends: %s, not above %.2f any more", usage.describe(), self._hold[1])
             self._hold = None
-        reason = self._ratio_reason(usage) or self._headroom_reason(usage)
+        reason, setting = self._ratio_reason(usage), RAISE_RATIO
+        if reason is None:
+            reason, setting = self._headroom_reason(usage), SHRINK_HEADROOM
         if reason is None and self._file_needed:
-            reason = self._file_reason(usage)
+            reason, setting = self._file_reason(usage), RAISE_RATIO
             if reason is None:
                 self._file_needed = False
         if self._hold is not None:
             why, ratio = self._hold
             reason = f"{reason or _held_reason(ratio, usage)}; {why}"
-        refusal = None if reason is None else _refusal(reason, usage, self._hold is not None)
+        refusal = None if reason is None else _refusal(reason, usage, UNPROTECT if self._hold is not None else setting)
         if (refusal is None) != (self._refusal is None):
             if refusal is not None:
                 log.error("refusing writes: %s", reason)
@@ -228,7 +230,12 @@ def _held_reason(ratio: float, usage: DiskUsage) -> str:
     return f"{usage.describe()}, above diskSpaceCleanForciblyRatio {ratio:.2f}"
 
 
-def _refusal(reason: str, usage: DiskUsage, held: bool = False) -> str:
-    setting = "turn protectUnconsumedData off" if held else "raise diskSpaceWarningLevelRatio"
+#: What else ends a refusal, besides freeing space, by what caused it.
+RAISE_RATIO = "raise diskSpaceWarningLevelRatio"
+SHRINK_HEADROOM = "lower mappedFileSizeConsumeQueue or maxIndexNum, or give the indexer's files a disk of their own"
+UNPROTECT = "turn protectUnconsumedData off"
+
+
+def _refusal(reason: str, usage: DiskUsage, setting: str = RAISE_RATIO) -> str:
     return (f"disk full: {reason}; nothing was written. Free space on {usage.mount_point} (or {setting}); "
             "writes resume by themselves once there is room")

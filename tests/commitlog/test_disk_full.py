@@ -288,6 +288,8 @@ def test_a_put_that_starts_consumequeue_files_the_disk_has_no_room_for_is_refuse
         with pytest.raises(DiskFullError) as refused:
             log.put_message(Message("Room", 0, b"r"))
         assert "less than the 9.1 MiB kept for the indexer to write what was acknowledged" in str(refused.value)
+        assert "(or lower mappedFileSizeConsumeQueue or maxIndexNum, or give the indexer's files a disk of their " \
+            "own)" in str(refused.value)
         log.delete_topic("Warm")  # the indexer writes nothing more for a deleted topic
         log.disk.refresh()
         assert log.disk.headroom.queues == 3
