@@ -47,6 +47,9 @@ def test_ctrl_c_stops_cleanly_and_a_second_start_reuses_the_data(tmp_path: Path)
     assert logs.index("gateway stopped") < logs.index("query stopped") < logs.index("commitlog stopped")
     assert not (store / "abort").exists() and not (store / "indexer" / "abort").exists()
 
+    # The second start appends to the same log: without this, the first's "mqstore is up" would be
+    # taken for the second's, and the test would go on while the second is still starting.
+    first.log_path.rename(first.log_path.with_name("first-up.log"))
     second = start_up(store)
     try:
         pulled = second.stub.Pull(query_pb2.PullMessageRequest(topic="kept", queue_id=sent.queue_id,
