@@ -10,6 +10,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from mqstore.gateway.auth import ANONYMOUS, Principal
+from mqstore.gateway.groups import _visible_members
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2
 from tests.gateway import test_gateway_auth as auth
 from tests.gateway.system_process import UpProcess, running_up
@@ -129,3 +131,15 @@ def test_send_back_into_another_tenants_group_is_denied(secured: UpProcess) -> N
     assert auth.code_of(secured.stub.ConsumerSendBack, into_b, auth.CONSUMER) == grpc.StatusCode.PERMISSION_DENIED
     own = gateway_pb2.ConsumerSendBackRequest(group="ordersGroup", msg_id=sent.offset_msg_id, topic="orders")
     secured.stub.ConsumerSendBack(own, timeout=10, metadata=auth.CONSUMER)
+
+
+def test_a_member_is_shown_with_only_the_callers_topics() -> None:
+    caller = Principal("a", consume=("orders",))
+    shared = groups_pb2.GroupMember(client_id="m@1", topics=["orders", "payments"],
+                                    assigned_queues=[groups_pb2.QueueRef(topic="orders", queue_id=0),
+                                                     groups_pb2.QueueRef(topic="payments", queue_id=1)])
+    foreign = groups_pb2.GroupMember(client_id="m@2", topics=["payments"])
+    (shown,) = _visible_members(caller, [shared, foreign])
+    assert shown.client_id == "m@1" and list(shown.topics) == ["orders"]
+    assert [(q.topic, q.queue_id) for q in shown.assigned_queues] == [("orders", 0)]
+    assert _visible_members(ANONYMOUS, [shared, foreign]) == [shared, foreign]
