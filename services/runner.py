@@ -302,8 +302,9 @@ mqstore is up. Gateway: {gateway}{workers} (store {root.resolve()}){metrics}
 
 
 def _command(name: str) -> str:
-    """``name`` when the shell finds it, else its path in this virtualenv (``.venv/bin/name``)."""
+    """``name`` when the shell finds it, else its absolute path in this virtualenv: a path relative to
+    this process's directory is wrong in the user's shell whenever the two differ (``make -C repo run``)."""
     if shutil.which(name):
         return name
     beside = Path(sys.executable).parent / name
-    return os.path.relpath(beside) if beside.exists() else name
+    return str(beside.absolute()) if beside.exists() else name
