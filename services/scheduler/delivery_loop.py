@@ -15,10 +15,10 @@ kept here in one place:
   the first one to be tried again ends the batch;
 * the state carries a commitlog offset, ``scan_from``, at or below every re-put it does not count: the
   end of the last acknowledged re-put, or the log's end when none is in flight and the last call was
-  answered (moved up every persist interval, so the stretch stays short while nothing is delivered;
-  a call that failed may have been written, and a restart must still find it). Before its first delivery a run
-  reads the re-puts in the log from there to the end (:meth:`ScheduleFiles.reputs`) and counts those
-  of the units it would deliver again as delivered (:meth:`DeliveryLoop._reconcile`): the re-puts a
+  answered (a failed call may have been written: a restart must still find it), moved up every
+  persist interval so that the stretch stays short while nothing is delivered. Before its first
+  delivery a run reads the re-puts in the log from there to the end (:meth:`ScheduleFiles.reputs`)
+  and counts the units they came from as delivered (:meth:`DeliveryLoop._reconcile`): the re-puts a
   killed run made after its last write are in the log, so kill -9 at any point repeats none.
 """
 
@@ -202,6 +202,9 @@ class DeliveryLoop(ABC):
         if start is None:
             self._log.info("%s records no commitlog offset to look for re-puts from: starting from the "
                            "log's end %d", self._state_name, end)
+        elif start > end:
+            self._log.warning("the commitlog ends at %d, before %s's offset %d to look for re-puts from (it lost "
+                              "its tail?): none looked for", end, self._state_name, start)
         elif start < end:
             began = time.monotonic()
             until = None if self._written_at_ms is None else \
