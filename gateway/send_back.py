@@ -60,7 +60,8 @@ class SendBackPlan:
     origin_msg_id: str
 
 
-def check_send_back(group: str, msg_id: str, delay_level: int, max_reconsume_times: int | None) -> None:
+def check_send_back(group: str, msg_id: str, delay_level: int, max_reconsume_times: int | None,
+                    reconsume_times: int | None = None) -> None:
     """The request's own checks (before any lookup): INVALID_ARGUMENT naming what to fix."""
     check_group(group)
     longest = len(DLQ_GROUP_TOPIC_PREFIX) + len(group)
@@ -78,6 +79,9 @@ def check_send_back(group: str, msg_id: str, delay_level: int, max_reconsume_tim
         raise InvalidArgumentError(f"max_reconsume_times {max_reconsume_times} is out of range: give "
                                    f"0..{MAX_RECONSUME_TIMES_LIMIT}, or leave it unset for "
                                    f"{DEFAULT_MAX_RECONSUME_TIMES}")
+    if reconsume_times is not None and not 0 <= reconsume_times <= MAX_RECONSUME_TIMES_LIMIT:
+        raise InvalidArgumentError(f"reconsume_times {reconsume_times} is out of range: give "
+                                   f"0..{MAX_RECONSUME_TIMES_LIMIT}, or leave it unset for the consumed copy's + 1")
 
 
 def original_topic(stored: query_pb2.StoredMessage) -> str:
@@ -87,8 +91,9 @@ def original_topic(stored: query_pb2.StoredMessage) -> str:
 
 
 def plan_send_back(stored: query_pb2.StoredMessage, group: str, delay_level: int,
-                   max_reconsume_times: int | None) -> SendBackPlan:
-    """asyncConsumerSendMsgBack's new record, built from the copy consumed."""
+                   max_reconsume_times: int | None, reconsume_times: int | None = None) -> SendBackPlan:
+    """asyncConsumerSendMsgBack's new record, built from the copy consumed; ``reconsume_times``: the new
+    copy's, when the consumer counted deliveries itself (else the consumed copy's + 1)."""
     limit = DEFAULT_MAX_RECONSUME_TIMES if max_reconsume_times is None else max_reconsume_times
     properties = dict(stored.properties)
     properties.setdefault(PROPERTY_RETRY_TOPIC, stored.topic)
@@ -112,5 +117,6 @@ def plan_send_back(stored: query_pb2.StoredMessage, group: str, delay_level: int
     message = common_pb2.Message(topic=topic, queue_id=0, body=stored.body, flag=stored.flag,
                                  properties=properties, born_timestamp=stored.born_timestamp,
                                  born_host=stored.born_host, sys_flag=sys_flag,
-                                 reconsume_times=stored.reconsume_times + 1)
+                                 reconsume_times=stored.reconsume_times + 1 if reconsume_times is None
+                                 else reconsume_times)
     return SendBackPlan(message, topic, dead_letter, level, origin)

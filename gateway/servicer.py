@@ -733,7 +733,8 @@ class MessagingServicer:
         principal = self._principal(context)
         group, msg_id = request.group, request.msg_id.strip()
         limit = request.max_reconsume_times if request.HasField("max_reconsume_times") else None
-        send_back.check_send_back(group, msg_id, request.delay_level, limit)
+        times = request.reconsume_times if request.HasField("reconsume_times") else None
+        send_back.check_send_back(group, msg_id, request.delay_level, limit, times)
         if request.topic:
             check_topic_name(request.topic)
         await self.groups.authorize_group(principal, group, self._timeout(context))
@@ -741,7 +742,7 @@ class MessagingServicer:
         found, _ = await self.finder.find(view, msg_id, self._timeout(context))
         stored = found.message
         self.tokens.authorize(principal, Action.CONSUME, send_back.original_topic(stored))
-        plan = send_back.plan_send_back(stored, group, request.delay_level, limit)
+        plan = send_back.plan_send_back(stored, group, request.delay_level, limit, times)
         route = await self.routes.route(plan.target_topic)
         if route is None:
             config = common_pb2.TopicConfig(topic=plan.target_topic, read_queue_nums=send_back.GROUP_TOPIC_QUEUES,

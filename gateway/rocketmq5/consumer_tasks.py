@@ -18,6 +18,7 @@ from mqstore.gateway.auth import Principal
 from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, Renewals
 from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
 from mqstore.gateway.rocketmq5.store_pop import StorePop
+from mqstore.gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
 from mqstore.v1 import gateway_pb2
 
 if TYPE_CHECKING:
@@ -63,8 +64,9 @@ class DeadLetterMover:
             self._failing.discard(shard.index)
             for message in claimed.messages:
                 ref = message.ref
-                send_back = gateway_pb2.ConsumerSendBackRequest(group=ref.consumer_group, msg_id=message.msg_id,
-                                                                delay_level=-1, topic=ref.topic)
+                send_back = gateway_pb2.ConsumerSendBackRequest(  # RECONSUME_TIMES: the deliveries
+                    group=ref.consumer_group, msg_id=message.msg_id, delay_level=-1, topic=ref.topic,
+                    reconsume_times=min(message.reconsume_times + message.attempts, MAX_RECONSUME_TIMES_LIMIT))
                 try:
                     await call(self.mq.ConsumerSendBack, send_back, LocalContext((), "", CALL_TIMEOUT_S, SERVER))
                     await self.pop.ack_claimed(shard, ref, CALL_TIMEOUT_S)

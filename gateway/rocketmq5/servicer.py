@@ -36,6 +36,7 @@ from mqstore.gateway.rocketmq5.inflight import (
 from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
 from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
 from mqstore.gateway.rocketmq5.store_pop import StorePop
+from mqstore.gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
 from mqstore.gateway.wire import Undecodable
 from mqstore.services.store.record import largest_body_always_stored
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
@@ -485,8 +486,11 @@ class RocketMQ5Servicer:
         try:
             receipt = Receipt.decode(request.receipt_handle)
             await self.pop.change_invisible(local, group, topic, receipt, FORWARD_CLAIM_MS, renew=True)
-            await call(self.mq.ConsumerSendBack, gateway_pb2.ConsumerSendBackRequest(
-                group=group, msg_id=request.message_id, delay_level=-1, topic=topic), local)
+            send_back = gateway_pb2.ConsumerSendBackRequest(group=group, msg_id=request.message_id, delay_level=-1,
+                                                            topic=topic)
+            if 0 < request.delivery_attempt <= MAX_RECONSUME_TIMES_LIMIT:
+                send_back.reconsume_times = request.delivery_attempt  # RECONSUME_TIMES: the deliveries
+            await call(self.mq.ConsumerSendBack, send_back, local)
             await self.pop.ack(local, group, topic, receipt)
         except BadReceiptHandle as exc:
             return service_pb2.ForwardMessageToDeadLetterQueueResponse(

@@ -70,6 +70,7 @@ class Claimed:
     ref: Ref
     msg_id: str
     attempts: int
+    reconsume_times: int
 
 
 class PopService:
@@ -90,6 +91,7 @@ class PopService:
         max_attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
         q = await self._queue(group, topic, queue_id)
         async with q.lock:
+            before = (q.pop_offset, len(q.inflight))
             self._follow_offset(group, topic, queue_id, q)
             out: list[Popped] = []
             await self._hand_out_again(topic, queue_id, q, max_messages, invisible_ms, max_attempts, out)
@@ -99,7 +101,8 @@ class PopService:
                                           filtered, 0, 0)
                 blocked = await self._hand_out_new(query, q, invisible_ms, out)
             self._sync_offset(group, topic, queue_id, q)
-            self.table.changed()
+            if out or before != (q.pop_offset, len(q.inflight)):
+                self.table.changed()  # an empty look (a waiting consumer's) writes nothing
             return PopResult(out, q.pop_offset, blocked, q.next_visible_ms(max_attempts))
 
     async def _hand_out_again(self, topic: str, queue_id: int, q: PopQueue, wanted: int, invisible_ms: int,
@@ -185,7 +188,7 @@ class PopService:
                     entry.version = self.table.new_version()
                     entry.visible_at_ms = now_ms() + claim_ms
                     out.append(Claimed(Ref(group, topic, queue_id, offset, entry.version), message.msg_id,
-                                       entry.attempts))
+                                       entry.attempts, message.reconsume_times))
                 self._sync_offset(group, topic, queue_id, q)
                 self.table.changed()
         return out

@@ -79,5 +79,5 @@ class PopRpcs:
         for c in claimed:
             ref = query_pb2.PoppedRef(consumer_group=c.ref.group, topic=c.ref.topic, queue_id=c.ref.queue_id,
                                       queue_offset=c.ref.offset, version=c.ref.version)
-            response.messages.add(ref=ref, msg_id=c.msg_id, attempts=c.attempts)
+            response.messages.add(ref=ref, msg_id=c.msg_id, attempts=c.attempts, reconsume_times=c.reconsume_times)
         return response

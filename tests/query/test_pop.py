@@ -26,6 +26,7 @@ class Stored:
     queue_offset: int
     properties: dict[str, str]
     msg_id: str = ""
+    reconsume_times: int = 0
 
 
 class StubPuller:
@@ -87,7 +88,7 @@ def test_pop_ack_change_claim_and_restart(tmp_path: Path) -> None:
         exhausted = await pop.pop(G, T, 0, 32, 60_000, "*", 2)
         assert exhausted.messages == [] and exhausted.fifo_blocked, "delivered twice: left to the claim"
         [claimed] = await pop.claim_exhausted(2, 30_000, 0)
-        assert (claimed.ref.offset, claimed.msg_id, claimed.attempts) == (10, "id-10", 2)
+        assert (claimed.ref.offset, claimed.msg_id, claimed.attempts, claimed.reconsume_times) == (10, "id-10", 2, 0)
         assert await pop.claim_exhausted(2, 30_000, 0) == [], "claimed once"
         with pytest.raises(FailedPreconditionError):
             await pop.ack(ref(popped.version))

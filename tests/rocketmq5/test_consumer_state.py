@@ -146,6 +146,7 @@ def test_an_exhausted_message_reaches_the_dlq_with_no_consumer_online(up2: UpPro
             time.sleep(0.3)
     assert [m.body for m in dead] == [b"x"]
     assert dead[0].uniq_key == got.system_properties.message_id
+    assert dead[0].reconsume_times == MAX_ATTEMPTS, "RECONSUME_TIMES: the deliveries"
     time.sleep(2)  # another round of both workers
     again = up2.stub.Pull(query_pb2.PullMessageRequest(topic=dlq, queue_id=0, queue_offset=0), timeout=10)
     assert len(again.messages) == 1, "dead-lettered once"
