@@ -14,6 +14,9 @@ What a traced application gets:
   propagator. That is what RocketMQ 5 does: its OpenTelemetry instrumentations (rocketmq-clients and
   the Java agent's rocketmq-client instrumentation) inject the context into the message's user
   properties under the propagator's own keys, so a RocketMQ-aware consumer finds it where it looks.
+* ``TransactionProducer.send``: one PRODUCER span ``send <topic>`` around the half, the local
+  transaction and EndTransaction; the half stores its context and the commit copies the half's
+  properties, so the commit and the consumer of the committed message are in the send's trace.
 * ``PullConsumer.poll``: a CLIENT span ``receive <topic>`` for a poll that returned messages, linked
   to the send of each (:func:`received`).
 * :func:`process`: a CONSUMER span ``process <topic>`` around the handling of one pulled message,
@@ -130,6 +133,15 @@ def sent(span: Span | None, msg_ids: Sequence[str]) -> None:
         span.set_attribute("messaging.batch.message_count", len(msg_ids))
 
 
+def current_span() -> Span | None:
+    """The application's current span while tracing is on (None otherwise or outside any span): calls
+    made inside a send span, like a transactional send's half and end, carry its context with it."""
+    if _tracer() is None:
+        return None
+    span: Span = trace.get_current_span()
+    return span if span.get_span_context().is_valid else None
+
+
 def message_properties(span: Span | None) -> dict[str, str]:
     """The current context as message properties (``traceparent``...); empty when tracing is off."""
     if span is None:
@@ -228,4 +240,4 @@ def process(message: Message, group: str | None = None) -> Iterator[Span | None]
                                       attributes=attributes, links=links) as span:
         yield span
 
-__all__ = ["MESSAGING_SYSTEM", "TRACEPARENT", "process", "received", "send_span"]
+__all__ = ["MESSAGING_SYSTEM", "TRACEPARENT", "current_span", "process", "received", "send_span"]

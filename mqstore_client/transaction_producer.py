@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from mqstore.client import tracing
 from mqstore.client.connection import Connection, Endpoint, Tls
 from mqstore.client.models import Keys, OutgoingMessage, SendReceipt
 from mqstore.v1 import gateway_pb2, transaction_pb2
@@ -121,28 +122,40 @@ class TransactionProducer(Endpoint):
         wire[PROPERTY_PRODUCER_GROUP] = self.group
         message = OutgoingMessage(body=body, topic=topic, tags=tags, keys=keys, properties=wire,
                                   sharding_key=sharding_key, queue_id=queue_id)
-        return message, SendReceipt.from_proto(self.connection.call("Send", message.to_request(), timeout))
+        connection = self.connection
+        # Inside send(): its span is current, and the half stores its context (the commit copies the
+        # half's properties, so the consumer of the committed message finds the send in them).
+        span = tracing.current_span()
+        request = message.to_request()
+        tracing.add_properties(request.message.properties, tracing.message_properties(span))
+        answer = connection.call("Send", request, timeout, tracing.call_metadata(span, connection.metadata))
+        return message, SendReceipt.from_proto(answer)
 
     def send(self, topic: str, body: bytes | str, *, arg: Any = None, tags: str | None = None,
              keys: Keys | None = None, properties: Mapping[str, str] | None = None, sharding_key: str | None = None,
              queue_id: int | None = None, local_transaction: LocalTransaction | None = None,
              timeout: float | None = None) -> TransactionResult:
-        """Half, local transaction, end (RocketMQ's sendMessageInTransaction)."""
-        message, half = self.send_half(topic, body, tags=tags, keys=keys, properties=properties,
-                                       sharding_key=sharding_key, queue_id=queue_id, timeout=timeout)
-        run = local_transaction or self.local_transaction
-        state = TransactionState.UNKNOWN
-        if run is not None:
-            try:
-                state = TransactionState(run(message, arg))
-            except Exception:
-                log.exception("local transaction of %s failed: left UNKNOWN (it will be checked)", half.msg_id)
-        return self.end(half, state, timeout=timeout)
+        """Half, local transaction, end (RocketMQ's sendMessageInTransaction): one PRODUCER span around
+        the three when the application traces, so the commit is in the message's trace."""
+        with tracing.send_span(topic, self.connection.address, tags=tags, keys=keys) as span:
+            message, half = self.send_half(topic, body, tags=tags, keys=keys, properties=properties,
+                                           sharding_key=sharding_key, queue_id=queue_id, timeout=timeout)
+            tracing.sent(span, [half.msg_id])
+            run = local_transaction or self.local_transaction
+            state = TransactionState.UNKNOWN
+            if run is not None:
+                try:
+                    state = TransactionState(run(message, arg))
+                except Exception:
+                    log.exception("local transaction of %s failed: left UNKNOWN (it will be checked)", half.msg_id)
+            return self.end(half, state, timeout=timeout)
 
     def end(self, half: SendReceipt, state: TransactionState, *, timeout: float | None = None) -> TransactionResult:
         request = transaction_pb2.EndTransactionRequest(producer_group=self.group, transaction_id=half.msg_id,
                                                         offset_msg_id=half.offset_msg_id, resolution=state.value)
-        answer: gateway_pb2.EndTransactionResult = self.connection.call("EndTransaction", request, timeout)
+        connection = self.connection
+        answer: gateway_pb2.EndTransactionResult = connection.call(
+            "EndTransaction", request, timeout, tracing.call_metadata(tracing.current_span(), connection.metadata))
         committed = SendReceipt.from_proto(answer.committed) if answer.HasField("committed") else None
         return TransactionResult(half, state, answer.applied, committed)
 

@@ -89,7 +89,9 @@ def init_tracing(service_name: str) -> bool:
 
     name = os.environ.get("OTEL_SERVICE_NAME", "").strip() or f"mqstore-{service_name}"
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))
+    provider.sampler = _internal_calls_unsampled(provider.sampler)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    _rate_limit_exporter_logs()
     trace.set_tracer_provider(provider)
     _provider = provider
     _tracer = provider.get_tracer("mqstore")
@@ -119,6 +121,73 @@ def shutdown_tracing() -> None:
     if stopper.is_alive():
         log.warning("spans not exported within %.0f s at stop (is the collector reachable?): dropped",
                     SHUTDOWN_TIMEOUT_S)
+
+
+def _internal_calls_unsampled(configured: Any) -> Any:
+    """The configured sampler (``OTEL_TRACES_SAMPLER``), except that internal polling starts no trace.
+
+    An RPC made outside any trace is a process's own background work (the scheduler polling
+    GetQueueOffsets, the query service refreshing its view of the log or its lag figures): dozens a
+    second that would drown the traces of requests. Its CLIENT span is not sampled; the unsampled
+    context still goes with the call, and the callee drops a span whose remote parent was not sampled
+    (whatever the configured sampler: ``always_on`` included), so no half-trace starts there either.
+    """
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+    from opentelemetry.trace import SpanKind, get_current_span
+
+    class InternalCallsUnsampled(Sampler):
+        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+            parent = get_current_span(parent_context).get_span_context()
+            if (not parent.is_valid and kind == SpanKind.CLIENT) or \
+                    (parent.is_valid and parent.is_remote and not parent.trace_flags.sampled):
+                return SamplingResult(Decision.DROP, None, parent.trace_state if parent.is_valid else None)
+            result: SamplingResult = configured.should_sample(parent_context, trace_id, name, kind, attributes,
+                                                              links, trace_state)
+            return result
+
+        def get_description(self) -> str:
+            return f"InternalCallsUnsampled{{{configured.get_description()}}}"
+
+    return InternalCallsUnsampled()
+
+
+class _RateLimitedLogs(logging.Filter):
+    """Lets a logger's WARNING and ERROR lines through once per ``interval_s``; the next line that
+    passes says how many were held back. The OTLP exporter logs every failed try (a retry in 1 s, 2 s,
+    ... and a failure per batch): with the collector down that is a line or two a second, forever."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._passed_at = float("-inf")
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        with self._lock:
+            if record.created - self._passed_at < self._interval_s:
+                self._held += 1
+                return False
+            self._passed_at, held, self._held = record.created, self._held, 0
+        if held:
+            record.msg = f"{record.msg} ({held} similar lines held back in the last {self._interval_s:.0f} s)"
+        return True
+
+
+#: The exporter's and the batch processor's loggers, each rate-limited on its own.
+EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter", "opentelemetry.sdk.trace.export",
+                    "opentelemetry.sdk._shared_internal")
+EXPORTER_LOG_INTERVAL_S = 60.0
+
+
+def _rate_limit_exporter_logs() -> None:
+    for name in EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RateLimitedLogs) for f in logger.filters):
+            logger.addFilter(_RateLimitedLogs(EXPORTER_LOG_INTERVAL_S))
 
 
 # -- in-process spans ------------------------------------------------------------------------------
