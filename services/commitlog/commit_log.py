@@ -12,7 +12,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,7 @@ from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
 from mqstore.services.store.disk_space import is_disk_full
 from mqstore.services.store.errors import (
     DataLossError,
+    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -174,6 +175,11 @@ class CommitLog:
         self.last_exit_ok = True
         self.recovered_offset = 0
         self.recovery = RecoveryResult(0, 0, 0)  # what the last start's recovery found
+        # Replication (services/commitlog/ha/): under SYNC_MASTER, a put also waits until enough
+        # followers hold its end offset (raises UnavailableError otherwise); a follower refuses every
+        # put with this reason (FAILED_PRECONDITION naming its leader).
+        self.wait_for_replicas: Callable[[int], None] | None = None
+        self.write_refusal: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -411,6 +417,8 @@ class CommitLog:
 
     def _put_encoded(self, encoded: list[EncodedMessage], new_topics: set[str]) -> list[PutMessageResult]:
         """``new_topics``: topics of these (valid) messages that did not exist when they were checked."""
+        if self.write_refusal is not None:
+            raise FailedPreconditionError(self.write_refusal)
         if new_topics or self._begin_time_in_lock:  # else the check under the lock is the first and only one
             self.disk.check_writable()  # before anything is written, topics.json included
             for topic in new_topics:
@@ -430,9 +438,19 @@ class CommitLog:
         if self._tail_waiters:
             with self._new_data:
                 self._new_data.notify_all()
-        if self._group_commit is not None or self._wake_flush_service:
+        if self._group_commit is not None or self._wake_flush_service or self.wait_for_replicas is not None:
             self._handle_flush(encoded, results)
         return results
+
+    def append_replica_data(self, write: Callable[[], None]) -> None:
+        """A follower's append of what its leader sent (``services/commitlog/ha/replica_append.py``):
+        ``write`` runs under the put lock, so a queue offset snapshot sees the log and the queue table
+        agree; waiting tails wake after it."""
+        with self._put_lock:
+            write()
+        if self._tail_waiters:
+            with self._new_data:
+                self._new_data.notify_all()
 
     def _live_queues(self) -> dict[QueueKey, int]:
         """The queue table's queues of topics in the topic table (a deleted topic's queues keep their
@@ -589,6 +607,9 @@ class CommitLog:
                         result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
         elif self._flush_service is not None and self._wake_flush_service:
             self._flush_service.wakeup()
+        if self.wait_for_replicas is not None and any(e.wait_store_msg_ok for e in encoded):
+            last = results[-1]
+            self.wait_for_replicas(last.commitlog_offset + last.wrote_bytes)
 
     def _traced_wait_for_flush(self, group_commit: GroupCommitService, end: int, messages: int) -> bool:
         """The flush wait as a span of the request that appended (AppendBatch, AppendStream: their

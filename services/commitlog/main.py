@@ -16,6 +16,8 @@ from pathlib import Path
 
 from mqstore.services.commitlog import metrics
 from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.ha.ha_service import HAServiceError
+from mqstore.services.commitlog.ha.replication import start_replication
 from mqstore.services.commitlog.recovery import MissingLogError
 from mqstore.services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
 from mqstore.services.server.gc_tuning import tune_gc
@@ -29,6 +31,7 @@ from mqstore.services.server.grpc_server import (
 )
 from mqstore.services.server.logs import configure_logging
 from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from mqstore.services.server.service_auth import load_service_token
 from mqstore.services.server.tracing import init_tracing, shutdown_tracing
 from mqstore.services.store.config import MessageStoreConfig
 from mqstore.services.store.mapped_file_queue import FileSizeMismatchError
@@ -82,6 +85,12 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
         return EXIT_BAD_SETTINGS
     except MissingLogError:  # logged with what is missing and how to accept it
         return EXIT_MISSING_LOG
+    try:  # before the servicer: it reads whether puts wait for followers
+        replication = await asyncio.to_thread(start_replication, engine, load_service_token())
+    except HAServiceError as exc:
+        log.error("bad settings: %s", exc, extra={"store": store})
+        await asyncio.to_thread(engine.shutdown)
+        return EXIT_BAD_SETTINGS
     metrics.bind_commitlog(engine.stats, config.mapped_file_size_commit_log, lambda: engine.disk_full)
     servicer = CommitLogServicer(engine)
     await servicer.start()
@@ -90,6 +99,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
 
     async def stopped() -> None:
         await servicer.close()
+        await asyncio.to_thread(replication.stop)
         await asyncio.to_thread(engine.shutdown)
 
     bound = await start_aio_service(server, metrics_port, stopped)

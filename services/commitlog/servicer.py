@@ -43,7 +43,7 @@ from mqstore.services.commitlog.put_result import PutMessageError, PutMessageRes
 from mqstore.services.server import tracing
 from mqstore.services.server.status import status_code_of
 from mqstore.services.store.config import SYNC_FLUSH
-from mqstore.services.store.errors import InvalidArgumentError, StoreError
+from mqstore.services.store.errors import InvalidArgumentError, StoreError, UnavailableError
 from mqstore.services.store.message import Message
 from mqstore.services.store.names import check_deletable_topic
 from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
@@ -212,7 +212,8 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         self.engine = engine
         self.stopping = False
         self._puts = _MeteredEngine(engine)
-        self._puts_wait_for_flush = engine.sync_flush
+        # Puts that wait (a group-commit flush, SYNC_MASTER followers) run off the loop.
+        self._puts_wait_for_flush = engine.sync_flush or engine.wait_for_replicas is not None
         # The batcher only calls put_each: the metered wrapper stands in for the engine.
         self._batcher = PutBatcher(self._puts)
         self._growth = _GrowthWatch(engine)
@@ -587,7 +588,9 @@ class _AppendStream:
                 results = await self._servicer.put_messages(messages, sum([len(m.body) for m in messages]))
             except StoreError as exc:
                 # Nothing was written; find the culprit one message at a time, acking those before it.
-                if len(messages) == 1:
+                # UNAVAILABLE is never a culprit's: the service stops, or (SYNC_MASTER) the batch was
+                # written but not replicated, and a resend one by one would write it twice.
+                if len(messages) == 1 or isinstance(exc, UnavailableError):
                     failure = _Failure(status_code_of(exc), f"message #{seq} of the stream: {exc}")
                 else:
                     results, culprit = await asyncio.to_thread(self._append_one_by_one, seq, messages)

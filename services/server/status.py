@@ -9,6 +9,7 @@ import grpc
 from mqstore.services.store.errors import (
     AlreadyExistsError,
     DataLossError,
+    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -25,6 +26,7 @@ _ERROR_CODES: tuple[tuple[type[StoreError], grpc.StatusCode], ...] = (
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (DataLossError, grpc.StatusCode.DATA_LOSS),
+    (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 

@@ -24,7 +24,8 @@ ENV_PREFIX = "MQSTORE_"
 # settings and sees the whole environment (``mqstore up`` passes it to every child), so a variable one
 # process owns must not be warned about by the others; tests/test_config_env.py checks that every name
 # the code reads is here.
-_NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # services/server
+_NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST", "METRICS_MAX_SERIES",  # services/server
+                    "METRICS_LAG_INTERVAL_MS",  # services/query/lag.py
                     "SERVICE_TOKEN", "SERVICE_TOKEN_FILE", "INSTANCE_ID",
                     "MEMORY_REPORT_DIR", "MEMORY_REPORT_INTERVAL_S", "MEMORY_REPORT_TYPES_EVERY",
                     "INDEXER_REPUT_SOURCE", "INDEXER_COMMITLOG_DIR",  # services/indexer/main.py
@@ -40,6 +41,13 @@ _NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST",  # services/ser
 log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
+# brokerRole (services/commitlog/ha/, docs/replication.md).
+ASYNC_MASTER = "ASYNC_MASTER"
+SYNC_MASTER = "SYNC_MASTER"
+SLAVE = "SLAVE"
+# haProtocol: mqstore replicas authenticate before any offset counts; rocketmq is 4.9.8's bare wire.
+HA_PROTOCOL_MQSTORE = "mqstore"
+HA_PROTOCOL_ROCKETMQ = "rocketmq"
 
 
 class ConfigError(ValueError):
@@ -112,6 +120,22 @@ class MessageStoreConfig:
     default_topic_queue_nums: int = 8
     commitlog_listen: str = "127.0.0.1:9901"
     indexer_listen: str = "127.0.0.1:9902"
+    # Replication (services/commitlog/ha/, docs/replication.md): RocketMQ 4.9.8's names and defaults,
+    # except haListenPort: 0 (the default here) runs no HA listener, so one host runs many shards.
+    broker_role: str = ASYNC_MASTER
+    broker_name: str = "broker-a"  # the shard a replica belongs to: the handshake compares it
+    ha_listen_port: int = 0
+    ha_master_address: str = ""  # a SLAVE's leader, host:port of its HA listener
+    ha_protocol: str = HA_PROTOCOL_MQSTORE
+    ha_send_heartbeat_interval: int = 5_000
+    ha_housekeeping_interval: int = 20_000
+    ha_transfer_batch_size: int = 32 * 1024
+    ha_slave_fallbehind_max: int = 256 * 1024 * 1024
+    # How long a SYNC_MASTER put waits for its followers (4.9.8 waits syncFlushTimeout).
+    ha_send_timeout: int = 5_000
+    # RocketMQ 5's: replicas that hold a record before SYNC_MASTER acks it, the leader included; a
+    # SYNC_MASTER ack always needs at least one follower, whatever this says.
+    min_in_sync_replicas: int = 1
 
     @property
     def store_host(self) -> str:
@@ -125,10 +149,30 @@ class MessageStoreConfig:
         if self.recover_corruption_mode not in ("quarantine", "cut"):
             raise ConfigError("recoverCorruptionMode must be quarantine or cut, not "
                               f"{self.recover_corruption_mode!r}")
+        self._validate_replication()
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
         for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout",
                      "timer_max_delay_sec"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{camel_name(name)} must be positive")
+
+    def _validate_replication(self) -> None:
+        if self.broker_role not in (ASYNC_MASTER, SYNC_MASTER, SLAVE):
+            raise ConfigError(f"brokerRole must be {ASYNC_MASTER}, {SYNC_MASTER} or {SLAVE}, not {self.broker_role!r}")
+        if self.ha_protocol not in (HA_PROTOCOL_MQSTORE, HA_PROTOCOL_ROCKETMQ):
+            raise ConfigError(f"haProtocol must be {HA_PROTOCOL_MQSTORE} or {HA_PROTOCOL_ROCKETMQ}, "
+                              f"not {self.ha_protocol!r}")
+        if self.broker_role == SLAVE and not self.ha_master_address:
+            raise ConfigError("brokerRole SLAVE needs haMasterAddress: the leader's HA listener, host:port")
+        if self.ha_master_address:
+            split_host_port(self.ha_master_address)
+        if self.broker_role == SYNC_MASTER and self.ha_listen_port <= 0:
+            raise ConfigError("brokerRole SYNC_MASTER needs haListenPort: its followers connect there")
+        if not 0 <= self.ha_listen_port <= 65535:
+            raise ConfigError(f"haListenPort {self.ha_listen_port} must be within 0..65535 (0: no HA listener)")
+        for name in ("ha_send_heartbeat_interval", "ha_housekeeping_interval", "ha_transfer_batch_size",
+                     "ha_slave_fallbehind_max", "ha_send_timeout", "min_in_sync_replicas"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{camel_name(name)} must be positive")
 
@@ -137,6 +181,15 @@ class MessageStoreConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(MessageStoreConfig)}
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) -> (host, port); ConfigError saying what to fix."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"address {address!r} must look like host:port (haMasterAddress)")
+    return host, int(port)
 
 
 def snake_name(name: str) -> str:

@@ -33,6 +33,10 @@ class AlreadyExistsError(StoreError):
     pass
 
 
+class FailedPreconditionError(StoreError):
+    """The call is valid but this process is in no state to serve it (a replica that takes no writes)."""
+
+
 class DataLossError(StoreError):
     """The bytes asked for were found damaged by recovery and quarantined (services/store/quarantine.py):
     the record there is lost, the records around it are not. Retrying does not help."""

@@ -1,0 +1,107 @@
+"""A follower's link to its leader: RocketMQ 4.9.8's HAService.HAClient.
+
+Connects to ``haMasterAddress``, passes the mqstore handshake (unless ``haProtocol=rocketmq``),
+reports its max physical offset, and appends every frame the leader sends at the offset it names
+(:class:`ReplicaAppender`). It reports again after every frame that moved its log and at least every
+``haSendHeartbeatInterval``; a leader silent for ``haHousekeepingInterval`` is dropped and dialled
+again. What it reports is what it holds: with ``flushDiskType=SYNC_FLUSH`` the bytes are flushed
+before they are reported, with ASYNC_FLUSH they are reported once written (its flush service makes
+them durable later). A SYNC_MASTER leader acknowledges on these reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.ha import handshake
+from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError
+from mqstore.services.commitlog.ha.wire import ConnectionClosed, encode_report, read_frame
+from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, split_host_port
+
+log = logging.getLogger(__name__)
+#: How long a failed connection waits before the next try (4.9.8 waits 5 s).
+RECONNECT_DELAY_S = 1.0
+#: A frame holds at most haTransferBatchSize bytes; allow some slack for a leader configured larger.
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class HAClient:
+    def __init__(self, engine: CommitLog, token: str | None) -> None:
+        self._engine = engine
+        self._config = engine.config
+        self._token = token
+        self.leader = self._config.ha_master_address
+        self._host, self._port = split_host_port(self.leader)
+        self._appender = ReplicaAppender(engine)
+        self._stopped = threading.Event()
+        self._sock: socket.socket | None = None
+        self._thread = threading.Thread(target=self._run, name="ha-client", daemon=True)
+        self.connected = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._follow()
+            except handshake.HandshakeRefused as exc:
+                log.error("HA: %s (leader %s)", exc, self.leader, extra={"leader": self.leader})
+            except (OSError, ReplicationError) as exc:
+                if not self._stopped.is_set():
+                    log.warning("HA: the link to leader %s broke: %s; reconnecting", self.leader, exc,
+                                extra={"leader": self.leader})
+            finally:
+                self.connected.clear()
+                self._appender.reset()
+                if self._sock is not None:
+                    self._sock.close()
+                    self._sock = None
+            self._stopped.wait(RECONNECT_DELAY_S)
+
+    def _follow(self) -> None:
+        cfg = self._config
+        sock = socket.create_connection((self._host, self._port), timeout=cfg.ha_housekeeping_interval / 1000)
+        self._sock = sock
+        if self._stopped.is_set():
+            return
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if cfg.ha_protocol == HA_PROTOCOL_MQSTORE:
+            sock.sendall(handshake.encode_hello(handshake.Hello(cfg.broker_name, handshake.CURRENT_EPOCH,
+                                                                (self._token or "").encode())))
+            handshake.read_answer(sock)
+        reported = self._appender.log_end
+        sock.sendall(encode_report(reported))
+        last_report = time.monotonic()
+        log.info("HA: following leader %s from offset %d", self.leader, reported, extra={"leader": self.leader})
+        self.connected.set()
+        heartbeat_s = cfg.ha_send_heartbeat_interval / 1000
+        while not self._stopped.is_set():
+            try:
+                offset, data = read_frame(sock, MAX_FRAME_BYTES)
+            except TimeoutError:
+                raise ConnectionClosed(f"nothing from the leader within haHousekeepingInterval "
+                                       f"({cfg.ha_housekeeping_interval} ms)") from None
+            if data:
+                end = self._appender.append(offset, data)
+                if self._engine.sync_flush:
+                    self._engine.mfq.flush_until(end)
+            else:  # a heartbeat: where the leader's stream is
+                self._appender.accept_start(offset)
+                end = self._appender.log_end
+            if end != reported or time.monotonic() - last_report >= heartbeat_s:
+                sock.sendall(encode_report(end))
+                reported, last_report = end, time.monotonic()

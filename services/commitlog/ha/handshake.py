@@ -1,0 +1,99 @@
+"""The mqstore handshake: what a follower proves before the leader accepts any offset from it.
+
+4.9.8's HA port trusts whoever connects: any connection could report an offset, and SYNC_MASTER
+counted it as a slave that holds the bytes. Between mqstore replicas the follower first sends the
+shard it belongs to (brokerName), the epoch it follows and the deployment's service credential
+(``MQSTORE_SERVICE_TOKEN``, services/server/service_auth.py); the leader compares the token in
+constant time and answers OK, or a refusal and closes. Only then does the 4.9.8 stream begin.
+
+Follower to leader: ``"MQHA" [version:1] [shard length:2][shard] [epoch:8] [token length:2][token]``.
+Leader to follower: ``"MQHA" [status:1] [reason length:2][reason]`` (status 0: accepted).
+"""
+
+from __future__ import annotations
+
+import hmac
+import socket
+import struct
+from dataclasses import dataclass
+
+from mqstore.services.commitlog.ha.wire import ConnectionClosed, recv_exact
+
+MAGIC = b"MQHA"
+VERSION = 1
+#: The epoch every replica follows until epochs are kept (docs/replication.md: not built yet).
+CURRENT_EPOCH = 0
+MAX_SHARD_BYTES = 255
+MAX_TOKEN_BYTES = 4096
+_LENGTH = struct.Struct(">H")
+_EPOCH = struct.Struct(">q")
+ACCEPTED = 0
+REFUSED = 1
+
+
+class HandshakeRefused(ConnectionError):
+    """The peer did not pass the handshake; the message says why (never the token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    shard: str
+    epoch: int
+    token: bytes
+
+
+def encode_hello(hello: Hello) -> bytes:
+    shard = hello.shard.encode()
+    if len(shard) > MAX_SHARD_BYTES or len(hello.token) > MAX_TOKEN_BYTES:
+        raise ValueError(f"the shard name (at most {MAX_SHARD_BYTES} bytes) or the service token "
+                         f"(at most {MAX_TOKEN_BYTES} bytes) is too long for the HA handshake")
+    return b"".join((MAGIC, bytes([VERSION]), _LENGTH.pack(len(shard)), shard, _EPOCH.pack(hello.epoch),
+                     _LENGTH.pack(len(hello.token)), hello.token))
+
+
+def read_hello(sock: socket.socket) -> Hello:
+    """The follower's hello; HandshakeRefused when what arrived is not one (a bare 4.9.8 slave's first
+    8 bytes are its offset, never "MQHA" + version 1)."""
+    head = recv_exact(sock, len(MAGIC) + 1)
+    if head[:len(MAGIC)] != MAGIC or head[len(MAGIC)] != VERSION:
+        raise HandshakeRefused("no mqstore HA handshake (a bare RocketMQ 4.9.8 slave, or not a replica at all): "
+                               "set haProtocol=rocketmq on the leader to accept 4.9.8 slaves")
+    shard_length = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
+    if shard_length > MAX_SHARD_BYTES:
+        raise HandshakeRefused(f"shard name of {shard_length} bytes, more than {MAX_SHARD_BYTES}")
+    shard = recv_exact(sock, shard_length).decode(errors="replace")
+    epoch = _EPOCH.unpack(recv_exact(sock, _EPOCH.size))[0]
+    token_length = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
+    if token_length > MAX_TOKEN_BYTES:
+        raise HandshakeRefused(f"service token of {token_length} bytes, more than {MAX_TOKEN_BYTES}")
+    return Hello(shard, epoch, recv_exact(sock, token_length))
+
+
+def check_hello(hello: Hello, shard: str, epoch: int, token: str | None) -> None:
+    """Raise HandshakeRefused unless ``hello`` names this shard and epoch and carries ``token`` (empty
+    when the deployment has none: then the listener is on loopback only). Constant-time compare."""
+    expected = (token or "").encode()
+    token_ok = hmac.compare_digest(hello.token, expected)
+    if not token_ok:
+        raise HandshakeRefused("the service token does not match this deployment's (MQSTORE_SERVICE_TOKEN)")
+    if hello.shard != shard:
+        raise HandshakeRefused(f"the follower belongs to shard {hello.shard!r}, this leader is shard {shard!r} "
+                               "(brokerName)")
+    if hello.epoch != epoch:
+        raise HandshakeRefused(f"the follower follows epoch {hello.epoch}, this leader's epoch is {epoch}")
+
+
+def encode_answer(status: int, reason: str = "") -> bytes:
+    text = reason.encode()[:1024]
+    return MAGIC + bytes([status]) + _LENGTH.pack(len(text)) + text
+
+
+def read_answer(sock: socket.socket) -> None:
+    """The leader's answer; HandshakeRefused with its reason unless accepted."""
+    head = recv_exact(sock, len(MAGIC) + 1 + _LENGTH.size)
+    if head[:len(MAGIC)] != MAGIC:
+        raise ConnectionClosed("the leader answered no mqstore HA handshake: is it a RocketMQ 4.9.8 master? "
+                               "(then set haProtocol=rocketmq)")
+    reason = recv_exact(sock, _LENGTH.unpack_from(head, len(MAGIC) + 1)[0]).decode(errors="replace")
+    if head[len(MAGIC)] != ACCEPTED:
+        raise HandshakeRefused(f"the leader refused the handshake: {reason}")

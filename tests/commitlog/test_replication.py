@@ -1,0 +1,161 @@
+"""Replication on RocketMQ 4.9.8's HA protocol, with real processes: a SYNC_MASTER leader and its
+followers on loopback (services/commitlog/ha/, docs/replication.md).
+
+At every stop point each follower's commitlog equals the leader's byte for byte up to the follower's
+offset, and the indexers of leader and follower build the same ConsumeQueue and IndexFile bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from mqstore.services.commitlog.ha import handshake
+from mqstore.services.commitlog.ha.wire import encode_report
+from mqstore.v1 import commitlog_pb2, indexer_pb2
+from tests.commitlog.commitlog_process import StartCommitLog
+from tests.commitlog.replicas import (
+    AUTH,
+    BASE_ENV,
+    TOKEN,
+    Producers,
+    append,
+    assert_same_commitlog,
+    follower_env,
+    logic_files,
+    max_offset,
+    message,
+    start_group,
+    wait_caught_up,
+)
+from tests.indexer.indexer_process import IndexerProcess, start_indexer
+
+
+def test_sync_master_followers_hold_every_acked_byte(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
+    group = start_group(start_commitlog, tmp_path, followers=2)
+    leader = group.leader
+    producers = Producers(leader).start()
+    try:
+        time.sleep(1.0)
+        # A stop point while producers run: every follower equals the leader up to its own offset.
+        for follower in group.followers:
+            reached = max_offset(follower)
+            assert reached > 0
+            assert_same_commitlog(leader.store_dir, follower.store_dir, reached)
+        while max_offset(leader) < 3 * 256 * 1024:  # several files rolled
+            time.sleep(0.1)
+    finally:
+        producers.stop()
+    assert not producers.errors, producers.errors[:3]
+    assert producers.acked
+    for follower in group.followers:
+        end = wait_caught_up(leader, follower)
+        assert_same_commitlog(leader.store_dir, follower.store_dir, end)
+        # Every acknowledged record was on this follower when it was acknowledged; it still is.
+        assert max(o + s for o, s in producers.acked) <= end
+
+    with pytest.raises(grpc.RpcError) as refused:
+        append(group.followers[0], message(0))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"127.0.0.1:{group.ha_port}" in (refused.value.details() or "")
+
+    # The follower's own indexer builds what the leader's builds, byte for byte.
+    end = max_offset(leader)
+    # Each replica's indexer reads its own commitlog service's Tail.
+    stores = [tmp_path / "leader-indexer", tmp_path / "follower-indexer"]
+    indexers = [start_indexer(store, h.address, {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": "tail"})
+                for store, h in zip(stores, (leader, group.followers[0]), strict=True)]
+    try:
+        for indexer in indexers:
+            wait_indexed(indexer, end)
+        for indexer in indexers:
+            assert indexer.stop() == 0
+    finally:
+        for indexer in indexers:
+            if indexer.running:
+                indexer.kill9()
+    ours, theirs = logic_files(stores[0]), logic_files(stores[1])
+    assert any(name.startswith("index#") for name in ours) and len(ours) > 3
+    assert sorted(ours) == sorted(theirs)
+    assert [name for name in ours if ours[name] != theirs[name]] == []
+
+
+def wait_indexed(indexer: IndexerProcess, end: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    request = indexer_pb2.GetDispatchStatusRequest()
+    while indexer.stub.GetDispatchStatus(request, timeout=5, metadata=AUTH).reput_offset < end:
+        assert time.monotonic() < deadline, indexer.logs()[-3000:]
+        time.sleep(0.05)
+
+
+def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
+    group = start_group(start_commitlog, tmp_path, followers=1)
+    leader, follower = group.leader, group.followers[0]
+    for i in range(200):
+        append(leader, message(i))
+    held = wait_caught_up(leader, follower)
+    follower.kill9()
+
+    # The only follower is down: a SYNC_MASTER send is UNAVAILABLE, naming the shard and the follower.
+    with pytest.raises(grpc.RpcError) as refused:
+        append(leader, message(1000))
+    detail = refused.value.details() or ""
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, detail
+    assert "SLAVE_NOT_AVAILABLE" in detail and "shard shard-t" in detail
+    assert f"at offset {held}" in detail and "disconnected" in detail, detail
+
+    restarted = start_commitlog(follower.store_dir, follower_env(group.ha_port))
+    for i in range(200, 400):
+        assert append(leader, message(i)).status == commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK
+    end = wait_caught_up(leader, restarted)
+    assert_same_commitlog(leader.store_dir, restarted.store_dir, end)
+    resumed = [r for r in restarted.log_records() if "following leader" in r.get("msg", "")]
+    assert resumed and resumed[0]["msg"].endswith(f"from offset {held}"), resumed
+
+
+def _forge_follower(port: int, hello: bytes | None, stop: threading.Event) -> None:
+    """What apache/rocketmq#3015 allowed: connect to the HA port, claim to hold everything, and drain
+    whatever the leader streams."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        if hello is not None:
+            sock.sendall(hello)
+        try:
+            sock.sendall(encode_report(0))
+            sock.sendall(encode_report(1 << 40))
+            sock.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    if not sock.recv(1 << 16):
+                        return
+                    sock.sendall(encode_report(1 << 40))
+                except TimeoutError:
+                    sock.sendall(encode_report(1 << 40))
+        except OSError:
+            return
+
+
+@pytest.mark.parametrize("hello", [
+    None,
+    handshake.encode_hello(handshake.Hello("shard-t", handshake.CURRENT_EPOCH, b"not-the-token")),
+    handshake.encode_hello(handshake.Hello("other-shard", handshake.CURRENT_EPOCH, TOKEN.encode())),
+], ids=["no-handshake", "wrong-token", "wrong-shard"])
+def test_rocketmq_3015_an_unauthenticated_connection_never_makes_sync_master_ack(
+        start_commitlog: StartCommitLog, tmp_path: Path, hello: bytes | None) -> None:
+    group = start_group(start_commitlog, tmp_path, followers=0)
+    stop = threading.Event()
+    forger = threading.Thread(target=_forge_follower, args=(group.ha_port, hello, stop), daemon=True)
+    forger.start()
+    try:
+        time.sleep(0.5)
+        with pytest.raises(grpc.RpcError) as refused:
+            append(group.leader, message(0))
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, refused.value.details()
+    finally:
+        stop.set()
+        forger.join(5)
+    assert any("REFUSED" in r.get("msg", "") for r in group.leader.log_records())
