@@ -117,22 +117,23 @@ def wait_caught_up(leader: CommitLogProcess, follower: CommitLogProcess, timeout
     return target
 
 
-def commitlog_bytes(store: Path, upto: int) -> bytes:
-    """The log's bytes [first file's start, upto), file after file (each file's name is its start)."""
-    data = bytearray()
-    for path in sorted((store / "commitlog").iterdir()):
-        data += path.read_bytes()
-    return bytes(data[:upto])
-
-
-def assert_same_commitlog(leader: Path, follower: Path, upto: int) -> None:
-    ours, theirs = commitlog_bytes(leader, upto), commitlog_bytes(follower, upto)
-    assert len(theirs) == upto, f"the follower holds {len(theirs)} bytes, expected {upto}"
-    if ours != theirs:
-        first = next(i for i in range(upto) if ours[i] != theirs[i])
-        raise AssertionError(f"the follower's commitlog differs from the leader's at offset {first}")
-    assert sorted(p.name for p in (leader / "commitlog").iterdir())[:len(theirs) // FILE_SIZE] == \
-        sorted(p.name for p in (follower / "commitlog").iterdir())[:len(theirs) // FILE_SIZE]
+def assert_same_commitlog(leader: Path, follower: Path, upto: int) -> int:
+    """The follower's commitlog equals the leader's up to ``upto``, file by file (same names, same
+    bytes), from the follower's first file on; returns that file's start."""
+    files = sorted((follower / "commitlog").iterdir())
+    assert files, f"the follower at {follower} has no commitlog file"
+    first = int(files[0].name)
+    assert [int(p.name) for p in files if int(p.name) < upto] == list(range(first, upto, FILE_SIZE))
+    for path in files:
+        start = int(path.name)
+        if start >= upto:
+            break
+        length = min(FILE_SIZE, upto - start)
+        ours, theirs = (leader / "commitlog" / path.name).read_bytes()[:length], path.read_bytes()[:length]
+        if ours != theirs:
+            at = next(i for i in range(length) if ours[i] != theirs[i])
+            raise AssertionError(f"the follower's commitlog differs from the leader's at offset {start + at}")
+    return first
 
 
 def logic_files(indexer_store: Path) -> dict[str, bytes]:

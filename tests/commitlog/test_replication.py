@@ -18,10 +18,11 @@ import pytest
 from mqstore.services.commitlog.ha import handshake
 from mqstore.services.commitlog.ha.wire import encode_report
 from mqstore.v1 import commitlog_pb2, indexer_pb2
-from tests.commitlog.commitlog_process import StartCommitLog
+from tests.commitlog.commitlog_process import StartCommitLog, free_port
 from tests.commitlog.replicas import (
     AUTH,
     BASE_ENV,
+    FILE_SIZE,
     TOKEN,
     Producers,
     append,
@@ -41,13 +42,13 @@ def test_sync_master_followers_hold_every_acked_byte(start_commitlog: StartCommi
     leader = group.leader
     producers = Producers(leader).start()
     try:
-        time.sleep(1.0)
+        time.sleep(0.5)
         # A stop point while producers run: every follower equals the leader up to its own offset.
         for follower in group.followers:
             reached = max_offset(follower)
             assert reached > 0
             assert_same_commitlog(leader.store_dir, follower.store_dir, reached)
-        while max_offset(leader) < 3 * 256 * 1024:  # several files rolled
+        while max_offset(leader) < 2 * FILE_SIZE + 1000:  # files rolled
             time.sleep(0.1)
     finally:
         producers.stop()
@@ -96,7 +97,7 @@ def wait_indexed(indexer: IndexerProcess, end: int, timeout_s: float = 60.0) -> 
 def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
     group = start_group(start_commitlog, tmp_path, followers=1)
     leader, follower = group.leader, group.followers[0]
-    for i in range(200):
+    for i in range(100):
         append(leader, message(i))
     held = wait_caught_up(leader, follower)
     follower.kill9()
@@ -110,12 +111,30 @@ def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: Start
     assert f"at offset {held}" in detail and "disconnected" in detail, detail
 
     restarted = start_commitlog(follower.store_dir, follower_env(group.ha_port))
-    for i in range(200, 400):
+    for i in range(100, 200):
         assert append(leader, message(i)).status == commitlog_pb2.PUT_MESSAGE_STATUS_PUT_OK
     end = wait_caught_up(leader, restarted)
     assert_same_commitlog(leader.store_dir, restarted.store_dir, end)
     resumed = [r for r in restarted.log_records() if "following leader" in r.get("msg", "")]
     assert resumed and resumed[0]["msg"].endswith(f"from offset {held}"), resumed
+
+
+def test_plain_rocketmq_mode_streams_a_fresh_slave_the_last_file(start_commitlog: StartCommitLog,
+                                                                  tmp_path: Path) -> None:
+    """haProtocol=rocketmq on both sides: 4.9.8's bare wire, no handshake; a slave with an empty log
+    reports 0 and gets the leader's last file from its start, as a 4.9.8 master does."""
+    ha_port = free_port()
+    plain = {"MQSTORE_HA_PROTOCOL": "rocketmq"}
+    leader = start_commitlog(tmp_path / "leader", {**BASE_ENV, **plain, "MQSTORE_HA_LISTEN_PORT": str(ha_port)})
+    batch = commitlog_pb2.AppendBatchRequest(messages=[message(i) for i in range(100)])
+    while max_offset(leader) < 2 * FILE_SIZE + 1000:
+        leader.stub.AppendBatch(batch, timeout=10, metadata=AUTH)
+    follower = start_commitlog(tmp_path / "follower", follower_env(ha_port, **plain))
+    end = wait_caught_up(leader, follower)
+    assert assert_same_commitlog(leader.store_dir, follower.store_dir, end) == end - end % FILE_SIZE
+    leader.stub.AppendBatch(batch, timeout=10, metadata=AUTH)  # ASYNC_MASTER: acked without waiting
+    end = wait_caught_up(leader, follower)
+    assert_same_commitlog(leader.store_dir, follower.store_dir, end)
 
 
 def _forge_follower(port: int, hello: bytes | None, stop: threading.Event) -> None:

@@ -1,0 +1,136 @@
+"""The replication modules without processes: the follower's whole-record appends, SYNC_MASTER's
+wait, the handshake's checks and the replication settings (services/commitlog/ha/)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.ha import handshake
+from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
+from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
+from mqstore.services.commitlog.put_result import PutMessageStatus
+from mqstore.services.store.config import ConfigError, load_config
+from mqstore.services.store.errors import FailedPreconditionError
+from mqstore.services.store.message import Message
+
+FILE_SIZE = 64 * 1024
+
+
+def _engine(root: Path, **overrides: object) -> CommitLog:
+    engine = CommitLog(load_config(environ={}, mapped_file_size_commit_log=FILE_SIZE, max_message_size=16 * 1024,
+                                   **overrides), root)
+    engine.start()
+    return engine
+
+
+def test_a_follower_fed_in_arbitrary_cuts_holds_the_leaders_log_and_queue_table(tmp_path: Path) -> None:
+    leader = _engine(tmp_path / "leader")
+    follower = _engine(tmp_path / "follower")
+    try:
+        rng = random.Random(7)
+        for i in range(300):  # several files, each ending with a BLANK
+            leader.put_messages([Message("T", i % 3, rng.randbytes(rng.randrange(1, 2000)), properties={"KEYS": str(i)})
+                                 for _ in range(rng.randrange(1, 4))])
+        appender = ReplicaAppender(follower)
+        offset = 0
+        while offset < leader.max_offset:  # as the leader streams: never across a file, cut anywhere
+            mapped = leader.mfq.find_by_offset(offset)
+            assert mapped is not None
+            position = offset - mapped.file_from_offset
+            size = min(rng.randrange(1, 5000), mapped.read_position - position)
+            end = appender.append(offset, mapped.read(position, size))
+            offset += size
+            assert end <= offset and end == follower.max_offset
+        assert follower.max_offset == leader.max_offset
+        assert [m.path.name for m in follower.mfq.files] == [m.path.name for m in leader.mfq.files]
+        for ours, theirs in zip(leader.mfq.files, follower.mfq.files, strict=True):
+            assert ours.read(0, ours.read_position) == theirs.read(0, theirs.read_position)
+        assert follower.queue_table == leader.queue_table
+        with pytest.raises(ReplicationError, match="expects"):
+            appender.append(offset + 8, b"x" * 8)
+    finally:
+        leader.shutdown()
+        follower.shutdown()
+
+
+def test_whole_records_refuses_bytes_that_are_no_record() -> None:
+    with pytest.raises(ReplicationError, match="no record"):
+        whole_records(b"\x00\x00\x00\x10garbage!" * 2, 0, FILE_SIZE)
+    assert whole_records(b"\x00\x00", 0, FILE_SIZE) == (0, -1)
+
+
+def test_a_slave_refuses_puts_naming_its_leader(tmp_path: Path) -> None:
+    engine = _engine(tmp_path, broker_role="SLAVE", ha_master_address="10.0.0.9:10912")
+    try:
+        engine.write_refusal = "a replica: send to the leader 10.0.0.9:10912"
+        with pytest.raises(FailedPreconditionError, match="10.0.0.9:10912"):
+            engine.put_message(Message("T", 0, b"x"))
+        assert engine.max_offset == 0
+    finally:
+        engine.shutdown()
+
+
+def _transfer(timeout_s: float = 0.3, leader_max: int = 1000) -> GroupTransfer:
+    return GroupTransfer("shard-x", lambda: leader_max, followers_needed=1, timeout_s=timeout_s,
+                         fallbehind_max=500)
+
+
+def test_sync_master_without_a_follower_in_sync_refuses_at_once_naming_them() -> None:
+    transfer = _transfer()
+    with pytest.raises(ReplicaAckError) as none:
+        transfer.wait_for_replicas(1000)
+    assert none.value.status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    assert "shard shard-x" in str(none.value) and "none connected" in str(none.value)
+    far = transfer.add("10.0.0.5:4000")
+    transfer.acknowledge(far, 100)  # 900 bytes behind: more than haSlaveFallbehindMax
+    started = time.monotonic()
+    with pytest.raises(ReplicaAckError) as behind:
+        transfer.wait_for_replicas(1000)
+    assert time.monotonic() - started < 0.2
+    assert behind.value.status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    assert "10.0.0.5:4000 (at offset 100, lag 900 bytes)" in str(behind.value)
+    transfer.remove(far)
+    with pytest.raises(ReplicaAckError, match=r"gone: 10.0.0.5:4000 \(disconnected"):
+        transfer.wait_for_replicas(1000)
+
+
+def test_sync_master_waits_for_the_follower_then_times_out() -> None:
+    transfer = _transfer()
+    follower = transfer.add("10.0.0.6:4000")
+    transfer.acknowledge(follower, 900)
+    threading.Timer(0.05, transfer.acknowledge, (follower, 1000)).start()
+    transfer.wait_for_replicas(1000)  # returns once the follower reports the put's end
+    with pytest.raises(ReplicaAckError) as slow:
+        transfer.wait_for_replicas(1100)
+    assert slow.value.status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+    assert "10.0.0.6:4000 (at offset 1000" in str(slow.value)
+
+
+def test_the_handshake_checks_token_shard_and_epoch() -> None:
+    good = handshake.Hello("shard-x", 0, b"tok")
+    handshake.check_hello(good, "shard-x", 0, "tok")
+    for hello, why in ((handshake.Hello("shard-x", 0, b"tok2"), "service token"),
+                       (handshake.Hello("shard-y", 0, b"tok"), "shard"),
+                       (handshake.Hello("shard-x", 3, b"tok"), "epoch")):
+        with pytest.raises(handshake.HandshakeRefused, match=why):
+            handshake.check_hello(hello, "shard-x", 0, "tok")
+    with pytest.raises(handshake.HandshakeRefused, match="service token"):
+        handshake.check_hello(handshake.Hello("shard-x", 0, b"x"), "shard-x", 0, None)
+
+
+@pytest.mark.parametrize(("settings", "why"), [
+    ({"broker_role": "SLAVE"}, "haMasterAddress"),
+    ({"broker_role": "SYNC_MASTER"}, "haListenPort"),
+    ({"broker_role": "MASTER"}, "brokerRole"),
+    ({"ha_protocol": "4.9.8"}, "haProtocol"),
+    ({"broker_role": "SLAVE", "ha_master_address": "leader"}, "host:port"),
+])
+def test_bad_replication_settings_say_what_to_fix(settings: dict[str, object], why: str) -> None:
+    with pytest.raises(ConfigError, match=why):
+        load_config(environ={}, **settings)
