@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mqstore.services.server.metrics import Counter, Gauge, Histogram
+from mqstore.services.server.metrics import OTHER, BoundedLabel, Counter, Gauge, Histogram, max_series_from_env
 
 PUTS = Counter("mqstore_commitlog_puts", "Messages put into the commitlog, by PutMessageStatus or rejection",
                ["status"])
@@ -30,6 +30,13 @@ PUT_LATENCY = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 APPENDED_BYTES = Counter("mqstore_commitlog_appended_bytes", "Record bytes appended to the commitlog")
+# Per topic, as stored (a delayed message under SCHEDULE_TOPIC_XXXX until it is due, a transaction's half
+# under RMQ_SYS_TRANS_HALF_TOPIC): rocketmq-exporter's rocketmq_producer_tps / _message_size.
+TOPIC_PUT_MESSAGES = Counter("mqstore_commitlog_topic_put_messages", "Messages put, per topic (topics past "
+                             "MQSTORE_METRICS_MAX_SERIES are summed under topic=\"other\")", ["topic"])
+TOPIC_PUT_BYTES = Counter("mqstore_commitlog_topic_put_bytes", "Record bytes put, per topic (topics past "
+                          "MQSTORE_METRICS_MAX_SERIES are summed under topic=\"other\")", ["topic"])
+_topic_label = BoundedLabel(max_series_from_env())
 TAIL_CHUNKS = Counter("mqstore_commitlog_tail_chunks", "Tail chunks sent, data or empty heartbeat", ["kind"])
 RPC_ERRORS = Counter("mqstore_commitlog_rpc_errors", "RPCs ended with an error status", ["method", "code"])
 FLUSH_LATENCY = Histogram(
@@ -90,19 +97,44 @@ class _Put(Protocol):
     @property
     def wrote_bytes(self) -> int: ...
 
+    @property
+    def topic(self) -> str: ...
+
 
 def observe_append(results: Sequence[_Put], elapsed_s: float) -> None:
-    """Record one engine append call that returned ``results``."""
+    """Record one engine append call that returned ``results`` (one update per topic of the call)."""
     PUT_LATENCY.observe(elapsed_s)
     ok = written = 0
+    by_topic: dict[str, list[int]] = {}
     for result in results:
         written += result.wrote_bytes
         if result.status.name == "PUT_OK":
             ok += 1
+            counts = by_topic.get(result.topic)
+            if counts is None:
+                counts = by_topic[result.topic] = [0, 0]
+            counts[0] += 1
+            counts[1] += result.wrote_bytes
         else:
             PUTS.labels(status=result.status.name).inc()
     _PUT_OK.inc(ok)
     APPENDED_BYTES.inc(written)
+    for topic, (messages, size) in by_topic.items():
+        _observe_topic(topic, messages, size)
+
+
+_topic_children: dict[str, tuple[Counter, Counter]] = {}
+
+
+def _observe_topic(topic: str, messages: int, size: int) -> None:
+    children = _topic_children.get(topic)
+    if children is None:
+        label = _topic_label(topic)
+        children = (TOPIC_PUT_MESSAGES.labels(topic=label), TOPIC_PUT_BYTES.labels(topic=label))
+        if label != OTHER:  # the topics past the cap are not remembered one by one either
+            _topic_children[topic] = children
+    children[0].inc(messages)
+    children[1].inc(size)
 
 
 class _Damage(Protocol):

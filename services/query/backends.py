@@ -159,11 +159,15 @@ class IndexerClient:
 
     async def topics(self) -> list[str]:
         """Every topic with at least one dispatched message, sorted."""
+        return sorted({topic for topic, _, _, _ in await self.queues()})
+
+    async def queues(self) -> list[tuple[str, int, int, int]]:
+        """(topic, queue id, min offset, max offset) of every ConsumeQueue, in one call."""
         try:
             response = await self._stub.ListQueues(indexer_pb2.ListQueuesRequest(), timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
-        return sorted({q.topic for q in response.queues})
+        return [(q.topic, q.queue_id, q.min_offset, q.max_offset) for q in response.queues]
 
     async def arrivals(self) -> AsyncIterator[QueueArrival]:
         """The WatchArrivals stream, until it ends; UnavailableError when it breaks."""

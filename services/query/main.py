@@ -24,11 +24,14 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from mqstore.services.query import DEFAULT_LISTEN
 from mqstore.services.query import metrics as query_metrics
 from mqstore.services.query.arrivals import ArrivalWatcher
 from mqstore.services.query.backends import CommitLogClient, IndexerClient
 from mqstore.services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
+from mqstore.services.query.lag import LagMonitor, lag_settings_from_env
 from mqstore.services.query.local_files import LocalCommitLog, LocalIndexer
 from mqstore.services.query.lookup import MessageLookup
 from mqstore.services.query.pop_checkpoints import PopCheckpointTable
@@ -115,6 +118,7 @@ async def _serve(options: QueryOptions) -> int:
         config = load_config(options.config_file)
         metrics_port = metrics_port_from_env()
         load_service_token()  # an unusable credential is a settings error, told before serving
+        lag_settings_from_env()
         if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
             raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")
         options.reads_files()
@@ -174,7 +178,10 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     watcher.start()
     persister = asyncio.create_task(_persist_periodically(offsets, pops, options.persist_interval_ms / 1000),
                                     name="persist-consumer-offsets")
-    background = [persister]
+    max_series, lag_interval_s = lag_settings_from_env()
+    lag = LagMonitor(indexer, commitlog, offsets, max_series)
+    REGISTRY.register(lag)
+    background = [persister, asyncio.create_task(lag.run(lag_interval_s), name="consumer-lag")]
     if isinstance(commitlog, LocalCommitLog):
         background.append(asyncio.create_task(store.keep_fresh(STORE_VIEW_REFRESH_S), name="refresh-store-view"))
 

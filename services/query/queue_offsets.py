@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 
-from mqstore.services.query.backends import CommitLogClient, IndexerClient
+from mqstore.services.query.backends import CommitLogClient, IndexerClient, QueueUnit
 from mqstore.services.query.errors import DataLossError
 from mqstore.services.query.stored_message import record_size_at
 from mqstore.services.store.errors import NotFoundError, OutOfRangeError
@@ -43,12 +43,24 @@ class QueueOffsets:
             entries = await self._indexer.queue_entries(topic, queue_id, entries.min_offset, 1)
         if not entries.units:
             raise NotFoundError(f"queue {topic}/{queue_id} has no messages")
-        unit = entries.units[0]
+        return await self._store_time_of(topic, queue_id, entries.units[0])
+
+    async def store_time_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Store time of the message at ``offset`` (or the first one after it still in the queue); None
+        when the queue holds nothing from there. Raises NotFoundError / DataLossError like
+        :meth:`earliest_store_time` when the record is gone from the commitlog or damaged."""
+        entries = await self._indexer.queue_entries(topic, queue_id, offset, 1)
+        if not entries.units and entries.known and entries.max_offset > max(offset, entries.min_offset):
+            entries = await self._indexer.queue_entries(topic, queue_id, max(offset, entries.min_offset), 1)
+        return await self._store_time_of(topic, queue_id, entries.units[0]) if entries.units else None
+
+    async def _store_time_of(self, topic: str, queue_id: int, unit: QueueUnit) -> int:
+        """STORETIMESTAMP of the record ``unit`` points to, checked to be that record."""
         try:
             data = await self._commitlog.read(unit.commitlog_offset, min(unit.size, STORE_TIME_PREFIX_BYTES))
         except OutOfRangeError:
-            raise NotFoundError(f"the earliest message of {topic}/{queue_id} (commitlog offset "
-                                f"{unit.commitlog_offset}) was deleted from the commitlog") from None
+            raise NotFoundError(f"the message at {topic}/{queue_id} queue offset {unit.queue_offset} (commitlog "
+                                f"offset {unit.commitlog_offset}) was deleted from the commitlog") from None
         if record_size_at(data) != unit.size or _I64.unpack_from(data, PHYSICAL_OFFSET_POS)[0] != unit.commitlog_offset:
             raise DataLossError(f"{topic}/{queue_id} queue offset {unit.queue_offset}: no {unit.size}-byte record "
                                 f"starts at commitlog offset {unit.commitlog_offset}")

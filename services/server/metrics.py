@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 
 METRICS_PORT_ENV = "MQSTORE_METRICS_PORT"
 METRICS_HOST_ENV = "MQSTORE_METRICS_HOST"
+#: The most label values (topics; groups and queues) one per-topic or per-group metric gets; the rest are
+#: summed under :data:`OTHER`, so a store with thousands of topics or groups cannot flood Prometheus.
+METRICS_MAX_SERIES_ENV = "MQSTORE_METRICS_MAX_SERIES"
+DEFAULT_MAX_SERIES = 500
+#: The label value of the series past the cap.
+OTHER = "other"
 
 
 @dataclass(slots=True)
@@ -57,6 +63,38 @@ def metrics_port_from_env() -> int | None:
     return port
 
 
+def max_series_from_env() -> int:
+    """MQSTORE_METRICS_MAX_SERIES, else DEFAULT_MAX_SERIES; ValueError for what is no positive number."""
+    text = os.environ.get(METRICS_MAX_SERIES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_SERIES
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ValueError(f"{METRICS_MAX_SERIES_ENV}={text!r} is not a number") from None
+    if limit < 1:
+        raise ValueError(f"{METRICS_MAX_SERIES_ENV}={limit} must be at least 1")
+    return limit
+
+
+class BoundedLabel:
+    """A label's values for a counter: the first ``limit`` distinct values are their own, every later
+    one is :data:`OTHER` (a counter's series cannot move once it exists, so it is first come, first
+    kept). Thread-safe: the dict is only added to under the GIL's atomic setdefault."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._kept: dict[str, str] = {}
+
+    def __call__(self, value: str) -> str:
+        kept = self._kept.get(value)
+        if kept is not None:
+            return kept
+        if len(self._kept) >= self._limit:
+            return OTHER
+        return self._kept.setdefault(value, value)
+
+
 def start_metrics_server(port: int | None, host: str | None = None) -> MetricsServer | None:
     """Serve ``/metrics`` on ``host:port`` in a daemon thread; None (and nothing started) without a port.
     The host defaults to ``MQSTORE_METRICS_HOST``, else loopback (a pod sets its own IP or 0.0.0.0)."""
@@ -71,12 +109,17 @@ def start_metrics_server(port: int | None, host: str | None = None) -> MetricsSe
 
 
 __all__ = [
+    "DEFAULT_MAX_SERIES",
     "METRICS_HOST_ENV",
+    "METRICS_MAX_SERIES_ENV",
     "METRICS_PORT_ENV",
+    "OTHER",
+    "BoundedLabel",
     "Counter",
     "Gauge",
     "Histogram",
     "MetricsServer",
+    "max_series_from_env",
     "metrics_port_from_env",
     "start_metrics_server",
 ]

@@ -100,7 +100,9 @@ class TracedUp:
 def traced_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TracedUp]:
     receiver = OtlpReceiver().start()
     try:
-        started = start_up(tmp_path_factory.mktemp("traced-up") / "store", env_overrides=tracing_env(receiver))
+        # The consumer lag series refresh every second here (10 s by default): test_lag_metrics.py.
+        env = {**tracing_env(receiver), "MQSTORE_METRICS_LAG_INTERVAL_MS": "1000"}
+        started = start_up(tmp_path_factory.mktemp("traced-up") / "store", env_overrides=env)
         try:
             yield TracedUp(started, receiver)
             assert started.stop() == 0, started.logs()[-5000:]
