@@ -252,7 +252,7 @@ def main() -> None:
             for kill in range(1, args.kills + 1):
                 time.sleep(rng.uniform(3.0, 8.0))
                 reput = indexer.status().reput_offset
-                checkpoint = indexer.metric("mqstore_indexer_dispatch_checkpoint_offset")
+                checkpoint = indexer.metric("mqstore_indexer_dispatch_checkpoint_offset_bytes")
                 killed = time.monotonic()
                 indexer.kill9()
                 acked = producer.acked()

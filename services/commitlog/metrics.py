@@ -227,9 +227,9 @@ class StoreCollector(Collector):
         st = self._stats()
         ratio = st.disk_used_bytes / st.disk_total_bytes if st.disk_total_bytes else 0.0
         for name, doc, value in (
-            ("min_offset", "First commitlog offset still on disk", st.min_offset),
-            ("max_offset", "Commitlog offset the next record is written at", st.max_offset),
-            ("flushed_offset", "Commitlog offset made durable so far", st.flushed_offset),
+            ("min_offset_bytes", "First commitlog offset still on disk (a byte offset)", st.min_offset),
+            ("max_offset_bytes", "Commitlog offset the next record is written at (a byte offset)", st.max_offset),
+            ("flushed_offset_bytes", "Commitlog offset made durable so far (a byte offset)", st.flushed_offset),
             ("files", "Commitlog files on disk", st.mapped_file_count),
             ("files_bytes", "Disk space the commitlog files take (files x file size)",
              st.mapped_file_count * self._file_size),

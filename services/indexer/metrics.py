@@ -16,15 +16,15 @@ from mqstore.services.server.metrics import Counter, Gauge
 BEHIND_BYTES = Gauge("mqstore_indexer_dispatch_behind_bytes", "Commitlog bytes not dispatched yet")
 BEHIND_SECONDS = Gauge("mqstore_indexer_dispatch_behind_seconds",
                        "Age of the newest dispatched record while records are pending, else 0")
-REPUT_OFFSET = Gauge("mqstore_indexer_reput_offset", "Next commitlog offset to dispatch")
+REPUT_OFFSET = Gauge("mqstore_indexer_reput_offset_bytes", "Next commitlog offset to dispatch (a byte offset)")
 CONNECTED = Gauge("mqstore_indexer_commitlog_connected", "1 while the Tail stream is up")
 CONSUME_QUEUES = Gauge("mqstore_indexer_consume_queues", "ConsumeQueues (topic, queue id) in this indexer")
 INDEX_FILES = Gauge("mqstore_indexer_index_files", "IndexFiles on disk")
 INDEX_ENTRIES = Gauge("mqstore_indexer_index_entries", "Key entries in the IndexFiles (UNIQ_KEY and KEYS)")
-CHECKPOINT_OFFSET = Gauge("mqstore_indexer_dispatch_checkpoint_offset",
-                          "Reput offset of the last dispatch checkpoint: a crash restart re-dispatches from here")
-RECOVERY_RESUME_OFFSET = Gauge("mqstore_indexer_recovery_resume_offset",
-                               "Reput offset the last start-up resumed dispatch from")
+CHECKPOINT_OFFSET = Gauge("mqstore_indexer_dispatch_checkpoint_offset_bytes",
+                          "Reput offset (bytes) of the last dispatch checkpoint: a crash restart re-dispatches from it")
+RECOVERY_RESUME_OFFSET = Gauge("mqstore_indexer_recovery_resume_offset_bytes",
+                               "Reput offset (bytes) the last start-up resumed dispatch from")
 RECOVERY_REWOUND_ENTRIES = Gauge("mqstore_indexer_recovery_rewound_entries",
                                  "Index entries the last start-up removed to re-dispatch them")
 RECOVERY_SECONDS = Gauge("mqstore_indexer_recovery_seconds",

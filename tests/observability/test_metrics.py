@@ -52,9 +52,9 @@ def test_every_service_exposes_metrics_that_move_with_traffic(observed: Observed
     assert value(commitlog, "mqstore_commitlog_read_bytes_total", method="ReadBatch") > 0
     # The indexer's reput reads the commitlog's files itself and follows the positions-only Tail.
     assert value(commitlog, "mqstore_commitlog_tail_chunks_total", kind="position") >= 1
-    max_offset = value(commitlog, "mqstore_commitlog_max_offset")
-    assert max_offset > 0 and value(commitlog, "mqstore_commitlog_flushed_offset") == max_offset
-    assert value(commitlog, "mqstore_commitlog_min_offset") == 0
+    max_offset = value(commitlog, "mqstore_commitlog_max_offset_bytes")
+    assert max_offset > 0 and value(commitlog, "mqstore_commitlog_flushed_offset_bytes") == max_offset
+    assert value(commitlog, "mqstore_commitlog_min_offset_bytes") == 0
     assert value(commitlog, "mqstore_commitlog_files") >= 1
     assert value(commitlog, "mqstore_commitlog_files_bytes") >= 1024 * 1024
     assert 0 < value(commitlog, "mqstore_commitlog_disk_used_ratio") < 1
@@ -65,7 +65,7 @@ def test_every_service_exposes_metrics_that_move_with_traffic(observed: Observed
     indexer = scrape(ports["indexer"])
     assert value(indexer, "mqstore_indexer_dispatched_records_total") >= 3
     assert value(indexer, "mqstore_indexer_dispatch_behind_bytes") == 0
-    assert value(indexer, "mqstore_indexer_reput_offset") == max_offset
+    assert value(indexer, "mqstore_indexer_reput_offset_bytes") == max_offset
     assert value(indexer, "mqstore_indexer_commitlog_read_bytes_total", source="files") >= max_offset
     assert value(indexer, "mqstore_indexer_consume_queues") >= 2
     assert value(indexer, "mqstore_indexer_index_files") >= 1

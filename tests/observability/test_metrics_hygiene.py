@@ -6,7 +6,9 @@ really exists.
   ``mqstore_commitlog_*`` series at 0, because they lived in the shared server layer);
 - no ``*_created`` series; every counter's samples end in ``_total``; nothing counted "since start"
   is a gauge;
-- every metric name in a dashboard expression appears in a scrape of the running system.
+- every metric name in a dashboard expression appears in a scrape of the running system, and each
+  panel's unit is the unit of every series it plots (no 0/1 state drawn as seconds or as a percentage,
+  no messages beside calls).
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ def scrapes(traced_up: TracedUp) -> dict[str, list[Metric]]:
         while len(got) < 4 and time.monotonic() < deadline:
             got += [m.body for m in consumer.poll(timeout=1)]
     assert sorted(got) == [b"later", b"one", b"three", b"two"]
+    # The group's lag series appear at the query service's next lag refresh (every second here).
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        query = _families(traced_up.metrics_url("query"))
+        if any(s.name == "mqstore_query_group_lag_seconds" for f in query for s in f.samples):
+            break
+        time.sleep(0.3)
     return {service: _families(traced_up.metrics_url(service)) for service in SERVICES}
 
 
@@ -105,13 +114,72 @@ def test_every_dashboard_expression_names_metrics_that_exist(scrapes: dict[str, 
     for signal in ("mqstore_commitlog_puts_total", "mqstore_query_pulled_messages_total",
                    "mqstore_commitlog_put_latency_seconds_bucket", "mqstore_query_pull_latency_seconds_bucket",
                    "mqstore_indexer_dispatch_behind_bytes", "mqstore_commitlog_disk_used_ratio",
-                   "mqstore_commitlog_flush_latency_seconds_bucket", "mqstore_commitlog_flushed_offset"):
+                   "mqstore_commitlog_flush_latency_seconds_bucket", "mqstore_commitlog_flushed_offset_bytes",
+                   "mqstore_query_group_lag_messages", "mqstore_query_group_lag_seconds",
+                   "mqstore_commitlog_topic_put_messages_total"):
         assert signal in signals, f"the dashboard shows no {signal}"
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}" and panel["targets"], panel["title"]
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+#: What a counter counts, by the end of its name: its rate is messages/s (Grafana "ops") or calls/s ("reqps").
+COUNTED = {"messages": ("_messages_total", "_puts_total", "_delivered_total"),
+           "calls": ("_calls_total", "_pulls_total", "_reads_total", "_lookups_total", "_errors_total")}
+#: The Grafana unit of each quantity.
+UNITS = {"seconds": "s", "bytes": "bytes", "bytes/s": "Bps", "ratio": "percentunit", "state": "bool",
+         "messages/s": "ops", "calls/s": "reqps", "count": "short"}
+
+
+def _quantity(expr: str, families: dict[str, Metric]) -> str:
+    """What ``expr`` measures, from the names (and, for 0/1 gauges, the HELP) of the series it reads."""
+    names = set(re.findall(r"\b(?:mqstore_[a-z0-9_]+|up)\b(?=\{|\s|\)|$)", expr))
+    assert names, expr
+    found = set()
+    for name in names:
+        if name == "up":
+            found.add("state")
+        elif name.endswith("_seconds_bucket") and "histogram_quantile" in expr:
+            found.add("seconds")
+        elif name.endswith("_bytes_total"):
+            assert "rate(" in expr, expr
+            found.add("bytes/s")
+        elif name.endswith("_total"):
+            assert "rate(" in expr, expr
+            kinds = [kind for kind, ends in COUNTED.items() if name.endswith(ends)]
+            assert len(kinds) == 1, f"say in COUNTED what {name} counts"
+            found.add(f"{kinds[0]}/s")
+        else:
+            family = families[name]
+            assert family.type == "gauge", (name, family.type)
+            if family.documentation.startswith("1 while"):
+                found.add("state")
+            elif name.endswith("_seconds"):
+                found.add("seconds")
+            elif name.endswith("_bytes"):
+                found.add("bytes")
+            elif name.endswith("_ratio"):
+                found.add("ratio")
+            else:
+                found.add("count")
+    return " + ".join(sorted(found))  # more than one: the expression mixes quantities
+
+
+def test_every_dashboard_panel_has_the_unit_of_its_series(scrapes: dict[str, list[Metric]]) -> None:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    families = {f.name + ("_total" if f.type == "counter" else ""): f for fs in scrapes.values() for f in fs}
+    families.update({f"{f.name}_bucket": f for fs in scrapes.values() for f in fs if f.type == "histogram"})
+    wrong = []
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            continue
+        unit = panel["fieldConfig"]["defaults"]["unit"]
+        quantities = sorted({_quantity(t["expr"], families) for t in panel["targets"]})
+        if len(quantities) != 1 or UNITS.get(quantities[0]) != unit:
+            wrong.append(f"{panel['title']!r} ({unit}): {quantities}")
+    assert not wrong, "panels whose unit is not their series': " + "; ".join(wrong)
 
 
 def test_the_pod_monitors_scrape_every_metrics_port_the_pods_declare() -> None:
