@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-@pytest.fixture
-def fs(tmp_path: Path) -> Iterator[PowerCutMount]:
-    mount = PowerCutMount(tmp_path / "fs")
-    mount.start()
-    yield mount
-    mount.kill()
 
 
 def test_the_file_system_keeps_only_what_was_made_durable(fs: PowerCutMount) -> None:
