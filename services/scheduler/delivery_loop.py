@@ -55,6 +55,9 @@ PERSIST_EVERY_UNITS = 10_000
 #: re-put something: commitlog files whose first record is younger are not read for re-puts (a
 #: scheduler that was down a long time does not walk the log written meanwhile)
 REPUT_SLACK_MS = 60_000
+#: how long a restart waits for the indexer to dispatch the log it reads re-puts from (the units they
+#: came from must be readable to be matched), then matches what is
+DISPATCH_WAIT_S = 30.0
 
 U = TypeVar("U")
 
@@ -150,6 +153,10 @@ class DeliveryLoop(ABC):
         :meth:`_recover` once the queue bounds are known, before its first delivery."""
 
     @abstractmethod
+    async def _refresh_bounds(self) -> None:
+        """Ask the indexer for the queue bounds again."""
+
+    @abstractmethod
     def _reconcile(self, reputs: Iterable[ParkedRecord]) -> tuple[int, int]:
         """Count as delivered the units whose re-puts are among ``reputs`` (read from the log past
         ``scan_from``, once; those of the other kind are passed over): (re-puts of this kind, units
@@ -206,6 +213,8 @@ class DeliveryLoop(ABC):
             self._log.warning("the commitlog ends at %d, before %s's offset %d to look for re-puts from (it lost "
                               "its tail?): none looked for", end, self._state_name, start)
         elif start < end:
+            await self._dispatched(end)
+            await self._refresh_bounds()
             began = time.monotonic()
             until = None if self._written_at_ms is None else \
                 self._written_at_ms + int(self._persist_interval_s * 1000) + REPUT_SLACK_MS
@@ -220,6 +229,16 @@ class DeliveryLoop(ABC):
             self._log.exception("cannot write %s: re-puts before the next write may repeat after a crash",
                                 self._state_name)
         self._written = False  # the early write after the first acknowledged batch still comes
+
+    async def _dispatched(self, end: int) -> None:
+        """Wait (up to DISPATCH_WAIT_S) until the indexer has dispatched the log below ``end``."""
+        deadline = time.monotonic() + DISPATCH_WAIT_S
+        while (reput := await self._indexer.reput_offset()) < end:
+            if time.monotonic() > deadline or self._stopping:
+                self._log.warning("the indexer has dispatched the log up to %d, not to %d: re-puts of units "
+                                  "not dispatched yet are not matched", reput, end)
+                return
+            await asyncio.sleep(0.1)
 
     async def _advance_scan_from(self) -> None:
         """Move ``scan_from`` up to the log's end while no re-put is in flight (none was sent during the

@@ -44,6 +44,12 @@ class IndexerPeer:
             raise
         return response.min_offset, response.max_offset
 
+    async def reput_offset(self) -> int:
+        """The next commitlog offset the indexer dispatches: the units of every record below it are
+        written."""
+        status = await self._stub.GetDispatchStatus(indexer_pb2.GetDispatchStatusRequest(), timeout=CALL_TIMEOUT_S)
+        return int(status.reput_offset)
+
     async def arrivals(self) -> AsyncIterator[tuple[str, int, int]]:
         """(topic, queue id, max offset) per arrival until the stream ends or breaks (AioRpcError)."""
         call = self._stub.WatchArrivals(indexer_pb2.WatchArrivalsRequest())
