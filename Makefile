@@ -47,13 +47,20 @@ proto:
 run: $(GENERATED)
 	$(VENV)/bin/mqstore up --store $(STORE)
 
-test: $(GENERATED) java node-deps powercut-deps
+test: $(GENERATED) java node-deps powercut-deps promtool
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The Spark pipeline's tests need a Java 17 runtime; a fresh machine (CI) gets Debian's.
 java:
 	@command -v java >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+
+# promtool validates and unit-tests the Prometheus alerting rules (deploy/prometheus,
+# tests/observability/test_alert_rules.py); Debian's prometheus package provides it.
+.PHONY: promtool
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq prometheus >/dev/null; }
 
 # The Node.js client's dependencies (clients/node), exactly as package-lock.json pins them.
 NODE_DEPS := clients/node/node_modules/.package-lock.json
