@@ -127,6 +127,10 @@ class MessagingServicer:
         self.groups = GroupDirectory(self.shards, routes, self.retry, tokens)
         self.admin = Admin(self.shards)
 
+    def stopping(self) -> None:
+        """The server is stopping: end the streams that never end by themselves (transaction checks)."""
+        self.transactions.stopping()
+
     async def close(self) -> None:
         await self.transactions.close()
         await self.admin.close()
@@ -266,9 +270,10 @@ class MessagingServicer:
         built alone would be copied again when appended to an answer)."""
         # A DELAY message is stored under SCHEDULE_TOPIC_XXXX: its queue id is the store's, not a route's.
         queue_id = result.queue_id + queue.base if result.topic == topic else result.queue_id
-        return make(status=result.status, msg_id=uniq_key, offset_msg_id=result.msg_id, topic=result.topic,
-                    queue_id=queue_id, queue_offset=result.queue_offset, store_timestamp=result.store_timestamp,
-                    shard=queue.shard.name)
+        # msg_id: the deprecated alias of uniq_key, filled as it always was.
+        return make(status=result.status, uniq_key=uniq_key, msg_id=uniq_key, offset_msg_id=result.msg_id,
+                    topic=result.topic, queue_id=queue_id, queue_offset=result.queue_offset,
+                    store_timestamp=result.store_timestamp, shard=queue.shard.name)
 
     @unary
     async def Send(self, request: gateway_pb2.SendRequest, context: Context) -> gateway_pb2.SendResult:
@@ -383,12 +388,12 @@ class MessagingServicer:
         metrics.SENT_MESSAGES.inc(batch.count)
         answer = gateway_pb2.SendBatchResponse()
         if response.HasField("receipt"):
-            r = response.receipt
+            r, uniq_keys = response.receipt, batch.generated_msg_ids()
             answer.receipt.MergeFrom(gateway_pb2.SendBatchReceipt(
                 status=r.status, topic=topic, queue_id=queue.queue_id, shard=queue.shard.name,
                 offset_msg_id_prefix=r.offset_msg_id_prefix, store_timestamp=r.store_timestamp,
                 first_queue_offset=r.first_queue_offset, commitlog_offsets=r.commitlog_offsets,
-                msg_ids=batch.generated_msg_ids()))
+                uniq_keys=uniq_keys, msg_ids=uniq_keys))
             return answer
         result, add = self._result, answer.results.add
         for r, uniq_key in zip(response.results, batch.all_uniq_keys(), strict=True):

@@ -114,11 +114,19 @@ class Transactions:
         #: group -> (the topics its watches name, one watch task per shard)
         self._watches: dict[str, tuple[tuple[str, ...], list[asyncio.Task[None]]]] = {}
         self._turn = 0
+        self._stopping = asyncio.Event()
 
-    async def close(self) -> None:
+    def stopping(self) -> None:
+        """The gateway is stopping: end every TransactionChecks stream and scheduler watch now (producers
+        reconnect to the next gateway), so the stop does not wait out the drain grace on streams that
+        never end by themselves."""
+        self._stopping.set()
         for _, tasks in self._watches.values():
             for task in tasks:
                 task.cancel()
+
+    async def close(self) -> None:
+        self.stopping()
         self._watches.clear()
 
     # -- ends ----------------------------------------------------------------------------------------
@@ -143,7 +151,8 @@ class Transactions:
             route = await self.routes.route(c.topic)
             base = route.bases.get(shard, 0) if route is not None else 0
             result.committed.MergeFrom(gateway_pb2.SendResult(
-                status=c.status, msg_id=half.uniq_key or request.transaction_id, offset_msg_id=c.msg_id,
+                status=c.status, uniq_key=half.uniq_key or request.transaction_id,
+                msg_id=half.uniq_key or request.transaction_id, offset_msg_id=c.msg_id,
                 topic=c.topic, queue_id=c.queue_id + base, queue_offset=c.queue_offset,
                 store_timestamp=c.store_timestamp, shard=shard.name))
         return result
@@ -201,18 +210,22 @@ class Transactions:
         receiver = CheckReceiver(topics, lambda topic: principal.may(Action.PRODUCE, topic), queue.put_nowait)
         self.join(group, receiver)
         reader = asyncio.create_task(self._answers(group, requests, end))
+        stopping = asyncio.ensure_future(self._stopping.wait())
         try:
             while True:
                 getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait((getter, reader), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait((getter, reader, stopping), return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
                     yield getter.result()
                     continue
                 getter.cancel()
+                if stopping in done:
+                    return  # the gateway stops
                 reader.result()  # an error in the answers ends the stream with it
                 return  # the producer closed its side
         finally:
             reader.cancel()
+            stopping.cancel()
             self.leave(group, receiver)
             # Checks handed to this producer and not sent: the scheduler checks them again next interval.
 
@@ -235,7 +248,7 @@ class Transactions:
                             group, getattr(exc, "details", str(exc)))
 
     async def _watch(self, group: str, topics: tuple[str, ...], shard: ShardClient) -> None:
-        while True:
+        while not self._stopping.is_set():
             call = shard.transactions.WatchChecks(scheduler_pb2.WatchChecksRequest(producer_group=group,
                                                                                    topics=topics))
             try:

@@ -127,7 +127,7 @@ class AsyncProducer(_AsyncEndpoint):
             tracing.add_properties(request.message.properties, tracing.message_properties(span))
             receipt = SendReceipt.from_proto(await connection.call("Send", request, timeout,
                                                                    tracing.call_metadata(span, connection.metadata)))
-            tracing.sent(span, [receipt.msg_id])
+            tracing.sent(span, [receipt.uniq_key])
             return receipt
 
     async def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
@@ -148,7 +148,7 @@ class AsyncProducer(_AsyncEndpoint):
                     exc.receipts = receipts
                     raise
                 receipts.extend(batch_receipts(chunk, response))
-            tracing.sent(span, [r.msg_id for r in receipts])
+            tracing.sent(span, [r.uniq_key for r in receipts])
         return receipts
 
     async def send_stream(self, messages: Iterable[Item] | AsyncIterable[Item], topic: str | None = None, *,

@@ -45,7 +45,7 @@ PULL_BATCH = 256
 #: (services/store/names.py; the client imports no server code, so they are named here).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 PARKING_TOPICS = frozenset({SCHEDULE_TOPIC, "rmq_sys_wheel_timer"})
-MESSAGE_COLUMNS = ("queue", "offset", "msg_id", "tags", "keys", "stored", "body")
+MESSAGE_COLUMNS = ("queue", "offset", "uniq_key", "offset_msg_id", "tags", "keys", "stored", "body")
 
 
 class UsageError(Exception):
@@ -468,8 +468,8 @@ def _print_receipts(printer: Printer, receipts: Sequence[SendReceipt]) -> None:
         for receipt in receipts:
             printer.json(receipt.to_json())
         return
-    headers: tuple[str, ...] = ("msg_id", "queue", "offset", "status", "offset_msg_id", "shard")
-    rows: list[Sequence[Any]] = [(r.msg_id, r.queue_id, r.queue_offset, r.status, r.offset_msg_id, r.shard)
+    headers: tuple[str, ...] = ("uniq_key", "queue", "offset", "status", "offset_msg_id", "shard")
+    rows: list[Sequence[Any]] = [(r.uniq_key, r.queue_id, r.queue_offset, r.status, r.offset_msg_id, r.shard)
                                  for r in receipts]
     if any(r.topic in PARKING_TOPICS for r in receipts):
         # A delayed or timer message is stored in a parking topic until due, and queue/offset are that
@@ -566,8 +566,9 @@ class MessageRows:
 
     @staticmethod
     def row(m: Message) -> list[str]:
-        return [str(m.queue_id), str(m.queue_offset), m.msg_id, cell(m.tags or None, 24),
-                cell(" ".join(m.keys) or None, 32), timestamp(m.store_timestamp), cell(m.text, MAX_CELL)]
+        return [str(m.queue_id), str(m.queue_offset), cell(m.uniq_key or None), m.offset_msg_id,
+                cell(m.tags or None, 24), cell(" ".join(m.keys) or None, 32), timestamp(m.store_timestamp),
+                cell(m.text, MAX_CELL)]
 
     def write(self, messages: Sequence[Message]) -> None:
         if self.printer.json_mode:
@@ -644,8 +645,9 @@ def _caught_up(consumer: PullConsumer) -> bool:
 
 def _message_record(m: Message) -> list[tuple[str, Any]]:
     properties = ", ".join(f"{k}={v}" for k, v in sorted(m.properties.items()))
-    return [("topic", m.topic), ("queue", m.queue_id), ("queue offset", m.queue_offset), ("msg id", m.msg_id),
-            ("offset msg id", m.offset_msg_id), ("tags", m.tags or None), ("keys", " ".join(m.keys) or None),
+    return [("topic", m.topic), ("queue", m.queue_id), ("queue offset", m.queue_offset),
+            ("uniq key", m.uniq_key or None), ("offset msg id", m.offset_msg_id), ("tags", m.tags or None),
+            ("keys", " ".join(m.keys) or None),
             ("properties", properties or None), ("born", f"{timestamp(m.born_timestamp)} from {m.born_host}"),
             ("stored", f"{timestamp(m.store_timestamp)} on {m.store_host}"),
             ("commitlog offset", m.commitlog_offset), ("store size", m.store_size),
@@ -864,8 +866,8 @@ def _dlq(args: argparse.Namespace) -> int:
                 for m in letters:
                     printer.json(m.to_json())
             else:
-                printer.table(("queue_offset", "offset_msg_id", "msg_id", "original_topic", "reconsume", "body"),
-                              [(m.queue_offset, m.offset_msg_id, m.msg_id, m.properties.get("RETRY_TOPIC", ""),
+                printer.table(("queue_offset", "offset_msg_id", "uniq_key", "original_topic", "reconsume", "body"),
+                              [(m.queue_offset, m.offset_msg_id, m.uniq_key, m.properties.get("RETRY_TOPIC", ""),
                                 m.reconsume_times, cell(m.text, 40)) for m in letters],
                               empty=f"no dead letters for group {group}")
             return EXIT_OK
@@ -883,8 +885,8 @@ def _dlq(args: argparse.Namespace) -> int:
                 if printer.json_mode:
                     printer.json({"dead_letter": msg_id, **receipt.to_json()})
                 else:
-                    printer.table(("dead_letter", "topic", "queue", "queue_offset", "msg_id", "status"),
-                                  [(msg_id, receipt.topic, receipt.queue_id, receipt.queue_offset, receipt.msg_id,
+                    printer.table(("dead_letter", "topic", "queue", "queue_offset", "uniq_key", "status"),
+                                  [(msg_id, receipt.topic, receipt.queue_id, receipt.queue_offset, receipt.uniq_key,
                                     receipt.status)])
     return EXIT_OK
 

@@ -1,8 +1,10 @@
 """What users of the client see: plain dataclasses, not protobuf messages.
 
 Protobuf types stay inside the package so user code does not depend on generated code, and so the
-fields get the names RocketMQ users know (a received message's ``msg_id`` is its UNIQ_KEY, as in
-RocketMQ's ``MessageClientExt``; the store's id is ``offset_msg_id``).
+fields get the names RocketMQ users know: ``uniq_key`` (the UNIQ_KEY a send returns and a consumer
+sees) and ``offset_msg_id`` (store host + commitlog offset), the same names on the wire, in the CLI's
+JSON and in the Node.js client. ``msg_id`` stays as a deprecated alias of ``uniq_key`` (RocketMQ's
+``MessageClientExt.getMsgId``); on the wire a StoredMessage's deprecated ``msg_id`` is the offset id.
 """
 
 from __future__ import annotations
@@ -99,8 +101,8 @@ class OutgoingMessage:
 class SendReceipt:
     """The store's answer to one send."""
 
-    #: The UNIQ_KEY: the id to find the message by (``Client.get_message``).
-    msg_id: str
+    #: The UNIQ_KEY: the id to find the message by (``Client.get_message``); a consumer's ``Message.uniq_key``.
+    uniq_key: str
     #: Store host + commitlog offset (32 hex digits, 56 for an IPv6 store host): the cheapest id to look up.
     offset_msg_id: str
     topic: str
@@ -113,16 +115,23 @@ class SendReceipt:
 
     @classmethod
     def from_proto(cls, result: Any) -> SendReceipt:
-        return cls(msg_id=result.msg_id, offset_msg_id=result.offset_msg_id, topic=result.topic,
+        return cls(uniq_key=result.uniq_key or result.msg_id, offset_msg_id=result.offset_msg_id, topic=result.topic,
                    queue_id=result.queue_id, queue_offset=result.queue_offset,
                    store_timestamp=result.store_timestamp, shard=result.shard, status=_put_status(result.status))
+
+    @property
+    def msg_id(self) -> str:
+        """Deprecated alias of ``uniq_key``."""
+        return self.uniq_key
 
     @property
     def ok(self) -> bool:
         return self.status == "PUT_OK"
 
     def to_json(self) -> dict[str, Any]:
-        return {"msg_id": self.msg_id, "offset_msg_id": self.offset_msg_id, "topic": self.topic,
+        """``msg_id``: the deprecated alias of ``uniq_key``, kept for scripts that read it."""
+        return {"uniq_key": self.uniq_key, "offset_msg_id": self.offset_msg_id, "msg_id": self.uniq_key,
+                "topic": self.topic,
                 "queue_id": self.queue_id, "queue_offset": self.queue_offset,
                 "store_timestamp": self.store_timestamp, "shard": self.shard, "status": self.status}
 
@@ -141,9 +150,12 @@ class Message:
     topic: str
     queue_id: int
     queue_offset: int
-    #: The UNIQ_KEY when the message has one (every message sent through the gateway), else offset_msg_id.
+    #: Deprecated alias: ``uniq_key`` when the message has one (every message sent through the gateway),
+    #: else ``offset_msg_id``.
     msg_id: str
+    #: Store host + commitlog offset: the ``offset_msg_id`` of the send that stored it.
     offset_msg_id: str
+    #: The UNIQ_KEY property: the ``uniq_key`` of the send ("" for a message stored without one).
     uniq_key: str
     tags: str
     keys: tuple[str, ...]
@@ -165,7 +177,8 @@ class Message:
     @classmethod
     def from_proto(cls, m: Any) -> Message:
         return cls(topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset,
-                   msg_id=m.uniq_key or m.msg_id, offset_msg_id=m.msg_id, uniq_key=m.uniq_key, tags=m.tags,
+                   msg_id=m.uniq_key or m.offset_msg_id or m.msg_id, offset_msg_id=m.offset_msg_id or m.msg_id,
+                   uniq_key=m.uniq_key, tags=m.tags,
                    keys=tuple(m.keys.split()), properties=dict(m.properties), body=bytes(m.body),
                    born_timestamp=m.born_timestamp, born_host=m.born_host, store_timestamp=m.store_timestamp,
                    store_host=m.store_host, commitlog_offset=m.commitlog_offset, reconsume_times=m.reconsume_times,
@@ -181,7 +194,7 @@ class Message:
         """JSON-safe fields: the body as ``body`` when it is UTF-8 text, else as ``body_base64``."""
         data: dict[str, Any] = {
             "topic": self.topic, "queue_id": self.queue_id, "queue_offset": self.queue_offset,
-            "msg_id": self.msg_id, "offset_msg_id": self.offset_msg_id, "uniq_key": self.uniq_key,
+            "uniq_key": self.uniq_key, "offset_msg_id": self.offset_msg_id, "msg_id": self.msg_id,
             "tags": self.tags, "keys": list(self.keys), "properties": self.properties,
             "born_timestamp": self.born_timestamp, "born_host": self.born_host,
             "store_timestamp": self.store_timestamp, "store_host": self.store_host,

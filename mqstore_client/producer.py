@@ -91,12 +91,12 @@ def batch_receipts(chunk: BatchChunk, response: Any) -> list[SendReceipt]:
     if not response.HasField("receipt"):
         return [SendReceipt.from_proto(r) for r in response.results]
     r = response.receipt
-    ids = list(r.msg_ids) or chunk.uniq_keys
+    ids = list(r.uniq_keys or r.msg_ids) or chunk.uniq_keys
     status = _put_status(r.status)
     prefix, first = r.offset_msg_id_prefix, r.first_queue_offset
-    return [SendReceipt(msg_id=msg_id, offset_msg_id=f"{prefix}{offset:016X}", topic=r.topic, queue_id=r.queue_id,
+    return [SendReceipt(uniq_key=uniq_key, offset_msg_id=f"{prefix}{offset:016X}", topic=r.topic, queue_id=r.queue_id,
                         queue_offset=first + i, store_timestamp=r.store_timestamp, shard=r.shard, status=status)
-            for i, (msg_id, offset) in enumerate(zip(ids, r.commitlog_offsets, strict=True))]
+            for i, (uniq_key, offset) in enumerate(zip(ids, r.commitlog_offsets, strict=True))]
 
 
 def stream_request(item: Item, topic: str | None, tags: str | None, keys: Keys | None,
@@ -134,7 +134,7 @@ class Producer(Endpoint):
             tracing.add_properties(request.message.properties, tracing.message_properties(span))
             receipt = SendReceipt.from_proto(connection.call("Send", request, timeout,
                                                              tracing.call_metadata(span, connection.metadata)))
-            tracing.sent(span, [receipt.msg_id])
+            tracing.sent(span, [receipt.uniq_key])
             return receipt
 
     def send_batch(self, topic: str, messages: Iterable[Item], *, tags: str | None = None,
@@ -157,7 +157,7 @@ class Producer(Endpoint):
                     exc.receipts = receipts
                     raise
                 receipts.extend(batch_receipts(chunk, response))
-            tracing.sent(span, [r.msg_id for r in receipts])
+            tracing.sent(span, [r.uniq_key for r in receipts])
         return receipts
 
     def send_stream(self, messages: Iterable[Item], topic: str | None = None, *, tags: str | None = None,

@@ -84,7 +84,7 @@ class TransactionResult:
 
     @property
     def transaction_id(self) -> str:
-        return self.half.msg_id
+        return self.half.uniq_key
 
 
 LocalTransaction = Callable[[OutgoingMessage, Any], TransactionState]
@@ -140,18 +140,18 @@ class TransactionProducer(Endpoint):
         with tracing.send_span(topic, self.connection.address, tags=tags, keys=keys) as span:
             message, half = self.send_half(topic, body, tags=tags, keys=keys, properties=properties,
                                            sharding_key=sharding_key, queue_id=queue_id, timeout=timeout)
-            tracing.sent(span, [half.msg_id])
+            tracing.sent(span, [half.uniq_key])
             run = local_transaction or self.local_transaction
             state = TransactionState.UNKNOWN
             if run is not None:
                 try:
                     state = TransactionState(run(message, arg))
                 except Exception:
-                    log.exception("local transaction of %s failed: left UNKNOWN (it will be checked)", half.msg_id)
+                    log.exception("local transaction of %s failed: left UNKNOWN (it will be checked)", half.uniq_key)
             return self.end(half, state, timeout=timeout)
 
     def end(self, half: SendReceipt, state: TransactionState, *, timeout: float | None = None) -> TransactionResult:
-        request = transaction_pb2.EndTransactionRequest(producer_group=self.group, transaction_id=half.msg_id,
+        request = transaction_pb2.EndTransactionRequest(producer_group=self.group, transaction_id=half.uniq_key,
                                                         offset_msg_id=half.offset_msg_id, resolution=state.value)
         connection = self.connection
         answer: gateway_pb2.EndTransactionResult = connection.call(

@@ -4,11 +4,11 @@
  * mqstore from Node.js: a demo round trip and one command per RPC, printing JSON lines on stdout.
  *
  *   node demo.js [demo] [--count N] [--topic T] [--key-prefix P]   send N, pull them back, get one by
- *                                                                  msg_id, query one by key
+ *                                                                  uniq_key, query one by key
  *   node demo.js send  --topic T [--body TEXT | --body-base64 B64] [--keys K] [--tags T]
  *                      [--property NAME=VALUE ...] [--born-timestamp MS] [--queue-id Q] [--sharding-key S]
  *   node demo.js pull  --topic T [--queue-id Q] [--offset O] [--max N] [--long-poll-ms MS] [--subscription S]
- *   node demo.js get   --msg-id ID [--topic T] [--wait-ms MS]
+ *   node demo.js get   --msg-id ID [--topic T] [--wait-ms MS]     ID: a uniq_key or an offset_msg_id
  *   node demo.js query --topic T --key K [--max N] [--wait-ms MS]
  *   node demo.js route --topic T
  *
@@ -182,7 +182,7 @@ async function route(mq, options, deadlineMs) {
   emit('route', { response: await rpc(mq, 'getRoute', { topic: required(options, 'topic') }, deadlineMs) });
 }
 
-/** Sends N messages, pulls them back, gets the first by msg_id and queries it by key; checks each. */
+/** Sends N messages, pulls them back, gets the first by uniq_key and queries it by key; checks each. */
 async function demo(mq, options, deadlineMs) {
   const topic = options.topic || 'node-demo';
   const count = int(options, 'count');
@@ -200,7 +200,7 @@ async function demo(mq, options, deadlineMs) {
   }
 
   // Pull every queue the gateway picked, from the first offset we wrote there, until ours are all back.
-  const wanted = new Map(sent.map((s) => [s.result.msg_id, s]));
+  const wanted = new Map(sent.map((s) => [s.result.uniq_key, s]));
   const pulled = new Map();
   const queues = new Map();
   for (const { result } of sent) {
@@ -227,7 +227,9 @@ async function demo(mq, options, deadlineMs) {
   }
   const same = [...wanted].every(([id, s]) => {
     const m = pulled.get(id);
+    // A pull names a message as its send did: the same uniq_key and offset_msg_id.
     return m !== undefined && Buffer.compare(m.body, s.message.body) === 0
+      && m.offset_msg_id === s.result.offset_msg_id
       && m.keys === s.message.properties.KEYS && m.tags === s.message.properties.TAGS;
   });
 
@@ -236,15 +238,15 @@ async function demo(mq, options, deadlineMs) {
   let byKey = false;
   if (count > 0) {
     const first = sent[0];
-    await get(mq, { 'msg-id': first.result.msg_id, topic, 'wait-ms': '5000' }, deadlineMs);
+    await get(mq, { 'msg-id': first.result.uniq_key, topic, 'wait-ms': '5000' }, deadlineMs);
     byId = true;
     const key = first.message.properties.KEYS;
     const response = await retrying(5000, async (last) => {
       const answer = await rpc(mq, 'queryByKey', { topic, key }, deadlineMs);
-      return answer.messages.some((m) => m.uniq_key === first.result.msg_id) || last ? answer : undefined;
+      return answer.messages.some((m) => m.uniq_key === first.result.uniq_key) || last ? answer : undefined;
     });
     emit('query', { response });
-    byKey = response.messages.some((m) => m.uniq_key === first.result.msg_id);
+    byKey = response.messages.some((m) => m.uniq_key === first.result.uniq_key);
   }
   const ok = same && byId && byKey;
   emit('summary', { ok, topic, sent: sent.length, pulled: pulled.size, found_by_id: byId, found_by_key: byKey });

@@ -25,8 +25,9 @@ def add_messages(target: Any, messages: Sequence[StoredMessage]) -> None:
         props = m.properties
         message = add(
             topic=m.topic, queue_id=m.queue_id, queue_offset=m.queue_offset, commitlog_offset=m.commitlog_offset,
-            msg_id=m.msg_id, tags=props.get(PROPERTY_TAGS, ""), keys=props.get(PROPERTY_KEYS, ""),
-            uniq_key=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""), born_timestamp=m.born_timestamp,
+            offset_msg_id=m.msg_id, msg_id=m.msg_id, tags=props.get(PROPERTY_TAGS, ""),
+            keys=props.get(PROPERTY_KEYS, ""), uniq_key=props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
+            born_timestamp=m.born_timestamp,
             born_host=m.born_host, store_timestamp=m.store_timestamp, store_host=m.store_host,
             reconsume_times=m.reconsume_times, sys_flag=m.sys_flag, flag=m.flag, body=m.body, body_crc=m.body_crc,
             store_size=m.store_size, prepared_transaction_offset=m.prepared_transaction_offset,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def test_send_pull_get_query_offset_topics(gateway: str, topic: str) -> None:
                                "--property", "origin=cli", "--json", *g))
     assert [r["status"] for r in sent] == ["PUT_OK", "PUT_OK"] and {r["topic"] for r in sent} == {topic}
     table = run_cli("send", "--topic", topic, "third", "--queue", "1", *g)
-    assert table.code == 0 and table.stdout.splitlines()[0].split()[:3] == ["MSG_ID", "QUEUE", "OFFSET"]
+    assert table.code == 0 and table.stdout.splitlines()[0].split()[:3] == ["UNIQ_KEY", "QUEUE", "OFFSET"]
 
     pulled = eventually(lambda: _exactly(_json_lines(run_cli("pull", topic, "--json", *g)), 3))
     assert sorted(m["body"] for m in pulled) == ["hello", "third", "world"]
@@ -53,7 +54,7 @@ def test_send_pull_get_query_offset_topics(gateway: str, topic: str) -> None:
         _json_lines(run_cli("query", "--topic", topic, "--key", "vip", "--begin", "1h", "--json", *g)), 2))
     assert sorted(m["body"] for m in found) == ["hello", "world"]
     found_table = run_cli("query", "--topic", topic, "--key", "order-7", *g).stdout.splitlines()
-    assert found_table[0].split() == ["QUEUE", "OFFSET", "MSG_ID", "TAGS", "KEYS", "STORED", "BODY"]
+    assert found_table[0].split() == ["QUEUE", "OFFSET", "UNIQ_KEY", "OFFSET_MSG_ID", "TAGS", "KEYS", "STORED", "BODY"]
     assert len(found_table) == 3 and all("order-7 vip" in row for row in found_table[1:])
 
     offsets = _json_lines(run_cli("offset", "--topic", topic, "--json", *g))
@@ -82,6 +83,29 @@ def _exactly(items: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
     assert len(items) == count, items
     return items
 
+
+def test_uniq_key_and_offset_msg_id_are_named_alike_by_send_pull_get_and_query(gateway: str, topic: str) -> None:
+    g = ("--gateway", gateway)
+    [sent] = _json_lines(run_cli("send", topic, "hello", "--keys", "ids-1", "--queue", "0", "--json", *g))
+    ids = (sent["uniq_key"], sent["offset_msg_id"])
+    assert len(ids[0]) == 32 and len(ids[1]) == 32 and sent["msg_id"] == ids[0], "msg_id: the deprecated alias"
+    [pulled] = eventually(lambda: _exactly(_json_lines(run_cli("pull", topic, "--json", *g)), 1))
+    [by_uniq_key] = _json_lines(run_cli("get", ids[0], "--json", *g))
+    [by_offset_id] = _json_lines(run_cli("get", ids[1], "--json", *g))
+    [keyed] = eventually(lambda: _exactly(_json_lines(run_cli("query", "--topic", topic, "--key", "ids-1",
+                                                               "--json", *g)), 1))
+    for message in (pulled, by_uniq_key, by_offset_id, keyed):
+        assert (message["uniq_key"], message["offset_msg_id"]) == ids, message
+
+    sent_table = run_cli("send", topic, "again", "--queue", "0", *g).stdout.splitlines()
+    assert sent_table[0].split()[:5] == ["UNIQ_KEY", "QUEUE", "OFFSET", "STATUS", "OFFSET_MSG_ID"]
+    pulled_table = eventually(lambda: _exactly(run_cli("pull", topic, *g).stdout.splitlines(), 3))
+    assert pulled_table[0].split() == ["QUEUE", "OFFSET", "UNIQ_KEY", "OFFSET_MSG_ID", "TAGS", "KEYS", "STORED",
+                                       "BODY"]
+    assert pulled_table[1].split()[2:4] == list(ids)
+    shown = run_cli("get", ids[0], *g).stdout
+    assert re.search(rf"^uniq key: +{ids[0]}$", shown, re.M), shown
+    assert re.search(rf"^offset msg id: +{ids[1]}$", shown, re.M), shown
 
 def test_send_a_file_with_a_progress_bar_keeps_output_clean(gateway: str, topic: str, tmp_path: Path) -> None:
     path = tmp_path / "messages.txt"

@@ -13,7 +13,7 @@ def test_options_between_topic_and_bodies(gateway: str, client: Client, topic: s
     sent = run_cli("send", topic, "-p", "origin=cli", "first", "--tags", "TagA", "second", "--gateway", gateway)
     assert sent.code == 0, sent.stderr
     rows = sent.stdout.splitlines()
-    assert len(rows) == 3 and rows[0].split() == ["MSG_ID", "QUEUE", "OFFSET", "STATUS", "OFFSET_MSG_ID", "SHARD"]
+    assert len(rows) == 3 and rows[0].split() == ["UNIQ_KEY", "QUEUE", "OFFSET", "STATUS", "OFFSET_MSG_ID", "SHARD"]
     stored = [client.get_message(row.split()[0]) for row in rows[1:]]
     assert [m.body for m in stored] == [b"first", b"second"]
     assert all(m.tags == "TagA" and m.properties["origin"] == "cli" for m in stored)
@@ -38,7 +38,7 @@ def test_dlq_table_headers_are_one_word_each(gateway: str, client: Client, topic
     listed = run_cli("dlq", "list", "--group", group, "--gateway", gateway)
     assert listed.code == 0, listed.stderr
     header, row = listed.stdout.splitlines()
-    assert header.split() == ["QUEUE_OFFSET", "OFFSET_MSG_ID", "MSG_ID", "ORIGINAL_TOPIC", "RECONSUME", "BODY"]
+    assert header.split() == ["QUEUE_OFFSET", "OFFSET_MSG_ID", "UNIQ_KEY", "ORIGINAL_TOPIC", "RECONSUME", "BODY"]
     assert len(row.split()) == len(header.split())
 
 

@@ -11,10 +11,12 @@ import pytest
 from mqstore.client import (
     Client,
     InvalidArgumentError,
+    Message,
     MqstoreError,
     NotFoundError,
     OutgoingMessage,
     Producer,
+    PullConsumer,
     SendReceipt,
     UnavailableError,
 )
@@ -106,3 +108,28 @@ def test_no_gateway_is_unavailable_not_a_grpc_error() -> None:
         producer.send("t", "x")
     assert isinstance(failed.value, MqstoreError) and failed.value.retryable
     assert f"127.0.0.1:{port}" in failed.value.message and "mqstore up" in failed.value.message
+
+
+@pytest.mark.parametrize("raw_records", [True, False], ids=["raw-pull", "decoded-pull"])
+def test_uniq_key_and_offset_msg_id_are_the_same_on_send_pull_get_and_query(
+        gateway: str, client: Client, topic: str, raw_records: bool) -> None:
+    client.create_topic(topic, 1)
+    with Producer(gateway) as producer:
+        receipts = [producer.send(topic, "one", keys="ids-1"), *producer.send_batch(topic, ["two", "three"])]
+    assert all(len(r.uniq_key) == 32 and len(r.offset_msg_id) == 32 for r in receipts)
+    assert [r.msg_id for r in receipts] == [r.uniq_key for r in receipts], "msg_id: the deprecated alias"
+    sent = {r.queue_offset: (r.uniq_key, r.offset_msg_id) for r in receipts}
+    pulled: list[Message] = []
+    with PullConsumer(None, topic, gateway, raw_records=raw_records) as consumer:
+        for _ in range(50):
+            pulled += consumer.poll(timeout=0.2)
+            if len(pulled) >= 3:
+                break
+    assert {m.queue_offset: (m.uniq_key, m.offset_msg_id) for m in pulled} == sent
+    assert all(m.msg_id == m.uniq_key for m in pulled), "msg_id: the deprecated alias"
+    for receipt in receipts:
+        for found in (eventually(lambda r=receipt: client.get_message(r.uniq_key)),
+                      client.get_message(receipt.offset_msg_id, kind="offset")):
+            assert (found.uniq_key, found.offset_msg_id) == (receipt.uniq_key, receipt.offset_msg_id)
+    [keyed] = eventually(lambda: client.query(topic, "ids-1")).messages
+    assert (keyed.uniq_key, keyed.offset_msg_id) == (receipts[0].uniq_key, receipts[0].offset_msg_id)

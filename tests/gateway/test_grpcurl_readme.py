@@ -79,6 +79,7 @@ class Walkthrough:
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []  # the messages of successful Sends, as the README gave them
+        self.ids: dict[str, tuple[str, str]] = {}  # body -> (uniq_key, offset_msg_id) its Send returned
         self.kinds: set[str] = set()
 
     def check(self, argv: list[str], proc: subprocess.CompletedProcess[str]) -> bool:
@@ -118,18 +119,23 @@ class Walkthrough:
             self.kinds.add("send")
             assert answer["status"] == "PUT_MESSAGE_STATUS_PUT_OK" and answer["topic"] == request["message"]["topic"]
             uniq_key = request["message"].get("properties", {}).get("UNIQ_KEY")
-            assert (answer["msg_id"] == uniq_key) if uniq_key else (len(answer["msg_id"]) == 32), out
+            assert (answer["uniq_key"] == uniq_key) if uniq_key else (len(answer["uniq_key"]) == 32), out
+            assert answer["msg_id"] == answer["uniq_key"] and len(answer["offset_msg_id"]) == 32, out
             self.sent.append(request["message"])
+            self.ids[request["message"]["body"]] = (answer["uniq_key"], answer["offset_msg_id"])
             return True
         if what == f"{GATEWAY}/Pull":
             self.kinds.add("pull")
             bodies = [(m["topic"], m["body"]) for m in answer.get("messages", [])]
+            for pulled in answer.get("messages", []):
+                assert (pulled["uniq_key"], pulled["offset_msg_id"]) == self.ids[pulled["body"]], out
             return any((m["topic"], m["body"]) in bodies for m in self.sent if m["topic"] == request["topic"])
         if what == f"{GATEWAY}/GetMessage":
             self.kinds.add("get")
             sent = [m for m in self.sent if m.get("properties", {}).get("UNIQ_KEY") == request["msg_id"]]
             assert sent, f"the README gets {request['msg_id']}, which no Send before it gave"
             found = answer["message"]
+            assert (found["uniq_key"], found["offset_msg_id"]) == self.ids[sent[0]["body"]], out
             return bool(found["uniq_key"] == request["msg_id"] and found["body"] == sent[0]["body"])
         if what == f"{GATEWAY}/QueryByKey":
             self.kinds.add("query")

@@ -114,6 +114,23 @@ def test_node_sends_pulls_gets_and_queries(up: UpProcess, node: str) -> None:
     assert [m["keys"] for m in queried["response"]["messages"]] == ["node-rt-0"]
 
 
+def test_node_names_uniq_key_and_offset_msg_id_as_send_returned_them(up: UpProcess, node: str) -> None:
+    [sent] = run_node(node, up.gateway, "send", "--topic", "node-ids", "--body", "ids", "--keys", "node-ids-1",
+                      "--queue-id", "0")
+    ids = (sent["response"]["uniq_key"], sent["response"]["offset_msg_id"])
+    assert len(ids[0]) == 32 and len(ids[1]) == 32
+    assert sent["response"]["msg_id"] == ids[0], "SendResult.msg_id: the deprecated alias of uniq_key"
+    [pulled] = run_node(node, up.gateway, "pull", "--topic", "node-ids", "--queue-id", "0", "--long-poll-ms", "3000")
+    [by_uniq_key] = run_node(node, up.gateway, "get", "--msg-id", ids[0], "--wait-ms", "5000")
+    [by_offset_id] = run_node(node, up.gateway, "get", "--msg-id", ids[1])
+    [keyed] = run_node(node, up.gateway, "query", "--topic", "node-ids", "--key", "node-ids-1", "--wait-ms", "5000")
+    messages = [*pulled["response"]["messages"], by_uniq_key["response"]["message"],
+                by_offset_id["response"]["message"], *keyed["response"]["messages"]]
+    assert len(messages) == 4
+    for message in messages:
+        assert (message["uniq_key"], message["offset_msg_id"]) == ids, message
+        assert message["msg_id"] == ids[1], "StoredMessage.msg_id: the deprecated alias of offset_msg_id"
+
 @pytest.fixture(scope="module")
 def python_sent(up: UpProcess) -> list[gateway_pb2.SendResult]:
     """Three messages Python sent to queue 1 of topic py-to-node, once the indexer has indexed them."""
