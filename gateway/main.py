@@ -145,7 +145,12 @@ async def _serve(settings: GatewaySettings, tokens: TokenTable, identity: Worker
              "plaintext" if tls is None else tls.describe(),
              extra={"tls": tls is not None, "mutual_tls": tls is not None and tls.mutual, "listen": bound,
                     "worker": None if identity is None else identity.index})
-    return await serve_aio_until_signal(server, signals, on_stopping=lambda: None, on_stopped=stopped)
+    def stopping() -> None:  # end the streams that would hold the stop for its whole drain grace
+        servicer.stopping()
+        for started in v2:
+            started.stopping()
+
+    return await serve_aio_until_signal(server, signals, on_stopping=stopping, on_stopped=stopped)
 
 
 def _start_token_reload(settings: GatewaySettings, tokens: TokenTable) -> asyncio.Task[None] | None:

@@ -92,12 +92,25 @@ class RocketMQ5Servicer:
         #: Push consumers whose telemetry stream is connected to this process (their receipts are renewed).
         self._push_clients: set[str] = set()
         self._background: list[asyncio.Task[None]] = []
+        #: Every open Telemetry stream's outbox, and whether the server is stopping (see stopping()).
+        self._outboxes: set[asyncio.Queue[service_pb2.TelemetryCommand | None]] = set()
+        self._stopping = False
 
     def start(self) -> None:
         """Start the background work (on the running loop): dead letters, receipt renewals."""
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self.dead_letters.run(), name="rocketmq5-dead-letters"),
                             loop.create_task(renew_receipts(self.renewals, self.pop), name="rocketmq5-renewals")]
+
+    def stopping(self) -> None:
+        """The server is stopping: end every Telemetry stream and long-polling receive now (clients
+        reconnect to the next gateway), so the stop does not wait out the drain grace on streams that
+        never end by themselves."""
+        self._stopping = True
+        for outbox in self._outboxes:
+            with contextlib.suppress(asyncio.QueueFull):
+                outbox.put_nowait(None)
+        self._notify_change()
 
     async def close(self) -> None:
         for task in self._background:
@@ -193,6 +206,9 @@ class RocketMQ5Servicer:
         of its topics (checks.py). Other commands (stack traces, verify results) are taken and ignored."""
         outbox: asyncio.Queue[service_pb2.TelemetryCommand | None] = asyncio.Queue(maxsize=1024)
         client_id = _client_id(context)
+        if self._stopping:
+            return
+        self._outboxes.add(outbox)
 
         async def read() -> None:
             try:
@@ -218,10 +234,11 @@ class RocketMQ5Servicer:
 
         reader = asyncio.get_running_loop().create_task(read())
         try:
-            while (item := await outbox.get()) is not None:
+            while (item := await outbox.get()) is not None and not self._stopping:
                 yield item
         finally:
             reader.cancel()
+            self._outboxes.discard(outbox)
             self.checks.leave(outbox)
             self._subscribers.pop(client_id, None)
             self._push_clients.discard(client_id)
@@ -357,7 +374,7 @@ class RocketMQ5Servicer:
             while True:
                 found, looks = await self._take(group, topic, route, request.batch_size or 32, invisible_s,
                                                 subscription, local, renew_for)
-                if found or time.monotonic() >= deadline:
+                if found or time.monotonic() >= deadline or self._stopping:
                     break
                 await self._wait(topic.name, looks, deadline - time.monotonic(), subscription, context)
         except MqstoreCallError as exc:

@@ -150,7 +150,7 @@ async def _run(options: SchedulerOptions, scheduler: DelayScheduler, files: Sche
     log.info("scheduler listening on %s, store %s, %d delay levels from %s, indexer %s, commitlog %s", bound,
              options.store, len(scheduler.delay_levels_ms), scheduler.offsets_path, indexer.address,
              commitlog.address, extra={"listen": bound, "store": str(root_of(options))})
-    return await serve_aio_until_signal(server, signals, on_stopping=lambda: None, on_stopped=stopped)
+    return await serve_aio_until_signal(server, signals, on_stopping=checker.stopping, on_stopped=stopped)
 
 
 def root_of(options: SchedulerOptions) -> Path:

@@ -130,7 +130,8 @@ class Watcher:
     (fnmatch, case-sensitive), and the checks handed to it."""
 
     topics: tuple[str, ...]
-    queue: asyncio.Queue[transaction_pb2.TransactionCheck] = dataclasses.field(default_factory=asyncio.Queue)
+    #: None ends the stream (the scheduler stops).
+    queue: asyncio.Queue[transaction_pb2.TransactionCheck | None] = dataclasses.field(default_factory=asyncio.Queue)
 
     def takes(self, topic: str) -> bool:
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.topics)
@@ -168,6 +169,7 @@ class TransactionChecker:
         self._done_keys: dict[str, int] = {}
         self._lock = asyncio.Lock()
         self._watchers: dict[str, list[Watcher]] = {}
+        self._stopping = False
         self._turn = 0
         self._task: asyncio.Task[None] | None = None
         #: ends being applied: each runs to its end whatever its caller does (see :meth:`end`)
@@ -549,12 +551,22 @@ class TransactionChecker:
         return found
 
     # -- watchers ----------------------------------------------------------------------------------
+    def stopping(self) -> None:
+        """The server is stopping: end every WatchChecks stream now (the gateway watches the restarted
+        scheduler again), so the stop does not wait out the drain grace on streams that never end."""
+        self._stopping = True
+        for watchers in self._watchers.values():
+            for watcher in watchers:
+                watcher.queue.put_nowait(None)
+
     async def watch(self, group: str, topics: Sequence[str]) -> AsyncIterator[transaction_pb2.TransactionCheck]:
+        if self._stopping:
+            return
         watcher = Watcher(tuple(topics))
         self._watchers.setdefault(group, []).append(watcher)
         try:
-            while True:
-                yield await watcher.queue.get()
+            while (check := await watcher.queue.get()) is not None:
+                yield check
         finally:
             watchers = self._watchers.get(group, [])
             if watcher in watchers:
