@@ -281,10 +281,10 @@ def find_missing_log(result: RecoveryResult, checkpoint_timestamp: int, recorded
     missing_ms = 0
     if result.damage is None and checkpoint_timestamp > result.last_timestamp + RECOVERY_SAFETY_MARGIN_MS:
         missing_ms = checkpoint_timestamp - result.last_timestamp
-        newest = f"the newest record found was stored at {result.last_timestamp}" if result.last_timestamp \
-            else "no record was found"
+        found = f"the newest record found was stored at {result.last_timestamp}: {missing_ms} ms of records are " \
+            "missing" if result.last_timestamp else "no record was found"
         durable.append(f"the checkpoint says records stored up to {checkpoint_timestamp} (ms) were durable and "
-                       f"{newest}: {missing_ms} ms of records are missing")
+                       f"{found}")
     dispatched: list[str] = []
     if dispatched_end is not None and dispatched_end > explained:
         dispatched.append(f"the indexer dispatched records up to offset {dispatched_end} (indexer/config/"
