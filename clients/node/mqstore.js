@@ -1,9 +1,11 @@
 'use strict';
 /**
- * A Node.js client of the mqstore gateway (mqstore.v1.MessagingService), built from proto/ alone:
- * the .proto files are loaded at run time by @grpc/proto-loader, nothing is generated.
+ * A Node.js client of the mqstore gateway (mqstore.v1.MessagingService), built from the .proto files
+ * alone: they are loaded at run time by @grpc/proto-loader, nothing is generated. The packed client
+ * (`npm pack`) carries its own copy under proto/ (scripts/bundle-protos.js); a checkout of the
+ * repository loads the repository's proto/.
  *
- *   const { connect } = require('./mqstore');
+ *   const { connect } = require('mqstore-node-client');   // or require('./mqstore') in this folder
  *   const mq = connect('127.0.0.1:9876', process.env.MQSTORE_TOKEN);
  *   const sent = await mq.send({ message: { topic: 'demo', body: Buffer.from('hi'), properties: { KEYS: 'k1' } } });
  *   const pulled = await mq.pull({ topic: 'demo', queue_id: sent.queue_id, queue_offset: sent.queue_offset });
@@ -14,11 +16,25 @@
  * Buffers; every field is present in answers (defaults: true). Errors are grpc-js errors with `code`
  * (a grpc.status number, e.g. 3 = INVALID_ARGUMENT) and `details` (the gateway's message).
  */
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 
-const PROTO_DIR = path.resolve(__dirname, '..', '..', 'proto');
+/**
+ * The include root of the .proto files: the package's bundled copy when it has one (an installed
+ * package), else the repository's proto/ two folders up (a checkout). The bundled copy comes first:
+ * an installed package two folders below a project's own proto/ must not load that one.
+ */
+function protoDir() {
+  const bundled = path.join(__dirname, 'proto');
+  if (fs.existsSync(path.join(bundled, 'mqstore', 'v1', 'gateway.proto'))) {
+    return bundled;
+  }
+  return path.resolve(__dirname, '..', '..', 'proto');
+}
+
+const PROTO_DIR = protoDir();
 const GATEWAY_PROTO = path.join(PROTO_DIR, 'mqstore', 'v1', 'gateway.proto');
 const LOADER_OPTIONS = Object.freeze({
   keepCase: true,
@@ -50,6 +66,11 @@ const UNARY_METHODS = Object.freeze({
   getRoute: 'GetRoute',
   getClusterStatus: 'GetClusterStatus',
   deleteTopic: 'DeleteTopic',
+  consumerSendBack: 'ConsumerSendBack',
+  endTransaction: 'EndTransaction',
+  heartbeat: 'Heartbeat',
+  unregisterConsumer: 'UnregisterConsumer',
+  describeGroups: 'DescribeGroups',
 });
 
 let cachedPackage = null;
@@ -98,6 +119,8 @@ function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
     });
   });
 
+  const duplex = (method, callOptions) => raw[method](authMetadata(token), callOptions.deadlineMs
+    ? { deadline: Date.now() + callOptions.deadlineMs } : {});
   const client = {
     raw,
     address,
@@ -106,6 +129,16 @@ function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
     sendStream: (callOptions = {}) => raw.SendStream(authMetadata(token), {
       deadline: Date.now() + (callOptions.deadlineMs || defaultDeadlineMs),
     }),
+    /** SendBatchStream: a duplex call; write SendBatchRequests, read SendBatchResponses in order. */
+    sendBatchStream: (callOptions = {}) => raw.SendBatchStream(authMetadata(token), {
+      deadline: Date.now() + (callOptions.deadlineMs || defaultDeadlineMs),
+    }),
+    /**
+     * TransactionChecks: a duplex call a transactional producer keeps open (no deadline unless
+     * `callOptions.deadlineMs`): write `{ producer_group }` first, then read TransactionChecks and answer
+     * each with `{ answer: { producer_group, transaction_id, offset_msg_id, resolution } }`.
+     */
+    transactionChecks: (callOptions = {}) => duplex('TransactionChecks', callOptions),
   };
   for (const [name, method] of Object.entries(UNARY_METHODS)) {
     client[name] = (request = {}, callOptions = {}) => call(method, request, callOptions);
@@ -116,7 +149,7 @@ function connect(address = DEFAULT_ADDRESS, token = undefined, options = {}) {
 /** A PEM file path or Buffer as a Buffer (undefined stays undefined). */
 function pem(value) {
   if (value === undefined || value === null || value === '') return undefined;
-  return Buffer.isBuffer(value) ? value : require('node:fs').readFileSync(value);
+  return Buffer.isBuffer(value) ? value : fs.readFileSync(value);
 }
 
 /**
