@@ -36,6 +36,7 @@ from mqstore.services.store.index_service import IndexService
 from mqstore.services.store.java_hash import index_key_hash_fast
 from mqstore.services.store.message import (
     KEY_SEPARATOR,
+    PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
@@ -43,6 +44,7 @@ from mqstore.services.store.message import (
     tags_code,
 )
 from mqstore.services.store.record import DispatchRequest, body_crc, dispatch_request_of
+from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -64,12 +66,25 @@ _FIELDS: list[pa.Field[Any]] = [
     pa.field("keys", pa.list_(pa.string())),
     pa.field("index_keys", pa.list_(pa.string())),
     pa.field("index_hashes", pa.list_(pa.int32())),
+    pa.field("delayed", pa.bool_()),
+    pa.field("store_born", pa.bool_()),
 ]
 SCHEMA = pa.schema(_FIELDS)
 SPARK_SCHEMA = (
     "commitlog_offset BIGINT, store_size INT, topic STRING, queue_id INT, queue_offset BIGINT, sys_flag INT, "
     "tags_code BIGINT, crc_ok BOOLEAN, body_size INT, born_ms BIGINT, store_ms BIGINT, born_host STRING, "
-    "keys ARRAY<STRING>, index_keys ARRAY<STRING>, index_hashes ARRAY<INT>")
+    "keys ARRAY<STRING>, index_keys ARRAY<STRING>, index_hashes ARRAY<INT>, delayed BOOLEAN, store_born BOOLEAN")
+#: Where the store parks delayed (DELAY level) and timer (TIMER_*) messages until they are due.
+PARKING_TOPICS = (SCHEDULE_TOPIC, TIMER_TOPIC)
+#: Properties a due message keeps when the scheduler re-puts it under its REAL_TOPIC (services/scheduler/timeup.py).
+SCHEDULED_PROPERTIES = (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TIMER_OUT_MS)
+
+
+def is_scheduled_delivery(topic: str, properties: dict[str, str]) -> bool:
+    """A delayed or timer message delivered when due: its store time is its deliver time, so its store
+    minus born time is the intended delay, not a latency. The parked copy (under a parking topic) was
+    stored when it was sent, and is not one."""
+    return topic not in PARKING_TOPICS and any(name in properties for name in SCHEDULED_PROPERTIES)
 
 
 def _append_facts(columns: dict[str, list[Any]], offset: int, record: MessageRecord,
@@ -92,6 +107,8 @@ def _append_facts(columns: dict[str, list[Any]], offset: int, record: MessageRec
     columns["keys"].append([w for w in (request.keys or "").split(KEY_SEPARATOR) if w])
     columns["index_keys"].append(words if items else [])
     columns["index_hashes"].append([item[0] for item in items])
+    columns["delayed"].append(is_scheduled_delivery(record.topic, record.properties))
+    columns["store_born"].append(record.born_host == record.store_host)
 
 
 def record_facts_per_record(split: Split, summary: ScanSummary) -> pa.RecordBatch:
@@ -169,6 +186,9 @@ def record_facts(split: Split, summary: ScanSummary) -> pa.RecordBatch:
                               fast.topic.take(pa.array(rows)), props, [])
             index_keys, offsets, hashes = _index_words(sub, uniq, keys)
             sf = sub.fields
+            delayed = pc.and_(pc.invert(pc.is_in(sub.topic, pa.array(PARKING_TOPICS))),
+                              pc.or_(*(pc.is_valid(props.lookup(name).take(pa.array(rows)))
+                                       for name in SCHEDULED_PROPERTIES)))
             fast_table = pa.Table.from_arrays([
                 pa.array(sf["commitlog_offset"], pa.int64()), pa.array(sf["store_size"], pa.int32()), sub.topic,
                 pa.array(sf["queue_id"], pa.int32()), pa.array(sf["queue_offset"], pa.int64()),
@@ -176,6 +196,7 @@ def record_facts(split: Split, summary: ScanSummary) -> pa.RecordBatch:
                 pa.array(sf["crc_ok"]), pa.array(sf["body_size"], pa.int32()), pa.array(sf["born_ms"], pa.int64()),
                 pa.array(sf["store_ms"], pa.int64()), host_strings(sf["born_host"]), keys, index_keys,
                 list_array(pa.array(offsets.astype(np.int32)), pa.array(hashes, pa.int32())),
+                delayed, pa.array(sf["born_host"] == sf["store_host"]),
             ], schema=SCHEMA)
             table = fast_table if not slow_table.num_rows else pa.concat_tables([fast_table, slow_table])
             if slow_table.num_rows:

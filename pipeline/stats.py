@@ -9,6 +9,12 @@ one hour) away from its store time is **clock-skewed**: counted per minute (``sk
 producer in the ``clock_skew`` table and the report, and left out of the latency columns. The
 latency chart is clipped at the p99.9 of the remaining latencies (``latency_summary``).
 
+A delayed or timer message re-put when due (pipeline/records.py, ``delayed``) was born when it was
+sent and stored when it was due: its store-minus-born time is the delay it asked for. Such records are
+counted per minute (``delayed``) and left out of the latency columns too. Top producers are born
+hosts without the port (a producer's connections each have their own ephemeral port), and leave out
+the records the store wrote itself (born at its own address: transaction op records).
+
 Run as ``mqstore pipeline stats STORE OUT`` or ``spark-submit pipeline/stats.py STORE OUT``.
 """
 
@@ -45,7 +51,7 @@ class StatsResult:
 
 
 def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict[str, DataFrame]:
-    """The statistics as DataFrames, by table name. Latency columns leave clock-skewed records out."""
+    """The statistics as DataFrames, by table name. Latency columns leave clock-skewed and delayed records out."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -53,27 +59,28 @@ def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict
     skewed = F.abs(raw_latency) > F.lit(skew_limit_ms)
     facts = records.withColumn("minute", F.timestamp_millis(F.expr("store_ms - pmod(store_ms, 60000)"))) \
         .withColumn("skewed", skewed) \
-        .withColumn("latency_ms", F.when(~F.col("skewed"), raw_latency))
+        .withColumn("latency_ms", F.when(~F.col("skewed") & ~F.col("delayed"), raw_latency))
     size_pct = F.percentile_approx("store_size", list(PERCENTILES))
     latency_pct = F.percentile_approx("latency_ms", list(PERCENTILES))
     per_minute = facts.groupBy("topic", "minute").agg(
         F.count("*").alias("messages"), F.sum("store_size").alias("bytes"), F.sum("body_size").alias("body_bytes"),
         F.min("store_size").alias("size_min"), size_pct.alias("size_pct"), F.max("store_size").alias("size_max"),
         latency_pct.alias("latency_pct"), F.max("latency_ms").alias("latency_max_ms"),
-        F.sum(F.col("skewed").cast("long")).alias("skewed"),
+        F.sum(F.col("skewed").cast("long")).alias("skewed"), F.sum(F.col("delayed").cast("long")).alias("delayed"),
     ).select("topic", "minute", "messages", "bytes", "body_bytes", "size_min",
              F.col("size_pct")[0].alias("size_p50"), F.col("size_pct")[1].alias("size_p90"),
              F.col("size_pct")[2].alias("size_p99"), "size_max",
              F.col("latency_pct")[0].alias("latency_p50_ms"), F.col("latency_pct")[1].alias("latency_p90_ms"),
              F.col("latency_pct")[2].alias("latency_p99_ms"), F.col("latency_pct")[3].alias("latency_p999_ms"),
-             "latency_max_ms", "skewed")
+             "latency_max_ms", "skewed", "delayed")
     # Sizes in power-of-two buckets: bucket b holds sizes in [2^b, 2^(b+1)).
     size_histogram = facts.groupBy("topic", F.floor(F.log2("store_size")).cast("int").alias("bucket")) \
         .count().withColumn("size_from", F.pow(F.lit(2), F.col("bucket")).cast("long"))
     by_topic = Window.partitionBy("topic").orderBy(F.desc("count"), F.asc("name"))
     top_keys = facts.select("topic", F.explode("keys").alias("name")).groupBy("topic", "name").count() \
         .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
-    top_producers = facts.groupBy("topic", F.col("born_host").alias("name")).count() \
+    born_ip = F.regexp_replace("born_host", r":[0-9]+$", "")
+    top_producers = facts.where(~F.col("store_born")).groupBy("topic", born_ip.alias("name")).count() \
         .withColumn("rank", F.row_number().over(by_topic)).where(F.col("rank") <= TOP_N)
     # skew_ms > 0: the producer's clock is ahead of the store's.
     skew = F.col("born_ms") - F.col("store_ms")
@@ -84,7 +91,7 @@ def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict
         F.timestamp_millis(F.max("store_ms")).alias("last_store_time"))
     latency_summary = facts.agg(
         F.count("*").alias("messages"), F.sum(F.col("skewed").cast("long")).alias("skewed"),
-        F.lit(skew_limit_ms).cast("long").alias("skew_limit_ms"),
+        F.sum(F.col("delayed").cast("long")).alias("delayed"), F.lit(skew_limit_ms).cast("long").alias("skew_limit_ms"),
         F.percentile_approx("latency_ms", CHART_CLIP_PERCENTILE).alias("latency_clip_ms"),
         F.min("latency_ms").alias("latency_min_ms"), F.max("latency_ms").alias("latency_max_ms"))
     return {"per_minute": per_minute, "size_histogram": size_histogram, "top_keys": top_keys,
