@@ -51,8 +51,9 @@ def start_group(start_commitlog: StartCommitLog, root: Path, followers: int) -> 
     ha_port = free_port()
     leader = start_commitlog(root / "leader", leader_env(ha_port))
     group = Group(leader, [], ha_port)
-    for i in range(followers):
-        group.followers.append(start_commitlog(root / f"follower{i}", follower_env(ha_port)))
+    for i in range(followers):  # the second one flushes before it reports (SYNC_FLUSH)
+        flush = {"MQSTORE_FLUSH_DISK_TYPE": "SYNC_FLUSH"} if i == 1 else {}
+        group.followers.append(start_commitlog(root / f"follower{i}", follower_env(ha_port, **flush)))
     return group
 
 

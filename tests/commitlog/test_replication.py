@@ -28,6 +28,7 @@ from tests.commitlog.replicas import (
     append,
     assert_same_commitlog,
     follower_env,
+    leader_env,
     logic_files,
     max_offset,
     message,
@@ -42,11 +43,12 @@ def test_sync_master_followers_hold_every_acked_byte(start_commitlog: StartCommi
     leader = group.leader
     producers = Producers(leader).start()
     try:
-        time.sleep(0.5)
         # A stop point while producers run: every follower equals the leader up to its own offset.
+        deadline = time.monotonic() + 20
         for follower in group.followers:
-            reached = max_offset(follower)
-            assert reached > 0
+            while (reached := max_offset(follower)) == 0:
+                assert time.monotonic() < deadline, (producers.errors[:3], follower.logs()[-2000:])
+                time.sleep(0.05)
             assert_same_commitlog(leader.store_dir, follower.store_dir, reached)
         while max_offset(leader) < 2 * FILE_SIZE + 1000:  # files rolled
             time.sleep(0.1)
@@ -117,6 +119,19 @@ def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: Start
     assert_same_commitlog(leader.store_dir, restarted.store_dir, end)
     resumed = [r for r in restarted.log_records() if "following leader" in r.get("msg", "")]
     assert resumed and resumed[0]["msg"].endswith(f"from offset {held}"), resumed
+
+    # The leader restarts: the follower dials it again and SYNC_MASTER acks resume.
+    leader.stop()
+    leader = start_commitlog(leader.store_dir, leader_env(group.ha_port), port=leader.port)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            append(leader, message(500))
+            break
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, exc.details()
+            time.sleep(0.2)
+    assert_same_commitlog(leader.store_dir, restarted.store_dir, wait_caught_up(leader, restarted))
 
 
 def test_plain_rocketmq_mode_streams_a_fresh_slave_the_last_file(start_commitlog: StartCommitLog,

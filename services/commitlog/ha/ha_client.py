@@ -64,6 +64,9 @@ class HAClient:
                 if not self._stopped.is_set():
                     log.warning("HA: the link to leader %s broke: %s; reconnecting", self.leader, exc,
                                 extra={"leader": self.leader})
+            except Exception:  # a full disk, a bug: never stop following silently
+                log.exception("HA: following leader %s failed; reconnecting", self.leader,
+                              extra={"leader": self.leader})
             finally:
                 self.connected.clear()
                 self._appender.reset()

@@ -89,6 +89,8 @@ class HAConnection:
             self.close(f"no offset report within haHousekeepingInterval ({self._config.ha_housekeeping_interval} ms)")
         except (OSError, ValueError) as exc:
             self.close(str(exc) if not self._closed.is_set() else "")
+        except Exception:
+            log.exception("HA connection from %s failed", self.address, extra={"follower": self.address})
         finally:
             self.close()
 
@@ -124,6 +126,8 @@ class HAConnection:
                 self._stream_from(start)
         except (OSError, ValueError) as exc:
             self.close(str(exc) if not self._closed.is_set() else "")
+        except Exception:
+            log.exception("HA stream to %s failed", self.address, extra={"follower": self.address})
         finally:
             self.close()
 
