@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import REGISTRY, generate_latest
 
 from mqstore.services.commitlog.commit_log import CommitLog
 from mqstore.services.commitlog.ha import handshake
 from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
+from mqstore.services.commitlog.ha.ha_metrics import bind_followers
 from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
 from mqstore.services.commitlog.put_result import PutMessageStatus
 from mqstore.services.store.config import ConfigError, load_config
@@ -134,3 +136,12 @@ def test_the_handshake_checks_token_shard_and_epoch() -> None:
 def test_bad_replication_settings_say_what_to_fix(settings: dict[str, object], why: str) -> None:
     with pytest.raises(ConfigError, match=why):
         load_config(environ={}, **settings)
+
+
+def test_followers_lag_is_exported_when_scraped() -> None:
+    transfer = _transfer(leader_max=1000)
+    transfer.acknowledge(transfer.add("10.0.0.7:4000"), 600)
+    bind_followers(transfer, lambda: 1000)
+    text = generate_latest(REGISTRY).decode()
+    assert 'mqstore_ha_follower_lag_bytes{follower="10.0.0.7:4000"} 400.0' in text
+    assert "mqstore_ha_connected_followers 1.0" in text and "mqstore_ha_followers_needed 1.0" in text

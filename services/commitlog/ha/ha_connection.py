@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha import handshake
+from mqstore.services.commitlog.ha import ha_metrics, handshake
 from mqstore.services.commitlog.ha.group_transfer import Follower, GroupTransfer
 from mqstore.services.commitlog.ha.wire import encode_frame_header, read_report
 from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
@@ -100,6 +100,7 @@ class HAConnection:
             hello = handshake.read_hello(self._sock)
             handshake.check_hello(hello, self._config.broker_name, handshake.CURRENT_EPOCH, self._token)
         except (handshake.HandshakeRefused, OSError, ValueError) as exc:
+            ha_metrics.REFUSED_CONNECTIONS.inc()
             log.warning("HA connection from %s REFUSED: %s; closing it, none of its offsets count", self.address,
                         exc, extra={"follower": self.address})
             with contextlib.suppress(OSError):

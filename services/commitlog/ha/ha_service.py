@@ -14,7 +14,8 @@ import socket
 import threading
 
 from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha.group_transfer import GroupTransfer
+from mqstore.services.commitlog.ha import ha_metrics
+from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from mqstore.services.commitlog.ha.ha_connection import HAConnection
 from mqstore.services.server.service_auth import TOKEN_ENV
 from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, SYNC_MASTER
@@ -65,10 +66,18 @@ class HAService:
         self._listener = listener
         self._accepting = threading.Thread(target=self._accept_loop, name="ha-accept", daemon=True)
         self._accepting.start()
+        ha_metrics.bind_followers(self.transfer, lambda: self._engine.max_offset)
         if cfg.broker_role == SYNC_MASTER:
-            self._engine.wait_for_replicas = self.transfer.wait_for_replicas
+            self._engine.wait_for_replicas = self._wait_for_replicas
         log.info("HA listener on %s:%d (%s, haProtocol %s)", self.host, self.port, cfg.broker_role, cfg.ha_protocol,
                  extra={"ha_listen": f"{self.host}:{self.port}"})
+
+    def _wait_for_replicas(self, end: int) -> None:
+        try:
+            self.transfer.wait_for_replicas(end)
+        except ReplicaAckError as exc:
+            ha_metrics.UNREPLICATED_PUTS.labels(exc.status.name).inc()
+            raise
 
     def _accept_loop(self) -> None:
         assert self._listener is not None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import struct
 
 from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.commitlog.ha.ha_metrics import REPLICATED_BYTES
 from mqstore.services.commitlog.queue_offsets import replay_queue_offsets
 from mqstore.services.store.record import (
     BLANK_MAGIC_CODE,
@@ -102,6 +103,7 @@ class ReplicaAppender:
             stamp = _store_timestamp(records, last) if last >= 0 else 0
             self._engine.append_replica_data(lambda: self._write(start, records, stamp))
             self._pending_start = start + complete
+            REPLICATED_BYTES.inc(complete)
         return self.log_end
 
     def _write(self, start: int, records: bytes, store_timestamp: int) -> None:
