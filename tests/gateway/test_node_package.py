@@ -1,6 +1,7 @@
 """The Node.js client as a library: ``npm pack`` of clients/node gives a tarball that carries its .proto
 files, and installed with ``npm install <tarball>`` into a project outside the repository it sends to and
-pulls from a running ``mqstore up`` (as tests/test_packaging.py does for the Python wheels).
+pulls from a running ``mqstore up`` (as tests/test_packaging.py does for the Python wheels), and makes the
+group, send-back and transaction calls.
 
 The package is packed from a copy of clients/node laid out as in the repository (its prepack step copies
 ``../../proto/mqstore/v1`` into it), so packing never writes into the shared checkout. ``npm install``
@@ -109,6 +110,12 @@ assert.strictEqual(PROTO_DIR, path.join(__dirname, 'node_modules', 'mqstore-node
                                           offset_msg_id: half.offset_msg_id, resolution: 'COMMIT' });
   assert.strictEqual(ended.applied, true);
   assert.strictEqual(ended.committed.uniq_key, half.uniq_key);
+  const checks = mq.transactionChecks();
+  const closed = new Promise((resolve) => { checks.on('status', resolve); checks.on('error', resolve); });
+  checks.on('data', () => {});
+  checks.write({ producer_group: 'node-tx' });
+  checks.end();
+  assert.strictEqual((await closed).code, 0);
   mq.close();
 })().catch((err) => { console.error(err); process.exit(1); });
 """
