@@ -22,7 +22,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.services.store.rocketmq_layout_export import ExportError, Progress, SourceStore, export_rocketmq_store
+from mqstore.services.store.rocketmq_layout_export import (
+    ExportError,
+    Progress,
+    SourceStore,
+    _copy_file,
+    export_rocketmq_store,
+)
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import run_mqstore, start_commitlog, stop_cleanly
 from tests.conftest import StoreFactory
@@ -326,3 +332,28 @@ def test_delay_offsets_carry_what_the_scheduler_delivered(tmp_path: Path) -> Non
     write_delay_offsets(delivered, {1: 5})
     assert _write_delay_offsets(dest, delivered) == 2
     assert json.loads((dest / "config" / "delayOffset.json").read_text()) == {"offsetTable": {"1": 5, "3": 0}}
+
+
+def test_a_copied_file_takes_the_disk_its_data_takes(tmp_path: Path) -> None:
+    """Store files are sparse (and an older store's files were allocated whole, its unwritten rest
+    zeros): a copy writes the data and leaves the rest a hole, byte for byte the same file."""
+    source = tmp_path / "00000000000000000000"
+    size, data = 64 * 1024 * KIB, os.urandom(300 * KIB)
+    with open(source, "wb") as file:
+        file.truncate(size)
+        os.posix_fallocate(file.fileno(), 32 * 1024 * KIB, 8 * 1024 * KIB)  # allocated, never written
+        file.seek(4 * KIB)
+        file.write(data)
+        file.seek(48 * 1024 * KIB)
+        file.write(bytes(2 * 1024 * KIB))  # zeros written out
+        file.seek(size - KIB)
+        file.write(data[:KIB])
+    advanced: list[int] = []
+    _copy_file(source, tmp_path / "copy", advanced.append)
+    copy = tmp_path / "copy"
+    assert copy.stat().st_size == size and sum(advanced) == size
+    assert copy.stat().st_blocks * 512 <= len(data) + 16 * KIB, copy.stat().st_blocks * 512
+    with open(source, "rb") as a, open(copy, "rb") as b:
+        while chunk := a.read(8 * 1024 * KIB):
+            assert chunk == b.read(len(chunk))
+    assert copy.stat().st_mtime_ns == source.stat().st_mtime_ns

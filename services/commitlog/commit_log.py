@@ -43,7 +43,7 @@ from mqstore.services.commitlog.topic_discovery import discover_queue_nums
 from mqstore.services.server import tracing
 from mqstore.services.store.checkpoint import StoreCheckpoint
 from mqstore.services.store.config import SYNC_FLUSH, MessageStoreConfig
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
+from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, starts_page
 from mqstore.services.store.disk_space import is_disk_full
 from mqstore.services.store.errors import (
     DataLossError,
@@ -143,13 +143,16 @@ class CommitLog:
             if config.message_index_enable else 0
         headroom = IndexerHeadroom(self.root, self.root / "commitlog", self._live_queues,
                                    config.mapped_file_size_consume_queue, index_bytes)
+        # What a commitlog file's creation or a reservation ahead of the writer takes at once.
+        reserve_step = min(config.reserve_ahead_commit_log or config.mapped_file_size_commit_log,
+                           config.mapped_file_size_commit_log)
         self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
-                              config.mapped_file_size_commit_log, headroom)
+                              reserve_step, headroom)
         #: ConsumeQueue units per file: a message whose queue offset is a multiple starts a new file.
         self._queue_units_per_file = max(1, config.mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE)
         self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
                                    prefault=config.prefault_mapped_file and not self.pool_enabled,
-                                   space_check=self.disk.check_new_file)
+                                   space_check=self.disk.check_new_file, reserve_step=reserve_step)
         self.cleaner = CommitLogCleaner(config, self.mfq, self.disk, self.root)
         self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
                                          len(self._delay_levels_ms))
@@ -428,8 +431,8 @@ class CommitLog:
             if not self._running:
                 raise UnavailableError("the commitlog is not writable (stopping)")
             self.disk.check_writable()
-            if self.disk.queue_files_tight(len(encoded)):
-                self.disk.check_queue_files(self._queue_files_started(encoded))
+            if self.disk.queue_pages_tight(len(encoded)):
+                self.disk.check_queue_pages(self._queue_pages_started(encoded))
             self._begin_time_in_lock = time.monotonic()
             try:
                 results = self._append_locked(encoded)
@@ -458,8 +461,8 @@ class CommitLog:
         topics = self.topics
         return {key: end for key, end in dict(self.queue_table).items() if topics.get(key[0]) is not None}
 
-    def _queue_files_started(self, encoded: Sequence[EncodedMessage]) -> int:
-        """How many ConsumeQueue files appending ``encoded`` starts (under the put lock)."""
+    def _queue_pages_started(self, encoded: Sequence[EncodedMessage]) -> int:
+        """How many ConsumeQueue pages appending ``encoded`` starts (under the put lock)."""
         units, table = self._queue_units_per_file, self.queue_table
         next_offsets: dict[QueueKey, int] = {}
         started = 0
@@ -467,7 +470,7 @@ class CommitLog:
             if e.advances_queue:
                 key = (e.topic, e.queue_id)
                 offset = next_offsets.get(key, table.get(key, 0))
-                started += not offset % units
+                started += starts_page(offset, units)
                 next_offsets[key] = offset + 1
         return started
 
@@ -553,9 +556,12 @@ class CommitLog:
         pos = mapped.wrote_position
         # A record plus a BLANK's 8 bytes must fit in the file, else the file ends here.
         limit = mapped.file_size - END_FILE_MIN_BLANK_LENGTH
-        if pos + (encoded[0].size if len(encoded) == 1 else sum([e.size for e in encoded])) > limit:
+        total = encoded[0].size if len(encoded) == 1 else sum([e.size for e in encoded])
+        if pos + total > limit:
             # The put rolls: every file it rolls into must exist before its first byte is written.
             self.mfq.prepare_next_files(_files_needed(encoded, mapped.file_size - pos, mapped.file_size))
+        if pos + total > mapped.reserved_position or pos + total > limit:
+            self.mfq.reserve_for_append(mapped, total)  # blocks for every byte, before the first is written
         buffer = mapped.append_buffer()
         base = mapped.file_from_offset
         for record, size, topic, queue_id, timestamp_pos, _, takes_queue_offset in encoded:
@@ -569,7 +575,7 @@ class CommitLog:
                 key = (topic, queue_id)
                 queue_offset = table.get(key, 0)
                 table[key] = queue_offset + 1
-                started += not queue_offset % units
+                started += starts_page(queue_offset, units)
             else:
                 queue_offset = 0
             buffer[pos:end] = record
@@ -581,7 +587,7 @@ class CommitLog:
         mapped.wrote_position = pos
         mapped.store_timestamp = store_timestamp
         if started:
-            self.disk.charge_queue_files(started)
+            self.disk.charge_queue_pages(started)
         return results
 
     def _roll(self, mapped: MappedFile, store_timestamp: int) -> MappedFile:

@@ -9,9 +9,11 @@ creation (ENOSPC). Here:
 
 * the state is cached: the put path reads one field;
 * it is refreshed every second (the store-state thread) and right before a commitlog file is created;
-* a file is created only if it fits: in the free space, and without taking the disk past the
-  ratio. Creating files is the only thing the store does that takes new space (a file is fallocated
-  whole, its appends then only fill it), so the store's own writes never meet ENOSPC. A background
+* space is reserved only if it fits: in the free space, and without taking the disk past the
+  ratio. Commitlog files are sparse, and their blocks are reserved (fallocate) a step
+  (reserveAheadCommitLog) ahead of the write position, a new file's first step when it is created:
+  reserving is the only way the commitlog takes new space, its appends then only fill it, so the
+  store's own writes never meet ENOSPC. A background
   pre-allocation that does not fit is skipped; a roll that needs a file that does not fit is refused
   and marks the disk full until a refresh finds room for the file.
 
@@ -20,8 +22,8 @@ Writes racing in from elsewhere (another tenant of the disk) are caught where th
 
 What the commitlog acknowledges, the indexer must still write (ConsumeQueue units, index entries,
 checkpoints), so the disk must keep room for that too: the *headroom* (``indexer_headroom.py``),
-measured at every refresh. Writes are refused while the free space is below it, a commitlog file is
-created only if it fits next to it, and between refreshes every ConsumeQueue file a put starts is
+measured at every refresh. Writes are refused while the free space is below it, commitlog space is
+reserved only if it fits next to it, and between refreshes every ConsumeQueue page a put starts is
 charged against it (checked before the put when the room left is tight): the indexer is never the
 first to meet ENOSPC.
 
@@ -47,15 +49,17 @@ log = logging.getLogger(__name__)
 class DiskGuard:
     def __init__(self, path: Path, warning_ratio: float, file_size: int,
                  headroom: IndexerHeadroom | None = None) -> None:
-        """``path``: the commitlog directory (it must exist before the first refresh). ``headroom``
-        measures the room the indexer needs (None: none is kept)."""
+        """``path``: the commitlog directory (it must exist before the first refresh). ``file_size``:
+        what the commitlog takes at once, a new file's first reservation or the next one ahead of the
+        writer (reserveAheadCommitLog). ``headroom`` measures the room the indexer needs (None: none
+        is kept)."""
         self.path = path
         self.warning_ratio = warning_ratio
         self.file_size = file_size
         self._headroom_source = headroom
         self.headroom = NO_HEADROOM
-        # ConsumeQueue file bytes the puts since the last measure started (the indexer may not have
-        # created them yet, so the disk's usage does not show them).
+        # ConsumeQueue page bytes the puts since the last measure started (the indexer may not have
+        # written them yet, so the disk's usage does not show them).
         self._charged = 0
         self._mount: Path | None = None
         self.usage: DiskUsage | None = None
@@ -80,8 +84,9 @@ class DiskGuard:
             raise DiskFullError(refusal)
 
     def check_new_file(self, needed: bool) -> None:
-        """Before a commitlog file is created: refresh, and raise DiskFullError if it does not fit.
-        ``needed``: a put waits for this file (a roll), rather than a background pre-allocation."""
+        """Before a commitlog file is created or reserves space ahead of the writer: refresh, and raise
+        DiskFullError if the reservation does not fit. ``needed``: a put waits for it (a roll, a
+        reservation), rather than a background pre-allocation."""
         usage = self._read_usage()
         if usage is None:
             return  # cannot tell: let the creation try (ENOSPC is caught there)
@@ -138,28 +143,28 @@ class DiskGuard:
             return self.headroom
 
     def _set_headroom(self, headroom: Headroom) -> None:
-        """Under the lock: a new measure, which sees every ConsumeQueue file charged before it."""
+        """Under the lock: a new measure, which sees every ConsumeQueue page charged before it."""
         self.headroom, self._charged = headroom, 0
 
-    def queue_files_tight(self, messages: int) -> bool:
-        """Whether ``messages`` messages could start more ConsumeQueue files than the disk has room for
-        (then :meth:`check_queue_files` must count them before they are written)."""
-        usage, cost = self.usage, self.headroom.queue_file_size
+    def queue_pages_tight(self, messages: int) -> bool:
+        """Whether ``messages`` messages could start more ConsumeQueue pages than the disk has room for
+        (then :meth:`check_queue_pages` must count them before they are written)."""
+        usage, cost = self.usage, self.headroom.queue_page_size
         return bool(cost) and usage is not None and \
             self.headroom.total + self._charged + messages * cost > usage.available
 
-    def check_queue_files(self, count: int) -> None:
-        """Before a put that starts ``count`` ConsumeQueue files: DiskFullError if they do not fit."""
-        usage, cost = self.usage, count * self.headroom.queue_file_size
+    def check_queue_pages(self, count: int) -> None:
+        """Before a put that starts ``count`` ConsumeQueue pages: DiskFullError if they do not fit."""
+        usage, cost = self.usage, count * self.headroom.queue_page_size
         if cost and usage is not None and self.headroom.total + self._charged + cost > usage.available:
             raise DiskFullError(_refusal(
-                f"{usage.describe()}: the {count} new ConsumeQueue files of these messages "
-                f"({cost / MIB:.1f} MiB) do not fit next to {self.headroom.describe()}", usage, SHRINK_HEADROOM))
+                f"{usage.describe()}: the {count} new ConsumeQueue pages of these messages "
+                f"({cost / 1024:.0f} KiB) do not fit next to {self.headroom.describe()}", usage, SHRINK_HEADROOM))
 
-    def charge_queue_files(self, count: int) -> None:
-        """After a put that started ``count`` ConsumeQueue files: their room is taken until the next
+    def charge_queue_pages(self, count: int) -> None:
+        """After a put that started ``count`` ConsumeQueue pages: their room is taken until the next
         measure sees them; the next puts are refused once the headroom is no longer there."""
-        cost = count * self.headroom.queue_file_size
+        cost = count * self.headroom.queue_page_size
         if cost:
             with self._lock:
                 self._charged += cost
@@ -209,7 +214,7 @@ class DiskGuard:
         needed = self.headroom.total + self._charged
         if not needed or usage.available >= needed:
             return None
-        started = f" and the {self._charged / MIB:.1f} MiB of ConsumeQueue files the last writes started" \
+        started = f" and the {self._charged / MIB:.1f} MiB of ConsumeQueue pages the last writes started" \
             if self._charged else ""
         return f"{usage.describe()}, less than {self.headroom.describe()}{started}"
 
@@ -219,9 +224,9 @@ class DiskGuard:
         kept = self.headroom.total + self._charged
         if usage.available < self.file_size + kept:
             beside = f" next to {self.headroom.describe()}" if kept else ""
-            return f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file does not fit{beside}"
+            return f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file reservation does not fit{beside}"
         if usage.total and (usage.used + self.file_size) / usage.total > self.warning_ratio:
-            return (f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file would take it past "
+            return (f"{usage.describe()}: the next {file_mib:.1f} MiB commitlog file reservation would take it past "
                     f"diskSpaceWarningLevelRatio {self.warning_ratio:.2f}")
         return None
 

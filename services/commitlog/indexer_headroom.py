@@ -1,20 +1,19 @@
 """The room the indexer still needs for what the commitlog has acknowledged, kept free on a full disk.
 
 An acknowledged message is pullable and findable by key only once the indexer has written its
-ConsumeQueue unit and its index entries. Those files take space when they are created (ConsumeQueue
-and index files are allocated whole), or as they are written if they are sparse, so the commitlog
-refuses writes (``DiskGuard``) while the disk no longer holds, besides its own next file:
+ConsumeQueue unit and its index entries. Those files are sparse: they take space as they are written
+(a ConsumeQueue page at a time), so the commitlog refuses writes (``DiskGuard``) while the disk no
+longer holds, besides its own next reservation:
 
-* per queue of the topic table, the ConsumeQueue files its acknowledged units need and the indexer has
-  not created yet (its lag), one more (the file the queue's next unit starts), and whatever of its
-  last file is not allocated yet (a sparse file fills as it is written);
+* per queue of the topic table, the pages its acknowledged units need and its files have no blocks
+  for yet (the indexer's lag), and one more page (where the queue's next unit may start);
 * the next index file, and whatever of the last one is not allocated yet;
 * ``CHECKPOINT_BYTES`` for the checkpoints and config files the indexer and the query service
   rewrite (each one as a new file renamed over the old).
 
 It is measured from the indexer's own files (read-only: a ``stat`` per queue, one listing of the index
 directory) at every disk refresh; between two refreshes the put path counts the ConsumeQueue files
-its messages start (:meth:`DiskGuard.charge_queue_files`). None of it is kept when the indexer's files
+its messages start (:meth:`DiskGuard.charge_queue_pages`). None of it is kept when the indexer's files
 are on another disk, or not here at all (an indexer on another machine).
 """
 
@@ -27,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
-from mqstore.services.store.disk_space import MIB, unallocated_bytes
+from mqstore.services.store.disk_space import MIB, allocated_bytes, unallocated_bytes
 from mqstore.services.store.index_file import is_index_file_name
-from mqstore.services.store.mapped_file import file_name, parse_file_name
+from mqstore.services.store.mapped_file import OS_PAGE_SIZE, file_name, parse_file_name
 from mqstore.services.store.store_layout import StoreLayout, StoreLayoutError, resolve_store
 
 log = logging.getLogger(__name__)
@@ -46,14 +45,14 @@ RECHECK_SETTLED_EVERY = 60
 
 @dataclass(frozen=True, slots=True)
 class Headroom:
-    """Bytes to keep free for the indexer. ``queue_file_size`` is what one new ConsumeQueue file
+    """Bytes to keep free for the indexer. ``queue_page_size`` is what one new ConsumeQueue page
     costs on this disk (0: the indexer's files are elsewhere)."""
 
     queues: int = 0
     consume_queue: int = 0
     index: int = 0
     checkpoints: int = 0
-    queue_file_size: int = 0
+    queue_page_size: int = 0
 
     @property
     def total(self) -> int:
@@ -83,8 +82,8 @@ class IndexerHeadroom:
         self.index_file_size = index_file_size
         self._layout: StoreLayout | None = None
         self._told = ""
-        # queue -> start of its last acknowledged unit's file, for queues whose file there is created
-        # and wholly allocated: they need one more file until their end passes it (no stat needed).
+        # queue -> its end when its files had blocks for every acknowledged unit: it needs one page
+        # more until its end moves (no stat needed).
         self._settled: dict[QueueKey, int] = {}
         self._measures = 0
 
@@ -102,22 +101,21 @@ class IndexerHeadroom:
         self._measures += 1
         if self._measures % RECHECK_SETTLED_EVERY == 0:
             self._settled.clear()
-        consumequeue, size, settled = self._layout.consumequeue, self.queue_file_size, self._settled
+        consumequeue, settled = self._layout.consumequeue, self._settled
         table = self.queues()
         queue_bytes = 0
         for key, end in table.items():
             if end <= 0:
                 continue
-            last_start = (end - 1) * CQ_STORE_UNIT_SIZE // size * size
-            if settled.get(key) == last_start:
-                queue_bytes += size
+            if settled.get(key) == end:
+                queue_bytes += OS_PAGE_SIZE
                 continue
-            needs = self._queue_needs(consumequeue / key[0] / str(key[1]), last_start)
-            if needs == size:
-                settled[key] = last_start
+            needs = self._queue_needs(consumequeue / key[0] / str(key[1]), end)
+            if needs == OS_PAGE_SIZE:
+                settled[key] = end
             queue_bytes += needs
         return Headroom(len(table), queue_bytes, self._index_needs(self._layout.index), CHECKPOINT_BYTES,
-                        self.queue_file_size)
+                        OS_PAGE_SIZE)
 
     def _elsewhere(self) -> str:
         """Why the indexer's files are not on this disk ("" when they are). Resolved every time: a new
@@ -133,12 +131,14 @@ class IndexerHeadroom:
             return f"{logic} is on another file system"
         return ""
 
-    def _queue_needs(self, directory: Path, last_start: int) -> int:
-        """Bytes queue ``directory`` still needs for its acknowledged units, the last of which lies in
-        the file starting at byte ``last_start``, and for its next one."""
+    def _queue_needs(self, directory: Path, end: int) -> int:
+        """Bytes queue ``directory`` still needs for its ``end`` acknowledged units and its next one.
+        Units fill a file from its start, so those of the last file take its first pages."""
         size = self.queue_file_size
+        last_start = (end - 1) * CQ_STORE_UNIT_SIZE // size * size
+        in_last = _pages(end * CQ_STORE_UNIT_SIZE - last_start)
         try:
-            return size + unallocated_bytes(directory / file_name(last_start), size)
+            return OS_PAGE_SIZE + max(0, in_last - allocated_bytes(directory / file_name(last_start)))
         except FileNotFoundError:
             pass
         # The indexer is behind on this queue: the files up to the last unit's are still to come.
@@ -147,10 +147,10 @@ class IndexerHeadroom:
         except (FileNotFoundError, NotADirectoryError):
             starts = []
         if not starts:
-            return 2 * size  # the file of its first unit (where the indexer starts it) and the next
+            return OS_PAGE_SIZE + in_last  # the indexer starts the queue at the file of its unit
         last = max(starts)
-        missing = max(0, (last_start - last) // size)
-        return (missing + 1) * size + unallocated_bytes(directory / file_name(last), size)
+        between = max(0, (last_start - last) // size - 1)  # files after the last one, before last_start
+        return OS_PAGE_SIZE + unallocated_bytes(directory / file_name(last), size) + between * _pages(size) + in_last
 
     def _index_needs(self, directory: Path) -> int:
         size = self.index_file_size
@@ -171,6 +171,10 @@ class IndexerHeadroom:
         if why and why != self._told:
             log.info("%s", why)
         self._told = why
+
+
+def _pages(size: int) -> int:
+    return -(-size // OS_PAGE_SIZE) * OS_PAGE_SIZE
 
 
 def is_store_file_name(name: str) -> bool:

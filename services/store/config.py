@@ -113,6 +113,10 @@ class MessageStoreConfig:
     # Not in RocketMQ: map the next commitlog file's page cache in the background (MADV_POPULATE_READ)
     # so appends do not allocate pages on the put path. Costs page cache (clean, reclaimable), no I/O.
     prefault_mapped_file: bool = True
+    # Not in RocketMQ (whose files are sparse): commitlog files are sparse too, and blocks are reserved
+    # (fallocate) this many bytes ahead of the write position, so a put never writes into a hole a full
+    # disk has no blocks for (a SIGBUS). 0 allocates each file whole when it is created.
+    reserve_ahead_commit_log: int = 16 * 1024 * 1024
     # Not in MessageStoreConfig: the broker-level settings the store needs.
     broker_ip: str = "127.0.0.1"
     listen_port: int = 10911
@@ -152,6 +156,8 @@ class MessageStoreConfig:
         self._validate_replication()
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
+        if self.reserve_ahead_commit_log < 0:
+            raise ConfigError("reserveAheadCommitLog must be 0 (allocate whole files) or a number of bytes")
         for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout",
                      "timer_max_delay_sec"):
             if getattr(self, name) <= 0:

@@ -70,6 +70,13 @@ Unit = tuple[int, int, int, int]
 StoreTimeOf = Callable[[int, int], int]
 
 
+def starts_page(queue_offset: int, units_per_file: int) -> bool:
+    """Whether the unit at ``queue_offset`` is the first written into a page of its (sparse) file:
+    writing it takes a new page of disk."""
+    position = queue_offset % units_per_file * CQ_STORE_UNIT_SIZE
+    return (position + CQ_STORE_UNIT_SIZE - 1) // OS_PAGE_SIZE != (position - 1) // OS_PAGE_SIZE
+
+
 def is_valid_unit(commitlog_offset: int, size: int) -> bool:
     """RocketMQ's rule on recovery and truncation: anything else is the end of the data."""
     return commitlog_offset >= 0 and size > 0
@@ -181,8 +188,11 @@ class ConsumeQueue:
         self.queue_id = queue_id
         self.mapped_file_size = mapped_file_size
         self.store_path = root / topic / str(queue_id)
-        # No preallocation: a broker may have thousands of queues, most of them idle.
-        self.mapped_file_queue = MappedFileQueue(self.store_path, mapped_file_size, preallocate=False)
+        # No preallocation, and sparse files that take blocks a page at a time as units arrive (a broker
+        # may have thousands of queues, most of them idle): each page is reserved before it is
+        # written, so a full disk is a DiskFullError, never a SIGBUS in the mapping.
+        self.mapped_file_queue = MappedFileQueue(self.store_path, mapped_file_size, preallocate=False,
+                                                 reserve_step=OS_PAGE_SIZE)
         #: commitlog offset + size of the last unit put or recovered (-1: none). Units ending at or
         #: below it are re-dispatches and are skipped.
         self.max_physic_offset = -1

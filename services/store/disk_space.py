@@ -54,6 +54,11 @@ def disk_usage(path: Path, mount: Path | None = None) -> DiskUsage:
                      st.f_bavail * st.f_frsize)
 
 
+def allocated_bytes(path: Path) -> int:
+    """Bytes of ``path`` that have disk blocks (a sparse file's holes have none)."""
+    return os.stat(path).st_blocks * 512
+
+
 def unallocated_bytes(path: Path, size: int) -> int:
     """Bytes of the ``size``-byte file ``path`` that have no disk blocks yet (a sparse file's holes):
     what writing all of it may still take."""

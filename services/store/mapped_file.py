@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from mqstore.services.store.disk_space import disk_full_error, is_disk_full
 from mqstore.services.store.store_root import created_durably, remove_durably
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,19 @@ class MappedFile:
     """A store file mapped into memory. Not thread-safe for writers: the owner serialises appends."""
 
     def __init__(self, path: Path, file_size: int, write_buffer: mmap.mmap | None = None,
-                 create: bool = True) -> None:
+                 create: bool = True, reserve_step: int = 0) -> None:
+        """``reserve_step`` 0: a new file is allocated whole at creation. Else the file is sparse (it
+        takes space as it fills, RocketMQ's way) and blocks are reserved (fallocate) ``reserve_step``
+        bytes at a time ahead of the writes (:meth:`reserve`), the first step at creation."""
         self.path = path
         self.file_size = file_size
         self.file_from_offset = parse_file_name(path)
+        self.reserve_step = reserve_step
+        #: Bytes from the file's start known to have blocks: writes below it never meet a full disk.
+        self.reserved_position = 0
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self._fd = os.open(path, flags, 0o644)
         allocating = False
@@ -71,7 +81,12 @@ class MappedFile:
                 # Reserve the blocks now: writes into a sparse file allocate on every page fault,
                 # which makes appends ~10x slower; it also surfaces a full disk at creation.
                 allocating = True
-                os.posix_fallocate(self._fd, 0, file_size)
+                if reserve_step:
+                    os.ftruncate(self._fd, file_size)
+                    self._allocate(min(reserve_step, file_size))
+                else:
+                    os.posix_fallocate(self._fd, 0, file_size)
+                    self.reserved_position = file_size
                 # The file's size and its name are durable before any data goes in: an fdatasync of
                 # appended data does not make a new name durable, and a file whose name is lost at a
                 # power cut loses every acknowledged record in it.
@@ -88,9 +103,6 @@ class MappedFile:
             raise
         self.write_buffer = write_buffer
         self._prefault_lock = threading.Lock()
-        self.wrote_position = 0
-        self.committed_position = 0
-        self.flushed_position = 0
         # Store time of the last record appended: the checkpoint takes it once that data is flushed.
         self.store_timestamp = 0
 
@@ -121,9 +133,33 @@ class MappedFile:
         end = start + len(data)
         if end > self.file_size:
             raise ValueError(f"append of {len(data)} bytes overflows {self.path.name} at {start}")
+        if end > self.reserved_position:
+            self.reserve(end)
         target = self._mm if self.write_buffer is None else self.write_buffer
         target[start:end] = data
         self.wrote_position = end
+
+    def reserve(self, end: int) -> None:
+        """Make sure bytes [wrote position, ``end``) have blocks before anything is written there: a
+        write through the mapping into a hole of a full disk is a SIGBUS that kills the process, not
+        an error. Reserves up to ``reserve_step`` past ``end`` (capped at the file's end). Raises
+        DiskFullError with nothing written; a writer that copies into :meth:`append_buffer` calls
+        this first."""
+        if end <= self.reserved_position:
+            return
+        step = self.reserve_step or self.file_size
+        try:
+            self._allocate(min(self.file_size, max(end, self.wrote_position) + step))
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(self.path.parent, f"reserving space in {self.path}", exc) from None
+            raise
+
+    def _allocate(self, end: int) -> None:
+        start = max(self.reserved_position, self.wrote_position - self.wrote_position % OS_PAGE_SIZE)
+        if end > start:
+            os.posix_fallocate(self._fd, start, end - start)  # within the file's size: it keeps its size
+        self.reserved_position = end
 
     def append_buffer(self) -> mmap.mmap:
         """Where appends go: the pool buffer when there is one, else the file's mapping. For a writer
@@ -207,7 +243,9 @@ class MappedFile:
         if position >= end:
             return
         page = -(-position // OS_PAGE_SIZE) * OS_PAGE_SIZE
-        self._mm[position:min(page, end)] = bytes(min(page, end) - position)
+        if any(self._mm[position:min(page, end)]):  # never write into a hole (a SIGBUS on a full disk)
+            self._mm[position:min(page, end)] = bytes(min(page, end) - position)
+        self.reserved_position = min(self.reserved_position, page)  # punched pages have no blocks
         if page < end and not punch_zeros(self._fd, page, end - page):
             # No hole punching here: zeros written in place. Never shrink the file and grow it back:
             # a reader in another process (the query service, the indexer) with the file mapped

@@ -36,9 +36,12 @@ log = logging.getLogger(__name__)
 class MappedFileQueue:
     def __init__(self, store_path: Path, mapped_file_size: int,
                  pool: TransientStorePool | None = None, preallocate: bool = True, prefault: bool = False,
-                 space_check: SpaceCheck | None = None) -> None:
+                 space_check: SpaceCheck | None = None, reserve_step: int = 0) -> None:
+        """``reserve_step``: 0 allocates each new file whole; else files are sparse and take blocks that
+        many bytes at a time ahead of the writer (MappedFile.reserve)."""
         self.store_path = store_path
         self.mapped_file_size = mapped_file_size
+        self.reserve_step = reserve_step
         self.pool = pool
         self._space_check = space_check
         # Files created ahead of a roll (prepare_next_files), by start offset; not yet in the log.
@@ -167,13 +170,32 @@ class MappedFileQueue:
             if offset not in self._ready:
                 self._ready[offset] = self._take_or_create(offset)
 
+    def reserve_for_append(self, mapped: MappedFile, size: int) -> None:
+        """Before ``size`` bytes are copied in from ``mapped``'s wrote position (rolling into the files
+        :meth:`prepare_next_files` made): reserve their blocks, asking ``space_check`` before each
+        reservation that takes new space. DiskFullError, nothing written, when the disk has no room."""
+        targets = [(mapped, mapped.wrote_position + size)]
+        rest = mapped.wrote_position + size - mapped.file_size
+        offset = mapped.file_tail_offset
+        while rest > 0 and offset in self._ready:  # a roll: at most all of it in each file it reaches
+            targets.append((self._ready[offset], size))
+            rest -= self.mapped_file_size
+            offset += self.mapped_file_size
+        for target, end in targets:
+            end = min(end, target.file_size)
+            if end <= target.reserved_position:
+                continue
+            if self._space_check is not None:
+                self._space_check(True)
+            target.reserve(end)
+
     def _create(self, offset: int, needed: bool = True) -> MappedFile:
         path = self.store_path / file_name(offset)
         if self._space_check is not None:
             self._space_check(needed)
         buffer = self.pool.borrow() if self.pool is not None else None
         try:
-            return MappedFile(path, self.mapped_file_size, write_buffer=buffer)
+            return MappedFile(path, self.mapped_file_size, write_buffer=buffer, reserve_step=self.reserve_step)
         except BaseException as exc:  # MappedFile removed what it began; the buffer goes back
             if buffer is not None and self.pool is not None:
                 self.pool.give_back(buffer)

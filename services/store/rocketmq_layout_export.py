@@ -297,27 +297,60 @@ def _try_link(source: Path, target: Path) -> tuple[bool, bool]:
 
 
 def _copy_file(source: Path, target: Path, advanced: Callable[[int], None]) -> None:
-    """Copy bytes, fsync, and keep the source's mode and times: RocketMQ's time lookups read ConsumeQueue
-    mtimes, and its file expiry (fileReservedTime) reads every file's mtime."""
+    """Copy the data, fsync, and keep the source's mode and times: RocketMQ's time lookups read
+    ConsumeQueue mtimes, and its file expiry (fileReservedTime) reads every file's mtime. Store files
+    are sparse (an older store's were allocated whole, their unwritten rest zeros): holes and zero
+    chunks stay holes in the copy, which reads the same bytes and takes the disk its data takes."""
     stat = source.stat()
+    size = stat.st_size
     with open(source, "rb") as src, open(target, "xb") as dst:
-        in_fd, out_fd, offset = src.fileno(), dst.fileno(), 0
-        while offset < stat.st_size:
-            try:
-                sent = os.sendfile(out_fd, in_fd, offset, min(COPY_CHUNK, stat.st_size - offset))
-            except OSError as exc:
-                if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                    raise
-                src.seek(offset)
-                sent = dst.write(src.read(min(COPY_CHUNK, stat.st_size - offset)))
-            if sent == 0:
-                raise ExportError(f"{source} shrank to {offset} bytes while being copied: is a service running on it?")
-            offset += sent
-            advanced(sent)
-        dst.flush()
+        in_fd, out_fd = src.fileno(), dst.fileno()
+        os.ftruncate(out_fd, size)
+        copied = 0
+        for start, end in _data_ranges(in_fd, size):
+            advanced(start - copied)  # a hole: nothing to copy
+            offset = start
+            while offset < end:
+                chunk = os.pread(in_fd, min(COPY_CHUNK, end - offset), offset)
+                if not chunk:
+                    raise ExportError(f"{source} shrank to {offset} bytes while being copied: "
+                                      "is a service running on it?")
+                if chunk.count(0) != len(chunk):  # all zeros: left a hole
+                    _write_all(out_fd, chunk, offset)
+                offset += len(chunk)
+                advanced(len(chunk))
+            copied = end
+        advanced(size - copied)
         os.fsync(out_fd)
     os.chmod(target, stat.st_mode & 0o7777)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _data_ranges(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) ranges of ``fd`` that may hold data (SEEK_DATA / SEEK_HOLE); the whole file
+    where the file system cannot tell."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no data past offset
+                return
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+            start, end = offset, size
+        if start >= size:
+            return
+        yield start, end
+        offset = end
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _write_checkpoint(source: SourceStore, dest: Path) -> tuple[int, int, int]:

@@ -36,6 +36,7 @@ from tests.indexer.indexer_process import start_indexer
 from tests.query.query_process import start_query
 
 FILE_SIZE = 2 * MIB
+PAGE = 4096
 BODY = b"d" * 30_000
 
 
@@ -262,32 +263,36 @@ HEADROOM_ENV = {"MQSTORE_MAPPED_FILE_SIZE_COMMIT_LOG": str(FILE_SIZE),
                 "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200", "MQSTORE_CLEAN_RESOURCE_INTERVAL": "3600000"}
 
 
-def test_a_put_that_starts_consumequeue_files_the_disk_has_no_room_for_is_refused(disk: Path) -> None:
-    """The headroom is kept when the indexer's files share the disk: the put path counts the
-    ConsumeQueue files its messages start, before the indexer has created them."""
+def test_a_put_that_starts_consumequeue_pages_the_disk_has_no_room_for_is_refused(disk: Path) -> None:
+    """The headroom is kept when the indexer's files share the disk: ConsumeQueue files are sparse, and
+    the put path counts the pages its messages start, before the indexer has written them."""
     (disk / "store" / "indexer" / "consumequeue").mkdir(parents=True)
     log = make_log(disk / "store", mapped_file_size_consume_queue=52_428 * 20, max_hash_slot_num=1000,
-                   max_index_num=4000, flush_interval_consume_queue=3_600_000)  # no refresh during the test
+                   max_index_num=4000, flush_interval_consume_queue=3_600_000,  # no refresh during the test
+                   disk_space_warning_level_ratio=0.99)  # the headroom refuses, not the ratio
     try:
         log.put_message(Message("Warm", 0, b"w"))
+        log.topics.get_or_create("Room")  # topics.json is not rewritten on the full disk
         wait_until(lambda: len(store_files(disk / "store" / "commitlog")) == 2)  # the next file, made ahead
-        fill(disk / "ballast", leave_bytes=7 * MIB)
         log.disk.refresh()
-        # Warm's ConsumeQueue file and its next (the indexer has made neither), an index file, checkpoints
-        assert log.disk.headroom.queues == 1 and 3 * MIB < log.disk.headroom.total < 3.2 * MIB, log.disk.headroom
-        results = [log.put_message(Message("Room", q, b"r")) for q in range(3)]  # 3 new 1 MiB files
-        log.put_message(Message("Room", 0, b"again"))  # no new file: accepted
+        # Warm's first page and its next (the indexer has written neither), an index file, checkpoints
+        headroom = log.disk.headroom
+        assert headroom.queues == 1 and headroom.consume_queue == 2 * PAGE and headroom.queue_page_size == PAGE
+        fill(disk / "ballast", leave_bytes=headroom.total + 3 * PAGE + PAGE // 2)
+        log.disk.refresh()
+        results = [log.put_message(Message("Room", q, b"r")) for q in range(3)]  # 3 new pages
+        log.put_message(Message("Room", 0, b"again"))  # no new page: accepted
         with pytest.raises(DiskFullError) as refused:
             log.put_message(Message("Room", 3, b"r"))
         assert_refusal(str(refused.value), disk)
-        assert "the 1 new ConsumeQueue files of these messages (1.0 MiB) do not fit next to the " in \
+        assert "the 1 new ConsumeQueue pages of these messages (4 KiB) do not fit next to the " in \
             str(refused.value), refused.value
         assert [r.queue_offset for r in results] == [0, 0, 0] and ("Room", 3) not in log.queue_table
-        log.disk.refresh()  # the indexer has made none of the 3 files: each is counted, and the next one
-        assert log.disk.headroom.queues == 4 and log.disk.headroom.consume_queue == 8 * 52_428 * 20
+        log.disk.refresh()  # the indexer has written none of the 3 pages: each is counted, and the next one
+        assert log.disk.headroom.queues == 4 and log.disk.headroom.consume_queue == 2 * PAGE + 3 * 2 * PAGE
         with pytest.raises(DiskFullError) as refused:
             log.put_message(Message("Room", 0, b"r"))
-        assert "less than the 9.1 MiB kept for the indexer to write what was acknowledged" in str(refused.value)
+        assert "MiB kept for the indexer to write what was acknowledged" in str(refused.value)
         assert "(or lower mappedFileSizeConsumeQueue or maxIndexNum, or give the indexer's files a disk of their " \
             "own)" in str(refused.value)
         log.delete_topic("Warm")  # the indexer writes nothing more for a deleted topic
@@ -299,7 +304,8 @@ def test_a_put_that_starts_consumequeue_files_the_disk_has_no_room_for_is_refuse
 
 def test_at_the_threshold_every_acked_message_stays_pullable_and_findable_by_uniq_key(disk: Path) -> None:
     """The commitlog, indexer and query service share the small disk, as under ``mqstore up``."""
-    commitlog = start_commitlog_process(disk, HEADROOM_ENV)
+    # The headroom refuses, not the ratio (1.5 MiB left of 32 MiB is above 0.90).
+    commitlog = start_commitlog_process(disk, {**HEADROOM_ENV, "MQSTORE_DISK_SPACE_WARNING_LEVEL_RATIO": "0.99"})
     indexer = start_indexer(disk / "indexer", commitlog.address, HEADROOM_ENV)
     query = start_query(disk / "query", commitlog.address, indexer.address, HEADROOM_ENV)
     try:
@@ -307,14 +313,15 @@ def test_at_the_threshold_every_acked_message_stays_pullable_and_findable_by_uni
         first = commitlog.stub.Append(commitlog_pb2.AppendRequest(message=warm), timeout=10)
         indexer.wait_caught_up(first.commitlog_offset + first.wrote_bytes, timeout_s=10)
         wait_until(lambda: len(store_files(disk / "commitlog")) == 2)  # the next file, made ahead
-        # 6 MiB left: the commitlog's files have room, but 8 new queues need 8 MiB of ConsumeQueue.
-        fill(disk / "ballast", leave_bytes=6 * MIB)
+        # 1.5 MiB left: the commitlog's files have room, but every new queue needs ConsumeQueue pages
+        # (and the indexer its checkpoints and index file): far fewer than 300 new queues fit.
+        fill(disk / "ballast", leave_bytes=3 * MIB // 2)
         time.sleep(0.5)  # the commitlog sees the ballast at its next refresh (every 200 ms here)
         acked: list[tuple[str, commitlog_pb2.AppendResult]] = []
         refused: list[grpc.RpcError] = []
         for i in range(300):
             key = uuid.uuid4().hex.upper()
-            message = common_pb2.Message(topic="Headroom", queue_id=i % 8, body=b"h" * 1000,
+            message = common_pb2.Message(topic=f"Headroom{i // 8}", queue_id=i % 8, body=b"h" * 1000,
                                          born_host="127.0.0.1:50000", properties={"UNIQ_KEY": key})
             try:
                 acked.append((key, commitlog.stub.Append(commitlog_pb2.AppendRequest(message=message), timeout=10)))
@@ -327,11 +334,11 @@ def test_at_the_threshold_every_acked_message_stays_pullable_and_findable_by_uni
         indexer.wait_caught_up(last.commitlog_offset + last.wrote_bytes, timeout_s=10)
         for key, result in acked:
             pulled = query.stub.PullMessage(query_pb2.PullMessageRequest(
-                topic="Headroom", queue_id=result.queue_id, queue_offset=result.queue_offset, max_messages=1),
+                topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset, max_messages=1),
                 timeout=10)
             assert [m.commitlog_offset for m in pulled.messages] == [result.commitlog_offset], (result, pulled)
             found = query.stub.ViewMessage(query_pb2.ViewMessageRequest(
-                msg_id=key, topic="Headroom", kind=query_pb2.MESSAGE_ID_KIND_UNIQ_KEY), timeout=10)
+                msg_id=key, topic=result.topic, kind=query_pb2.MESSAGE_ID_KIND_UNIQ_KEY), timeout=10)
             assert found.message.commitlog_offset == result.commitlog_offset
         logs = indexer.logs()
         assert "No space left on device" not in logs and "Errno 28" not in logs, logs[-3000:]
@@ -363,7 +370,7 @@ def test_the_indexer_waits_at_its_reput_offset_while_the_disk_is_full_then_goes_
     store = IndexerStore(config, disk / "indexer")
     store.start()
     try:
-        fill(disk / "ballast", leave_bytes=MIB // 2)  # not one 1 MiB ConsumeQueue file more
+        fill(disk / "ballast", leave_bytes=2 * PAGE)  # not a first page for each of the 3 queues
         with pytest.raises(DiskFullError):
             store.dispatch(requests, end)
         assert store.reput_offset == 0
