@@ -24,13 +24,13 @@ def main() -> int:
         by_level = producer.send(topic, "by level", delay_level=DELAY_LEVEL)
         at_time = producer.send(topic, "at a time", properties={"TIMER_DELIVER_MS": str(sent_at + TIMER_IN_MS)})
     for name, receipt in (("by level", by_level), ("at a time", at_time)):
-        print(f"sent {name!r}: parked in {receipt.topic} queue {receipt.queue_id}, msg_id {receipt.msg_id}")
-    due = {by_level.msg_id: by_level.store_timestamp + 1_000 * DELAY_LEVEL, at_time.msg_id: sent_at + TIMER_IN_MS}
+        print(f"sent {name!r}: parked in {receipt.topic} queue {receipt.queue_id}, uniq_key {receipt.uniq_key}")
+    due = {by_level.uniq_key: by_level.store_timestamp + 1_000 * DELAY_LEVEL, at_time.uniq_key: sent_at + TIMER_IN_MS}
     with PullConsumer(None, topic) as consumer:          # no group: just read
         deadline = time.time() + 30
         while due and time.time() < deadline:
             for message in consumer.poll(timeout=5):
-                late = message.store_timestamp - due.pop(message.msg_id)
+                late = message.store_timestamp - due.pop(message.uniq_key)
                 print(f"delivered {message.text!r} to {message.topic} queue {message.queue_id}, {late} ms after due")
     if due:
         print(f"not delivered within 30 s: {sorted(due)} (is the scheduler running?)", file=sys.stderr)

@@ -32,12 +32,12 @@ def main() -> int:
                     print(f"try {message.reconsume_times + 1} of {message.text!r} from {message.topic} failed: "
                           f"-> {receipt.target_topic}")
                     if receipt.dead_letter:
-                        dead = message.msg_id
+                        dead = message.uniq_key
         if dead is None:
             print("no dead letter within 60 s (is the scheduler running?)", file=sys.stderr)
             return 1
         for letter in list_dead_letters(client, group):
-            print(f"dead letter {letter.msg_id}: {letter.text!r}, first sent to {letter.properties['RETRY_TOPIC']}, "
+            print(f"dead letter {letter.uniq_key}: {letter.text!r}, first sent to {letter.properties['RETRY_TOPIC']}, "
                   f"reconsume times {letter.reconsume_times}")
         again = resend_dead_letter(client, group, dead)
         print(f"re-sent to {again.topic} queue {again.queue_id} offset {again.queue_offset}")

@@ -48,7 +48,7 @@ def main() -> int:
             deadline = time.time() + 10
             while time.time() < deadline:
                 for message in consumer.poll(timeout=2):
-                    print(f"committed: {message.text!r} on {message.topic}, msg_id {message.msg_id}")
+                    print(f"committed: {message.text!r} on {message.topic}, uniq_key {message.uniq_key}")
                     return 0
     print("the committed message did not arrive", file=sys.stderr)
     return 1

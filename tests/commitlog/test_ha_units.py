@@ -143,5 +143,6 @@ def test_followers_lag_is_exported_when_scraped() -> None:
     transfer.acknowledge(transfer.add("10.0.0.7:4000"), 600)
     bind_followers(transfer, lambda: 1000)
     text = generate_latest(REGISTRY).decode()
-    assert 'mqstore_ha_follower_lag_bytes{follower="10.0.0.7:4000"} 400.0' in text
-    assert "mqstore_ha_connected_followers 1.0" in text and "mqstore_ha_followers_needed 1.0" in text
+    assert 'mqstore_commitlog_ha_follower_lag_bytes{follower="10.0.0.7:4000"} 400.0' in text
+    assert "mqstore_commitlog_ha_connected_followers 1.0" in text
+    assert "mqstore_commitlog_ha_followers_needed 1.0" in text

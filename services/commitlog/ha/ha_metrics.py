@@ -16,12 +16,13 @@ from prometheus_client.registry import Collector
 from mqstore.services.commitlog.ha.group_transfer import GroupTransfer
 from mqstore.services.server.metrics import Counter
 
-REFUSED_CONNECTIONS = Counter("mqstore_ha_refused_connections",
+REFUSED_CONNECTIONS = Counter("mqstore_commitlog_ha_refused_connections",
                               "HA connections closed at the handshake (wrong token, shard or epoch, or none)")
-UNREPLICATED_PUTS = Counter("mqstore_ha_unreplicated_puts",
+UNREPLICATED_PUTS = Counter("mqstore_commitlog_ha_unreplicated_puts",
                             "SYNC_MASTER put calls answered UNAVAILABLE: not on enough in-sync followers",
                             ["status"])
-REPLICATED_BYTES = Counter("mqstore_ha_replicated_bytes", "Bytes a follower appended from its leader's stream")
+REPLICATED_BYTES = Counter("mqstore_commitlog_ha_replicated_bytes",
+                           "Bytes a follower appended from its leader's stream")
 
 
 class FollowersCollector(Collector):
@@ -32,16 +33,16 @@ class FollowersCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         leader_max = self._leader_max()
         followers = self._transfer.followers
-        lag = GaugeMetricFamily("mqstore_ha_follower_lag_bytes",
+        lag = GaugeMetricFamily("mqstore_commitlog_ha_follower_lag_bytes",
                                 "How far each connected follower's reported offset is behind the leader's max "
                                 "offset", labels=["follower"])
         for follower in followers:
             if follower.acked_offset >= 0:
                 lag.add_metric([follower.address], max(0, leader_max - follower.acked_offset))
         yield lag
-        yield GaugeMetricFamily("mqstore_ha_connected_followers", "Followers connected past the handshake",
-                                value=len(followers))
-        yield GaugeMetricFamily("mqstore_ha_followers_needed",
+        yield GaugeMetricFamily("mqstore_commitlog_ha_connected_followers",
+                                "Followers connected past the handshake", value=len(followers))
+        yield GaugeMetricFamily("mqstore_commitlog_ha_followers_needed",
                                 "Followers a SYNC_MASTER put needs (minInSyncReplicas less the leader)",
                                 value=self._transfer.followers_needed)
 
