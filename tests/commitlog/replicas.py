@@ -32,7 +32,7 @@ BASE_ENV = {
 
 def leader_env(ha_port: int, **extra: str) -> dict[str, str]:
     return {**BASE_ENV, "MQSTORE_BROKER_ROLE": "SYNC_MASTER", "MQSTORE_HA_LISTEN_PORT": str(ha_port),
-            "MQSTORE_HA_SEND_TIMEOUT": "3000", **extra}
+            "MQSTORE_HA_SEND_TIMEOUT": "10000", **extra}  # generous: a loaded 2-core machine
 
 
 def follower_env(ha_port: int, **extra: str) -> dict[str, str]:
@@ -63,7 +63,7 @@ def message(i: int, producer: int = 0) -> common_pb2.Message:
 
 
 def append(handle: CommitLogProcess, msg: common_pb2.Message) -> commitlog_pb2.AppendResult:
-    return handle.stub.Append(commitlog_pb2.AppendRequest(message=msg), timeout=10, metadata=AUTH)
+    return handle.stub.Append(commitlog_pb2.AppendRequest(message=msg), timeout=30, metadata=AUTH)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Producers:
             try:
                 if i % 2:
                     batch = commitlog_pb2.AppendBatchRequest(messages=[message(i + k, producer) for k in range(8)])
-                    results = self.handle.stub.AppendBatch(batch, timeout=10, metadata=AUTH).results
+                    results = self.handle.stub.AppendBatch(batch, timeout=30, metadata=AUTH).results
                     self.acked.extend((r.commitlog_offset, r.wrote_bytes) for r in results)
                 else:
                     result = append(self.handle, message(i, producer))

@@ -103,6 +103,10 @@ def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: Start
         append(leader, message(i))
     held = wait_caught_up(leader, follower)
     follower.kill9()
+    deadline = time.monotonic() + 10
+    while not any("closed" in r.get("msg", "") for r in leader.log_records()):  # the leader saw it go
+        assert time.monotonic() < deadline, leader.logs()[-2000:]
+        time.sleep(0.05)
 
     # The only follower is down: a SYNC_MASTER send is UNAVAILABLE, naming the shard and the follower.
     with pytest.raises(grpc.RpcError) as refused:
