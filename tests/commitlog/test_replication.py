@@ -56,6 +56,9 @@ def test_sync_master_followers_hold_every_acked_byte(start_commitlog: StartCommi
         producers.stop()
     assert not producers.errors, producers.errors[:3]
     assert producers.acked
+    streamed = list(leader.stub.AppendStream(iter([commitlog_pb2.AppendRequest(message=message(i)) for i in range(40)]),
+                                             timeout=30, metadata=AUTH))
+    assert len(streamed) == 40
     for follower in group.followers:
         end = wait_caught_up(leader, follower)
         assert_same_commitlog(leader.store_dir, follower.store_dir, end)
@@ -103,6 +106,7 @@ def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: Start
         append(leader, message(i))
     held = wait_caught_up(leader, follower)
     follower.kill9()
+    assert_same_commitlog(leader.store_dir, follower.store_dir, held)  # a stop point: what it held stays
     deadline = time.monotonic() + 10
     while not any("closed" in r.get("msg", "") for r in leader.log_records()):  # the leader saw it go
         assert time.monotonic() < deadline, leader.logs()[-2000:]
