@@ -4,6 +4,7 @@ wait, the handshake's checks and the replication settings (services/commitlog/ha
 from __future__ import annotations
 
 import random
+import socket
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from mqstore.services.commitlog.commit_log import CommitLog
 from mqstore.services.commitlog.ha import handshake
 from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from mqstore.services.commitlog.ha.ha_metrics import bind_followers
+from mqstore.services.commitlog.ha.ha_service import HAService, HAServiceError
 from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
 from mqstore.services.commitlog.put_result import PutMessageStatus
 from mqstore.services.store.config import ConfigError, load_config
@@ -146,3 +148,20 @@ def test_followers_lag_is_exported_when_scraped() -> None:
     assert 'mqstore_commitlog_ha_follower_lag_bytes{follower="10.0.0.7:4000"} 400.0' in text
     assert "mqstore_commitlog_ha_connected_followers 1.0" in text
     assert "mqstore_commitlog_ha_followers_needed 1.0" in text
+
+
+def test_the_ha_listener_refuses_a_busy_port_and_a_public_address_without_a_token(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        engine = _engine(tmp_path / "a", ha_listen_port=port)
+        try:
+            with pytest.raises(HAServiceError, match=f"127.0.0.1:{port}"):
+                HAService(engine, None).start()
+        finally:
+            engine.shutdown()
+    engine = _engine(tmp_path / "b", ha_listen_port=port, broker_ip="10.1.2.3")
+    try:
+        with pytest.raises(HAServiceError, match="MQSTORE_SERVICE_TOKEN"):
+            HAService(engine, None).start()
+    finally:
+        engine.shutdown()
