@@ -104,8 +104,8 @@ soak-power: $(GENERATED) powercut-deps
 SOAK_SCHEDULER_KILLS ?= 90
 .PHONY: soak-scheduler
 soak-scheduler: $(GENERATED)
-	MQSTORE_SOAK_SCHEDULER_KILLS=$(SOAK_SCHEDULER_KILLS) MQSTORE_SOAK_SCHEDULER_PER_KILL=1500 \
-		$(PY) -m pytest tests/scheduler/test_delay_crash.py -q -s
+	MQSTORE_SOAK_SCHEDULER_KILLS=$(SOAK_SCHEDULER_KILLS) MQSTORE_SOAK_SCHEDULER_PER_KILL=1000 \
+		$(PY) -m pytest tests/scheduler/test_delay_crash.py -q -s --timeout 0
 
 # The replication fault campaign at length (not in CI; tests/commitlog/test_replication.py kills a follower
 # once in the suite): followers of a SYNC_MASTER leader killed and restarted under producers for

@@ -11,8 +11,8 @@ queue order, so across every run the real queue holds the level-1 messages once 
 they were sent.
 
 ``make soak-scheduler`` runs the same campaign with ``MQSTORE_SOAK_SCHEDULER_KILLS`` kills (90 there)
-and ``MQSTORE_SOAK_SCHEDULER_PER_KILL`` level-1 messages per kill (1,500 there: the producer goes on
-through all the kills).
+and ``MQSTORE_SOAK_SCHEDULER_PER_KILL`` level-1 messages per kill (1,000 there: the producer goes on
+through about all the kills).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_kill9_anywhere_during_delivery_loses_and_repeats_nothing(shard: Shard) 
             kills.append((_queue_end(shard, TOPIC, QUEUE), _queue_end(shard, TIMER_TOPIC_REAL, QUEUE),
                           _persisted(shard, store)))
             scheduler = _scheduler(shard, store)
-        producer.join(60)
+        producer.join(MESSAGES / BATCH * APPEND_EVERY_S * 2 + 60)
         assert not failures, failures
         deadline = time.monotonic() + 30
         while (_queue_end(shard, TOPIC, QUEUE) < MESSAGES or _queue_end(shard, TIMER_TOPIC_REAL, QUEUE) < TIMERS) \
