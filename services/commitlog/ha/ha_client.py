@@ -24,8 +24,10 @@ from mqstore.services.commitlog.ha.wire import ConnectionClosed, encode_report, 
 from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, split_host_port
 
 log = logging.getLogger(__name__)
-#: How long a failed connection waits before the next try (4.9.8 waits 5 s).
+#: How long a failed connection waits before the next try (4.9.8 waits 5 s), doubling while tries
+#: get no frame (a leader that is down, or that refuses this follower) up to the maximum.
 RECONNECT_DELAY_S = 1.0
+MAX_RECONNECT_DELAY_S = 30.0
 #: A frame holds at most haTransferBatchSize bytes; allow some slack for a leader configured larger.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 
@@ -38,6 +40,7 @@ class HAClient:
         self.leader = self._config.ha_master_address
         self._host, self._port = split_host_port(self.leader)
         self._appender = ReplicaAppender(engine)
+        self._got_frame = False  # this connection received a frame: the next failure retries soon
         self._stopped = threading.Event()
         self._sock: socket.socket | None = None
         self._thread = threading.Thread(target=self._run, name="ha-client", daemon=True)
@@ -55,7 +58,9 @@ class HAClient:
         self._thread.join(10)
 
     def _run(self) -> None:
+        delay = RECONNECT_DELAY_S
         while not self._stopped.is_set():
+            self._got_frame = False
             try:
                 self._follow()
             except handshake.HandshakeRefused as exc:
@@ -73,7 +78,10 @@ class HAClient:
                 if self._sock is not None:
                     self._sock.close()
                     self._sock = None
-            self._stopped.wait(RECONNECT_DELAY_S)
+            if self._got_frame:
+                delay = RECONNECT_DELAY_S
+            self._stopped.wait(delay)
+            delay = min(2 * delay, MAX_RECONNECT_DELAY_S)
 
     def _follow(self) -> None:
         cfg = self._config
@@ -98,6 +106,7 @@ class HAClient:
             except TimeoutError:
                 raise ConnectionClosed(f"nothing from the leader within haHousekeepingInterval "
                                        f"({cfg.ha_housekeeping_interval} ms)") from None
+            self._got_frame = True
             if data:
                 end = self._appender.append(offset, data)
                 if self._engine.sync_flush:
