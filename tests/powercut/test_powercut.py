@@ -72,6 +72,7 @@ def test_the_file_system_keeps_only_what_was_made_durable(fs: PowerCutMount) -> 
     assert sorted(p.name for p in backing.iterdir()) == ["durable", "mapped"]
 
 
+@pytest.mark.timeout(900)  # about 70 s on a busy two-core machine; more when the suite runs in parallel
 def test_acknowledged_appends_survive_power_cuts_under_sync_flush(tmp_path: Path) -> None:
     result = run_campaign(tmp_path / "campaign", CUTS, seed=24)
     print(f"power-cut campaign: {result.summary()}")

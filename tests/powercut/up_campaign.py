@@ -72,12 +72,21 @@ def _missing(up: UpProcess, sent: list[Sent]) -> list[str]:
     lost = []
     for s in sent:
         def pull(s: Sent = s) -> bytes | None:
-            got = up.stub.Pull(query_pb2.PullMessageRequest(topic=TOPIC, queue_id=s.queue_id,
-                                                            queue_offset=s.queue_offset, max_messages=1), timeout=10)
+            try:
+                got = up.stub.Pull(query_pb2.PullMessageRequest(topic=TOPIC, queue_id=s.queue_id,
+                                                                queue_offset=s.queue_offset, max_messages=1),
+                                   timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.DATA_LOSS:  # the queue's unit points at another record
+                    return f"DATA_LOSS: {exc.details()}".encode()
+                raise
             return got.messages[0].body if got.messages else None
 
-        if _retry(pull) != s.body:
-            lost.append(f"pull of queue {s.queue_id} offset {s.queue_offset}")
+        pulled = _retry(pull)
+        if pulled != s.body:
+            why = pulled.decode(errors="replace")[:200] if isinstance(pulled, bytes) and pulled.startswith(b"DATA_") \
+                else "another body or none"
+            lost.append(f"pull of queue {s.queue_id} offset {s.queue_offset}: {why}")
             continue
         for key, kind in ((s.offset_msg_id, "offset msg id"), (s.uniq_key, "UNIQ_KEY")):
             try:
@@ -89,19 +98,20 @@ def _missing(up: UpProcess, sent: list[Sent]) -> list[str]:
     return lost
 
 
-def run(base: Path, cuts: int, seed: int) -> tuple[int, list[str], float]:
+def run(base: Path, cuts: int, seed: int, flush: str = "SYNC_FLUSH") -> tuple[int, list[str], float]:
     """(acknowledged, what was lost, seconds)."""
     started = time.monotonic()
     rng = random.Random(seed)
     fs = PowerCutMount(base, seed=seed)
     fs.start()
     store = fs.mount / "store"
+    env = {**ENV, "MQSTORE_FLUSH_DISK_TYPE": flush}
     everything: list[Sent] = []
     previous: list[Sent] = []
     lost: list[str] = []
     try:
         for cycle in range(cuts):
-            up = start_up(store, ENV, timeout_s=180)
+            up = start_up(store, env, timeout_s=180)
             lost += _missing(up, previous)
             stop = threading.Event()
             per_producer: list[list[Sent]] = [[] for _ in range(PRODUCERS)]
@@ -118,7 +128,7 @@ def run(base: Path, cuts: int, seed: int) -> tuple[int, list[str], float]:
             everything += previous
             print(f"cut {cycle + 1}: {len(previous)} acknowledged, {len(lost)} lost so far", flush=True)
             fs.start()
-        up = start_up(store, ENV, timeout_s=180)
+        up = start_up(store, env, timeout_s=180)
         try:
             lost += [x for x in _missing(up, everything) if x not in lost]
             owners: dict[tuple[int, int], bytes] = {}
@@ -137,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cuts", type=int, default=20)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--flush", choices=("SYNC_FLUSH", "ASYNC_FLUSH"), default="SYNC_FLUSH")
     parser.add_argument("--dir", type=Path, default=Path(".bench-tmp/powercut-up"))
     args = parser.parse_args(argv)
     shutil.rmtree(args.dir, ignore_errors=True)
-    acked, lost, seconds = run(args.dir, args.cuts, args.seed)
-    print(f"mqstore up power-cut campaign (seed {args.seed}): {args.cuts} cuts, {acked} acknowledged sends, "
-          f"{len(lost)} lost, {seconds:.0f}s")
+    acked, lost, seconds = run(args.dir, args.cuts, args.seed, args.flush)
+    print(f"mqstore up power-cut campaign ({args.flush}, seed {args.seed}): {args.cuts} cuts, {acked} acknowledged "
+          f"sends, {len(lost)} lost, {seconds:.0f}s")
     for line in lost[:20]:
         print("  LOST", line)
     return 1 if lost else 0
