@@ -1,4 +1,4 @@
-"""MappedFile details not covered through the CommitLog: prefaulting and name rules."""
+"""MappedFile details not covered through the CommitLog: prefaulting, name rules, sparse files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from mqstore.services.commitlog.commit_log import CommitLog
+from mqstore.services.store.config import ConfigError, load_config
 from mqstore.services.store.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
+from mqstore.services.store.message import Message
 
 
 def test_prefault_keeps_content_and_stops_on_request(tmp_path: Path) -> None:
@@ -60,3 +63,50 @@ def test_zero_from_keeps_the_file_size_for_readers_in_other_processes(tmp_path: 
         assert mapped.path.read_bytes()[8195:] == bytes(size - 8195)
     finally:
         mapped.destroy()
+
+
+# -- sparse files: blocks reserved ahead of the writer ------------------------------------------------
+MIB = 1024 * 1024
+
+
+def allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_a_sparse_file_reserves_blocks_a_step_ahead_of_its_writes(tmp_path: Path) -> None:
+    mapped = MappedFile(tmp_path / file_name(0), 64 * MIB, reserve_step=MIB)
+    try:
+        assert mapped.path.stat().st_size == 64 * MIB
+        assert allocated(mapped.path) == MIB == mapped.reserved_position, "the first step, at creation"
+        data = bytes(range(256)) * (6 * 1024)  # 1.5 MiB
+        mapped.append(data)
+        assert mapped.reserved_position == 2 * MIB + MIB // 2
+        assert allocated(mapped.path) <= 2 * MIB + MIB // 2 + 64 * 1024
+        mapped.reserve(mapped.wrote_position + MIB)  # within the reservation: nothing more
+        assert mapped.reserved_position == 2 * MIB + MIB // 2
+        assert mapped.read(0, len(data)) == data and mapped.buffer[len(data):3 * MIB] == bytes(3 * MIB - len(data))
+    finally:
+        mapped.close()
+    whole = MappedFile(tmp_path / file_name(64 * MIB), 8 * MIB)
+    try:
+        assert allocated(whole.path) >= 8 * MIB, "reserve_step 0: allocated whole at creation"
+    finally:
+        whole.close()
+
+
+def test_the_commitlog_reserves_ahead_in_steps_not_its_whole_file(tmp_path: Path) -> None:
+    config = load_config(environ={"MQSTORE_RESERVE_AHEAD_COMMIT_LOG": str(MIB)},
+                         mapped_file_size_commit_log=64 * MIB, prefault_mapped_file=False)
+    log = CommitLog(config, tmp_path / "store")
+    log.start()
+    try:
+        log.put_message(Message("Steps", 0, b"s"))
+        first = tmp_path / "store" / "commitlog" / file_name(0)
+        assert allocated(first) <= MIB + 64 * 1024, allocated(first)
+        for _ in range(9):
+            log.put_messages([Message("Steps", 0, b"s" * 50_000)] * 10)  # 0.5 MiB
+        assert log.max_offset > 4 * MIB and allocated(first) <= log.max_offset + MIB + 64 * 1024, allocated(first)
+    finally:
+        log.shutdown()
+    with pytest.raises(ConfigError, match="reserveAheadCommitLog"):
+        load_config(environ={}, reserve_ahead_commit_log=-1).validate()
