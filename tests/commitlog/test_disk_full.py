@@ -419,3 +419,34 @@ def test_index_entries_the_disk_has_no_blocks_for_are_refused_not_a_sigbus(disk:
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "refused: disk full: indexing " in done.stdout, done.stdout
     assert " bytes of index files) failed" in done.stdout, done.stdout
+
+
+CONSUME_QUEUES_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+from mqstore.services.store.consume_queue import ConsumeQueue
+from mqstore.services.store.errors import DiskFullError
+queues = [ConsumeQueue(Path(sys.argv[1]), "T", q) for q in range(64)]
+offset = 0
+try:
+    for cq in range(0, 2000, 100):  # 100 units (2000 bytes) a queue at a time: a new page every other time
+        for queue in queues:
+            units = [(offset + i * 100, 100, 0, cq + i) for i in range(100)]
+            offset += 100 * 100
+            queue.put_batch(units)
+except DiskFullError as exc:
+    print("refused:", exc)
+for queue in queues:
+    last = queue.mapped_file_queue.last_file()
+    assert last is None or last.read_position <= last.reserved_position, (last, last.reserved_position)
+"""
+
+
+def test_consumequeue_pages_the_disk_has_no_blocks_for_are_refused_not_a_sigbus(disk: Path) -> None:
+    """ConsumeQueue files are sparse and written through their mapping: writing a hole on a full disk
+    is a SIGBUS that kills the indexer, unless the page is reserved before it is written."""
+    fill(disk / "ballast", leave_bytes=256 * 1024)  # the first pages of the 64 queues, not many more
+    done = subprocess.run([sys.executable, "-c", CONSUME_QUEUES_ON_A_FULL_DISK, str(disk / "consumequeue")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "refused: disk full: reserving space in " in done.stdout, done.stdout
