@@ -114,6 +114,12 @@ soak-scheduler: $(GENERATED)
 soak-ha: $(GENERATED)
 	SOAK_HA_MINUTES=$${SOAK_MINUTES:-10} $(PY) -m pytest tests/commitlog/test_replication_soak.py -q -s
 
+# The stats report's charts in docs/pipeline.md (docs/images/stats/), drawn from the tests' chart store
+# (tests/pipeline/chart_store.py) by tools/stats_charts.py. Needs Java, as the pipeline's tests do.
+.PHONY: docs-charts
+docs-charts: $(GENERATED) java
+	$(PY) tools/stats_charts.py
+
 lint: $(GENERATED)
 	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
 	$(VENV)/bin/mypy -p mqstore.services -p mqstore.gateway -p mqstore.pipeline -p mqstore.client

@@ -75,6 +75,11 @@ def _minute_series(per_minute: pd.DataFrame, topic: str, column: str) -> pd.Seri
     return rows.reindex(minutes).astype("float64")
 
 
+def _legend(ax: Axes, fontsize: int = 8) -> None:
+    """Beside the plot, never over it: a legend inside may hide the very gap or spike to be seen."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def _time_axis(ax: Axes) -> None:
     import matplotlib.dates as mdates
 
@@ -97,7 +102,7 @@ def _line_chart(per_minute: pd.DataFrame, column: str, title: str, ylabel: str, 
     ax.set_title(f"{title} ({_topics_note(per_minute, topics, column)})")
     ax.set_ylabel(ylabel)
     ax.set_xlabel("store time (UTC, per minute)")
-    ax.legend(fontsize=8, loc="best")
+    _legend(ax)
     fig.autofmt_xdate()
     return _save(fig, path)
 
@@ -125,7 +130,7 @@ def _latency_chart(per_minute: pd.DataFrame, summary: pd.DataFrame | None, path:
     ax.set_title(title)
     ax.set_ylabel("latency (ms)")
     ax.set_xlabel("store time (UTC, per minute)")
-    ax.legend(fontsize=7, loc="best", ncol=2)
+    _legend(ax, fontsize=7)
     fig.autofmt_xdate()
     return _save(fig, path)
 
@@ -143,7 +148,7 @@ def _histogram_chart(histogram: pd.DataFrame, topics: list[str], note: str, path
     ax.set_xlabel("size from (bytes, power-of-two buckets)")
     ax.set_ylabel("messages")
     ax.set_yscale("log")
-    ax.legend(fontsize=8)
+    _legend(ax)
     return _save(fig, path)
 
 
