@@ -304,6 +304,12 @@ class IndexerStore:
             self.consume_queues.flush_all(least_pages)
         with self._lock:
             snapshot, rewinds = self._dispatch_snapshot(), self._rewinds
+        if snapshot != self.dispatch_checkpoint:
+            # Every unit below the snapshot's reput offset durable before it is saved, whatever the least
+            # pages: a restart checks only the largest ConsumeQueue end, so a quiet queue whose units a
+            # power cut took would be resumed past them.
+            with self._flush_lock:
+                self.consume_queues.flush_all(0)
         index_stamp = self.index.flush() if self.index is not None else 0
         if snapshot != self.dispatch_checkpoint:
             with self._save_lock:

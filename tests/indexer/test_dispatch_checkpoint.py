@@ -237,3 +237,24 @@ def test_checkpoint_file_round_trip_and_errors(tmp_path: Path) -> None:
     assert DispatchCheckpointFile(tmp_path / "none.json").load() is None
     os.makedirs(tmp_path / "dir.json")
     assert DispatchCheckpointFile(tmp_path / "dir.json").load() is None
+
+
+def test_a_saved_dispatch_checkpoint_covers_only_flushed_consume_queue_units(tmp_path: Path) -> None:
+    """A flush round that saves a dispatch checkpoint first makes every ConsumeQueue unit below its reput
+    offset durable, even in a queue with fewer dirty pages than flushConsumeQueueLeastPages: the restart
+    checks only the largest ConsumeQueue end, so a power cut that took one quiet queue's units (while a
+    busy one kept its own) resumed dispatch past them and that queue was rewritten from its file's start
+    (pulls of it answered DATA_LOSS; found by tests/powercut/up_campaign.py)."""
+    store = IndexerStore(config(), tmp_path)
+    store.start()
+    try:
+        dispatch(store, workload()[:40])  # four queues of about ten units: far below two pages each
+        store.flush(2)  # a FlushConsumeQueueService round (flushConsumeQueueLeastPages = 2)
+        assert store.dispatch_checkpoint is not None
+        for queue in store.consume_queues.queues():
+            files = queue.mapped_file_queue
+            assert files.flushed_where == files.max_offset, \
+                f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below the saved dispatch " \
+                f"checkpoint, flushed only to {files.flushed_where}"
+    finally:
+        store.shutdown()
