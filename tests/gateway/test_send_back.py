@@ -67,8 +67,9 @@ def test_an_explicit_level_and_the_chain_to_the_dead_letter_queue(up: UpProcess)
     props = dict(stored.properties)
     assert props["RETRY_TOPIC"] == "SendBackChain" and props["ORIGIN_MESSAGE_ID"] == sent.offset_msg_id
     assert "DELAY" not in props and stored.reconsume_times == 2
+    # The dead letter is readable once the indexer has dispatched it: long-poll for it.
     pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=f"%DLQ%{GROUP}", queue_id=0, queue_offset=0,
-                                                       max_messages=32), timeout=10)
+                                                       max_messages=32, long_poll_ms=10_000), timeout=20)
     assert sent.msg_id in [m.uniq_key for m in pulled.messages]
 
 
