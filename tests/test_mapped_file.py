@@ -108,5 +108,12 @@ def test_the_commitlog_reserves_ahead_in_steps_not_its_whole_file(tmp_path: Path
         assert log.max_offset > 4 * MIB and allocated(first) <= log.max_offset + MIB + 64 * 1024, allocated(first)
     finally:
         log.shutdown()
+    log = CommitLog(config, tmp_path / "store")  # a restart goes on in steps from where the log ends
+    log.start()
+    try:
+        log.put_message(Message("Steps", 0, b"s"))
+        assert allocated(first) <= log.max_offset + MIB + 64 * 1024, allocated(first)
+    finally:
+        log.shutdown()
     with pytest.raises(ConfigError, match="reserveAheadCommitLog"):
         load_config(environ={}, reserve_ahead_commit_log=-1).validate()

@@ -82,7 +82,7 @@ class MappedFileQueue:
                 continue
             if files and offset != files[-1].file_tail_offset:
                 raise ValueError(f"{path} does not follow {files[-1].path.name}: a file is missing")
-            mapped = MappedFile(path, self.mapped_file_size, create=False)
+            mapped = MappedFile(path, self.mapped_file_size, create=False, reserve_step=self.reserve_step)
             mapped.set_positions(self.mapped_file_size)
             files.append(mapped)
         self._files = files
