@@ -9,14 +9,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from matplotlib.figure import Figure
 from pyspark.sql import SparkSession
 
 from mqstore.pipeline import report
+from mqstore.pipeline.records import record_facts, record_facts_per_record
+from mqstore.pipeline.scan import ScanSummary
+from mqstore.pipeline.split_reader import plan_splits
 from mqstore.pipeline.stats import stats
-from tests.pipeline.chart_store import MINUTES, PRODUCER_HOSTS, QUIET, TOPICS, ChartStore, write_chart_store
+from mqstore.services.store.commitlog_files import list_commitlog_files
+from tests.pipeline.chart_store import (
+    FILE_SIZE,
+    MINUTES,
+    PRODUCER_HOSTS,
+    QUIET,
+    TOPICS,
+    ChartStore,
+    write_chart_store,
+)
 
 APPLICATION_TOPICS = set(TOPICS)
 
@@ -92,3 +106,15 @@ def test_top_producers_are_hosts_without_the_store(chart_run: ChartRun) -> None:
     fig = chart_run.figures["top_producers.png"]
     fig.canvas.draw()
     assert {t.get_text() for t in fig.axes[0].get_yticklabels()} == set(PRODUCER_HOSTS)
+
+
+def test_both_decoders_tell_delayed_and_store_born_records_alike(chart_run: ChartRun) -> None:
+    """The columnar facts (a property lookup) and the per-record ones (decoded properties) agree."""
+    commitlog = chart_run.store.root / "commitlog"
+    splits = plan_splits(commitlog, FILE_SIZE, files=list_commitlog_files(commitlog, FILE_SIZE))
+    columnar = pa.Table.from_batches([record_facts(split, ScanSummary()) for split in splits])
+    reference = pa.Table.from_batches([record_facts_per_record(split, ScanSummary()) for split in splits])
+    for name in ("delayed", "store_born"):
+        assert columnar[name].combine_chunks().equals(reference[name].combine_chunks()), name
+    assert pc.sum(columnar["delayed"]).as_py() == chart_run.store.delayed
+    assert pc.sum(columnar["store_born"]).as_py() == chart_run.store.store_born
