@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,6 +23,7 @@ from mqstore.apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.services.store.record import largest_body_always_stored
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, groups_pb2, query_pb2
 from tests.gateway.system_process import UpProcess
+from tests.rocketmq5.test_official_python_client import official
 from tests.rocketmq5.topics import create_topic
 
 Code = d.Code
@@ -322,7 +324,8 @@ def test_a_producer_starts_on_a_topic_that_does_not_exist_yet(up: UpProcess,
     assert bad.status.code != Code.OK
 
 
-def test_a_v1_sharding_key_is_a_v2_message_group(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub) -> None:
+def test_a_v1_sharding_key_is_a_v2_message_group(up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub,
+                                                 tmp_path: Path) -> None:
     """mqstore's own producer with a sharding key (one message at a time, and a batch): a v2 consumer sees
     the key as the messages' message group, FIFO, and gets them one at a time in send order."""
     from mqstore.client import Producer
@@ -343,3 +346,7 @@ def test_a_v1_sharding_key_is_a_v2_message_group(up: UpProcess, v2: service_pb2_
             seen.append(m.body)
             assert ack(v2, "rmq5-sharded", "g-sharded", m.system_properties.receipt_handle).status.code == Code.OK
     assert seen == [f"single {i}".encode() for i in range(5)] + [f"batched {i}".encode() for i in range(5)]
+    # The official client's SimpleConsumer (another group) sees the same order.
+    fifo = official("consume_fifo", up.gateway, tmp_path, topic="rmq5-sharded", group="g-sharded-official",
+                    expect=10, wait_s=60)
+    assert fifo["order"] == [b.decode() for b in seen]
