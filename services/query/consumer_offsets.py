@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from pathlib import Path
 
+from mqstore.services.query.state_file import StateFile
 from mqstore.services.store.consumer_offsets_file import (
     FILE_NAME,
     TOPIC_GROUP_SEPARATOR,
@@ -22,7 +22,6 @@ from mqstore.services.store.consumer_offsets_file import (
     parse_offset_table,
 )
 from mqstore.services.store.errors import ResourceExhaustedError
-from mqstore.services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -33,24 +32,16 @@ class OffsetFileError(RuntimeError):
     """Neither the offsets file nor its backup can be read: starting empty would rewind every group."""
 
 
-class ConsumerOffsetTable:
+class ConsumerOffsetTable(StateFile[OffsetTable]):
     def __init__(self, config_dir: Path, max_entries: int = MAX_ENTRIES) -> None:
-        self.path = config_dir / FILE_NAME
+        super().__init__(config_dir / FILE_NAME)
         self._max_entries = max_entries
         self._table: OffsetTable = {}
         self._entries = 0
-        self._version = 0
-        self._persisted_version = 0
-        # The periodic writer may still be in its thread when the stop path writes: one write at a time.
-        self._write_lock = threading.Lock()
 
     @property
     def entries(self) -> int:
         return self._entries
-
-    @property
-    def dirty(self) -> bool:
-        return self._version != self._persisted_version
 
     def load(self) -> None:
         """The file, else its ``.bak`` (a crash during the backup's own rename), else nothing yet."""
@@ -80,31 +71,19 @@ class ConsumerOffsetTable:
             queues = self._table.setdefault(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {})
             self._entries += 1
         queues[queue_id] = offset
-        self._version += 1
+        self.changed()
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         queues = self._table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}")
         return None if queues is None else queues.get(queue_id)
 
-    def snapshot(self) -> tuple[int, OffsetTable]:
-        """(version, copy of the table): a copy is cheap on the event loop, encoding it is not."""
-        return self._version, {key: dict(queues) for key, queues in self._table.items()}
+    def _copy(self) -> OffsetTable:
+        return {key: dict(queues) for key, queues in self._table.items()}
 
-    def write(self, snapshot: tuple[int, OffsetTable]) -> None:
-        """Encode and write a snapshot (blocking: fsyncs); meant for a worker thread."""
-        version, table = snapshot
+    def _encode(self, snapshot: OffsetTable) -> bytes:
         document = {"offsetTable": {key: {str(q): o for q, o in sorted(queues.items())}
-                                    for key, queues in sorted(table.items())}}
-        data = json.dumps(document, indent=1).encode()
-        with self._write_lock:
-            write_atomically(self.path, data, keep_backup=True)
-            self._persisted_version = max(self._persisted_version, version)
-
-    def persist(self) -> None:
-        """Write the table now if it changed (the stop path: no loop, no thread)."""
-        if self.dirty:
-            self.write(self.snapshot())
-
+                                    for key, queues in sorted(snapshot.items())}}
+        return json.dumps(document, indent=1).encode()
 
     def groups(self) -> list[str]:
         """Every group with a committed offset."""

@@ -19,13 +19,13 @@ import asyncio
 import dataclasses
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from mqstore.services.query.state_file import StateFile
 from mqstore.services.store.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
-from mqstore.services.store.store_root import read_with_backup, write_atomically
+from mqstore.services.store.store_root import read_with_backup
 
 log = logging.getLogger(__name__)
 
@@ -75,21 +75,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class PopCheckpointTable:
+class PopCheckpointTable(StateFile[dict[str, Any]]):
     def __init__(self, config_dir: Path) -> None:
-        self.path = config_dir / FILE_NAME
+        super().__init__(config_dir / FILE_NAME)
         self.queues: dict[Key, PopQueue] = {}
         self._last_version = 0
-        self._version = 0
-        self._persisted_version = 0
-        self._write_lock = threading.Lock()
-
-    @property
-    def dirty(self) -> bool:
-        return self._version != self._persisted_version
-
-    def changed(self) -> None:
-        self._version += 1
 
     def new_version(self) -> int:
         """A hand-out's version: microseconds since the epoch, strictly increasing, so a version is not
@@ -106,28 +96,18 @@ class PopCheckpointTable:
         log.info("loaded the pop state of %d queues (%d messages in flight) from %s", len(self.queues),
                  sum(len(q.inflight) for q in self.queues.values()), self.path)
 
-    def snapshot(self) -> tuple[int, dict[str, Any]]:
-        """(version, the document): built on the event loop (cheap), encoded in a thread."""
+    def _copy(self) -> dict[str, Any]:
+        """The document: built on the event loop (cheap), encoded in a thread."""
         document: dict[str, Any] = {"lastVersion": self._last_version, "queues": {}}
         for (group, topic, queue_id), q in self.queues.items():
             entry = {"popOffset": q.pop_offset, "committed": q.committed,
                      "inflight": {str(o): [d.visible_at_ms, d.attempts, d.version, d.group_key]
                                   for o, d in sorted(q.inflight.items())}}
             document["queues"].setdefault(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {})[str(queue_id)] = entry
-        return self._version, document
+        return document
 
-    def write(self, snapshot: tuple[int, dict[str, Any]]) -> None:
-        """Blocking (fsyncs): meant for a worker thread."""
-        version, document = snapshot
-        data = json.dumps(document, separators=(",", ":")).encode()
-        with self._write_lock:
-            write_atomically(self.path, data, keep_backup=True)
-            self._persisted_version = max(self._persisted_version, version)
-
-    def persist(self) -> None:
-        """Write now if changed (the stop path)."""
-        if self.dirty:
-            self.write(self.snapshot())
+    def _encode(self, snapshot: dict[str, Any]) -> bytes:
+        return json.dumps(snapshot, separators=(",", ":")).encode()
 
 
 def _parse(data: bytes) -> tuple[dict[Key, PopQueue], int]:
