@@ -77,12 +77,15 @@ class RouteTable:
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
 
-    async def route(self, topic: str) -> TopicRoute | None:
+    async def route(self, topic: str, fresh_on_miss: bool = False) -> TopicRoute | None:
+        """The topic's route, or None when no shard has it. ``fresh_on_miss``: a miss asks the shards
+        even within ``miss_refresh_s`` (a send that would otherwise create the topic on a provisional
+        route: another gateway process may have created it a moment ago, with other queue counts)."""
         route = self._routes.get(topic)
         now = time.monotonic()
         if route is not None and now - self._loaded_at < self._refresh_s:
             return route
-        if route is None and now - self._loaded_at < self._miss_refresh_s:
+        if route is None and now - self._loaded_at < self._miss_refresh_s and not fresh_on_miss:
             return None
         await self.refresh()
         return self._routes.get(topic)

@@ -170,7 +170,7 @@ class MessagingServicer:
         creates nothing. :meth:`_created` then adds it to the other shards. Nothing is remembered per
         topic: the route says it is provisional (a set of such topics grew with every name a refused
         send used, issue 17)."""
-        route = await self.routes.route(topic)
+        route = await self.routes.route(topic, fresh_on_miss=True)
         if route is not None:
             return route
         if not self.settings.auto_create_topic:
