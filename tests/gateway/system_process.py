@@ -91,10 +91,11 @@ class UpProcess:
 
 
 @contextlib.contextmanager
-def running_up(store: Path, extra_args: list[str] | None = None) -> Iterator[UpProcess]:
-    """A system for a fixture: started, yielded, then stopped like a Ctrl-C, which must be clean
-    (exit code 0, no abort file)."""
-    started = start_up(store, extra_args=extra_args)
+def running_up(store: Path, env_overrides: Mapping[str, str] | None = None,
+               extra_args: list[str] | None = None) -> Iterator[UpProcess]:
+    """A system for a fixture: started (with ``env_overrides`` settings), yielded, then stopped like a
+    Ctrl-C, which must be clean (exit code 0, no abort file)."""
+    started = start_up(store, env_overrides, extra_args=extra_args)
     try:
         yield started
         code = started.stop()

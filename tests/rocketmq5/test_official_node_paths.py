@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from mqstore.v1 import query_pb2
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 from tests.rocketmq5.test_official_node_client import node_client  # noqa: F401 - the npm ci fixture
 from tests.rocketmq5.topics import create_topic, stored
 
@@ -29,12 +29,8 @@ ENV = {"MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS": str(ATTEMPTS), "MQSTORE_TRANSACTION
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    started = start_up(tmp_path_factory.mktemp("up") / "store", ENV)
-    try:
+    with running_up(tmp_path_factory.mktemp("up") / "store", ENV) as started:
         yield started
-        assert started.stop() == 0, started.logs()[-5000:]
-    finally:
-        started.kill_all()
 
 
 def _node(script: str, node_dir: Path, tmp_path: Path, *args: str, timeout: float = 120) -> dict[str, Any]:

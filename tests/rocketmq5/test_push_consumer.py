@@ -14,7 +14,7 @@ from mqstore.apache.rocketmq.v2 import definition_pb2 as d
 from mqstore.apache.rocketmq.v2 import service_pb2 as s
 from mqstore.apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.v1 import query_pb2
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 from tests.rocketmq5.test_official_python_client import official
 from tests.rocketmq5.topics import create_topic
 
@@ -23,12 +23,9 @@ ATTEMPTS = 2
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    started = start_up(tmp_path_factory.mktemp("up") / "store", {"MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS": str(ATTEMPTS)})
-    try:
+    settings = {"MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS": str(ATTEMPTS)}
+    with running_up(tmp_path_factory.mktemp("up") / "store", settings) as started:
         yield started
-        assert started.stop() == 0, started.logs()[-5000:]
-    finally:
-        started.kill_all()
 
 
 def test_push_consumer_retries_then_dead_letters(up: UpProcess, tmp_path: Path) -> None:

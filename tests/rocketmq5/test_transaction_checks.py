@@ -19,7 +19,7 @@ from mqstore.apache.rocketmq.v2 import service_pb2 as s
 from mqstore.apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, query_pb2_grpc
-from tests.gateway.system_process import UpProcess, start_up
+from tests.gateway.system_process import UpProcess, running_up
 from tests.rocketmq5.test_official_python_client import official
 from tests.rocketmq5.test_protocol import endpoints
 from tests.rocketmq5.topics import create_topic, stored
@@ -29,12 +29,8 @@ ENV = {"MQSTORE_TRANSACTION_TIMEOUT_MS": "1000", "MQSTORE_TRANSACTION_CHECK_INTE
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    started = start_up(tmp_path_factory.mktemp("up") / "store", ENV)
-    try:
+    with running_up(tmp_path_factory.mktemp("up") / "store", ENV) as started:
         yield started
-        assert started.stop() == 0, started.logs()[-5000:]
-    finally:
-        started.kill_all()
 
 
 def test_the_checker_commits_an_orphaned_half(up: UpProcess, tmp_path: Path) -> None:
