@@ -6,6 +6,9 @@ INSTALLED := $(VENV)/.installed
 PROTOS := $(sort $(wildcard proto/mqstore/v1/*.proto))
 # RocketMQ 5's gRPC protocol, vendored from apache/rocketmq-apis (docs/rocketmq5.md).
 RMQ5_PROTOS := $(sort $(wildcard proto/apache/rocketmq/v2/*.proto))
+# etcd's v3 gRPC API (KV, Lease), vendored from etcd-io/etcd (proto/etcd/LICENSE): replica leadership
+# (docs/replication.md). Generated as the top-level package etcd.api.*.
+ETCD_PROTOS := $(sort $(wildcard proto/etcd/api/*/*.proto))
 GENERATED := gen/.generated
 # mqstore.<name> = top-level folder (the links under gen/mqstore/ that make one import namespace).
 NAMESPACE_LINKS := services=services gateway=gateway pipeline=pipeline bench=bench client=mqstore_client
@@ -22,9 +25,9 @@ $(INSTALLED): requirements.lock
 	touch $@
 
 # Generated code is never edited by hand: it is rebuilt from proto/ whenever a .proto changes.
-$(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) pyproject.toml
+$(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) $(ETCD_PROTOS) pyproject.toml
 	rm -rf gen && mkdir -p gen
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS) $(RMQ5_PROTOS)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS) $(RMQ5_PROTOS) $(ETCD_PROTOS)
 	touch gen/mqstore/v1/__init__.py
 	# RocketMQ 5's generated code joins the one import namespace as mqstore.apache.rocketmq.v2 (its protobuf
 	# and gRPC names stay apache.rocketmq.v2: those are wire names, not Python ones).
@@ -47,8 +50,15 @@ proto:
 run: $(GENERATED)
 	$(VENV)/bin/mqstore up --store $(STORE)
 
-test: $(GENERATED) java node-deps powercut-deps promtool
+test: $(GENERATED) java node-deps powercut-deps promtool etcd
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Replica leadership (services/commitlog/ha/, docs/replication.md) keeps its leases, epochs and in-sync
+# sets in etcd; the tests start Debian's etcd-server on dynamic ports.
+.PHONY: etcd
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq etcd-server >/dev/null; }
 
 # The Spark pipeline's tests need a Java 17 runtime; a fresh machine (CI) gets Debian's.
 java:
