@@ -16,36 +16,37 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.commitlog import metrics
-from mqstore.services.commitlog.clean_commitlog import CommitLogCleaner
-from mqstore.services.commitlog.disk_guard import DiskGuard
-from mqstore.services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
-from mqstore.services.commitlog.indexer_headroom import IndexerHeadroom
-from mqstore.services.commitlog.message_encoder import EncodedMessage, MessageEncoder
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from mqstore.services.commitlog.queue_offsets import (
+from services.commitlog import metrics
+from services.commitlog.clean_commitlog import CommitLogCleaner
+from services.commitlog.disk_guard import DiskGuard
+from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
+from services.commitlog.indexer_headroom import IndexerHeadroom
+from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
+from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from services.commitlog.recovery import (
+    MissingLogError,
+    RecoveryResult,
+    consumed_beyond,
+    find_flush_loss,
+    find_missing_log,
+    read_dispatch_witness,
+    read_dispatched_end,
+    recover_abnormally,
+    recover_normally,
+)
+from services.commitlog.topic_config import TopicConfigManager
+from services.commitlog.topic_discovery import discover_queue_nums
+from services.commitlog.topic_queue_table import (
     QueueKey,
     QueueOffsetSnapshot,
     QueueOffsetStore,
     advances_queue,
     replay_queue_offsets,
 )
-from mqstore.services.commitlog.recovery import (
-    MissingLogError,
-    RecoveryResult,
-    find_missing_log,
-    read_dispatched_end,
-    recover_abnormally,
-    recover_normally,
-)
-from mqstore.services.commitlog.topic_config import TopicConfigManager
-from mqstore.services.commitlog.topic_discovery import discover_queue_nums
-from mqstore.services.server import tracing
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.config import SYNC_FLUSH, MessageStoreConfig
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, starts_page
-from mqstore.services.store.disk_space import is_disk_full
-from mqstore.services.store.errors import (
+from services.server import tracing
+from services.store.config import SYNC_FLUSH, MessageStoreConfig
+from services.store.disk_space import is_disk_full
+from services.store.errors import (
     DataLossError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -55,13 +56,15 @@ from mqstore.services.store.errors import (
     StoreError,
     UnavailableError,
 )
-from mqstore.services.store.index_file import index_file_size
-from mqstore.services.store.mapped_file import MappedFile
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.message import SCHEDULE_TOPIC, Message, parse_delay_levels
-from mqstore.services.store.names import check_topic_name
-from mqstore.services.store.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
-from mqstore.services.store.record import (
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, starts_page
+from services.store.formats.consumer_offsets_file import offsets_file_candidates, read_offset_table
+from services.store.formats.index_file import index_file_size
+from services.store.formats.mapped_file import MappedFile
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.message import SCHEDULE_TOPIC, Message, parse_delay_levels
+from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -72,13 +75,14 @@ from mqstore.services.store.record import (
     decode_record,
     encode_blank,
 )
-from mqstore.services.store.service_thread import ServiceThread
-from mqstore.services.store.store_layout import INDEXER_DIR
-from mqstore.services.store.store_root import AbortFile, StoreLock
-from mqstore.services.store.timer_message import TIMER_TOPIC
-from mqstore.services.store.topics import PERM_WRITE, TopicConfig
-from mqstore.services.store.transactions import TRANSACTION_TOPICS
-from mqstore.services.store.transient_store_pool import TransientStorePool
+from services.store.formats.store_layout import INDEXER_DIR
+from services.store.formats.transient_store_pool import TransientStorePool
+from services.store.rules.names import check_topic_name
+from services.store.rules.timer_message import TIMER_TOPIC
+from services.store.rules.topics import PERM_WRITE, TopicConfig
+from services.store.rules.transaction_records import TRANSACTION_TOPICS
+from services.store.service_thread import ServiceThread
+from services.store.store_root import AbortFile, StoreLock
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ class TailChunk:
     when they reach a BLANK); a BLANK skip (no records, ``next_offset`` is the next file's start:
     ``start_offset`` is a BLANK end of file, or a file BLANK from its first byte); a quarantine skip
     (no records, ``start_offset`` inside a quarantined range, ``next_offset`` its end: see
-    ``services/store/quarantine.py``); the end of the log (no records, ``next_offset == start_offset``).
+    ``services/store/formats/quarantine.py``); the end of the log (no records, ``next_offset == start_offset``).
     Records chunks stop at a quarantined range's start."""
 
     start_offset: int
@@ -225,6 +229,8 @@ class CommitLog:
         self.recovered_offset = end
         self.topics.load()
         self._restore_queue_table(end, snapshot)
+        if not self.last_exit_ok and not self.sync_flush:
+            self._report_flush_loss()
         if accepted_loss:  # the evidence now describes the log as it is: the next start finds nothing missing
             self._save_queue_offsets(self.queue_offset_snapshot())
         self._discover_topics()
@@ -264,6 +270,21 @@ class CommitLog:
         self._checkpoint.physic_msg_timestamp = self.recovery.last_timestamp
         self._checkpoint.flush()
         return True
+
+    def _report_flush_loss(self) -> None:
+        """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: a WARNING and gauges say what
+        every durable witness shows of it (the checkpoint, the dispatch checkpoint, consumer offsets)."""
+        assert self._checkpoint is not None
+        try:
+            offsets = read_offset_table(offsets_file_candidates(self.root)[0])
+        except (FileNotFoundError, ValueError):
+            offsets = {}
+        loss = find_flush_loss(self.recovery, self._checkpoint.physic_msg_timestamp,
+                               read_dispatch_witness(self.root / INDEXER_DIR / "config" / "dispatch_checkpoint.json"),
+                               consumed_beyond(offsets, self.queue_table))
+        metrics.observe_flush_loss(loss)
+        if loss is not None:
+            log.warning("recovery under ASYNC_FLUSH after an unclean stop: %s", loss.describe())
 
     def _restore_queue_table(self, end: int, snapshot: QueueOffsetSnapshot | None) -> None:
         start = self.mfq.min_offset
@@ -454,6 +475,20 @@ class CommitLog:
         if self._tail_waiters:
             with self._new_data:
                 self._new_data.notify_all()
+
+    def after_truncation(self, end: int, table: dict[QueueKey, int]) -> None:
+        """A replica cut its log at ``end`` (``services/commitlog/ha/truncation.py``, under the put lock):
+        the queue table, its snapshot and the checkpoint's store time describe the log as it is now (a
+        restart finds no "missing" log), and a new incarnation makes the indexer drop what it built past
+        ``end``."""
+        assert self._checkpoint is not None
+        self.queue_table = table
+        self.mfq.store_timestamp = 0  # unknown until the next flush: 0 claims nothing
+        self._checkpoint.physic_msg_timestamp = 0
+        self._checkpoint.flush()
+        self._save_queue_offsets(QueueOffsetSnapshot(end, dict(table)))
+        self.recovered_offset = end
+        self.incarnation = uuid.uuid4().hex
 
     def _live_queues(self) -> dict[QueueKey, int]:
         """The queue table's queues of topics in the topic table (a deleted topic's queues keep their

@@ -1,0 +1,1 @@
+"""On-disk formats: the bytes of RocketMQ's store files and the files that hold them."""

@@ -1,0 +1,1 @@
+"""Rules every service checks the same way: names, bounds, topics, subscriptions."""

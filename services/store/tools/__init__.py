@@ -1,0 +1,1 @@
+"""Offline tools over a store directory: inspection and the RocketMQ layout export."""
