@@ -10,8 +10,6 @@ RMQ5_PROTOS := $(sort $(wildcard proto/apache/rocketmq/v2/*.proto))
 # (docs/replication.md). Generated as the top-level package etcd.api.*.
 ETCD_PROTOS := $(sort $(wildcard proto/etcd/api/*/*.proto))
 GENERATED := gen/.generated
-# mqstore.<name> = top-level folder (the links under gen/mqstore/ that make one import namespace).
-NAMESPACE_LINKS := services=services gateway=gateway pipeline=pipeline bench=bench client=mqstore_client
 STORE ?= ./data
 PYTEST_ARGS ?=
 
@@ -24,22 +22,14 @@ $(INSTALLED): requirements.lock
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	touch $@
 
-# Generated code is never edited by hand: it is rebuilt from proto/ whenever a .proto changes.
-$(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) $(ETCD_PROTOS) pyproject.toml
-	rm -rf gen && mkdir -p gen
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=gen --pyi_out=gen --grpc_python_out=gen $(PROTOS) $(RMQ5_PROTOS) $(ETCD_PROTOS)
-	touch gen/mqstore/v1/__init__.py
-	# RocketMQ 5's generated code joins the one import namespace as mqstore.apache.rocketmq.v2 (its protobuf
-	# and gRPC names stay apache.rocketmq.v2: those are wire names, not Python ones).
-	mv gen/apache gen/mqstore/apache
-	sed -i -E 's/^(from|import) apache\.rocketmq/\1 mqstore.apache.rocketmq/' gen/mqstore/apache/rocketmq/v2/*.py*
-	touch gen/mqstore/apache/__init__.py gen/mqstore/apache/rocketmq/__init__.py gen/mqstore/apache/rocketmq/v2/__init__.py
-	# One namespace, folders unchanged: gen/mqstore/<name> links to the top-level folder, so gen/ is the
-	# source root of every mqstore.* module (pyproject.toml). `mqstore` has no __init__.py: a namespace package.
-	$(foreach link,$(NAMESPACE_LINKS),ln -sfn ../../$(word 2,$(subst =, ,$(link))) gen/mqstore/$(word 1,$(subst =, ,$(link)));)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	# ... and gen/ itself on the venv's sys.path (the editable install maps only the server packages; this
-	# also finds mqstore.v1 and mqstore.client, and tools that read .pth files, like mypy, see the same tree).
+# Generated code is never edited by hand: it is rebuilt from proto/ whenever a .proto changes, by the one
+# recipe the image build also runs (proto/generate.sh). The venv finds every module by path: the editable
+# install puts the repository root on sys.path (a plain .pth, no import hooks) and mqstore-gen.pth adds gen/,
+# so services.store.formats.record is services/store/formats/record.py and mqstore.v1 is gen/mqstore/v1.
+$(GENERATED): $(INSTALLED) $(PROTOS) $(RMQ5_PROTOS) $(ETCD_PROTOS) proto/generate.sh pyproject.toml
+	proto/generate.sh $(PY) gen
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation \
+		--config-settings editable_mode=compat -e .
 	$(PY) -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()['purelib'], 'mqstore-gen.pth').write_text('$(CURDIR)/gen\n')"
 	touch $@
 
@@ -131,19 +121,19 @@ docs-charts: $(GENERATED) java
 	$(PY) tools/stats_charts.py
 
 lint: $(GENERATED)
-	$(VENV)/bin/ruff check services gateway pipeline mqstore_client tests bench
-	$(VENV)/bin/mypy -p mqstore.services -p mqstore.gateway -p mqstore.pipeline -p mqstore.client
+	$(VENV)/bin/ruff check services gateway pipeline mqstore tests bench tools
+	$(VENV)/bin/mypy -p services -p gateway -p pipeline -p mqstore.client
 	$(VENV)/bin/lint-imports
 
 bench: $(GENERATED)
-	$(PY) -m mqstore.bench.append_engine
-	$(PY) -m mqstore.bench.append_grpc
-	$(PY) -m mqstore.bench.sync_flush
-	$(PY) -m mqstore.bench.dispatch
-	$(PY) -m mqstore.bench.query
-	$(PY) -m mqstore.bench.gateway
-	$(PY) -m mqstore.bench.scheduler_lateness
-	$(PY) -m mqstore.bench.recovery
+	$(PY) -m bench.append_engine
+	$(PY) -m bench.append_grpc
+	$(PY) -m bench.sync_flush
+	$(PY) -m bench.dispatch
+	$(PY) -m bench.query
+	$(PY) -m bench.gateway
+	$(PY) -m bench.scheduler_lateness
+	$(PY) -m bench.recovery
 
 # mqstore side by side with Redis Streams and NATS JetStream (issue 10; bench/peers.py): installs
 # Debian's redis-server and nats-server when absent and the peers' Python clients (bench/requirements-peers.txt,
@@ -152,7 +142,7 @@ PEERS_ARGS ?=
 .PHONY: bench-peers
 bench-peers: $(GENERATED)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements-peers.txt
-	$(PY) -m mqstore.bench.peers $(PEERS_ARGS)
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
 # then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
@@ -166,20 +156,15 @@ soak: $(GENERATED) java
 SOAK_MEMORY_MINUTES ?= 30
 .PHONY: soak-memory
 soak-memory: $(GENERATED)
-	$(PY) -m mqstore.bench.memory_soak --minutes $(SOAK_MEMORY_MINUTES)
+	$(PY) -m bench.memory_soak --minutes $(SOAK_MEMORY_MINUTES)
 
-# Two wheels in dist/ (issue 13): mqstore-client (mqstore.client + the generated mqstore.v1; grpcio and
-# protobuf only) and mqstore (the servers under mqstore/, depending on mqstore-client). The client's
-# project is staged in build/mqstore-client from packaging/mqstore-client/pyproject.toml.
+# Two wheels in dist/ (packaging/build-wheels.sh, shared with the image build): mqstore-client (mqstore.client
+# and the generated mqstore.v1) and mqstore (the servers), which depends on it.
 DIST ?= dist
 CLIENT_STAGE ?= build/mqstore-client
 dist: $(GENERATED)
-	rm -rf $(DIST) $(CLIENT_STAGE) build/lib build/bdist.* && mkdir -p $(DIST) $(CLIENT_STAGE)/mqstore
-	cp packaging/mqstore-client/pyproject.toml packaging/mqstore-client/README.md $(CLIENT_STAGE)/
-	cp -rL gen/mqstore/client gen/mqstore/v1 $(CLIENT_STAGE)/mqstore/
-	find $(CLIENT_STAGE) -name __pycache__ -prune -exec rm -rf {} +
-	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) $(CLIENT_STAGE)
-	$(PY) -m pip wheel --quiet --disable-pip-version-check --no-deps --no-build-isolation -w $(DIST) .
+	rm -rf $(DIST)
+	CLIENT_STAGE=$(CLIENT_STAGE) packaging/build-wheels.sh $(PY) $(DIST)
 	@ls $(DIST)
 
 clean:

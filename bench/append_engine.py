@@ -1,8 +1,8 @@
 """In-process CommitLog append throughput: put_message one at a time, or put_messages batches.
 
-    python -m mqstore.bench.append_engine                       # 1M msgs, single and batch64, 1 thread, 3 reps
-    python -m mqstore.bench.append_engine --threads 1,4 --modes batch --reps 3
-    python -m mqstore.bench.append_engine --transient-store-pool --modes single,batch
+    python -m bench.append_engine                       # 1M msgs, single and batch64, 1 thread, 3 reps
+    python -m bench.append_engine --threads 1,4 --modes batch --reps 3
+    python -m bench.append_engine --transient-store-pool --modes single,batch
 
 Each rep uses a fresh store (fresh random bodies too) under <repo>/.bench-tmp, ASYNC_FLUSH and 1 GiB
 files by default, so 1,000,000 records of 1188 B cross into the second file as in the RocketMQ anchor.
@@ -21,7 +21,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mqstore.bench.report import (
+from bench.report import (
     CpuMeter,
     RepResult,
     add_common_args,
@@ -33,7 +33,7 @@ from mqstore.bench.report import (
     progress,
     wait_quiet,
 )
-from mqstore.bench.workload import (
+from bench.workload import (
     BODY_SIZE,
     RECORD_SIZE,
     TOPIC,
@@ -43,10 +43,10 @@ from mqstore.bench.workload import (
     print_machine,
     scratch_dir,
 )
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.put_result import PutMessageStatus
-from mqstore.services.store.config import ASYNC_FLUSH, SYNC_FLUSH, load_config
-from mqstore.services.store.message import Message
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_result import PutMessageStatus
+from services.store.config import ASYNC_FLUSH, SYNC_FLUSH, load_config
+from services.store.formats.message import Message
 
 GIB = 1024 * 1024 * 1024
 PUT_OK = PutMessageStatus.PUT_OK
@@ -183,7 +183,7 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, mode: str, threads: i
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.append_engine", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.append_engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per rep (default 1,000,000)")
     parser.add_argument("--duration", type=float, default=30.0, help="cap per rep in seconds (default 30)")

@@ -1,8 +1,8 @@
 """Append throughput through gRPC, against a real commitlog service process.
 
-    python -m mqstore.bench.append_grpc                                  # batch + stream (async) + sync, 3 reps
-    python -m mqstore.bench.append_grpc --cases batch,stream --procs 1,2 --reps 1
-    python -m mqstore.bench.append_grpc --cases sync --sync-producers 64 --sync-procs 2
+    python -m bench.append_grpc                                  # batch + stream (async) + sync, 3 reps
+    python -m bench.append_grpc --cases batch,stream --procs 1,2 --reps 1
+    python -m bench.append_grpc --cases sync --sync-producers 64 --sync-procs 2
 
 Each rep starts ``mqstore commitlog --store <fresh dir> --listen 127.0.0.1:<free port>`` (settings via
 ``MQSTORE_*`` environment variables), waits for gRPC health SERVING, creates the topic, runs the
@@ -41,7 +41,7 @@ from typing import Any
 
 import grpc
 
-from mqstore.bench.report import (
+from bench.report import (
     CpuMeter,
     RepResult,
     add_common_args,
@@ -53,8 +53,8 @@ from mqstore.bench.report import (
     progress,
     wait_quiet,
 )
-from mqstore.bench.services import Service, free_port, mqstore_command
-from mqstore.bench.workload import (
+from bench.services import Service, free_port, mqstore_command
+from bench.workload import (
     BODY_SIZE,
     BORN_HOST,
     CLUSTER,
@@ -394,7 +394,7 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.append_grpc", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.append_grpc", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="batch,stream,sync", help="comma list of batch, stream, sync")
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per rep (default 1,000,000)")

@@ -1,6 +1,6 @@
-"""``mqstore bench``: the end-to-end benchmark through the gateway (:mod:`mqstore.bench.gateway`).
+"""``mqstore bench``: the end-to-end benchmark through the gateway (:mod:`bench.gateway`).
 
-Registered by ``mqstore.services.cli`` so that a newcomer finds it next to ``mqstore up``. The arguments pass
+Registered by ``services.cli`` so that a newcomer finds it next to ``mqstore up``. The arguments pass
 through unparsed (``mqstore bench --cases batch,pull --reps 1``; ``mqstore bench --help`` shows the
 benchmark's own help), and the module is imported only when the command runs, so other commands never
 load the benchmark (or the generated protobufs it needs).
@@ -33,16 +33,16 @@ def add_bench_command(commands: Subcommands) -> None:
 def _bench(args: argparse.Namespace) -> int:
     argv: list[str] = list(args.bench_args)
     if argv[:1] == [LATENESS]:  # delayed delivery on time under load (bench/scheduler_lateness.py)
-        from mqstore.bench.scheduler_lateness import main as lateness_main
+        from bench.scheduler_lateness import main as lateness_main
 
         return lateness_main(argv[1:], prog=f"{PROG} {LATENESS}")
     try:
-        from mqstore.bench.gateway import main as bench_main
+        from bench.gateway import main as bench_main
     except ImportError as exc:
         # An install that cannot import the benchmark's dependencies from here: run it from the
-        # checkout this module lives in, where ``python -m mqstore.bench.gateway`` resolves.
+        # checkout this module lives in, where ``python -m bench.gateway`` resolves.
         root = Path(__file__).resolve().parent.parent
-        print(f"{PROG}: cannot import mqstore.bench.gateway ({exc}); "
-              f"running `{sys.executable} -m mqstore.bench.gateway` from {root}", file=sys.stderr)
-        return subprocess.call([sys.executable, "-m", "mqstore.bench.gateway", *argv], cwd=root)
+        print(f"{PROG}: cannot import bench.gateway ({exc}); "
+              f"running `{sys.executable} -m bench.gateway` from {root}", file=sys.stderr)
+        return subprocess.call([sys.executable, "-m", "bench.gateway", *argv], cwd=root)
     return bench_main(argv, prog=PROG)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mqstore.bench.report import CpuMeter
+from bench.report import CpuMeter
 
 # Takes the client pids; returns the meters to run while the clients work (started when made).
 Meters = Callable[[list[int]], dict[str, CpuMeter]]

@@ -5,7 +5,7 @@ as the commitlog's Tail sends them (4 MiB), default ConsumeQueue and IndexFile g
 records/s, MB/s, the per-chunk latency, and this process's CPU time per record in the parser and in
 IndexerStore.dispatch (ConsumeQueue units + IndexFile entries), which a busy machine disturbs less.
 
-    python -m mqstore.bench.dispatch [--records 300000] [--reps 3]
+    python -m bench.dispatch [--records 300000] [--reps 3]
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import statistics
 import time
 from pathlib import Path
 
-from mqstore.bench.report import percentile
-from mqstore.bench.workload import print_machine, scratch_dir
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.server.gc_tuning import tune_gc
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import properties_to_string
-from mqstore.services.store.record import encode_record, parse_dispatch_requests
+from bench.report import percentile
+from bench.workload import print_machine, scratch_dir
+from services.indexer.indexer_store import IndexerStore
+from services.server.gc_tuning import tune_gc
+from services.store.config import load_config
+from services.store.formats.message import properties_to_string
+from services.store.formats.record import encode_record, parse_dispatch_requests
 
 CHUNK_BYTES = 4 * 1024 * 1024
 

@@ -2,13 +2,13 @@
 producers sending AppendBatch (64 messages of 1 KiB with 2 KEYS + UNIQ_KEY) at a target rate; the
 indexer's dispatch lag (GetDispatchStatus) is sampled every 100 ms.
 
-    python -m mqstore.bench.dispatch_lag [--rate 100000] [--duration 20] [--producers 2] [--source auto|files|tail]
+    python -m bench.dispatch_lag [--rate 100000] [--duration 20] [--producers 2] [--source auto|files|tail]
 
 ``--gateway``: the highest rate the gateway takes instead (a whole ``mqstore up``; SendBatch of
 ``--batch`` messages in RocketMQ's batch encoding, ``--procs`` client processes x ``--inflight``
 calls, bench/gateway.py's clients), with the same lag sampling, and the indexer's CPU per message.
 
-    python -m mqstore.bench.dispatch_lag --gateway [--batch 256] [--procs 2] [--inflight 4] [--duration 10]
+    python -m bench.dispatch_lag --gateway [--batch 256] [--procs 2] [--inflight 4] [--duration 10]
 
 ``--source``: where the indexer reads records (MQSTORE_INDEXER_REPUT_SOURCE): ``files`` (the
 commitlog's files, up to the readable end a positions-only Tail announces) or ``tail`` (the
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.bench.append_grpc import Server, create_topic, store_info
-from mqstore.bench.report import CpuMeter, percentile
-from mqstore.bench.services import free_port, mqstore_command
-from mqstore.bench.workload import QUEUES, TOPIC, print_machine, scratch_dir
+from bench.append_grpc import Server, create_topic, store_info
+from bench.report import CpuMeter, percentile
+from bench.services import free_port, mqstore_command
+from bench.workload import QUEUES, TOPIC, print_machine, scratch_dir
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2, indexer_pb2_grpc
 
 BATCH = 64
@@ -111,7 +111,7 @@ class LagSampler:
 
 
 def through_gateway(args: argparse.Namespace) -> None:
-    from mqstore.bench.gateway import ClientSpec, create_topic, run_clients, running_system, settle
+    from bench.gateway import ClientSpec, create_topic, run_clients, running_system, settle
 
     settings = {"MQSTORE_LOG_LEVEL": "WARNING", "MQSTORE_INDEXER_REPUT_SOURCE": args.source}
     with running_system(settings, keep_store=False) as system:
@@ -133,7 +133,7 @@ def through_gateway(args: argparse.Namespace) -> None:
             sampler.stop()
             if profiler is not None:
                 profiler.wait(60)
-                print(f"indexer profile: {args.profile} (python -m mqstore.bench.profile_summary {args.profile})")
+                print(f"indexer profile: {args.profile} (python -m bench.profile_summary {args.profile})")
             acked = sum(r["acked"] for r in reports)
             seconds = (max(r["ended"] for r in reports) - min(r["started"] for r in reports)) / 1e9
             end = store_info(f"127.0.0.1:{system.base_port + 1}").max_offset

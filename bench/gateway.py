@@ -1,9 +1,9 @@
 """End to end through the gateway: produce and pull 1 KiB messages against a whole ``mqstore up``.
 
-    python -m mqstore.bench.gateway                              # every case, 3 reps of 3 s (about 2.5 min)
-    python -m mqstore.bench.gateway --cases batch,pull --reps 1
-    python -m mqstore.bench.gateway --cases batch --batch 64,256 --procs 2 --inflight 2
-    python -m mqstore.bench.gateway --tiny                       # every case tiny: checks the harness (smoke test)
+    python -m bench.gateway                              # every case, 3 reps of 3 s (about 2.5 min)
+    python -m bench.gateway --cases batch,pull --reps 1
+    python -m bench.gateway --cases batch --batch 64,256 --procs 2 --inflight 2
+    python -m bench.gateway --tiny                       # every case tiny: checks the harness (smoke test)
     mqstore bench ...                                    # the same, with progress bars on a terminal
 
 Each case starts ``mqstore up --store <fresh dir> --base-port B --metrics-base-port M`` on free
@@ -73,8 +73,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message as ProtoMessage
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.bench.client_procs import run_client_processes
-from mqstore.bench.report import (
+from bench.client_procs import run_client_processes
+from bench.report import (
     MB,
     Column,
     CpuMeter,
@@ -91,8 +91,8 @@ from mqstore.bench.report import (
     progress,
     wait_quiet,
 )
-from mqstore.bench.services import free_port_block, mqstore_command
-from mqstore.bench.workload import (
+from bench.services import free_port_block, mqstore_command
+from bench.workload import (
     BODY_SIZE,
     BORN_HOST,
     CLUSTER,
@@ -219,7 +219,7 @@ class System:
             os.kill(self.proc.pid, signal.SIGKILL)
         for pid in self.children.values():
             with contextlib.suppress(OSError):
-                if b"mqstore.services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
 
 
@@ -900,7 +900,7 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-def build_parser(prog: str = "python -m mqstore.bench.gateway") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m bench.gateway") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=",".join(ALL_KINDS), help=f"comma list of {', '.join(ALL_KINDS)}")
@@ -957,7 +957,7 @@ def apply_tiny(args: argparse.Namespace) -> None:
     args.settle = min(args.settle, 2.0)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench.gateway") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.gateway") -> int:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     args.settings = parse_settings(parser, args.set)

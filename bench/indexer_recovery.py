@@ -1,7 +1,7 @@
 """Indexer recovery after kill -9 under load: how long until every acknowledged message is findable.
 
-    python -m mqstore.bench.indexer_recovery                       # a 2 GiB commitlog, 5 kills under 5,000 msgs/s
-    python -m mqstore.bench.indexer_recovery --size-gib 1 --kills 3 --rate 20000
+    python -m bench.indexer_recovery                       # a 2 GiB commitlog, 5 kills under 5,000 msgs/s
+    python -m bench.indexer_recovery --size-gib 1 --kills 3 --rate 20000
 
 Real processes on 127.0.0.1, RocketMQ's default geometry (1 GiB commitlog files, one 20,000,000-entry
 index file): a commitlog written in-process to ``--size-gib`` (1 KiB bodies, UNIQ_KEY + 1 KEYS word,
@@ -38,14 +38,14 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.bench.append_grpc import store_info
-from mqstore.bench.report import progress
-from mqstore.bench.services import Service, free_port
-from mqstore.bench.workload import CLUSTER, QUEUES, TOPIC, print_machine, scratch_dir
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.config import ASYNC_FLUSH, load_config
-from mqstore.services.store.message import Message
+from bench.append_grpc import store_info
+from bench.report import progress
+from bench.services import Service, free_port
+from bench.workload import CLUSTER, QUEUES, TOPIC, print_machine, scratch_dir
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
+from services.commitlog.commit_log import CommitLog
+from services.store.config import ASYNC_FLUSH, load_config
+from services.store.formats.message import Message
 
 GIB = 1024**3
 BODY_SIZE = 1024

@@ -1,7 +1,7 @@
 """Memory over a long run: does every service's memory level off under a steady mixed load?
 
-    python -m mqstore.bench.memory_soak --minutes 30          # make soak-memory (not part of make test / CI)
-    python -m mqstore.bench.memory_soak --minutes 5 --heap-types 1 --tracemalloc 8   # diagnosis (much slower)
+    python -m bench.memory_soak --minutes 30          # make soak-memory (not part of make test / CI)
+    python -m bench.memory_soak --minutes 5 --heap-types 1 --tracemalloc 8   # diagnosis (much slower)
 
 Starts ``mqstore up`` on free loopback ports in a fresh store under .bench-tmp (removed afterwards),
 then runs 64 clients against the gateway for ``--minutes``, split over ``--procs`` client processes:
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqstore.bench.gateway import System, create_topic, running_system
-from mqstore.bench.report import CpuMeter, parse_settings, progress
-from mqstore.bench.workload import BODY_SIZE, QUEUES, SCRATCH, print_machine
-from mqstore.services.server.memory_debug import proc_status_kb
+from bench.gateway import System, create_topic, running_system
+from bench.report import CpuMeter, parse_settings, progress
+from bench.workload import BODY_SIZE, QUEUES, SCRATCH, print_machine
+from services.server.memory_debug import proc_status_kb
 
 TOPIC = "MemorySoak"
 SERVICES = ("runner", "commitlog", "indexer", "query", "gateway", "scheduler")
@@ -425,7 +425,7 @@ def _sample(writer: csv.DictWriter[str], system: System, pids: dict[str, int], c
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.memory_soak", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.memory_soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=30.0, help="length of the run (default 30)")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between samples (default 5)")
@@ -465,7 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.batch <= 1024:
         parser.error("--batch must be within 1..1024")
     print_machine(", server: mqstore up (gateway + commitlog + indexer + query)")
-    print(f"command: python -m mqstore.bench.memory_soak {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"command: python -m bench.memory_soak {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(f"load average before the run: {' '.join(f'{v:.2f}' for v in os.getloadavg())}", flush=True)
     run(args)
     return 0

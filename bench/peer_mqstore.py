@@ -28,7 +28,7 @@ from typing import Any
 
 import grpc
 
-from mqstore.bench.gateway import (
+from bench.gateway import (
     CHANNEL_OPTIONS,
     PULL_TOPIC,
     PUT_OK,
@@ -37,9 +37,9 @@ from mqstore.bench.gateway import (
     create_topic,
     wait_dispatched,
 )
-from mqstore.bench.peer_runner import Job, Tally
-from mqstore.bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
-from mqstore.bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
+from bench.peer_runner import Job, Tally
+from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
+from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
 from mqstore.client.records import decode_records
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
@@ -69,7 +69,7 @@ def batch_stream_available() -> bool:
 
 def blob_requests(proc: int, batch: int, pool: int = 16_384) -> list[bytes]:
     """Serialised blob SendBatchRequests of ``batch`` messages each (the workload's bodies, UNIQ_KEY, CLUSTER)."""
-    from mqstore.services.store.batch_codec import encode_blob
+    from services.store.rules.batch_codec import encode_blob
 
     workload = Workload.fresh(min(pool, 8192))
     first = proc * pool

@@ -20,8 +20,8 @@ from typing import Any
 import nats
 from nats.js import api
 
-from mqstore.bench.peer_runner import Job, Tally
-from mqstore.bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload
+from bench.peer_runner import Job, Tally
+from bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload
 
 POOL = 8192
 CHUNK = 1024  # an ordered consumer's "call": the time to receive this many messages

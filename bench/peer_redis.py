@@ -24,8 +24,8 @@ import hiredis
 import redis
 import redis.asyncio as aioredis
 
-from mqstore.bench.peer_runner import Job, Tally
-from mqstore.bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload
+from bench.peer_runner import Job, Tally
+from bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload
 
 POOL = 8192
 _pack: Any = hiredis.pack_command  # its stub types the command as a 1-tuple

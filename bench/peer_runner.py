@@ -1,6 +1,6 @@
 """Client processes of the peer harness (bench/peers.py): one job, ``procs`` spawned processes.
 
-Every system's client module (mqstore.bench.peer_redis, mqstore.bench.peer_nats, mqstore.bench.peer_mqstore) offers
+Every system's client module (bench.peer_redis, bench.peer_nats, bench.peer_mqstore) offers
 ``async def prepare(job) -> Session``; a Session's ``worker(index, deadline_ns, tally)`` coroutines run
 ``job.concurrency`` to a process, started together across the processes by a barrier (after every
 connection is up and every request is built), and ``close()`` ends it. The processes are spawned,
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from mqstore.bench.client_procs import run_client_processes
-from mqstore.bench.peer_table import Measure
-from mqstore.bench.report import CpuMeter, percentile
+from bench.client_procs import run_client_processes
+from bench.peer_table import Measure
+from bench.report import CpuMeter, percentile
 
 
 @dataclass(frozen=True)

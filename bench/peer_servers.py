@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from mqstore.bench.report import progress
-from mqstore.bench.services import free_port
-from mqstore.bench.workload import REPO
+from bench.report import progress
+from bench.services import free_port
+from bench.workload import REPO
 
 REQUIREMENTS = REPO / "bench" / "requirements-peers.txt"
 APT_PACKAGES = {"redis-server": "redis-server", "nats-server": "nats-server"}

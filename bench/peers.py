@@ -1,9 +1,9 @@
 """mqstore side by side with Redis Streams and NATS JetStream, in one run (issue 10's table).
 
     make bench-peers                                   # every row, 5 s per case (about 10-15 min)
-    python -m mqstore.bench.peers --quick                      # every row tiny: checks the harness (~3 min)
-    python -m mqstore.bench.peers --only produce,pull --reps 3 # some rows, medians of 3 reps
-    python -m mqstore.bench.peers --json                       # also one JSON line with every row
+    python -m bench.peers --quick                      # every row tiny: checks the harness (~3 min)
+    python -m bench.peers --only produce,pull --reps 3 # some rows, medians of 3 reps
+    python -m bench.peers --json                       # also one JSON line with every row
 
 What it does, in order:
 
@@ -44,12 +44,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from mqstore.bench.peer_servers import NatsServer, RedisServer, ensure_installed, server_version
-from mqstore.bench.peer_table import GROUPS, Measure, Row, issue_rows, render, select, to_json
-from mqstore.bench.report import progress
-from mqstore.bench.workload import REPO, TOPIC, print_machine, scratch_dir
+from bench.peer_servers import NatsServer, RedisServer, ensure_installed, server_version
+from bench.peer_table import GROUPS, Measure, Row, issue_rows, render, select, to_json
+from bench.report import progress
+from bench.workload import REPO, TOPIC, print_machine, scratch_dir
 
-PROG = "python -m mqstore.bench.peers"
+PROG = "python -m bench.peers"
 
 
 class Run:
@@ -89,7 +89,7 @@ class Run:
 
 # -- mqstore -----------------------------------------------------------------------------------------------
 def _gateway_args(run: Run) -> argparse.Namespace:
-    from mqstore.bench import gateway
+    from bench import gateway
 
     a = run.args
     gargs = gateway.build_parser().parse_args([
@@ -106,7 +106,7 @@ def _from_rep(result: Any, mode: str) -> Measure:
 
 def _gateway_mode_note(run: Run) -> str:
     """Which of the faster modes this checkout has (other helpers add them; the harness works either way)."""
-    from mqstore.bench.peer_mqstore import pull_mode
+    from bench.peer_mqstore import pull_mode
     from mqstore.v1 import gateway_pb2
 
     batch_fields = sorted(f.name for f in gateway_pb2.SendBatchRequest.DESCRIPTOR.fields
@@ -122,7 +122,7 @@ def _gateway_mode_note(run: Run) -> str:
 
 
 def _gateway_workers_supported() -> bool:
-    from mqstore.bench.services import mqstore_command
+    from bench.services import mqstore_command
 
     try:
         out = subprocess.run([mqstore_command(), "up", "--help"], capture_output=True, text=True, timeout=60)
@@ -135,9 +135,9 @@ def mqstore_produce(run: Run) -> None:
     """The produce rows: bench/gateway.py's own cases and reps, or, where this checkout has the faster
     modes (a blob in RocketMQ's batch encoding, SendBatchStream), those (bench/peer_mqstore.py) with
     the same check afterwards: the topic's queues hold exactly what was acknowledged."""
-    from mqstore.bench import gateway
-    from mqstore.bench.peer_mqstore import batch_stream_available, blob_available
-    from mqstore.bench.peer_runner import Job
+    from bench import gateway
+    from bench.peer_mqstore import batch_stream_available, blob_available
+    from bench.peer_runner import Job
 
     gargs = _gateway_args(run)
     d = run.args.duration
@@ -207,9 +207,9 @@ def _workers_text(run: Run) -> str:
 def _produce_job(run: Run, key: str, job: Any, procs: int, system: Any) -> float:
     """One rep of a produce Job; afterwards the queues must hold what was acked (plus at most the
     messages of failed calls, whose fate is unknown). Returns the dispatch catch-up in seconds."""
-    from mqstore.bench import gateway
-    from mqstore.bench.peer_runner import run_job
-    from mqstore.bench.report import wait_quiet
+    from bench import gateway
+    from bench.peer_runner import run_job
+    from bench.report import wait_quiet
 
     gateway.settle(system, run.args.settle)
     if run.args.wait_quiet > 0:
@@ -227,9 +227,9 @@ def _produce_job(run: Run, key: str, job: Any, procs: int, system: Any) -> float
 
 def mqstore_reads(run: Run) -> None:
     """Pull, get by id, query by key and offset by time through the gateway, on a preloaded store."""
-    from mqstore.bench import gateway
-    from mqstore.bench.peer_mqstore import preload_keys, pull_mode, sample_pulled
-    from mqstore.bench.peer_runner import Job
+    from bench import gateway
+    from bench.peer_mqstore import preload_keys, pull_mode, sample_pulled
+    from bench.peer_runner import Job
 
     if not run.want("pull", "get-1", "get-n", "key-1", "key-n", "time"):
         return
@@ -262,8 +262,8 @@ def mqstore_reads(run: Run) -> None:
 
 
 def _run_jobs(run: Run, system_name: str, jobs: Sequence[tuple[str, Any, int]], pids: Sequence[int]) -> None:
-    from mqstore.bench.peer_runner import run_job
-    from mqstore.bench.report import wait_quiet
+    from bench.peer_runner import run_job
+    from bench.report import wait_quiet
 
     for key, job, procs in jobs:
         if not run.want(key):
@@ -279,8 +279,8 @@ def _run_jobs(run: Run, system_name: str, jobs: Sequence[tuple[str, Any, int]], 
 
 # -- the peers --------------------------------------------------------------------------------------------
 def redis_rows(run: Run, scratch: Path) -> None:
-    from mqstore.bench import peer_redis
-    from mqstore.bench.peer_runner import Job
+    from bench import peer_redis
+    from bench.peer_runner import Job
 
     a = run.args
     if run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency",
@@ -325,8 +325,8 @@ def redis_rows(run: Run, scratch: Path) -> None:
 def nats_rows(run: Run, scratch: Path) -> None:
     import asyncio
 
-    from mqstore.bench import peer_nats
-    from mqstore.bench.peer_runner import Job
+    from bench import peer_nats
+    from bench.peer_runner import Job
 
     a = run.args
     if not run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency", "durable-batch64",
@@ -399,7 +399,7 @@ def engine_rows(run: Run) -> None:
     if not run.want("engine-single", "engine-batch"):
         return
     a = run.args
-    out = _child(["mqstore.bench.append_engine", "--messages", str(a.engine_messages), "--reps", str(a.reps),
+    out = _child(["bench.append_engine", "--messages", str(a.engine_messages), "--reps", str(a.reps),
                   "--wait-quiet", str(a.wait_quiet), "--json"], 1800)
     for line in out.splitlines():
         if not line.startswith("{"):
@@ -419,14 +419,14 @@ def recovery_rows(run: Run) -> None:
     if not run.want("recovery"):
         return
     a = run.args
-    args = ["mqstore.bench.recovery", "--cases", "abnormal", "--reps", str(a.reps), "--size-gib", str(a.recovery_gib),
+    args = ["bench.recovery", "--cases", "abnormal", "--reps", str(a.reps), "--size-gib", str(a.recovery_gib),
             "--wait-quiet", str(a.wait_quiet)]
     if a.recovery_gib < 1:
         args += ["--file-size-mib", "64"]
     out = _child(args, 3600)
     reps = RECOVERY_REP.findall(out)
     if not reps:
-        raise RuntimeError(f"mqstore.bench.recovery printed no abnormal row:\n{out[-2000:]}")
+        raise RuntimeError(f"bench.recovery printed no abnormal row:\n{out[-2000:]}")
     for gib, records, walk_s in reps:
         run.add("recovery", "mqstore", Measure(seconds=float(walk_s) / float(gib),
                                                mode=f"abnormal walk of {float(gib):.2f} GiB, {records} records"))

@@ -2,7 +2,7 @@
 messages, against a plain single-process Python decode loop over the same files (per record, and
 columnar without Spark).
 
-    .venv/bin/python -m mqstore.bench.pipeline [--gib 2] [--store /tmp/mqstore-bench-pipeline] [--master local[*]]
+    .venv/bin/python -m bench.pipeline [--gib 2] [--store /tmp/mqstore-bench-pipeline] [--master local[*]]
         [--jobs export,reindex,verify] [--skip-plain]
 
 Besides wall time, every Spark job reports the CPU seconds its processes used (the JVM and its
@@ -22,16 +22,16 @@ import shutil
 import time
 from pathlib import Path
 
-from mqstore.pipeline.columnar import export_batches
-from mqstore.pipeline.export import SCHEMA, decode_split, export, records_batch
-from mqstore.pipeline.reindex import reindex
-from mqstore.pipeline.scan import ScanSummary, StoreInput
-from mqstore.pipeline.session import get_session
-from mqstore.pipeline.verify import verify
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog, list_commitlog_files
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
+from pipeline.columnar import export_batches
+from pipeline.export import SCHEMA, decode_split, export, records_batch
+from pipeline.reindex import reindex
+from pipeline.scan import ScanSummary, StoreInput
+from pipeline.session import get_session
+from pipeline.verify import verify
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
+from services.store.formats.message import Message
 
 BODY_SIZE = 1024
 BATCH = 512

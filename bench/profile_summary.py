@@ -1,6 +1,6 @@
 """Summarise py-spy folded stacks (``bench --profile DIR``): where the sampled time goes.
 
-    python -m mqstore.bench.profile_summary DIR/*.folded [--top 25]
+    python -m bench.profile_summary DIR/*.folded [--top 25]
 
 Prints, per file, the functions with the most *self* time (the frame on top of the stack) and the
 most *inclusive* time (anywhere on the stack, counted once per sample), as shares of all samples.
@@ -53,7 +53,7 @@ def summarise(path: Path, top: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.profile_summary", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.profile_summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=25)

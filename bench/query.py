@@ -1,8 +1,8 @@
 """The query service under load: pulls, key queries, gets by offset msg id, offsets by time.
 
-    python -m mqstore.bench.query                                   # every case, 3 reps of 10 s
-    python -m mqstore.bench.query --cases pull,pull-1 --reps 1 --duration 5
-    python -m mqstore.bench.query --key-messages 100000             # a smaller index, a quicker load
+    python -m bench.query                                   # every case, 3 reps of 10 s
+    python -m bench.query --cases pull,pull-1 --reps 1 --duration 5
+    python -m bench.query --key-messages 100000             # a smaller index, a quicker load
 
 Set-up (not timed): real ``mqstore commitlog``, ``mqstore indexer`` and ``mqstore query`` processes on
 127.0.0.1 and a fresh store under ``.bench-tmp/``. The commitlog gets ``--pull-messages`` messages of
@@ -39,7 +39,7 @@ from typing import Any
 
 import grpc
 
-from mqstore.bench.report import (
+from bench.report import (
     CpuMeter,
     RepResult,
     add_common_args,
@@ -51,8 +51,8 @@ from mqstore.bench.report import (
     progress,
     wait_quiet,
 )
-from mqstore.bench.services import Service, free_port
-from mqstore.bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload, print_machine, scratch_dir
+from bench.services import Service, free_port
+from bench.workload import BODY_SIZE, CLUSTER, QUEUES, TOPIC, Workload, print_machine, scratch_dir
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc, query_pb2
 
 SERVICE = "mqstore.v1.QueryService"
@@ -323,7 +323,7 @@ ALL_CASES = ("pull", "pull-1", "key", "key-1", "id", "id-1", "time", "time-1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.query", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.query", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(parser)
     parser.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma-separated, of {', '.join(ALL_CASES)}")

@@ -1,8 +1,8 @@
 """CommitLog recovery time: a clean restart (normal recovery) and a crash restart (abnormal recovery).
 
-    python -m mqstore.bench.recovery                          # a 2 GiB store of ~650 B records, 1 GiB files, 3 reps
-    python -m mqstore.bench.recovery --size-gib 1 --reps 1
-    python -m mqstore.bench.recovery --store DIR              # reuse a store written by --keep-store
+    python -m bench.recovery                          # a 2 GiB store of ~650 B records, 1 GiB files, 3 reps
+    python -m bench.recovery --size-gib 1 --reps 1
+    python -m bench.recovery --store DIR              # reuse a store written by --keep-store
 
 The store is written once through the engine (``put_messages`` batches, ASYNC_FLUSH) under
 <repo>/.bench-tmp and stopped cleanly, so every file but the last is full. Then, per rep:
@@ -32,15 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.bench.report import CpuMeter, progress, wait_quiet
-from mqstore.bench.workload import CLUSTER, QUEUES, SCRATCH, TOPIC, drop_caches, print_machine, scratch_dir
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.queue_offsets import replay_queue_offsets
-from mqstore.services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.config import ASYNC_FLUSH, MessageStoreConfig, load_config
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.message import Message, parse_delay_levels
+from bench.report import CpuMeter, progress, wait_quiet
+from bench.workload import CLUSTER, QUEUES, SCRATCH, TOPIC, drop_caches, print_machine, scratch_dir
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
+from services.commitlog.topic_queue_table import replay_queue_offsets
+from services.store.config import ASYNC_FLUSH, MessageStoreConfig, load_config
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.message import Message, parse_delay_levels
 
 GIB = 1024 * 1024 * 1024
 # 91 fixed bytes + topic (9) + properties "UNIQ_KEY\x01<32 hex>\x02CLUSTER\x01DefaultCluster" (64) + body.
@@ -182,7 +182,7 @@ def print_results(timings: list[Timing]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.recovery", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gib", type=float, default=2.0, help="data to write (default 2 GiB)")
     parser.add_argument("--file-size-mib", type=int, default=1024, help="commitlog file size (default 1024)")
     parser.add_argument("--reps", type=int, default=3)

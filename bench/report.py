@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.config import MessageStoreConfig
+from services.store.config import MessageStoreConfig
 
 MB = 1_000_000
 KNOWN_SETTINGS = {f.name for f in dataclasses.fields(MessageStoreConfig)}
@@ -280,7 +280,7 @@ def parse_settings(parser: argparse.ArgumentParser, items: Sequence[str]) -> dic
 
 class PySpy:
     """Samples a process with py-spy (if installed: ``pip install py-spy``, not a project dependency)
-    into a folded-stacks file for ``python -m mqstore.bench.profile_summary``. Only samples that hold the GIL
+    into a folded-stacks file for ``python -m bench.profile_summary``. Only samples that hold the GIL
     are kept (``--gil``): in a GIL-bound process that is where the Python time goes."""
 
     def __init__(self, pid: int, output: Path, rate: int = 250) -> None:

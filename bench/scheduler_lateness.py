@@ -1,9 +1,9 @@
 """Delayed delivery on time under load: how late does the scheduler re-put due messages?
 
-    python -m mqstore.bench.scheduler_lateness                     # 10,000 msgs/s for 10 s: DELAY 1, DELAY 2, timers
-    python -m mqstore.bench.scheduler_lateness --kinds 1,2         # DELAY levels 1 and 2 only
-    python -m mqstore.bench.scheduler_lateness --quick             # a few seconds: checks the harness (smoke test)
-    python -m mqstore.bench.scheduler_lateness --profile FILE      # py-spy folded stacks of the scheduler as well
+    python -m bench.scheduler_lateness                     # 10,000 msgs/s for 10 s: DELAY 1, DELAY 2, timers
+    python -m bench.scheduler_lateness --kinds 1,2         # DELAY levels 1 and 2 only
+    python -m bench.scheduler_lateness --quick             # a few seconds: checks the harness (smoke test)
+    python -m bench.scheduler_lateness --profile FILE      # py-spy folded stacks of the scheduler as well
     mqstore bench scheduler-lateness ...                   # the same
 
 A whole ``mqstore up`` (bench/gateway.py's System: fresh store, free loopback ports, SIGTERM at the
@@ -42,13 +42,13 @@ from typing import Any
 
 import grpc
 
-from mqstore.bench.client_procs import run_client_processes
-from mqstore.bench.report import CpuMeter, percentile, progress, wait_quiet
-from mqstore.bench.workload import QUEUES, print_machine
+from bench.client_procs import run_client_processes
+from bench.report import CpuMeter, percentile, progress, wait_quiet
+from bench.workload import QUEUES, print_machine
 from mqstore.client.batch_encoder import encode_entry, properties_bytes
 from mqstore.client.records import decode_records
-from mqstore.services.store.message import DEFAULT_MESSAGE_DELAY_LEVEL, SCHEDULE_TOPIC, parse_delay_levels
 from mqstore.v1 import commitlog_pb2, gateway_pb2, query_pb2
+from services.store.formats.message import DEFAULT_MESSAGE_DELAY_LEVEL, SCHEDULE_TOPIC, parse_delay_levels
 
 SERVICE = "mqstore.v1.MessagingService"
 SEND_BATCH = f"/{SERVICE}/SendBatch"
@@ -346,7 +346,7 @@ def peak_delivery_rate(pulled: Sequence[tuple[bytes, int]]) -> int:
 def _warm_up(system: Any, delays_ms: tuple[int, ...], timeout_s: float = 30.0) -> None:
     """One DELAY=1 batch delivered before the clock starts: the commitlog's first file, the scheduler's
     first read of the parked records and its first re-put all happen here, not in the measurement."""
-    from mqstore.bench.gateway import create_topic
+    from bench.gateway import create_topic
 
     create_topic(system.gateway, WARM_TOPIC)
     spec = SenderSpec(system.gateway, 1.0, 1.0, 64, 1, 128, ("1",), delays_ms, 0, topic=WARM_TOPIC, proc=999)
@@ -359,8 +359,8 @@ def _warm_up(system: Any, delays_ms: tuple[int, ...], timeout_s: float = 30.0) -
 
 
 def measure(args: argparse.Namespace, kinds: tuple[str, ...], delays_ms: tuple[int, ...]) -> Outcome:
-    from mqstore.bench.dispatch_lag import LagSampler
-    from mqstore.bench.gateway import create_topic, running_system, settle
+    from bench.dispatch_lag import LagSampler
+    from bench.gateway import create_topic, running_system, settle
 
     settings = {"MQSTORE_LOG_LEVEL": "WARNING", "MQSTORE_MESSAGE_DELAY_LEVEL": args.delay_levels}
     with running_system(settings, keep_store=args.keep_store) as system:
@@ -427,7 +427,7 @@ def _stop_profiler(profiler: subprocess.Popen[bytes], path: str) -> None:
     except subprocess.TimeoutExpired:
         profiler.kill()
         profiler.wait()
-    progress(f"scheduler profile: {path} (python -m mqstore.bench.profile_summary {path})")
+    progress(f"scheduler profile: {path} (python -m bench.profile_summary {path})")
 
 
 def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> None:
@@ -465,7 +465,7 @@ def report(outcome: Outcome, args: argparse.Namespace, kinds: Sequence[str]) -> 
                           "peak_delivery_rate": peak_delivery_rate(outcome.pulled)}))
 
 
-def build_parser(prog: str = "python -m mqstore.bench.scheduler_lateness") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m bench.scheduler_lateness") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rate", type=float, default=10_000, help="scheduled msgs/s over all senders (10,000)")
@@ -492,7 +492,7 @@ def build_parser(prog: str = "python -m mqstore.bench.scheduler_lateness") -> ar
     return parser
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "python -m mqstore.bench.scheduler_lateness") -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m bench.scheduler_lateness") -> int:
     args = build_parser(prog).parse_args(argv)
     if args.quick:
         args.rate, args.duration, args.kinds, args.batch, args.wait, args.grace = 500.0, 2.0, "1,timer", 50, 30.0, 0.5

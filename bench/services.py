@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.bench.workload import REPO
+from bench.workload import REPO
 
 
 def free_port() -> int:

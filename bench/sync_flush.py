@@ -1,9 +1,9 @@
 """SYNC_FLUSH with many concurrent producers: each put_message returns only after the fdatasync that
 covers it (group commit), so throughput is how many messages one flush can acknowledge.
 
-    python -m mqstore.bench.sync_flush                                   # 64 producers, 15 s, gather 200 µs
-    python -m mqstore.bench.sync_flush --gather-us 0,100,200,500 --reps 3
-    python -m mqstore.bench.sync_flush --duration 30 --producers 4
+    python -m bench.sync_flush                                   # 64 producers, 15 s, gather 200 µs
+    python -m bench.sync_flush --gather-us 0,100,200,500 --reps 3
+    python -m bench.sync_flush --duration 30 --producers 4
 
 Every fdatasync/fsync of the process is counted by wrapping ``os.fdatasync``/``os.fsync`` in the
 benchmark process (the engine calls them through the ``os`` module), so the table shows fsyncs/s and
@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mqstore.bench.report import (
+from bench.report import (
     CpuMeter,
     RepResult,
     add_common_args,
@@ -37,12 +37,12 @@ from mqstore.bench.report import (
     progress,
     wait_quiet,
 )
-from mqstore.bench.workload import BODY_SIZE, RECORD_SIZE, TOPIC, Workload, drop_caches, print_machine, scratch_dir
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.put_batcher import PutBatcher
-from mqstore.services.commitlog.put_result import PutMessageStatus
-from mqstore.services.store.config import SYNC_FLUSH, load_config
-from mqstore.services.store.message import Message
+from bench.workload import BODY_SIZE, RECORD_SIZE, TOPIC, Workload, drop_caches, print_machine, scratch_dir
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_batcher import PutBatcher
+from services.commitlog.put_result import PutMessageStatus
+from services.store.config import SYNC_FLUSH, load_config
+from services.store.formats.message import Message
 
 GIB = 1024 * 1024 * 1024
 PUT_OK = PutMessageStatus.PUT_OK
@@ -221,7 +221,7 @@ def _result(case: str, rep: int, workers: list[_Producer], seconds: float, wrote
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.bench.sync_flush", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.sync_flush", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--producers", type=int, default=64, help="concurrent producers (default 64)")
     parser.add_argument("--kind", choices=("threads", "asyncio"), default="threads",

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.message import Message
+from services.store.formats.message import Message
 
 REPO = Path(__file__).resolve().parent.parent
 SCRATCH = REPO / ".bench-tmp"

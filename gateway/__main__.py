@@ -1,5 +1,5 @@
 import sys
 
-from mqstore.services.cli import main
+from services.cli import main
 
 sys.exit(main(["gateway", *sys.argv[1:]]))

@@ -22,12 +22,12 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.gateway.resilience import BackendError
-from mqstore.gateway.shard import CHANNEL_OPTIONS, ShardClient, call_backend
-from mqstore.services.server.channels import aio_channel
-from mqstore.services.store.errors import NotFoundError
-from mqstore.services.store.names import check_deletable_topic
+from gateway.resilience import BackendError
+from gateway.shard import CHANNEL_OPTIONS, ShardClient, call_backend
 from mqstore.v1 import admin_pb2, commitlog_pb2, groups_pb2, indexer_pb2, indexer_pb2_grpc
+from services.server.channels import aio_channel
+from services.store.errors import NotFoundError
+from services.store.rules.names import check_deletable_topic
 
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"

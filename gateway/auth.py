@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from mqstore.services.store.config import ConfigError
+from services.store.config import ConfigError
 
 AUTHORIZATION = "authorization"
 _BEARER = "bearer "

@@ -1,6 +1,6 @@
 """Consumer groups at the gateway: heartbeats fanned out to every shard, descriptions merged.
 
-Members are kept by each shard's query service (services/query/consumer_groups.py), next to the
+Members are kept by each shard's query service (services/query/consumer_manager.py), next to the
 offsets, because the gateway is stateless and may run as several workers or replicas. A heartbeat
 goes to every shard at once; the answer is the union of the shards that answered, so the group keeps
 rebalancing while one shard is down (a shard that comes back learns the members from their next
@@ -21,13 +21,13 @@ import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-from mqstore.gateway.auth import Action, PermissionDeniedError, Principal, TokenTable
-from mqstore.gateway.resilience import BackendError, RetryPolicy
-from mqstore.gateway.route import RouteTable, TopicRoute
-from mqstore.gateway.shard import ShardClient
-from mqstore.services.store.consumer_groups import check_heartbeat, check_member
-from mqstore.services.store.names import check_group
+from gateway.auth import Action, PermissionDeniedError, Principal, TokenTable
+from gateway.resilience import BackendError, RetryPolicy
+from gateway.route import RouteTable, TopicRoute
+from gateway.shard import ShardClient
 from mqstore.v1 import groups_pb2, query_pb2
+from services.store.rules.group_membership import check_heartbeat, check_member
+from services.store.rules.names import check_group
 
 
 class GroupDirectory:

@@ -22,22 +22,22 @@ import signal
 
 import grpc
 
-from mqstore.gateway.auth import TokenTable, load_token_table
-from mqstore.gateway.queue_selector import FaultTable, QueueSelector
-from mqstore.gateway.registration import add_to_server
-from mqstore.gateway.rocketmq5 import registration as rocketmq5
-from mqstore.gateway.rocketmq5.servicer import RocketMQ5Servicer
-from mqstore.gateway.route import RouteTable
-from mqstore.gateway.servicer import MessagingServicer
-from mqstore.gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
-from mqstore.gateway.shard import ShardClient
-from mqstore.gateway.tls import TlsFiles, server_credentials, tls_files, tls_from_env
-from mqstore.gateway.token_reload import TokenReloader
-from mqstore.gateway.uniq_key import UniqKeyGenerator
-from mqstore.gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
-from mqstore.gateway.workers import WorkerIdentity, supervise, workers_from_env
-from mqstore.services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
-from mqstore.services.server.grpc_server import (
+from gateway.auth import TokenTable, load_token_table
+from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.registration import add_to_server
+from gateway.rocketmq5 import registration as rocketmq5
+from gateway.rocketmq5.servicer import RocketMQ5Servicer
+from gateway.route import RouteTable
+from gateway.servicer import MessagingServicer
+from gateway.settings import LATENCY, GatewayOptions, GatewaySettings, load_gateway_settings
+from gateway.shard import ShardClient
+from gateway.tls import TlsFiles, server_credentials, tls_files, tls_from_env
+from gateway.token_reload import TokenReloader
+from gateway.uniq_key_maker import UniqKeyGenerator
+from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
+from gateway.workers import WorkerIdentity, supervise, workers_from_env
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
+from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
     ShutdownSignal,
@@ -45,12 +45,12 @@ from mqstore.services.server.grpc_server import (
     serve_aio_until_signal,
     start_aio_service,
 )
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.memory_debug import start_memory_report
-from mqstore.services.server.metrics import metrics_port_from_env
-from mqstore.services.server.process import EXIT_BAD_SETTINGS
-from mqstore.services.server.tracing import init_tracing, shutdown_tracing
-from mqstore.services.store.config import ConfigError
+from services.server.logs import configure_logging
+from services.server.memory_debug import start_memory_report
+from services.server.metrics import metrics_port_from_env
+from services.server.process import EXIT_BAD_SETTINGS
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.config import ConfigError
 
 log = logging.getLogger("gateway")
 MIB = 1024 * 1024

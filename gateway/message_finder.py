@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import grpc
 
-from mqstore.gateway.resilience import BackendError, RetryPolicy
-from mqstore.gateway.shard import ShardClient
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
-from mqstore.services.store.message_id import MessageIdError, parse_message_id
+from gateway.resilience import BackendError, RetryPolicy
+from gateway.shard import ShardClient
 from mqstore.v1 import query_pb2
+from services.store.errors import InvalidArgumentError, NotFoundError
+from services.store.formats.message_id import MessageIdError, parse_message_id
 
 log = logging.getLogger(__name__)
 

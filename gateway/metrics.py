@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mqstore.services.server.metrics import Counter, Histogram
+from services.server.metrics import Counter, Histogram
 
 CALLS = Counter("mqstore_gateway_calls", "Gateway RPCs by method and status code", ["method", "code"])
 CALL_LATENCY = Histogram(

@@ -22,8 +22,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from mqstore.gateway.route import QueueRoute, TopicRoute
-from mqstore.services.store.java_hash import java_string_hash
+from gateway.route import QueueRoute, TopicRoute
+from services.store.formats.java_hash import java_string_hash
 
 log = logging.getLogger(__name__)
 # RocketMQ MQFaultStrategy: latencyMax (ms) and notAvailableDuration (ms).

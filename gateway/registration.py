@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from mqstore.gateway.servicer import MessagingServicer
-from mqstore.gateway.wire import SERVICE_NAME, decoder, serialize
+from gateway.servicer import MessagingServicer
+from gateway.wire import SERVICE_NAME, decoder, serialize
 from mqstore.v1 import admin_pb2, commitlog_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 
 

@@ -13,10 +13,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mqstore.gateway.resilience import BackendError
-from mqstore.gateway.shard import ShardClient
-from mqstore.services.store.topics import PERM_READ, PERM_WRITE
+from gateway.resilience import BackendError
+from gateway.shard import ShardClient
 from mqstore.v1 import common_pb2
+from services.store.rules.topics import PERM_READ, PERM_WRITE
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import COMPRESSED_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_WAIT_STORE_MSG_OK
-from mqstore.services.store.message_id import MessageIdKind, check_message_id
-from mqstore.services.store.names import DLQ_GROUP_TOPIC_PREFIX, MAX_TOPIC_LENGTH, RETRY_GROUP_TOPIC_PREFIX, check_group
-from mqstore.services.store.producer_message import COMPRESSION_TYPE_MASK, PRODUCER_SYS_FLAGS
 from mqstore.v1 import common_pb2, query_pb2
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import COMPRESSED_FLAG, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_WAIT_STORE_MSG_OK
+from services.store.formats.message_id import MessageIdKind, check_message_id
+from services.store.rules.names import DLQ_GROUP_TOPIC_PREFIX, MAX_TOPIC_LENGTH, RETRY_GROUP_TOPIC_PREFIX, check_group
+from services.store.rules.producer_message import COMPRESSION_TYPE_MASK, PRODUCER_SYS_FLAGS
 
 PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"

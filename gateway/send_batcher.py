@@ -17,11 +17,11 @@ import contextvars
 
 import grpc
 
-from mqstore.gateway.resilience import BackendError
-from mqstore.gateway.shard import ShardClient
-from mqstore.services.server import tracing
-from mqstore.services.store.errors import BATCH_POSITION
+from gateway.resilience import BackendError
+from gateway.shard import ShardClient
 from mqstore.v1 import commitlog_pb2
+from services.server import tracing
+from services.store.errors import BATCH_POSITION
 
 MAX_BATCH = 1024
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]

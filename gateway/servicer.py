@@ -2,7 +2,7 @@
 
 Requests are validated at the edge (names, ids, queue ids against the route) so that a bad call
 never reaches a backend; the backends validate message contents themselves and their INVALID_ARGUMENT
-details come back unchanged. Pull answers are relayed as bytes (see :mod:`mqstore.gateway.shard`).
+details come back unchanged. Pull answers are relayed as bytes (see :mod:`gateway.shard`).
 """
 
 from __future__ import annotations
@@ -17,43 +17,44 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mqstore.gateway import metrics, send_back, transactions
-from mqstore.gateway.admin import Admin
-from mqstore.gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
-from mqstore.gateway.groups import GroupDirectory
-from mqstore.gateway.message_finder import MessageFinder
-from mqstore.gateway.queue_selector import NoWritableQueueError, QueueSelector
-from mqstore.gateway.resilience import BackendError, RetryPolicy
-from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
-from mqstore.gateway.send_batcher import SendBatcher
-from mqstore.gateway.settings import GatewaySettings
-from mqstore.gateway.shard import ShardClient
-from mqstore.gateway.uniq_key import UniqKeyGenerator
-from mqstore.gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
-from mqstore.services.server import tracing
-from mqstore.services.server.peer import peer_address
-from mqstore.services.server.status import fail_call
-from mqstore.services.store.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
-from mqstore.services.store.errors import (
+from gateway import metrics, send_back
+from gateway import transaction_relay as transactions
+from gateway.admin import Admin
+from gateway.auth import Action, AuthError, PermissionDeniedError, Principal, TokenTable
+from gateway.groups import GroupDirectory
+from gateway.message_finder import MessageFinder
+from gateway.queue_selector import NoWritableQueueError, QueueSelector
+from gateway.resilience import BackendError, RetryPolicy
+from gateway.route import QueueRoute, RouteTable, TopicRoute
+from gateway.send_batcher import SendBatcher
+from gateway.settings import GatewaySettings
+from gateway.shard import ShardClient
+from gateway.uniq_key_maker import UniqKeyGenerator
+from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
+from services.server import tracing
+from services.server.peer import peer_address
+from services.server.status import fail_call
+from services.store.errors import (
     BATCH_POSITION,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
     StoreError,
 )
-from mqstore.services.store.key_query import check_key_query
-from mqstore.services.store.message import PROPERTY_SHARDING_KEY
-from mqstore.services.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
-from mqstore.services.store.message_id import check_message_id, message_id_kind
-from mqstore.services.store.names import check_group, check_offset, check_queue, check_topic_name
-from mqstore.services.store.producer_message import (
+from services.store.formats.message import PROPERTY_SHARDING_KEY
+from services.store.formats.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
+from services.store.formats.message_id import check_message_id, message_id_kind
+from services.store.rules.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
+from services.store.rules.key_query import check_key_query
+from services.store.rules.names import check_group, check_offset, check_queue, check_topic_name
+from services.store.rules.producer_message import (
     check_batch_entry,
     check_producer_body,
     check_producer_message,
     check_producer_request,
 )
-from mqstore.services.store.topics import check_topic_config
-from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
+from services.store.rules.topics import check_topic_config
 
 log = logging.getLogger(__name__)
 
@@ -733,7 +734,7 @@ class MessagingServicer:
     @unary
     async def ConsumerSendBack(self, request: gateway_pb2.ConsumerSendBackRequest,
                                context: Context) -> gateway_pb2.ConsumerSendBackResult:
-        """Consumer retry / dead letter (:mod:`mqstore.gateway.send_back`): the consumed copy read as GetMessage
+        """Consumer retry / dead letter (:mod:`gateway.send_back`): the consumed copy read as GetMessage
         reads it, the new record appended with ``group_flow`` to the group topic's queue."""
         principal = self._principal(context)
         group, msg_id = request.group, request.msg_id.strip()
@@ -788,7 +789,7 @@ class MessagingServicer:
                              context: Context) -> groups_pb2.DescribeGroupsResponse:
         return await self.groups.describe(self._principal(context), request, self._timeout(context))
 
-    # -- transactions (gateway/transactions.py) ------------------------------------------------------
+    # -- transactions (gateway/transaction_relay.py) ------------------------------------------------------
 
     async def _send_half(self, route: TopicRoute, sharding_key: str, explicit: int | None, uniq_key: str,
                          message: common_pb2.Message, context: Context) -> gateway_pb2.SendResult:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from mqstore.services.store.config import ConfigError
+from services.store.config import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:9876"
 ROUND_ROBIN = "round_robin"

@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from mqstore.gateway.resilience import BackendError, backend_error
-from mqstore.gateway.settings import ShardSettings
-from mqstore.services.server.channels import aio_channel
-from mqstore.services.store.socket_address import AddressError, encode_address
+from gateway.resilience import BackendError, backend_error
+from gateway.settings import ShardSettings
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
+from services.server.channels import aio_channel
+from services.store.formats.socket_address import AddressError, encode_address
 
 MIB = 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -53,7 +53,7 @@ class ShardClient:
         self._query_channel = aio_channel(settings.query, CHANNEL_OPTIONS)
         self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._commitlog_channel)
         self.query = query_pb2_grpc.QueryServiceStub(self._query_channel)
-        # The shard's scheduler: transaction ends and checks (gateway/transactions.py).
+        # The shard's scheduler: transaction ends and checks (gateway/transaction_relay.py).
         self._scheduler_channel = aio_channel(settings.scheduler_address, CHANNEL_OPTIONS)
         self.transactions = scheduler_pb2_grpc.TransactionServiceStub(self._scheduler_channel)
         self._scheduler_what = f"the scheduler of {self.name} ({settings.scheduler_address})"

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.gateway.token_reload import file_signature
-from mqstore.services.store.config import ConfigError
+from gateway.token_reload import file_signature
+from services.store.config import ConfigError
 
-log = logging.getLogger("mqstore.gateway.tls")
+log = logging.getLogger("gateway.tls")
 
 TLS_CERT_ENV = "MQSTORE_GATEWAY_TLS_CERT"
 TLS_KEY_ENV = "MQSTORE_GATEWAY_TLS_KEY"

@@ -22,8 +22,8 @@ import logging
 import os
 from pathlib import Path
 
-from mqstore.gateway.auth import TokenTable, load_token_table
-from mqstore.services.store.config import ConfigError
+from gateway.auth import TokenTable, load_token_table
+from services.store.config import ConfigError
 
 log = logging.getLogger("gateway.tokens")
 

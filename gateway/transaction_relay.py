@@ -1,7 +1,7 @@
 """Transactional messages at the gateway: half sends, ends and the check relay (docs/transactions.md).
 
 * **Half send**: a Send whose message has ``TRAN_MSG`` = "true" and ``PGROUP``. The real queue is
-  chosen as for any send; the record stored is the half (``services/store/transactions.py``) under
+  chosen as for any send; the record stored is the half (``services/store/rules/transaction_records.py``) under
   ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, appended with ``transaction_flow``. Batches and streams refuse
   transactional messages (RocketMQ refuses transactional batches): a half is sent alone.
 * **EndTransaction**: the half is found by its offset msg id (which names its shard), the token must
@@ -28,19 +28,19 @@ from typing import Protocol, TypeAlias
 
 import grpc
 
-from mqstore.gateway.auth import Action, AuthError, PermissionDeniedError, Principal
-from mqstore.gateway.message_finder import MessageFinder
-from mqstore.gateway.resilience import BackendError
-from mqstore.gateway.route import QueueRoute, RouteTable, TopicRoute
-from mqstore.gateway.shard import ShardClient
-from mqstore.gateway.wire import Undecodable
-from mqstore.services.store import transactions as tx
-from mqstore.services.store.errors import InvalidArgumentError, StoreError
-from mqstore.services.store.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
-from mqstore.services.store.message_id import MessageIdKind, check_message_id
-from mqstore.services.store.names import check_producer_group
-from mqstore.services.store.producer_message import refuse_transactional
+from gateway.auth import Action, AuthError, PermissionDeniedError, Principal
+from gateway.message_finder import MessageFinder
+from gateway.resilience import BackendError
+from gateway.route import QueueRoute, RouteTable, TopicRoute
+from gateway.shard import ShardClient
+from gateway.wire import Undecodable
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2, scheduler_pb2, transaction_pb2
+from services.store.errors import InvalidArgumentError, StoreError
+from services.store.formats.message import PROPERTY_REAL_QUEUE_ID, PROPERTY_REAL_TOPIC, TRANSACTION_NOT_TYPE
+from services.store.formats.message_id import MessageIdKind, check_message_id
+from services.store.rules import transaction_records as tx
+from services.store.rules.names import check_producer_group
+from services.store.rules.producer_message import refuse_transactional
 
 log = logging.getLogger(__name__)
 

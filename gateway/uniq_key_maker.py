@@ -1,4 +1,4 @@
-"""UNIQ_KEYs the gateway makes for messages that come without one (services/store/uniq_key.py's layout).
+"""UNIQ_KEYs the gateway makes for messages that come without one (services/store/formats/uniq_key.py's layout).
 
 The gateway makes the id the producer's RocketMQ client would have made, so its IP part is the
 producer's: the message's born host (4 bytes and 32 hex digits for IPv4, 16 bytes and 56 digits for
@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 
-from mqstore.services.store.uniq_key import packed_ip, uniq_key_prefix, uniq_key_suffix
+from services.store.formats.uniq_key import packed_ip, uniq_key_prefix, uniq_key_suffix
 
 # A clock stepped back by NTP less than this much gives 0 rather than a negative time, as the client does.
 _NTP_STEP_MS = 1_000_000

@@ -1,6 +1,6 @@
 """The gateway's wire edge: request bytes to messages (undecodable ones included), domain errors to
 gRPC status codes, answers (or relayed bytes) to the wire. The service's registration, which needs
-the servicer, is :mod:`mqstore.gateway.registration`."""
+the servicer, is :mod:`gateway.registration`."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from typing import Any
 
 import grpc
 
-from mqstore.gateway import metrics
-from mqstore.gateway.auth import AuthError, PermissionDeniedError
-from mqstore.gateway.queue_selector import NoWritableQueueError
-from mqstore.gateway.resilience import BackendError
-from mqstore.services.server.status import fail_call, status_code_of
-from mqstore.services.store.errors import InvalidArgumentError, StoreError
-from mqstore.services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS, PullQuery
-from mqstore.services.store.subscription import parse_subscription
-from mqstore.services.store.topics import TopicConfig
+from gateway import metrics
+from gateway.auth import AuthError, PermissionDeniedError
+from gateway.queue_selector import NoWritableQueueError
+from gateway.resilience import BackendError
 from mqstore.v1 import common_pb2, query_pb2
+from services.server.status import fail_call, status_code_of
+from services.store.errors import InvalidArgumentError, StoreError
+from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS, PullQuery
+from services.store.rules.subscription import parse_subscription
+from services.store.rules.topics import TopicConfig
 
 SERVICE_NAME = "mqstore.v1.MessagingService"
 MIB = 1024 * 1024

@@ -37,12 +37,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from types import FrameType
 
-from mqstore.gateway.settings import GatewayOptions, GatewaySettings
-from mqstore.services.server.metrics import METRICS_PORT_ENV
-from mqstore.services.server.process import exit_reason
-from mqstore.services.store.config import ConfigError
+from gateway.settings import GatewayOptions, GatewaySettings
+from services.server.metrics import METRICS_PORT_ENV
+from services.server.process import exit_reason
+from services.store.config import ConfigError
 
-log = logging.getLogger("mqstore.gateway.workers")
+log = logging.getLogger("gateway.workers")
 
 WORKERS_ENV = "MQSTORE_GATEWAY_WORKERS"
 # Set by the supervisor for each worker: "index/count". Its presence makes a process a worker.
@@ -172,7 +172,7 @@ class WorkerGroup:
         if self.metrics_port is not None:
             env[METRICS_PORT_ENV] = str(self.metrics_port + worker.index if self.metrics_port else 0)
         parent = os.getpid()
-        worker.proc = subprocess.Popen([sys.executable, "-m", "mqstore.gateway", *self.args], env=env,
+        worker.proc = subprocess.Popen([sys.executable, "-m", "gateway", *self.args], env=env,
                                        start_new_session=True, preexec_fn=lambda: _die_with_parent(parent))
         log.info("gateway worker %d/%d started (pid %d)", worker.index, self.count, worker.proc.pid,
                  extra={"worker": worker.index, "pid": worker.proc.pid})

@@ -22,14 +22,14 @@ from dataclasses import asdict
 from types import ModuleType
 from typing import Any
 
-from mqstore.pipeline.failures import run_job
-from mqstore.pipeline.fs import LocationError, local_argument, parse_location
+from pipeline.failures import run_job
+from pipeline.fs import LocationError, local_argument, parse_location
 
 JsonRunner = Callable[[argparse.Namespace], tuple[int, dict[str, Any]]]
 
 
 def _jobs() -> dict[str, ModuleType]:
-    from mqstore.pipeline import export, reindex, stats, streaming, verify
+    from pipeline import export, reindex, stats, streaming, verify
 
     return {"export": export, "reindex": reindex, "verify": verify, "stats": stats, "stream": streaming}
 
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         outcome.update({"ok": False, "exit_code": code, "error": message})
 
     def prepare(_: argparse.Namespace) -> int:
-        from mqstore.pipeline import session
+        from pipeline import session
 
         progress = args.progress if args.progress is not None else sys.stderr.isatty()
         session.configure(args.master, parse_conf(args.conf), progress)
@@ -115,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             handler: Callable[[argparse.Namespace], int] = args.handler
             code = handler(args)
     finally:
-        from mqstore.pipeline import session
-        from mqstore.pipeline.progress import Progress
+        from pipeline import session
+        from pipeline.progress import Progress
 
         Progress.stop()
         session.configure()  # a caller in this process (a test) gets the plain defaults back
@@ -140,16 +140,16 @@ def _run_json(args: argparse.Namespace, outcome: dict[str, Any]) -> int:
 
 
 def _export_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from mqstore.pipeline.export import result_json, run_export
+    from pipeline.export import result_json, run_export
 
     return 0, result_json(run_export(args))
 
 
 def _reindex_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from mqstore.pipeline.reindex import ReindexInputs, reindex
-    from mqstore.pipeline.scan import StoreInput
-    from mqstore.pipeline.session import get_session
-    from mqstore.services.store.geometry import options_of
+    from pipeline.reindex import ReindexInputs, reindex
+    from pipeline.scan import StoreInput
+    from pipeline.session import get_session
+    from services.store.formats.geometry import options_of
 
     inputs = ReindexInputs.of(StoreInput.open(args.store, options_of(args)), args.output, args.split_size, args.force)
     result = reindex(get_session(args.master), inputs)
@@ -160,10 +160,10 @@ def _reindex_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _verify_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from mqstore.pipeline.scan import StoreInput
-    from mqstore.pipeline.session import get_session
-    from mqstore.pipeline.verify import VerifyInputs, verify
-    from mqstore.services.store.geometry import options_of
+    from pipeline.scan import StoreInput
+    from pipeline.session import get_session
+    from pipeline.verify import VerifyInputs, verify
+    from services.store.formats.geometry import options_of
 
     inputs = VerifyInputs.of(StoreInput.open(args.store, options_of(args)))
     report = verify(get_session(args.master), inputs, args.split_size)
@@ -173,10 +173,10 @@ def _verify_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _stats_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from mqstore.pipeline.scan import StoreInput
-    from mqstore.pipeline.session import get_session
-    from mqstore.pipeline.stats import stats
-    from mqstore.services.store.geometry import options_of
+    from pipeline.scan import StoreInput
+    from pipeline.session import get_session
+    from pipeline.stats import stats
+    from services.store.formats.geometry import options_of
 
     source = StoreInput.open(args.store, options_of(args))
     source.commitlog_files()
@@ -185,7 +185,7 @@ def _stats_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def _stream_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
-    from mqstore.pipeline.streaming import run_json
+    from pipeline.streaming import run_json
 
     return run_json(args)
 

@@ -2,7 +2,7 @@
 N workers, each a ``spark-class`` JVM with its own ports (RPC and web UI), work directory and a small
 share of cores and memory, stopped by PID. For tests and for trying the pipeline on a cluster by hand::
 
-    python -m mqstore.pipeline.cluster --workers 2     # prints the master URL; Ctrl-C stops everything
+    python -m pipeline.cluster --workers 2     # prints the master URL; Ctrl-C stops everything
 
 Why not ``sbin/start-all.sh``: those scripts daemonise (the PIDs are in files under ``/tmp``, shared by
 every cluster of the user) and need ssh for workers; here each JVM is a child process of ours.
@@ -79,7 +79,7 @@ class StandaloneCluster:
 
     def env(self) -> dict[str, str]:
         """What a daemon, and a driver submitting to it, run with: loopback only, quiet logs."""
-        from mqstore.pipeline.session import LOG4J_CONFIG
+        from pipeline.session import LOG4J_CONFIG
 
         env = dict(os.environ)
         env.update({"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": LOOPBACK, "SPARK_LOCAL_HOSTNAME": LOOPBACK,
@@ -170,7 +170,7 @@ class StandaloneCluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mqstore.pipeline.cluster", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipeline.cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, default=Path("spark-cluster"), help="logs and work directories")
     parser.add_argument("--workers", type=int, default=2)

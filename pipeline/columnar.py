@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as _pc
 
-from mqstore.pipeline.scan import ScanSummary, SplitTally
-from mqstore.pipeline.split_reader import MappedSplit, Split, iter_record_positions, scan_split
-from mqstore.services.store.message import (
+from pipeline.scan import ScanSummary, SplitTally
+from pipeline.split_reader import MappedSplit, Split, iter_record_positions, scan_split
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     KEY_SEPARATOR,
@@ -36,10 +36,10 @@ from mqstore.services.store.message import (
     STOREHOSTADDRESS_V6_FLAG,
     MessageRecord,
 )
-from mqstore.services.store.record import MESSAGE_MAGIC_CODE, RecordError, crc32, decode_record
-from mqstore.services.store.socket_address import decode_address
+from services.store.formats.record import MESSAGE_MAGIC_CODE, RecordError, crc32, decode_record
+from services.store.formats.socket_address import decode_address
 
-# Field offsets of a v1 record with IPv4 hosts (services/store/record.py).
+# Field offsets of a v1 record with IPv4 hosts (services/store/formats/record.py).
 _SIZE, _MAGIC, _CRC, _QUEUE_ID, _FLAG, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _SYS_FLAG = 0, 4, 8, 12, 16, 20, 28, 36
 _BORN_TS, _BORN_HOST, _STORE_TS, _STORE_HOST, _RECONSUME, _PREPARED, _BODY_LEN = 40, 48, 56, 64, 72, 76, 84
 _BODY = 88

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from mqstore.client.compression import consumer_body
-from mqstore.pipeline.columnar import export_batches
-from mqstore.pipeline.failures import JobError, run_job
-from mqstore.pipeline.fs import HadoopFiles, parse_location
-from mqstore.pipeline.scan import (
+from pipeline.columnar import export_batches
+from pipeline.failures import JobError, run_job
+from pipeline.fs import HadoopFiles, parse_location
+from pipeline.scan import (
     ScanSummary,
     StoreInput,
     decoded_records,
@@ -46,12 +46,12 @@ from mqstore.pipeline.scan import (
     splits_of_batches,
     summary_accumulator,
 )
-from mqstore.pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
-from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
-from mqstore.services.store.message import COMPRESSED_FLAG, KEY_SEPARATOR, MessageRecord
-from mqstore.services.store.message_id import make_message_id
-from mqstore.services.store.record import body_crc
-from mqstore.services.store.store_root import write_atomically
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
+from services.store.formats.geometry import GeometryOptions, add_geometry_arguments, options_of
+from services.store.formats.message import COMPRESSED_FLAG, KEY_SEPARATOR, MessageRecord
+from services.store.formats.message_id import make_message_id
+from services.store.formats.record import body_crc
+from services.store.store_root import write_atomically
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -437,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_export(args: argparse.Namespace) -> ExportResult:
     """The job: refuses a malformed location or unreadable local store before Spark starts."""
-    from mqstore.pipeline.session import get_session
+    from pipeline.session import get_session
 
     parse_location(args.output)
     if parse_location(args.store).is_remote:
@@ -484,6 +484,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
-    from mqstore.pipeline.export import main as package_main
+    from pipeline.export import main as package_main
 
     sys.exit(package_main())

@@ -14,11 +14,11 @@ import re
 import sys
 from collections.abc import Callable
 
-from mqstore.pipeline.fs import LocationError
-from mqstore.services.store.commitlog_files import CommitLogError
-from mqstore.services.store.geometry import GeometryError
-from mqstore.services.store.index_file import IndexFileError
-from mqstore.services.store.store_layout import StoreLayoutError
+from pipeline.fs import LocationError
+from services.store.formats.commitlog_walk import CommitLogError
+from services.store.formats.geometry import GeometryError
+from services.store.formats.index_file import IndexFileError
+from services.store.formats.store_layout import StoreLayoutError
 
 EXIT_FAILED = 1  # the job ran and failed (verify also uses it for an inconsistent store)
 EXIT_BAD_INPUT = 2  # the store, its geometry or an argument is wrong: nothing was done

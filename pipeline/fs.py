@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from mqstore.services.store.commitlog_files import FILE_NAME_DIGITS, CommitLogError
+from services.store.formats.commitlog_walk import FILE_NAME_DIGITS, CommitLogError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -197,7 +197,7 @@ def hadoop_message(exc: BaseException) -> str:
 def list_remote_commitlog(spark: SparkSession, location: Location, file_size: int | None = None
                           ) -> tuple[str, list[RemoteFile]]:
     """(commitlog URI, its files in offset order) of a remote store root or commitlog directory, with
-    the checks :func:`mqstore.services.store.commitlog_files.list_commitlog_files` makes locally."""
+    the checks :func:`services.store.formats.commitlog_walk.list_commitlog_files` makes locally."""
     files = HadoopFiles(spark, location.uri)
     root = location.uri.rstrip("/")
     try:

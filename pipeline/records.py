@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from mqstore.pipeline.columnar import (
+from pipeline.columnar import (
     FastRecords,
     decode_slow,
     host_strings,
@@ -23,7 +23,7 @@ from mqstore.pipeline.columnar import (
     tally,
     walk_split,
 )
-from mqstore.pipeline.scan import (
+from pipeline.scan import (
     ScanSummary,
     StoreInput,
     decoded_records,
@@ -31,10 +31,10 @@ from mqstore.pipeline.scan import (
     splits_of_batches,
     summary_accumulator,
 )
-from mqstore.pipeline.split_reader import Split
-from mqstore.services.store.index_service import IndexService
-from mqstore.services.store.java_hash import index_key_hash_fast
-from mqstore.services.store.message import (
+from pipeline.split_reader import Split
+from services.store.formats.index_service import IndexService
+from services.store.formats.java_hash import index_key_hash_fast
+from services.store.formats.message import (
     KEY_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
@@ -43,8 +43,8 @@ from mqstore.services.store.message import (
     MessageRecord,
     tags_code,
 )
-from mqstore.services.store.record import DispatchRequest, body_crc, dispatch_request_of
-from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
+from services.store.formats.record import DispatchRequest, body_crc, dispatch_request_of
+from services.store.rules.timer_message import PROPERTY_TIMER_OUT_MS, TIMER_TOPIC
 
 if TYPE_CHECKING:
     from pyspark import Accumulator

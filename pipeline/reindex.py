@@ -15,9 +15,9 @@ entry points into them, and a queue whose record was lost there gets a filler un
 (ConsumeQueue.put_batch's ``lost``), so the output stays the online indexer's.
 
 The output goes where the store keeps these files: ``indexer/`` in mqstore's layout, the root in
-RocketMQ's (mqstore.services.store.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
+RocketMQ's (services.store.formats.store_layout), or under ``--output``. The geometry (mappedFileSizeConsumeQueue,
 maxHashSlotNum, maxIndexNum) is the flags', else the settings' (``--config``, ``MQSTORE_*``), else
-that of the files being replaced, else the defaults (mqstore.services.store.geometry).
+that of the files being replaced, else the defaults (services.store.formats.geometry).
 
 Files are written through the local file system (local mode, or a path every executor mounts).
 Run as ``mqstore pipeline reindex STORE`` or ``spark-submit pipeline/reindex.py STORE``.
@@ -37,10 +37,10 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from mqstore.pipeline.columnar import FastRecords, decode_fast, pc
-from mqstore.pipeline.failures import run_job
-from mqstore.pipeline.scan import StoreInput, splits_rdd
-from mqstore.pipeline.split_reader import (
+from pipeline.columnar import FastRecords, decode_fast, pc
+from pipeline.failures import run_job
+from pipeline.scan import StoreInput, splits_rdd
+from pipeline.split_reader import (
     DEFAULT_SPLIT_SIZE,
     GAP_CORRUPT,
     Gap,
@@ -49,20 +49,20 @@ from mqstore.pipeline.split_reader import (
     iter_record_positions,
     scan_split,
 )
-from mqstore.services.store.consume_queue import ConsumeQueueStore
-from mqstore.services.store.dispatch_columns import DispatchColumns, cached_column
-from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
-from mqstore.services.store.index_file import (
+from services.store.formats.consume_queue import ConsumeQueueStore
+from services.store.formats.dispatch_columns import DispatchColumns, cached_column
+from services.store.formats.geometry import GeometryOptions, add_geometry_arguments, options_of
+from services.store.formats.index_file import (
     IndexColumns,
     IndexFile,
     IndexHeader,
     index_file_name,
     next_index_file_name,
 )
-from mqstore.services.store.index_service import IndexService
-from mqstore.services.store.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
-from mqstore.services.store.quarantine import QuarantinedRange, QuarantineTable
-from mqstore.services.store.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
+from services.store.formats.index_service import IndexService
+from services.store.formats.message import SCHEDULE_TOPIC, TRANSACTION_TYPE_MASK, tags_code
+from services.store.formats.quarantine import QuarantinedRange, QuarantineTable
+from services.store.formats.record import DispatchRequest, RecordError, check_record, parse_dispatch_requests
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -458,7 +458,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mqstore.pipeline.session import get_session
+    from pipeline.session import get_session
 
     inputs = ReindexInputs.of(StoreInput.open(args.store, options_of(args)), args.output, args.split_size, args.force)
     result = reindex(get_session(args.master), inputs)
@@ -478,6 +478,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
-    from mqstore.pipeline.reindex import main as package_main
+    from pipeline.reindex import main as package_main
 
     sys.exit(package_main())

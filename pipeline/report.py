@@ -13,7 +13,7 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mqstore.services.store.names import is_group_topic, is_system_topic
+from services.store.rules.names import is_group_topic, is_system_topic
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
 
-from mqstore.pipeline.fs import RemoteFile, list_remote_commitlog, parse_location
-from mqstore.pipeline.progress import Progress
-from mqstore.pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
-from mqstore.services.store.commitlog_files import CommitLogFile, list_commitlog_files
-from mqstore.services.store.geometry import COMMITLOG_FILE_SIZE, GeometryOptions, StoreGeometry
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.record import RecordError, decode_record
-from mqstore.services.store.store_layout import ROCKETMQ, StoreLayout, resolve_store
+from pipeline.fs import RemoteFile, list_remote_commitlog, parse_location
+from pipeline.progress import Progress
+from pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
+from services.store.formats.commitlog_walk import CommitLogFile, list_commitlog_files
+from services.store.formats.geometry import COMMITLOG_FILE_SIZE, GeometryOptions, StoreGeometry
+from services.store.formats.message import MessageRecord
+from services.store.formats.record import RecordError, decode_record
+from services.store.formats.store_layout import ROCKETMQ, StoreLayout, resolve_store
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,7 +57,7 @@ class StoreInput:
             layout = resolve_store(location.local)
             return cls(layout, geometry, None, str(layout.root))
         if spark is None:
-            from mqstore.pipeline.session import get_session
+            from pipeline.session import get_session
 
             spark = get_session()
         given = geometry.given.get(COMMITLOG_FILE_SIZE[0])

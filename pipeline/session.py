@@ -81,7 +81,7 @@ def get_session(master: str | None = None, app_name: str = "mqstore-pipeline",
 
 def _with_progress(session: SparkSession) -> SparkSession:
     if DEFAULTS.progress:
-        from mqstore.pipeline.progress import Progress
+        from pipeline.progress import Progress
 
         Progress.start(session)
     return session

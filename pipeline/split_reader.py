@@ -12,7 +12,7 @@ goes on past ``end`` to finish the record that crosses it. A boundary is a candi
 Resynchronisation is a pure function of the file's bytes, so neighbouring splits agree on where a
 record starts and every record is read exactly once, whatever the split size. What is not a record is
 reported as a :class:`Gap` with its commitlog offset: zeros (the unused tail of the last file, or a
-hole) or corrupt bytes. Workers only need this module and ``mqstore.services.store`` (struct, zlib, mmap).
+hole) or corrupt bytes. Workers only need this module and ``services.store`` (struct, zlib, mmap).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqstore.pipeline.fs import local_path
-from mqstore.services.store.commitlog_files import CommitLogFile, list_commitlog_files
-from mqstore.services.store.record import (
+from pipeline.fs import local_path
+from services.store.formats.commitlog_walk import CommitLogFile, list_commitlog_files
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mqstore.pipeline.failures import run_job
-from mqstore.pipeline.records import records_frame
-from mqstore.pipeline.scan import StoreInput
-from mqstore.pipeline.split_reader import DEFAULT_SPLIT_SIZE
-from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
+from pipeline.failures import run_job
+from pipeline.records import records_frame
+from pipeline.scan import StoreInput
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE
+from services.store.formats.geometry import GeometryOptions, add_geometry_arguments, options_of
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -101,7 +101,7 @@ def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict
 def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Path,
           split_size: int = DEFAULT_SPLIT_SIZE, geometry: GeometryOptions | None = None,
           skew_limit_ms: int = SKEW_LIMIT_MS) -> StatsResult:
-    from mqstore.pipeline.report import write_report
+    from pipeline.report import write_report
 
     out = Path(output)
     source = StoreInput.open(store, geometry)
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mqstore.pipeline.session import get_session
+    from pipeline.session import get_session
 
     source = StoreInput.open(args.store, options_of(args))
     source.commitlog_files()  # a store that cannot be read is refused before Spark starts
@@ -169,6 +169,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
-    from mqstore.pipeline.stats import main as package_main
+    from pipeline.stats import main as package_main
 
     sys.exit(package_main())

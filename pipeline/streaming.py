@@ -15,7 +15,7 @@ once. Nothing needs a consumer group or a commit on the server.
   over the queues. A queue that appears later (the topic grew) enters at its min offset.
 - ``partitions``: one task per queue range, cut into pieces of ``maxMessagesPerPartition``.
 - ``read`` (on the executors): raw pulls of [start, end) through the gateway; the stored records are
-  decoded by the export's decoder (:func:`mqstore.pipeline.export.records_batch`), so the rows carry the export
+  decoded by the export's decoder (:func:`pipeline.export.records_batch`), so the rows carry the export
   columns, plus ``timestamp`` and ``key`` as export adds them (docs/pipeline.md).
 
 Messages of a planned range that are gone when the range is read (their files expired, the queue
@@ -25,7 +25,7 @@ was deleted) are data loss: the query fails naming the queue and offsets, unless
 ``queue_id`` is the route's queue id (what the offsets use; a record carries its shard's, which a
 gateway over several shards numbers differently). Use::
 
-    from mqstore.pipeline.streaming import register
+    from pipeline.streaming import register
     register(spark)
     stream = (spark.readStream.format("mqstore").option("endpoint", "127.0.0.1:8080")
               .option("topic", "Orders").load())
@@ -51,8 +51,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.record import decode_record
+from services.store.formats.message import MessageRecord
+from services.store.formats.record import decode_record
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -204,7 +204,7 @@ def _explicit_offsets(text: str) -> dict[int, int]:
 def _stream_schema() -> pa.Schema:
     """The export's columns in the order a Parquet export reads back: the record's columns, then the
     Kafka-named ``timestamp`` and ``key``, then the partition columns ``topic`` and ``store_date``."""
-    from mqstore.pipeline.export import PARTITION_COLUMNS, SCHEMA
+    from pipeline.export import PARTITION_COLUMNS, SCHEMA
 
     fields = [f for f in SCHEMA if f.name not in PARTITION_COLUMNS]
     fields += [pa.field("timestamp", pa.timestamp("us", tz="UTC")), pa.field("key", pa.string())]
@@ -217,7 +217,7 @@ STREAM_SCHEMA = _stream_schema()
 
 def rows_of(records: Sequence[MessageRecord], decompress: bool) -> pa.RecordBatch:
     """One Arrow batch of STREAM_SCHEMA: the export's decoding of each record, plus the Kafka names."""
-    from mqstore.pipeline.export import records_batch
+    from pipeline.export import records_batch
 
     batch = records_batch(records, decompress)
     columns = {name: batch.column(name) for name in batch.schema.names}
@@ -530,8 +530,8 @@ class StreamResult:
 def run_stream(args: argparse.Namespace) -> StreamResult:
     """Run the stream until it is stopped (Ctrl-C) or, with ``--available-now``, until it has caught up.
     Raises StreamOptionError for bad options (before Spark starts), JobError when the query fails."""
-    from mqstore.pipeline.failures import JobError, root_cause
-    from mqstore.pipeline.session import get_session
+    from pipeline.failures import JobError, root_cause
+    from pipeline.session import get_session
 
     options = reader_options_of(args)
     StreamOptions.parse(options)
@@ -558,7 +558,7 @@ def run_json(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mqstore.pipeline.failures import run_job
+    from pipeline.failures import run_job
 
     def stream(_: argparse.Namespace) -> int:
         try:

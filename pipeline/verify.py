@@ -9,9 +9,9 @@ Checks, each over the whole store in parallel:
   record: its (hash, offset) is reachable from the hash slot, as a query walks it.
 
 The store is mqstore's (``indexer/consumequeue``, ``indexer/index``) or RocketMQ's (``consumequeue/``,
-``index/``), told apart by mqstore.services.store.store_layout. The geometry (ConsumeQueue file size, the index
+``index/``), told apart by services.store.formats.store_layout. The geometry (ConsumeQueue file size, the index
 files' hashSlotNum and indexNum) comes from ``--config``/``MQSTORE_*`` settings and flags, else from
-the files (mqstore.services.store.geometry), settled at the driver: tasks are given it, never guess it.
+the files (services.store.formats.geometry), settled at the driver: tasks are given it, never guess it.
 
 Run as ``mqstore pipeline verify STORE`` or ``spark-submit pipeline/verify.py STORE``.
 """
@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mqstore.pipeline.failures import run_job
-from mqstore.pipeline.records import records_frame
-from mqstore.pipeline.scan import StoreInput
-from mqstore.pipeline.split_reader import DEFAULT_SPLIT_SIZE
-from mqstore.services.store.consume_queue import BLANK_UNIT, CQ_STORE_UNIT_SIZE, is_valid_unit
-from mqstore.services.store.geometry import GeometryOptions, add_geometry_arguments, options_of
-from mqstore.services.store.index_file import IndexFile
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from pipeline.failures import run_job
+from pipeline.records import records_frame
+from pipeline.scan import StoreInput
+from pipeline.split_reader import DEFAULT_SPLIT_SIZE
+from services.store.formats.consume_queue import BLANK_UNIT, CQ_STORE_UNIT_SIZE, is_valid_unit
+from services.store.formats.geometry import GeometryOptions, add_geometry_arguments, options_of
+from services.store.formats.index_file import IndexFile
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mqstore.pipeline.session import get_session
+    from pipeline.session import get_session
 
     inputs = VerifyInputs.of(StoreInput.open(args.store, options_of(args)))
     report = verify(get_session(args.master), inputs, args.split_size)
@@ -286,6 +286,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Through the package, so workers import the job's functions instead of unpickling __main__'s copies.
-    from mqstore.pipeline.verify import main as package_main
+    from pipeline.verify import main as package_main
 
     sys.exit(package_main())

@@ -28,14 +28,14 @@ def build_parser() -> argparse.ArgumentParser:
     from mqstore.client.cli import add_client_commands
 
     add_client_commands(commands)
-    from mqstore.bench.cli import add_bench_command
+    from bench.cli import add_bench_command
 
     add_bench_command(commands)
     return parser
 
 
 def _add_pipeline(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    # The job arguments are parsed by mqstore.pipeline.cli, so other commands never import Spark.
+    # The job arguments are parsed by pipeline.cli, so other commands never import Spark.
     pipeline = commands.add_parser("pipeline", add_help=False,
                                    help="Spark jobs over store files: export, reindex, verify, stats")
     pipeline.add_argument("pipeline_args", nargs=argparse.REMAINDER)
@@ -43,7 +43,7 @@ def _add_pipeline(commands: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def _pipeline(args: argparse.Namespace) -> int:
-    from mqstore.pipeline.cli import main as pipeline_main
+    from pipeline.cli import main as pipeline_main
 
     return pipeline_main(args.pipeline_args)
 
@@ -77,8 +77,8 @@ def _add_export_rocketmq_store(commands: argparse._SubParsersAction[argparse.Arg
 
 
 def _export_rocketmq_store(args: argparse.Namespace) -> int:
-    from mqstore.services.store.rocketmq_layout_export import SourceStore
-    from mqstore.services.store.rocketmq_layout_export import main as export_main
+    from services.store.tools.rocketmq_layout_export import SourceStore
+    from services.store.tools.rocketmq_layout_export import main as export_main
 
     return export_main(SourceStore.at(args.src, args.indexer, args.query), args.dest, args.copy,
                        args.progress_interval)
@@ -191,7 +191,7 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mqstore.services.runner import run
+    from services.runner import run
 
     return run(store=args.store, config_file=args.config, base_port=args.base_port, auth_file=args.auth_file,
                metrics_base_port=None if args.no_metrics else args.metrics_base_port,
@@ -199,8 +199,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve_gateway(args: argparse.Namespace) -> int:
-    from mqstore.gateway.main import serve
-    from mqstore.gateway.settings import GatewayOptions
+    from gateway.main import serve
+    from gateway.settings import GatewayOptions
 
     if (args.commitlog is None) != (args.query is None):
         print("mqstore gateway: give both --commitlog and --query (one shard), or neither", file=sys.stderr)
@@ -213,13 +213,13 @@ def _serve_gateway(args: argparse.Namespace) -> int:
 
 
 def _serve_indexer(args: argparse.Namespace) -> int:
-    from mqstore.services.indexer.main import serve
+    from services.indexer.main import serve
 
     return serve(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog)
 
 
 def _serve_query(args: argparse.Namespace) -> int:
-    from mqstore.services.query.main import QueryOptions, serve
+    from services.query.main import QueryOptions, serve
 
     return serve(QueryOptions(store=args.store, config_file=args.config, listen=args.listen, commitlog=args.commitlog,
                               indexer=args.indexer, persist_interval_ms=args.persist_interval_ms,
@@ -228,7 +228,7 @@ def _serve_query(args: argparse.Namespace) -> int:
 
 
 def _serve_scheduler(args: argparse.Namespace) -> int:
-    from mqstore.services.scheduler.main import SchedulerOptions, serve
+    from services.scheduler.main import SchedulerOptions, serve
 
     return serve(SchedulerOptions(store=args.store, store_root=args.store_root, config_file=args.config,
                                   listen=args.listen, commitlog=args.commitlog, indexer=args.indexer,
@@ -236,7 +236,7 @@ def _serve_scheduler(args: argparse.Namespace) -> int:
 
 
 def _serve_commitlog(args: argparse.Namespace) -> int:
-    from mqstore.services.commitlog.main import serve
+    from services.commitlog.main import serve
 
     return serve(store=args.store, config_file=args.config, listen=args.listen)
 
@@ -244,7 +244,7 @@ def _serve_commitlog(args: argparse.Namespace) -> int:
 def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     inspect = commands.add_parser("inspect", help="decode store files offline")
     kinds = inspect.add_subparsers(dest="kind", required=True)
-    from mqstore.services.store.geometry import add_geometry_arguments
+    from services.store.formats.geometry import add_geometry_arguments
 
     commitlog = kinds.add_parser("commitlog", help="decode every record of a commitlog directory")
     commitlog.add_argument("dir", help="a store root or its commitlog directory (mqstore's or RocketMQ's)")
@@ -273,7 +273,7 @@ def _add_inspect(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def _json_names_argument(parser: argparse.ArgumentParser) -> None:
-    from mqstore.services.store.inspect_output import JSON_NAMES, SNAKE_CASE
+    from services.store.tools.inspect_output import JSON_NAMES, SNAKE_CASE
 
     parser.add_argument("--json-names", choices=JSON_NAMES, default=SNAKE_CASE,
                         help="--json field names: snake_case like every mqstore command (default), or rocketmq: "
@@ -281,23 +281,23 @@ def _json_names_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _inspect_commitlog(args: argparse.Namespace) -> int:
-    from mqstore.services.store.geometry import options_of
-    from mqstore.services.store.inspect_commitlog import main as inspect_main
+    from services.store.formats.geometry import options_of
+    from services.store.tools.inspect_commitlog import main as inspect_main
 
     return inspect_main(args.dir, args.from_offset, args.json, options_of(args), allow_corrupt=args.allow_corrupt,
                         json_names=args.json_names)
 
 
 def _inspect_consumequeue(args: argparse.Namespace) -> int:
-    from mqstore.services.store.geometry import options_of
-    from mqstore.services.store.inspect_consumequeue import main as inspect_main
+    from services.store.formats.geometry import options_of
+    from services.store.tools.inspect_consumequeue import main as inspect_main
 
     return inspect_main(args.dir, args.json, options_of(args), json_names=args.json_names)
 
 
 def _inspect_index(args: argparse.Namespace) -> int:
-    from mqstore.services.store.geometry import options_of
-    from mqstore.services.store.inspect_index import main as inspect_main
+    from services.store.formats.geometry import options_of
+    from services.store.tools.inspect_index import main as inspect_main
 
     return inspect_main(args.file, args.json, args.slots, options_of(args), json_names=args.json_names)
 

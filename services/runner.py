@@ -35,17 +35,17 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
-from mqstore.gateway.tls import ENV_SETTINGS as TLS_ENV_SETTINGS
-from mqstore.gateway.workers import workers_from_env
-from mqstore.services.query import DEFAULT_LISTEN as QUERY_LISTEN
-from mqstore.services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
-from mqstore.services.server.grpc_server import INSTANCE_ENV, INSTANCE_METADATA
-from mqstore.services.server.process import RestartPolicy, exit_reason
-from mqstore.services.store.config import ConfigError, load_config
-from mqstore.services.store.store_root import make_dirs
+from gateway.settings import DEFAULT_LISTEN as GATEWAY_LISTEN
+from gateway.tls import ENV_SETTINGS as TLS_ENV_SETTINGS
+from gateway.workers import workers_from_env
+from services.query import DEFAULT_LISTEN as QUERY_LISTEN
+from services.scheduler import DEFAULT_LISTEN as SCHEDULER_LISTEN
+from services.server.grpc_server import INSTANCE_ENV, INSTANCE_METADATA
+from services.server.process import RestartPolicy, exit_reason
+from services.store.config import ConfigError, load_config
+from services.store.store_root import make_dirs
 
-log = logging.getLogger("mqstore.services.runner")
+log = logging.getLogger("services.runner")
 STOP_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
 DEFAULT_METRICS_BASE_PORT = 9910
@@ -170,7 +170,7 @@ class _Child:
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
         # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
         # once, in order (a second signal would make a child skip its clean shutdown).
-        self.proc = subprocess.Popen([sys.executable, "-m", "mqstore.services.cli", *spec.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args],
                                      start_new_session=True, env=env)
         log.info("started %s (pid %d) on %s", spec.name, self.proc.pid, spec.listen)
         return self.proc

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.config import MessageStoreConfig, load_config
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
+from services.store.config import MessageStoreConfig, load_config
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
 
 KIB = 1024
 #: Files with at least this much disk allocated count as preallocated store files.

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqstore.client.batch_encoder import decode_entries, encode_entry, properties_bytes
-from mqstore.services.store import batch_codec
-from mqstore.services.store.errors import InvalidArgumentError
+from services.store.errors import InvalidArgumentError
+from services.store.rules import batch_codec
 
 _text = st.text(st.characters(codec="utf-8", exclude_characters="\x01\x02"), min_size=1,
                 max_size=12)

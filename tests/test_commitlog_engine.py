@@ -10,19 +10,19 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageStatus
-from mqstore.services.store.config import load_config
-from mqstore.services.store.errors import (
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_result import PutMessageError, PutMessageStatus
+from services.store.config import load_config
+from services.store.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
     NotFoundError,
     ResourceExhaustedError,
 )
-from mqstore.services.store.message import SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, Message
-from mqstore.services.store.message_id import decode_message_id
-from mqstore.services.store.record import BLANK_MAGIC_CODE, decode_record, read_size_and_magic
-from mqstore.services.store.topics import TopicConfig
+from services.store.formats.message import SCHEDULE_TOPIC, TRANSACTION_PREPARED_TYPE, Message
+from services.store.formats.message_id import decode_message_id
+from services.store.formats.record import BLANK_MAGIC_CODE, decode_record, read_size_and_magic
+from services.store.rules.topics import TopicConfig
 from tests.geometry import SMALL, GeometryPreset, geometry_id
 
 
@@ -151,7 +151,7 @@ def test_sync_flush_acknowledges_only_flushed_data(tmp_path: Path) -> None:
 
 def test_sync_flush_timeout_is_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     log = make_log(tmp_path, flush_disk_type="SYNC_FLUSH", sync_flush_timeout=100)
-    import mqstore.services.store.mapped_file as mapped_file
+    import services.store.formats.mapped_file as mapped_file
 
     real = mapped_file.os.fdatasync
     monkeypatch.setattr(mapped_file.os, "fdatasync", lambda fd: (time.sleep(0.3), real(fd)))

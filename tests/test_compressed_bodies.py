@@ -12,18 +12,18 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from mqstore.apache.rocketmq.v2 import definition_pb2
+from apache.rocketmq.v2 import definition_pb2
+from gateway.rocketmq5.local_call import MqstoreCallError
+from gateway.rocketmq5.messages import to_v2
 from mqstore.client import compression
 from mqstore.client.compression import NotInflatable, consumer_body, inflate
 from mqstore.client.records import decode_records
-from mqstore.gateway.rocketmq5.local_call import MqstoreCallError
-from mqstore.gateway.rocketmq5.messages import to_v2
-from mqstore.pipeline.export import decompress_body
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.query.stored_message import _general, stored_message
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
 from mqstore.v1 import query_pb2
+from pipeline.export import decompress_body
+from services.commitlog.commit_log import CommitLog
+from services.query.stored_message import _general, stored_message
+from services.store.config import load_config
+from services.store.formats.message import Message
 
 PLAIN = b"compressed body " * 40
 WHOLE = zlib.compress(PLAIN)

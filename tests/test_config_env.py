@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.config import ENV_PREFIX, is_known_env, load_config
+from services.store.config import ENV_PREFIX, is_known_env, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Every source tree whose processes read MQSTORE_* variables.
@@ -19,7 +19,7 @@ SOURCES = ("gateway", "services", "pipeline", "mqstore_client")
 
 def _warnings(caplog: pytest.LogCaptureFixture, environ: dict[str, str]) -> list[str]:
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mqstore.services.store.config"):
+    with caplog.at_level(logging.WARNING, logger="services.store.config"):
         load_config(environ=environ)
     return [r.getMessage() for r in caplog.records]
 

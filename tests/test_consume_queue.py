@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog, list_commitlog_files
-from mqstore.services.store.consume_queue import (
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
+from services.store.formats.consume_queue import (
     BLANK_UNIT,
     CQ_STORE_UNIT_SIZE,
     ConsumeQueue,
@@ -29,14 +29,14 @@ from mqstore.services.store.consume_queue import (
     _all_valid,
     is_valid_unit,
 )
-from mqstore.services.store.mapped_file import OS_PAGE_SIZE
-from mqstore.services.store.message import (
+from services.store.formats.mapped_file import OS_PAGE_SIZE
+from services.store.formats.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_NOT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-from mqstore.services.store.record import DispatchRequest, RecordError, decode_record
+from services.store.formats.record import DispatchRequest, RecordError, decode_record
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
 from tests.geometry import GeometryPreset
@@ -414,7 +414,7 @@ def test_gap_is_logged_and_appended_at_the_write_position(store_geometry: Geomet
                                                           caplog: pytest.LogCaptureFixture) -> None:
     queue = ConsumeQueue(tmp_path, "T", 0, store_geometry.cq_file_size)
     queue.put_batch([(0, 10, 0, 0), (10, 10, 0, 1)])
-    with caplog.at_level(logging.ERROR, logger="mqstore.services.store.consume_queue"):
+    with caplog.at_level(logging.ERROR, logger="services.store.formats.consume_queue"):
         queue.put_batch([(20, 10, 0, 5)])
     assert "logic queue order maybe wrong" in caplog.text
     assert queue.get_units(0, 10)[-1] == (20, 10, 0, 2)  # as RocketMQ: at the write position

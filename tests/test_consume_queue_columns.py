@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.indexer.indexer_store import _arrivals
-from mqstore.services.store.consume_queue import COLUMNAR_MIN_RECORDS, CQ_STORE_UNIT_SIZE, ConsumeQueueStore
-from mqstore.services.store.dispatch_columns import DispatchColumns
-from mqstore.services.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
-from mqstore.services.store.record import DispatchRequest
+from services.indexer.indexer_store import _arrivals
+from services.store.formats.consume_queue import COLUMNAR_MIN_RECORDS, CQ_STORE_UNIT_SIZE, ConsumeQueueStore
+from services.store.formats.dispatch_columns import DispatchColumns
+from services.store.formats.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from services.store.formats.record import DispatchRequest
 
 RECORDS = st.lists(st.tuples(
     st.sampled_from([("T", 0), ("T", 1), ("U", 0), ("订阅", 3)]),

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.services.store.commitlog_files import iter_commitlog
-from mqstore.services.store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
-from mqstore.services.store.record import RecordError, check_record, encode_record, parse_dispatch_requests
-from mqstore.services.store.socket_address import encode_address
+from services.store.formats.commitlog_walk import iter_commitlog
+from services.store.formats.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
+from services.store.formats.record import RecordError, check_record, encode_record, parse_dispatch_requests
+from services.store.formats.socket_address import encode_address
 from tests.conftest import StoreFactory
 
 

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
     STOREHOSTADDRESS_V6_FLAG,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     DispatchRequest,
     RecordError,
     decode_record,
@@ -27,7 +27,7 @@ from mqstore.services.store.record import (
     java_parse_int,
     parse_dispatch_requests,
 )
-from mqstore.services.store.socket_address import encode_address
+from services.store.formats.socket_address import encode_address
 from tests.conftest import StoreFactory
 from tests.test_dispatch_parse import chunks_of
 

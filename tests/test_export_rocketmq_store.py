@@ -22,14 +22,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.services.store.rocketmq_layout_export import (
+from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
+from services.store.tools.rocketmq_layout_export import (
     ExportError,
     Progress,
     SourceStore,
     _copy_file,
     export_rocketmq_store,
 )
-from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import run_mqstore, start_commitlog, stop_cleanly
 from tests.conftest import StoreFactory
 from tests.gateway.system_process import UpProcess, start_up
@@ -320,8 +320,8 @@ def test_an_interrupted_export_leaves_nothing(stopped_store: StoppedStore, tmp_p
 def test_delay_offsets_carry_what_the_scheduler_delivered(tmp_path: Path) -> None:
     """The broker's ScheduleMessageService resumes each level at the scheduler's delivered count: what
     mqstore delivered is not delivered again; a level it never delivered from starts at 0."""
-    from mqstore.services.store.delay_offsets_file import write_delay_offsets
-    from mqstore.services.store.rocketmq_layout_export import _write_delay_offsets
+    from services.store.formats.delay_offsets_file import write_delay_offsets
+    from services.store.tools.rocketmq_layout_export import _write_delay_offsets
 
     dest = tmp_path / "dest"
     for queue in ("0", "2"):  # levels 1 and 3

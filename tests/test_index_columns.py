@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.dispatch_columns import DispatchColumns
-from mqstore.services.store.index_file import IndexColumns, IndexFile
-from mqstore.services.store.index_service import IndexService
-from mqstore.services.store.java_hash import (
+from services.store.formats.dispatch_columns import DispatchColumns
+from services.store.formats.index_file import IndexColumns, IndexFile
+from services.store.formats.index_service import IndexService
+from services.store.formats.java_hash import (
     MASK32,
     abs_java_ints,
     combine_u32,
@@ -23,8 +23,8 @@ from mqstore.services.store.java_hash import (
     segment_hashes_u32,
     utf16_units,
 )
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
-from mqstore.services.store.record import DispatchRequest
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE
+from services.store.formats.record import DispatchRequest
 
 WORDS = st.one_of(
     st.text(max_size=12),  # any str: non-BMP characters and lone surrogates included

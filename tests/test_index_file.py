@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
-from mqstore.services.store.index_file import (
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
+from services.store.formats.index_file import (
     IndexFile,
     IndexFileError,
     IndexHeader,
@@ -26,9 +26,8 @@ from mqstore.services.store.index_file import (
     index_file_size,
     next_index_file_name,
 )
-from mqstore.services.store.index_service import IndexService, IndexState, IndexStateMismatch
-from mqstore.services.store.inspect_index import infer_geometry
-from mqstore.services.store.java_hash import (
+from services.store.formats.index_service import IndexService, IndexState, IndexStateMismatch
+from services.store.formats.java_hash import (
     MASK32,
     abs_java_int,
     index_key_hash,
@@ -36,12 +35,13 @@ from mqstore.services.store.java_hash import (
     java_hash_u32,
     java_string_hash,
 )
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     TRANSACTION_COMMIT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,
 )
-from mqstore.services.store.record import DispatchRequest
+from services.store.formats.record import DispatchRequest
+from services.store.tools.inspect_index import infer_geometry
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.conftest import DumpRows, StoreFactory
 from tests.geometry import GeometryPreset

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.commitlog_files import (
+from services.store.formats.commitlog_walk import (
     CommitLogError,
     commitlog_file_name,
     iter_commitlog,
     list_commitlog_files,
 )
-from mqstore.services.store.inspect_commitlog import main
+from services.store.tools.inspect_commitlog import main
 from tests.commitlog.commitlog_process import mqstore_command, run_mqstore
 from tests.conftest import DumpRows, LinesLoader, StoreFactory
 from tests.pipeline.services_store import ServicesStore, write_services_store

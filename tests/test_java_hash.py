@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
-from mqstore.services.store.java_hash import index_key_hash, java_string_hash
-from mqstore.services.store.message import tags_code
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
+from services.store.formats.java_hash import index_key_hash, java_string_hash
+from services.store.formats.message import tags_code
 
 INT_MIN = -(2**31)
 

@@ -29,10 +29,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mqstore.gateway.settings import GatewaySettings, load_gateway_settings
-from mqstore.services.cli import build_parser
-from mqstore.services.server.grpc_server import ServerSettings
-from mqstore.services.store.config import load_config
+from gateway.settings import GatewaySettings, load_gateway_settings
+from services.cli import build_parser
+from services.server.grpc_server import ServerSettings
+from services.store.config import load_config
 from tests.deploy.render import (
     K8S,
     KUSTOMIZATIONS,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.config import ConfigError, load_config
-from mqstore.services.store.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
-from mqstore.services.store.message import Message
+from services.commitlog.commit_log import CommitLog
+from services.store.config import ConfigError, load_config
+from services.store.formats.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
+from services.store.formats.message import Message
 
 
 def test_prefault_keeps_content_and_stops_on_request(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The two id formats (services/store/message_id.py, services/store/uniq_key.py) and the gateway's
+"""The two id formats (services/store/formats/message_id.py, services/store/formats/uniq_key.py) and the gateway's
 UNIQ_KEY generator: round trips at every length RocketMQ 4.9.8 makes, and what is refused."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.gateway.uniq_key import UniqKeyGenerator
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message_id import (
+from gateway.uniq_key_maker import UniqKeyGenerator
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message_id import (
     MessageIdError,
     MessageIdKind,
     check_message_id,
@@ -21,8 +21,8 @@ from mqstore.services.store.message_id import (
     message_id_kind,
     parse_message_id,
 )
-from mqstore.services.store.socket_address import encode_address
-from mqstore.services.store.uniq_key import UniqKeyError, decode_uniq_key, encode_uniq_key, packed_ip
+from services.store.formats.socket_address import encode_address
+from services.store.formats.uniq_key import UniqKeyError, decode_uniq_key, encode_uniq_key, packed_ip
 
 
 def _not_mapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

@@ -2,13 +2,14 @@
 
 * ``mqstore-client``: only ``mqstore/client`` and the generated ``mqstore/v1`` (no servers, no Spark), depends on
   grpcio and protobuf only; installed alone it imports, and sends to and pulls from a running ``mqstore up``.
-* ``mqstore``: everything under ``mqstore/`` (no top-level ``services``, ``gateway``, ``pipeline``, ``bench``,
-  ``apache``), no ``mqstore/__init__.py`` in either wheel (``mqstore`` is a namespace package both install
-  into); with the client wheel its ``mqstore`` console script runs.
+* ``mqstore``: the servers at the paths their names say (``services/``, ``gateway/``, ``pipeline/``, ``bench/``)
+  and the generated code only they use (``apache/``, ``etcd/``), nothing under ``mqstore/`` (that namespace is
+  the client's: ``mqstore/client`` and ``mqstore/v1``, and neither wheel ships ``mqstore/__init__.py``); with
+  the client wheel its ``mqstore`` console script runs.
 
 Offline: the wheels go in with ``--no-deps --no-index``; their third-party dependencies (grpcio, ...) come from
 the project venv's site-packages, added to the clean venv as a plain path entry, so none of the project venv's
-own .pth files (the editable install, gen/) are read: ``mqstore.*`` can only come from the wheels.
+own .pth files (the editable install, gen/) are read: the code can only come from the wheels.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 from tests.gateway.system_process import UpProcess, running_up
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVER_TOP = ("services", "gateway", "pipeline", "bench", "apache", "mqstore_client")
+SERVER_TOP = ("services", "gateway", "pipeline", "bench", "apache", "etcd")
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +86,14 @@ def test_the_client_wheel_holds_only_the_client_and_the_generated_code(wheels: d
     assert requires == ["grpcio", "protobuf"]
 
 
-def test_the_server_wheel_installs_only_under_mqstore(wheels: dict[str, Path]) -> None:
+def test_the_server_wheel_holds_the_servers_and_their_generated_code(wheels: dict[str, Path]) -> None:
     names = _names(wheels["mqstore"])
     code = [n for n in names if not n.startswith("mqstore-0.1.0.dist-info/")]
-    assert code and all(n.startswith("mqstore/") for n in code), sorted(n for n in code if "/" not in n)
-    assert not [n for n in code if n.startswith(("mqstore/client/", "mqstore/v1/"))], "those are mqstore-client's"
-    assert "mqstore/__init__.py" not in names
-    for expected in ("mqstore/services/cli.py", "mqstore/gateway/__main__.py", "mqstore/pipeline/log4j2.properties",
-                     "mqstore/apache/rocketmq/v2/service_pb2_grpc.py", "mqstore/bench/gateway.py"):
+    assert code and all(n.split("/", 1)[0] in SERVER_TOP for n in code), sorted(
+        n for n in code if n.split("/", 1)[0] not in SERVER_TOP)
+    for expected in ("services/cli.py", "services/store/formats/record.py", "gateway/__main__.py",
+                     "pipeline/log4j2.properties", "apache/rocketmq/v2/service_pb2_grpc.py", "bench/gateway.py",
+                     "etcd/api/etcdserverpb/rpc_pb2_grpc.py"):
         assert expected in code
     assert "Requires-Dist: mqstore-client==0.1.0" in _metadata(wheels["mqstore"])
 
@@ -110,7 +111,7 @@ def test_the_client_alone_sends_and_pulls(wheels: dict[str, Path], up: UpProcess
         import mqstore.client
         from mqstore.client import Client, Producer, PullConsumer
         assert mqstore.client.__file__.startswith(sys.prefix), mqstore.client.__file__
-        for name in ("mqstore.services", "mqstore.gateway", "mqstore.pipeline", {", ".join(map(repr, SERVER_TOP))}):
+        for name in {SERVER_TOP!r}:
             assert importlib.util.find_spec(name) is None, name
         with Client("{up.gateway}") as client:
             client.create_topic("PackagingTopic", 1)
@@ -139,9 +140,8 @@ def test_the_server_wheel_runs_its_console_script(wheels: dict[str, Path], tmp_p
     assert done.stdout.startswith("usage: mqstore")
     imported = _run(python, """
         import importlib.util, sys
-        import mqstore.services.cli, mqstore.gateway.main, mqstore.apache.rocketmq.v2.service_pb2_grpc
-        assert mqstore.services.cli.__file__.startswith(sys.prefix)
-        for name in ("services", "gateway", "pipeline", "bench", "apache"):
-            assert importlib.util.find_spec(name) is None, name
+        import services.cli, gateway.main, apache.rocketmq.v2.service_pb2_grpc, mqstore.client
+        for module in (services.cli, gateway.main, apache.rocketmq.v2.service_pb2_grpc, mqstore.client):
+            assert module.__file__.startswith(sys.prefix), module.__file__
         """, cwd=tmp_path)
     assert imported.returncode == 0, imported.stdout + imported.stderr

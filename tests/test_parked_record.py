@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
-from mqstore.services.store.parked_record import decode_parked
-from mqstore.services.store.record import RecordError, decode_record, encode_record
+from services.store.formats.message import BORNHOST_V6_FLAG, STOREHOSTADDRESS_V6_FLAG, properties_to_string
+from services.store.formats.parked_record import decode_parked
+from services.store.formats.record import RecordError, decode_record, encode_record
 
 PROP_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x01\x02"), min_size=1, max_size=20)
 HOST4 = st.binary(min_size=8, max_size=8)

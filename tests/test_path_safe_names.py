@@ -12,8 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import check_group, check_producer_topic, check_topic_name
 from mqstore.v1 import (
     commitlog_pb2,
     commitlog_pb2_grpc,
@@ -24,6 +22,8 @@ from mqstore.v1 import (
     query_pb2,
     query_pb2_grpc,
 )
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import check_group, check_producer_topic, check_topic_name
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import UpProcess, running_up
 

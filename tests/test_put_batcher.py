@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.put_batcher import PutBatcher
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageStatus
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
-from mqstore.services.store.record import decode_record
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_batcher import PutBatcher
+from services.commitlog.put_result import PutMessageError, PutMessageStatus
+from services.store.config import load_config
+from services.store.formats.message import Message
+from services.store.formats.record import decode_record
 
 
 def test_concurrent_producers_get_their_own_results_and_errors(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_KEYS,
@@ -27,7 +27,7 @@ from mqstore.services.store.message import (
     string_to_properties,
     tags_code,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     RecordError,
@@ -40,7 +40,7 @@ from mqstore.services.store.record import (
     record_length,
     store_timestamp_pos,
 )
-from mqstore.services.store.socket_address import decode_address, encode_address
+from services.store.formats.socket_address import decode_address, encode_address
 from tests.conftest import DumpRows
 
 INT32 = st.integers(-(2**31), 2**31 - 1)

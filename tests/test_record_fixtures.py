@@ -13,23 +13,23 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.commitlog_files import (
+from services.store.formats.commitlog_walk import (
     BlankEntry,
     RecordEntry,
     commitlog_file_name,
     iter_commitlog,
     list_commitlog_files,
 )
-from mqstore.services.store.inspect_commitlog import entry_row, json_line
-from mqstore.services.store.message import properties_to_string
-from mqstore.services.store.record import (
+from services.store.formats.message import properties_to_string
+from services.store.formats.record import (
     RecordError,
     check_record,
     decode_record,
     encode_record,
     record_length,
 )
-from mqstore.services.store.socket_address import encode_address
+from services.store.formats.socket_address import encode_address
+from services.store.tools.inspect_commitlog import entry_row, json_line
 from tests.conftest import DumpRows, StoreFactory
 
 MIB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""The fast recovery scan (services/store/record_scan.py) against check_record, record by record.
+"""The fast recovery scan (services/store/formats/record_scan.py) against check_record, record by record.
 
 scan_file must stop exactly where a walk of check_record calls (plus the PHYSICALOFFSET check of
 recovery) stops, on any layout (IPv6 hosts, the v2 magic, non-ASCII text, SCHEDULE_TOPIC_XXXX with a
@@ -18,20 +18,20 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     SCHEDULE_TOPIC,
     STOREHOSTADDRESS_V6_FLAG,
     properties_to_string,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     MESSAGE_MAGIC_CODE_V2,
     check_record,
     encode_blank,
     encode_record_parts,
 )
-from mqstore.services.store.record_scan import FileView, Stop, diagnose, record_positions, scan_file, survey
-from mqstore.services.store.socket_address import encode_address
+from services.store.formats.record_scan import FileView, Stop, diagnose, record_positions, scan_file, survey
+from services.store.formats.socket_address import encode_address
 
 FILE_SIZE = 16 * 1024
 BASE = 7 * FILE_SIZE  # a file that is not the first: PHYSICALOFFSET is not the position

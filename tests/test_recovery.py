@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.queue_offsets import QueueOffsetSnapshot, QueueOffsetStore
-from mqstore.services.store.config import MessageStoreConfig, load_config
-from mqstore.services.store.errors import OutOfRangeError
-from mqstore.services.store.message import Message
-from mqstore.services.store.record import decode_record
-from mqstore.services.store.store_root import StoreLockedError
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.topic_queue_table import QueueOffsetSnapshot, QueueOffsetStore
+from services.store.config import MessageStoreConfig, load_config
+from services.store.errors import OutOfRangeError
+from services.store.formats.message import Message
+from services.store.formats.record import decode_record
+from services.store.store_root import StoreLockedError
 from tests.conftest import StoreFactory
 from tests.geometry import GeometryPreset
 

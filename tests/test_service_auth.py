@@ -15,7 +15,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.services.server.service_auth import METADATA_KEY, ServiceTokenError, load_service_token
 from mqstore.v1 import (
     commitlog_pb2,
     commitlog_pb2_grpc,
@@ -26,6 +25,7 @@ from mqstore.v1 import (
     query_pb2,
     query_pb2_grpc,
 )
+from services.server.service_auth import METADATA_KEY, ServiceTokenError, load_service_token
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, free_port, mqstore_command
 from tests.gateway.system_process import start_up
 

@@ -1,5 +1,5 @@
-"""The offline tools' two shared answers: where a store's files are (mqstore.services.store.store_layout) and
-their geometry (mqstore.services.store.geometry): flags over the settings (YAML file, then MQSTORE_*), then
+"""The offline tools' two shared answers: where a store's files are (services.store.formats.store_layout) and
+their geometry (services.store.formats.geometry): flags over the settings (YAML file, then MQSTORE_*), then
 the files, and only when the files leave no doubt."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.index_file import IndexFileError
-from mqstore.services.store.store_layout import MQSTORE, ROCKETMQ, StoreLayoutError, resolve_store
+from services.store.formats.geometry import GeometryError, GeometryOptions, StoreGeometry
+from services.store.formats.index_file import IndexFileError
+from services.store.formats.store_layout import MQSTORE, ROCKETMQ, StoreLayoutError, resolve_store
 from tests.conftest import StoreFactory
 
 

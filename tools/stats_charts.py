@@ -18,7 +18,7 @@ IMAGES = ROOT / "docs" / "images" / "stats"
 
 def main() -> int:
     sys.path.insert(0, str(ROOT))
-    from mqstore.services.cli import main as mqstore_main
+    from services.cli import main as mqstore_main
     from tests.pipeline.chart_store import write_chart_store
 
     with tempfile.TemporaryDirectory(prefix="mqstore-charts-") as scratch:

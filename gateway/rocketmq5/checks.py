@@ -2,7 +2,7 @@
 protocol's RecoverOrphanedTransactionCommand on the producers' telemetry streams.
 
 Half messages sent over the v2 protocol all have the producer group V2_PRODUCER_GROUP (its clients name
-none). Each connected v2 producer is a receiver of that group's checks (gateway/transactions.py) for
+none). Each connected v2 producer is a receiver of that group's checks (gateway/transaction_relay.py) for
 the topics its settings publish and its token may produce to: a check goes only to a producer of the
 half's topic, and its TransactionChecker answers with EndTransaction (source SERVER_CHECK). With no
 such producer connected the half is not checked and waits for the next round: another application's
@@ -16,17 +16,17 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from mqstore.apache.rocketmq.v2 import service_pb2
-from mqstore.gateway.auth import Action, AuthError
-from mqstore.gateway.rocketmq5.local_call import LocalContext
-from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP, check_message
-from mqstore.gateway.transactions import CheckReceiver
+from apache.rocketmq.v2 import service_pb2
+from gateway.auth import Action, AuthError
+from gateway.rocketmq5.local_call import LocalContext
+from gateway.rocketmq5.messages import V2_PRODUCER_GROUP, check_message
+from gateway.transaction_relay import CheckReceiver
 from mqstore.v1 import transaction_pb2
 
 if TYPE_CHECKING:
-    from mqstore.gateway.servicer import MessagingServicer
+    from gateway.servicer import MessagingServicer
 
-log = logging.getLogger("mqstore.gateway.rocketmq5")
+log = logging.getLogger("gateway.rocketmq5")
 Outbox = asyncio.Queue[Any]
 
 

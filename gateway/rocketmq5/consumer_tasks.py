@@ -14,17 +14,17 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from mqstore.gateway.auth import Principal
-from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, Renewals
-from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
-from mqstore.gateway.rocketmq5.store_pop import StorePop
-from mqstore.gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
+from gateway.auth import Principal
+from gateway.rocketmq5.inflight import BadReceiptHandle, Renewals
+from gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
+from gateway.rocketmq5.store_pop import StorePop
+from gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
 from mqstore.v1 import gateway_pb2
 
 if TYPE_CHECKING:
-    from mqstore.gateway.servicer import MessagingServicer
+    from gateway.servicer import MessagingServicer
 
-log = logging.getLogger("mqstore.gateway.rocketmq5")
+log = logging.getLogger("gateway.rocketmq5")
 
 DEAD_LETTER_INTERVAL_S = 1.0
 #: How long a claimed message stays invisible while its claimer dead-letters it.

@@ -1,7 +1,7 @@
 """Calling the gateway's mqstore.v1 handlers in process from the RocketMQ 5 servicer.
 
 The handlers take a ``grpc.aio.ServicerContext`` and report failures by setting its code and details
-(mqstore.services.server.status.fail_call). :class:`LocalContext` is the small part of that context they use:
+(services.server.status.fail_call). :class:`LocalContext` is the small part of that context they use:
 the caller's metadata (for auth), peer and deadline, and the status they set, which :func:`call` turns
 into :class:`MqstoreCallError`. No loopback connection: TLS and tokens apply once, to the outer call.
 """

@@ -20,8 +20,8 @@ import zlib
 import grpc
 from google.protobuf import timestamp_pb2
 
-from mqstore.apache.rocketmq.v2 import definition_pb2
-from mqstore.gateway.rocketmq5.local_call import MqstoreCallError
+from apache.rocketmq.v2 import definition_pb2
+from gateway.rocketmq5.local_call import MqstoreCallError
 from mqstore.v1 import common_pb2, query_pb2, transaction_pb2
 
 TAGS = "TAGS"

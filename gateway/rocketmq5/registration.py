@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
-from mqstore.gateway.rocketmq5 import status as st
-from mqstore.gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_RENEW_MAX_S
-from mqstore.gateway.rocketmq5.servicer import DEFAULT_INVISIBLE_S, MAX_INVISIBLE_S, MIN_INVISIBLE_S, RocketMQ5Servicer
-from mqstore.gateway.wire import Undecodable, decoder
+from apache.rocketmq.v2 import definition_pb2, service_pb2
+from gateway.rocketmq5 import status as st
+from gateway.rocketmq5.inflight import DEFAULT_MAX_DELIVERY_ATTEMPTS, DEFAULT_RENEW_MAX_S
+from gateway.rocketmq5.servicer import DEFAULT_INVISIBLE_S, MAX_INVISIBLE_S, MIN_INVISIBLE_S, RocketMQ5Servicer
+from gateway.wire import Undecodable, decoder
 
 if TYPE_CHECKING:
-    from mqstore.gateway.servicer import MessagingServicer
+    from gateway.servicer import MessagingServicer
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 ENV_FLAG = "MQSTORE_RMQ5"

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from google.protobuf import timestamp_pb2
 
-from mqstore.apache.rocketmq.v2 import definition_pb2, service_pb2
-from mqstore.gateway.resilience import BackendError
-from mqstore.gateway.rocketmq5 import status as st
-from mqstore.gateway.rocketmq5.checks import CheckRelay
-from mqstore.gateway.rocketmq5.consumer_tasks import DeadLetterMover, renew_receipts
-from mqstore.gateway.rocketmq5.inflight import (
+from apache.rocketmq.v2 import definition_pb2, service_pb2
+from gateway.resilience import BackendError
+from gateway.rocketmq5 import status as st
+from gateway.rocketmq5.checks import CheckRelay
+from gateway.rocketmq5.consumer_tasks import DeadLetterMover, renew_receipts
+from gateway.rocketmq5.inflight import (
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
     DEFAULT_RENEW_MAX_S,
     BadReceiptHandle,
@@ -33,18 +33,18 @@ from mqstore.gateway.rocketmq5.inflight import (
     Renewal,
     Renewals,
 )
-from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
-from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
-from mqstore.gateway.rocketmq5.store_pop import StorePop
-from mqstore.gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
-from mqstore.gateway.wire import Undecodable
-from mqstore.services.store.record import largest_body_always_stored
+from gateway.rocketmq5.local_call import LocalContext, MqstoreCallError, call
+from gateway.rocketmq5.messages import V2_PRODUCER_GROUP, BadMessage, to_mqstore, to_v2
+from gateway.rocketmq5.store_pop import StorePop
+from gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
+from gateway.wire import Undecodable
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
+from services.store.formats.record import largest_body_always_stored
 
 if TYPE_CHECKING:
-    from mqstore.gateway.servicer import MessagingServicer
+    from gateway.servicer import MessagingServicer
 
-log = logging.getLogger("mqstore.gateway.rocketmq5")
+log = logging.getLogger("gateway.rocketmq5")
 Code = definition_pb2.Code
 Context = grpc.aio.ServicerContext[Any, Any]
 MIB = 1024 * 1024

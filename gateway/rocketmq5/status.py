@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import grpc
 
-from mqstore.apache.rocketmq.v2 import definition_pb2
-from mqstore.gateway.rocketmq5.local_call import MqstoreCallError
+from apache.rocketmq.v2 import definition_pb2
+from gateway.rocketmq5.local_call import MqstoreCallError
 
 Code = definition_pb2.Code
 

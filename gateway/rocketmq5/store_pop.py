@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
-from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, Receipt
-from mqstore.gateway.rocketmq5.local_call import LocalContext, MqstoreCallError
-from mqstore.gateway.route import QueueRoute
-from mqstore.gateway.shard import ShardClient
-from mqstore.gateway.wire import status_of
+from gateway.rocketmq5.inflight import BadReceiptHandle, Receipt
+from gateway.rocketmq5.local_call import LocalContext, MqstoreCallError
+from gateway.route import QueueRoute
+from gateway.shard import ShardClient
+from gateway.wire import status_of
 from mqstore.v1 import query_pb2
 
 if TYPE_CHECKING:
-    from mqstore.gateway.servicer import MessagingServicer
+    from gateway.servicer import MessagingServicer
 
 T = TypeVar("T")
 #: What the query service answers for a receipt that names no message in flight, or an earlier hand-out.

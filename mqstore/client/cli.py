@@ -42,7 +42,7 @@ _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 #: Messages per pull of one queue: bigger than the client's default, since the CLI prints whole topics.
 PULL_BATCH = 256
 #: Where the store parks a delayed (DELAY) or timer (TIMER_*) message until it is due
-#: (services/store/names.py; the client imports no server code, so they are named here).
+#: (services/store/rules/names.py; the client imports no server code, so they are named here).
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 PARKING_TOPICS = frozenset({SCHEDULE_TOPIC, "rmq_sys_wheel_timer"})
 MESSAGE_COLUMNS = ("queue", "offset", "uniq_key", "offset_msg_id", "tags", "keys", "stored", "body")

@@ -137,7 +137,7 @@ class Connection:
     def call(self, method: str, request: Any, timeout: float | None = None,
              metadata: Sequence[tuple[str, str]] | None = None) -> Any:
         """One unary call; raises MqstoreError. ``metadata``: instead of the token's alone (it must
-        include it), e.g. with a ``traceparent`` (mqstore_client/tracing.py)."""
+        include it), e.g. with a ``traceparent`` (mqstore/client/tracing.py)."""
         deadline = self.timeout if timeout is None else timeout
         try:
             return getattr(self.stub, method)(request, timeout=deadline,

@@ -48,7 +48,7 @@ def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, 
                  trace_properties: Mapping[str, str] | None = None,
                  sharding_key: str | None = None) -> Iterator[BatchChunk]:
     """Blobs the gateway accepts (<= 1024 messages, <= 16 MiB), each message with its own UNIQ_KEY (one it
-    carries in its properties is kept), the send's ``trace_properties`` (mqstore_client/tracing.py) and
+    carries in its properties is kept), the send's ``trace_properties`` (mqstore/client/tracing.py) and
     its ``sharding_key`` as the message group (``__SHARDINGKEY``, as the gateway keeps a message form's)."""
     parts: list[bytes] = []
     uniq_keys: list[str] = []

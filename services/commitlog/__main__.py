@@ -1,7 +1,7 @@
-"""``python -m mqstore.services.commitlog [--store DIR] [--config FILE] [--listen HOST:PORT]``."""
+"""``python -m services.commitlog [--store DIR] [--config FILE] [--listen HOST:PORT]``."""
 
 import sys
 
-from mqstore.services.cli import main
+from services.cli import main
 
 sys.exit(main(["commitlog", *sys.argv[1:]]))

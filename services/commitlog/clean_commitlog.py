@@ -30,13 +30,13 @@ import logging
 import time
 from pathlib import Path
 
-from mqstore.services.commitlog import metrics
-from mqstore.services.commitlog.disk_guard import DiskGuard
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.disk_space import MIB
-from mqstore.services.store.mapped_file import MappedFile
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.unconsumed import Holders, UnconsumedReader
+from services.commitlog import metrics
+from services.commitlog.disk_guard import DiskGuard
+from services.store.config import MessageStoreConfig
+from services.store.disk_space import MIB
+from services.store.formats.mapped_file import MappedFile
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.rules.unconsumed import Holders, UnconsumedReader
 
 log = logging.getLogger(__name__)
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from mqstore.services.commitlog.commit_log import StoreStats
-from mqstore.services.commitlog.put_result import PutMessageResult, PutMessageStatus
-from mqstore.services.server.peer import peer_address
-from mqstore.services.store.batch_codec import decode_blob
-from mqstore.services.store.due_message import DueMessage
-from mqstore.services.store.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Message
-from mqstore.services.store.producer_message import check_producer_message, check_producer_request
-from mqstore.services.store.quarantine import QuarantinedRange
-from mqstore.services.store.topics import TopicConfig
 from mqstore.v1 import commitlog_pb2, common_pb2
+from services.commitlog.commit_log import StoreStats
+from services.commitlog.put_result import PutMessageResult, PutMessageStatus
+from services.server.peer import peer_address
+from services.store.formats.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Message
+from services.store.formats.quarantine import QuarantinedRange
+from services.store.rules.batch_codec import decode_blob
+from services.store.rules.due_message import DueMessage
+from services.store.rules.producer_message import check_producer_message, check_producer_request
+from services.store.rules.topics import TopicConfig
 
 # Domain status -> proto enum value, by name (the numbers match too, but names say what is meant).
 _STATUS_TO_PROTO: dict[PutMessageStatus, int] = {

@@ -39,9 +39,9 @@ import logging
 import threading
 from pathlib import Path
 
-from mqstore.services.commitlog.indexer_headroom import NO_HEADROOM, Headroom, IndexerHeadroom
-from mqstore.services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
-from mqstore.services.store.errors import DiskFullError
+from services.commitlog.indexer_headroom import NO_HEADROOM, Headroom, IndexerHeadroom
+from services.store.disk_space import MIB, DiskUsage, disk_usage, mount_point
+from services.store.errors import DiskFullError
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import logging
 import threading
 import time
 
-from mqstore.services.commitlog.metrics import FLUSH_LATENCY
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.service_thread import LeastPages, ServiceThread
+from services.commitlog.metrics import FLUSH_LATENCY
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.service_thread import LeastPages, ServiceThread
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
-from mqstore.services.store.disk_space import MIB, allocated_bytes, unallocated_bytes
-from mqstore.services.store.index_file import is_index_file_name
-from mqstore.services.store.mapped_file import OS_PAGE_SIZE, file_name, parse_file_name
-from mqstore.services.store.store_layout import StoreLayout, StoreLayoutError, resolve_store
+from services.store.disk_space import MIB, allocated_bytes, unallocated_bytes
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
+from services.store.formats.index_file import is_index_file_name
+from services.store.formats.mapped_file import OS_PAGE_SIZE, file_name, parse_file_name
+from services.store.formats.store_layout import StoreLayout, StoreLayoutError, resolve_store
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m mqstore.services.commitlog``.
+"""Process entry point of the commitlog service: ``mqstore commitlog`` and ``python -m services.commitlog``.
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server). Blocking work, the engine's
 start and shutdown included, runs in the loop's bounded executor, so the loop always answers health
@@ -14,14 +14,15 @@ import asyncio
 import logging
 from pathlib import Path
 
-from mqstore.services.commitlog import metrics
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha.ha_service import HAServiceError
-from mqstore.services.commitlog.ha.replication import start_replication
-from mqstore.services.commitlog.recovery import MissingLogError
-from mqstore.services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
-from mqstore.services.server.gc_tuning import tune_gc
-from mqstore.services.server.grpc_server import (
+from mqstore.v1 import commitlog_pb2_grpc
+from services.commitlog import metrics
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha.ha_service import HAServiceError
+from services.commitlog.ha.replication import start_replication
+from services.commitlog.recovery import MissingLogError
+from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
+from services.server.gc_tuning import tune_gc
+from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
     ShutdownSignal,
@@ -29,16 +30,15 @@ from mqstore.services.server.grpc_server import (
     start_aio_service,
     use_blocking_executor,
 )
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
-from mqstore.services.server.service_auth import load_service_token
-from mqstore.services.server.tracing import init_tracing, shutdown_tracing
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.mapped_file_queue import FileSizeMismatchError
-from mqstore.services.store.store_root import StoreLockedError
-from mqstore.v1 import commitlog_pb2_grpc
+from services.server.logs import configure_logging
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from services.server.service_auth import load_service_token
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.config import MessageStoreConfig
+from services.store.formats.mapped_file_queue import FileSizeMismatchError
+from services.store.store_root import StoreLockedError
 
-log = logging.getLogger("mqstore.services.commitlog")
+log = logging.getLogger("services.commitlog")
 
 MIB = 1024 * 1024
 #: Recovery found less log than the store's records say existed (refuseStartOnMissingLog).

@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageStatus
-from mqstore.services.store.due_message import DueMessage
-from mqstore.services.store.message import (
+from services.commitlog.put_result import PutMessageError, PutMessageStatus
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     NAME_VALUE_SEPARATOR,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -29,7 +28,7 @@ from mqstore.services.store.message import (
     Message,
     transaction_type,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     BORNHOST_POS,
     END_FILE_MIN_BLANK_LENGTH,
     HEAD_BASE_LENGTH,
@@ -41,8 +40,9 @@ from mqstore.services.store.record import (
     java_parse_int,
     unfilled_head_struct,
 )
-from mqstore.services.store.socket_address import AddressError, encode_address
-from mqstore.services.store.timer_message import (
+from services.store.formats.socket_address import AddressError, encode_address
+from services.store.rules.due_message import DueMessage
+from services.store.rules.timer_message import (
     DEFAULT_TIMER_MAX_DELAY_SEC,
     PROPERTY_TIMER_DELAY_MS,
     PROPERTY_TIMER_DELAY_SEC,
@@ -214,7 +214,7 @@ class MessageEncoder:
         the longest delay, not an error.
 
         Without a DELAY level, timer properties park it in rmq_sys_wheel_timer queue 0 until its
-        deliver time (RocketMQ 5's HookUtils.handleScheduleMessage, services/store/timer_message.py);
+        deliver time (RocketMQ 5's HookUtils.handleScheduleMessage, services/store/rules/timer_message.py);
         with one, they are cleared (the level wins, as in RocketMQ 5)."""
         if transaction_type(sys_flag) not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
             return topic, queue_id, properties

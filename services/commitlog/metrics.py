@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mqstore.services.server.metrics import OTHER, BoundedLabel, Counter, Gauge, Histogram, max_series_from_env
+from services.server.metrics import OTHER, BoundedLabel, Counter, Gauge, Histogram, max_series_from_env
 
 PUTS = Counter("mqstore_commitlog_puts", "Messages put into the commitlog, by PutMessageStatus or rejection",
                ["status"])

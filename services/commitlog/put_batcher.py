@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol
 
-from mqstore.services.commitlog.put_result import PutMessageResult
-from mqstore.services.store.errors import StoreError, UnavailableError
-from mqstore.services.store.message import Message
+from services.commitlog.put_result import PutMessageResult
+from services.store.errors import StoreError, UnavailableError
+from services.store.formats.message import Message
 
 _Waiter = tuple[Message, "asyncio.Future[PutMessageResult]"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message_id import encode_message_id
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message_id import encode_message_id
 
 
 class PutMessageStatus(enum.Enum):

@@ -6,8 +6,8 @@ checkpoint, then forward. Both walks check every record as RocketMQ's checkMessa
 (body CRC when checkCRCOnRecover) and that it sits at the offset it claims; they end at the first
 record that is not valid. Files past that point are deleted and the tail of the last file is zeroed.
 
-The walk is :func:`mqstore.services.store.record_scan.scan_file` (about 1 s of CPU per GiB of ~650-byte
-records). An end that is not zero bytes is looked past (:func:`mqstore.services.store.record_scan.survey`):
+The walk is :func:`services.store.formats.record_scan.scan_file` (about 1 s of CPU per GiB of ~650-byte
+records). An end that is not zero bytes is looked past (:func:`services.store.formats.record_scan.survey`):
 a torn last record, or a damaged one with intact records after it, is logged as a WARNING with its
 offset, the reason and the bytes the cut drops, and returned in the RecoveryResult.
 
@@ -39,17 +39,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.checkpoint import RECOVERY_SAFETY_MARGIN_MS, StoreCheckpoint
-from mqstore.services.store.mapped_file import MappedFile
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.quarantine import QuarantinedRange
-from mqstore.services.store.record import (
+from services.store.formats.checkpoint import RECOVERY_SAFETY_MARGIN_MS, StoreCheckpoint
+from services.store.formats.mapped_file import MappedFile
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.quarantine import QuarantinedRange
+from services.store.formats.record import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     SYSFLAG_POS,
     store_timestamp_pos,
 )
-from mqstore.services.store.record_scan import Damage, FileView, diagnose, next_record, scan_file, survey
+from services.store.formats.record_scan import Damage, FileView, diagnose, next_record, scan_file, survey
 
 log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")

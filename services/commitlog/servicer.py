@@ -25,9 +25,10 @@ from typing import NoReturn
 
 import grpc
 
-from mqstore.services.commitlog import metrics
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.convert import (
+from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from services.commitlog import metrics
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.convert import (
     append_batch_response,
     append_blob_response,
     append_result_to_proto,
@@ -38,15 +39,14 @@ from mqstore.services.commitlog.convert import (
     topic_config_from_proto,
     topic_config_to_proto,
 )
-from mqstore.services.commitlog.put_batcher import PutBatcher
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from mqstore.services.server import tracing
-from mqstore.services.server.status import status_code_of
-from mqstore.services.store.config import SYNC_FLUSH
-from mqstore.services.store.errors import InvalidArgumentError, StoreError, UnavailableError
-from mqstore.services.store.message import Message
-from mqstore.services.store.names import check_deletable_topic
-from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
+from services.commitlog.put_batcher import PutBatcher
+from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from services.server import tracing
+from services.server.status import status_code_of
+from services.store.config import SYNC_FLUSH
+from services.store.errors import InvalidArgumentError, StoreError, UnavailableError
+from services.store.formats.message import Message
+from services.store.rules.names import check_deletable_topic
 
 log = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from mqstore.services.store.disk_space import disk_full_error, is_disk_full
-from mqstore.services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
-from mqstore.services.store.message import SCHEDULE_TOPIC
-from mqstore.services.store.names import MAX_QUEUE_NUMS, is_system_topic
-from mqstore.services.store.store_root import write_atomically
-from mqstore.services.store.topics import TopicConfig, check_topic_config
-from mqstore.services.store.transactions import TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPICS
+from services.store.disk_space import disk_full_error, is_disk_full
+from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.rules.names import MAX_QUEUE_NUMS, is_system_topic
+from services.store.rules.topics import TopicConfig, check_topic_config
+from services.store.rules.transaction_records import TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPICS
+from services.store.store_root import write_atomically
 
 
 class TopicConfigManager:

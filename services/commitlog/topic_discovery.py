@@ -20,10 +20,10 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from mqstore.services.commitlog.queue_offsets import QueueKey
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.inspect_consumequeue import ConsumeQueueError, find_queues
-from mqstore.services.store.names import MAX_QUEUE_NUMS, check_topic_name
+from services.commitlog.topic_queue_table import QueueKey
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import MAX_QUEUE_NUMS, check_topic_name
+from services.store.tools.inspect_consumequeue import ConsumeQueueError, find_queues
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.message import (
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     TRANSACTION_COMMIT_TYPE,
@@ -29,7 +29,7 @@ from mqstore.services.store.message import (
     TRANSACTION_TYPE_MASK,
     transaction_type,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     MESSAGE_MAGIC_CODE,
     QUEUE_OFFSET_POS,
     SYSFLAG_POS,
@@ -37,8 +37,8 @@ from mqstore.services.store.record import (
     RecordError,
     decode_record,
 )
-from mqstore.services.store.record_scan import record_positions
-from mqstore.services.store.store_root import write_atomically
+from services.store.formats.record_scan import record_positions
+from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""``python -m mqstore.services.indexer``: the indexer alone (see ``mqstore indexer --help``)."""
+"""``python -m services.indexer``: the indexer alone (see ``mqstore indexer --help``)."""
 
 import sys
 
-from mqstore.services.cli import main
+from services.cli import main
 
 sys.exit(main(["indexer", *sys.argv[1:]]))

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.mapped_file import file_name
-from mqstore.services.store.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH
+from services.store.formats.mapped_file import file_name
+from services.store.formats.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH
 
 _SIZE_MAGIC = struct.Struct(">iI")
 #: Smallest possible message record (header, empty body, topic and properties): a size below it is garbage.

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.index_file import IndexHeader
-from mqstore.services.store.index_service import IndexState
-from mqstore.services.store.store_root import write_atomically
+from services.store.formats.index_file import IndexHeader
+from services.store.formats.index_service import IndexState
+from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 

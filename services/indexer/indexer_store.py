@@ -21,16 +21,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.consume_queue import COLUMNAR_MIN_RECORDS, ConsumeQueue, ConsumeQueueStore
-from mqstore.services.store.dispatch_columns import DispatchColumns
-from mqstore.services.store.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from mqstore.services.store.record import DispatchRequest
-from mqstore.services.store.service_thread import LeastPages, ServiceThread
-from mqstore.services.store.store_root import AbortFile, StoreLock, remove_durably, write_atomically
+from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
+from services.store.config import MessageStoreConfig
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.consume_queue import COLUMNAR_MIN_RECORDS, ConsumeQueue, ConsumeQueueStore
+from services.store.formats.dispatch_columns import DispatchColumns
+from services.store.formats.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from services.store.formats.record import DispatchRequest
+from services.store.service_thread import LeastPages, ServiceThread
+from services.store.store_root import AbortFile, StoreLock, remove_durably, write_atomically
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Process entry point of the indexer: ``mqstore indexer`` and ``python -m mqstore.services.indexer``.
+"""Process entry point of the indexer: ``mqstore indexer`` and ``python -m services.indexer``.
 
 Exit codes as the commitlog service's: 0 clean stop, 2 bad settings or address, 3 store locked.
 """
@@ -13,28 +13,28 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.indexer import metrics as indexer_metrics
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.indexer.reput import ReputService, ReputSource
-from mqstore.services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
-from mqstore.services.server.channels import sync_channel
-from mqstore.services.server.gc_tuning import tune_gc
-from mqstore.services.server.grpc_server import (
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
+from services.indexer import metrics as indexer_metrics
+from services.indexer.indexer_store import IndexerStore
+from services.indexer.reput import ReputService, ReputSource
+from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
+from services.server.channels import sync_channel
+from services.server.gc_tuning import tune_gc
+from services.server.grpc_server import (
     BindError,
     GrpcServer,
     ServerSettings,
     ShutdownSignal,
     serve_until_signal,
 )
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.metrics import MetricsServer, start_metrics_server
-from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
-from mqstore.services.server.tracing import init_tracing, shutdown_tracing
-from mqstore.services.store.record import SYSFLAG_POS, store_timestamp_pos
-from mqstore.services.store.store_root import StoreLockedError
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2_grpc
+from services.server.logs import configure_logging
+from services.server.metrics import MetricsServer, start_metrics_server
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.formats.record import SYSFLAG_POS, store_timestamp_pos
+from services.store.store_root import StoreLockedError
 
-log = logging.getLogger("mqstore.services.indexer")
+log = logging.getLogger("services.indexer")
 
 # Enough of a record to reach STORETIMESTAMP even behind an IPv6 born host.
 _STORE_TIME_PREFIX = 48 + 20 + 8

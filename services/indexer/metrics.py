@@ -9,9 +9,9 @@ from prometheus_client import REGISTRY, Metric
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.indexer.reput import ReputService
-from mqstore.services.server.metrics import Counter, Gauge
+from services.indexer.indexer_store import IndexerStore
+from services.indexer.reput import ReputService
+from services.server.metrics import Counter, Gauge
 
 BEHIND_BYTES = Gauge("mqstore_indexer_dispatch_behind_bytes", "Commitlog bytes not dispatched yet")
 BEHIND_SECONDS = Gauge("mqstore_indexer_dispatch_behind_seconds",

@@ -26,20 +26,20 @@ from pathlib import Path
 import grpc
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from mqstore.services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
-from mqstore.services.indexer.indexer_store import IndexerStore, ReputState
-from mqstore.services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
-from mqstore.services.server.channels import sync_channel
-from mqstore.services.store.errors import DiskFullError
-from mqstore.services.store.message import parse_delay_levels
-from mqstore.services.store.record import (
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
+from services.indexer.commitlog_reader import CommitLogFiles, FileChunk, FilesMismatch
+from services.indexer.indexer_store import IndexerStore, ReputState
+from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
+from services.server.channels import sync_channel
+from services.store.errors import DiskFullError
+from services.store.formats.message import parse_delay_levels
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     DispatchRequest,
     RecordError,
     parse_dispatch_requests,
 )
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 
 log = logging.getLogger(__name__)
 

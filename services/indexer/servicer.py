@@ -10,16 +10,16 @@ from typing import NoReturn
 
 import grpc
 
-from mqstore.services.indexer import metrics as indexer_metrics
-from mqstore.services.indexer.indexer_store import ArrivalBatch, IndexerStore
-from mqstore.services.indexer.reput import ReputService
-from mqstore.services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
-from mqstore.services.server.status import status_code_of
-from mqstore.services.store.consume_queue import ConsumeQueue
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError, StoreError
-from mqstore.services.store.key_query import MAX_HITS_WALKED
-from mqstore.services.store.names import check_deletable_topic, check_key, check_queue, check_topic_name
 from mqstore.v1 import admin_pb2, indexer_pb2, indexer_pb2_grpc
+from services.indexer import metrics as indexer_metrics
+from services.indexer.indexer_store import ArrivalBatch, IndexerStore
+from services.indexer.reput import ReputService
+from services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
+from services.server.status import status_code_of
+from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+from services.store.formats.consume_queue import ConsumeQueue
+from services.store.rules.key_query import MAX_HITS_WALKED
+from services.store.rules.names import check_deletable_topic, check_key, check_queue, check_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _abort(context: grpc.ServicerContext, exc: StoreError) -> NoReturn:
 
 
 def _check_queue_args(topic: str, queue_id: int) -> None:
-    """The same rules as every other edge (``services/store/names.py``): a name of dots only, or any
+    """The same rules as every other edge (``services/store/rules/names.py``): a name of dots only, or any
     other illegal topic, is refused before it can name a directory."""
     check_queue(topic, queue_id)
 

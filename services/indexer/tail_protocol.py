@@ -7,7 +7,7 @@ records at all: the reader stood on the BLANK (a caught-up reader waits exactly 
 rolls), or on a file that is BLANK from its first byte.
 
 A quarantine skip: a chunk with no records that starts inside a range the commitlog quarantined at
-recovery (damaged bytes it stepped over, services/store/quarantine.py) and whose ``next_offset`` is
+recovery (damaged bytes it stepped over, services/store/formats/quarantine.py) and whose ``next_offset`` is
 that range's end. It is taken only for a range GetStoreInfo lists (``quarantined_ranges``): the
 records it skips are lost, and saying so is the commitlog's call, never the stream's.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mqstore.services.indexer.indexer_store import IndexerStore
+from services.indexer.indexer_store import IndexerStore
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""``python -m mqstore.services.query``: the query service alone (see ``mqstore serve query --help``)."""
+"""``python -m services.query``: the query service alone (see ``mqstore serve query --help``)."""
 
 import sys
 
-from mqstore.services.cli import main
+from services.cli import main
 
 sys.exit(main(["serve", "query", *sys.argv[1:]]))

@@ -16,8 +16,8 @@ import logging
 from contextlib import suppress
 from dataclasses import dataclass
 
-from mqstore.services.query.backends import IndexerClient
-from mqstore.services.store.errors import ResourceExhaustedError, StoreError
+from services.query.backends import IndexerClient
+from services.store.errors import ResourceExhaustedError, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import grpc
 
-from mqstore.services.server.channels import aio_channel
-from mqstore.services.store.errors import DataLossError, OutOfRangeError, StoreError, UnavailableError
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2, indexer_pb2_grpc
+from services.server.channels import aio_channel
+from services.store.errors import DataLossError, OutOfRangeError, StoreError, UnavailableError
 
 MIB = 1024 * 1024
 CALL_TIMEOUT_S = 5.0

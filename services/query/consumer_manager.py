@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import ResourceExhaustedError
+from services.store.errors import ResourceExhaustedError
 
 #: Members over every group at once; a heartbeat of a new member past it is RESOURCE_EXHAUSTED.
 MAX_MEMBERS = 100_000
@@ -40,7 +40,7 @@ class Member:
 
 
 class GroupMembers:
-    """group -> client id -> Member. Callers check names and timing (mqstore.services.store.consumer_groups)."""
+    """group -> client id -> Member. Callers check names and timing (services.store.rules.group_membership)."""
 
     def __init__(self, clock: Callable[[], float] = time.time, max_members: int = MAX_MEMBERS) -> None:
         self._clock = clock

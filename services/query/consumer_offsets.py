@@ -5,7 +5,7 @@ file kept as ``.bak``), every persist interval when it changed and at a clean st
 at most the commits of the last interval (5 s by default, RocketMQ's flushConsumerOffsetInterval).
 The file has RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 12}}}``, with the queue ids
 quoted (RocketMQ's fastjson writes them bare, which is not JSON); its format is in
-``services/store/consumer_offsets_file.py``, which the commitlog service reads it with.
+``services/store/formats/consumer_offsets_file.py``, which the commitlog service reads it with.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import json
 import logging
 from pathlib import Path
 
-from mqstore.services.query.state_file import StateFile
-from mqstore.services.store.consumer_offsets_file import (
+from services.query.state_file import StateFile
+from services.store.errors import ResourceExhaustedError
+from services.store.formats.consumer_offsets_file import (
     FILE_NAME,
     TOPIC_GROUP_SEPARATOR,
     OffsetTable,
     parse_offset_table,
 )
-from mqstore.services.store.errors import ResourceExhaustedError
 
 log = logging.getLogger(__name__)
 

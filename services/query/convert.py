@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mqstore.services.query.lookup import KeyQueryResult
-from mqstore.services.query.pull import PullResult
-from mqstore.services.query.stored_message import StoredMessage
-from mqstore.services.store.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-from mqstore.services.store.message_id import MessageIdKind
-from mqstore.services.store.pull_request import PullQuery
-from mqstore.services.store.subscription import parse_subscription
 from mqstore.v1 import query_pb2
+from services.query.lookup import KeyQueryResult
+from services.query.pull import PullResult
+from services.query.stored_message import StoredMessage
+from services.store.formats.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+from services.store.formats.message_id import MessageIdKind
+from services.store.rules.pull_request import PullQuery
+from services.store.rules.subscription import parse_subscription
 
 
 def add_messages(target: Any, messages: Sequence[StoredMessage]) -> None:

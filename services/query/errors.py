@@ -1,11 +1,11 @@
-"""Errors only the query service raises, beyond the shared ones in :mod:`mqstore.services.store.errors`."""
+"""Errors only the query service raises, beyond the shared ones in :mod:`services.store.errors`."""
 
 from __future__ import annotations
 
 import grpc
 
-from mqstore.services.server.status import status_code_of
-from mqstore.services.store.errors import DataLossError, StoreError
+from services.server.status import status_code_of
+from services.store.errors import DataLossError, StoreError
 
 # Raised here too when bytes read back are not the record their ConsumeQueue unit or message id
 # promised; the commitlog answers it (DATA_LOSS) for a quarantined range.

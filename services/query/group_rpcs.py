@@ -1,18 +1,18 @@
 """The query service's consumer group RPCs (Heartbeat, UnregisterConsumer, DescribeGroups): a mixin of
-:class:`mqstore.services.query.servicer.QueryServicer`, kept apart so that membership stays one concept."""
+:class:`services.query.servicer.QueryServicer`, kept apart so that membership stays one concept."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mqstore.services.query.consumer_groups import GroupMembers, Member
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.errors import query_status_code
-from mqstore.services.server.status import fail_call
-from mqstore.services.store.consumer_groups import check_heartbeat, check_member
-from mqstore.services.store.errors import StoreError
-from mqstore.services.store.names import check_group
 from mqstore.v1 import groups_pb2
+from services.query.consumer_manager import GroupMembers, Member
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.errors import query_status_code
+from services.server.status import fail_call
+from services.store.errors import StoreError
+from services.store.rules.group_membership import check_heartbeat, check_member
+from services.store.rules.names import check_group
 
 
 def member_to_proto(member: Member, out: groups_pb2.GroupMember) -> None:

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from prometheus_client import Metric
 from prometheus_client.core import GaugeMetricFamily
 
-from mqstore.services.query.backends import CommitLogClient, IndexerClient
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.queue_offsets import QueueOffsets
-from mqstore.services.server.metrics import OTHER, max_series_from_env
-from mqstore.services.store.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
-from mqstore.services.store.errors import StoreError
+from services.query.backends import CommitLogClient, IndexerClient
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.queue_offset_lookup import QueueOffsets
+from services.server.metrics import OTHER, max_series_from_env
+from services.store.errors import StoreError
+from services.store.formats.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.query.backends import (
+from services.query.backends import (
     CommitLogClient,
     IndexerClient,
     KeyHits,
@@ -45,13 +45,13 @@ from mqstore.services.query.backends import (
     QueueUnit,
     StoreInfo,
 )
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, last_modified_ms, offset_in_file_by_time
-from mqstore.services.store.errors import DataLossError, InvalidArgumentError, OutOfRangeError, StoreError
-from mqstore.services.store.index_reader import IndexReader
-from mqstore.services.store.readonly_files import ReadOnlyFiles
-from mqstore.services.store.record import IPV6_HOST_LENGTH, PHYSICAL_OFFSET_POS, SYSFLAG_POS, store_timestamp_pos
-from mqstore.services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR
+from services.store.config import MessageStoreConfig
+from services.store.errors import DataLossError, InvalidArgumentError, OutOfRangeError, StoreError
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, UNIT, last_modified_ms, offset_in_file_by_time
+from services.store.formats.index_reader import IndexReader
+from services.store.formats.readonly_files import ReadOnlyFiles
+from services.store.formats.record import IPV6_HOST_LENGTH, PHYSICAL_OFFSET_POS, SYSFLAG_POS, store_timestamp_pos
+from services.store.formats.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR
 
 log = logging.getLogger(__name__)
 

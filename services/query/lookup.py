@@ -18,22 +18,22 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mqstore.services.query import metrics
-from mqstore.services.query.backends import CommitLogClient, IndexerClient, StoreInfo
-from mqstore.services.query.errors import DataLossError, FailedPreconditionError
-from mqstore.services.query.store_view import StoreView
-from mqstore.services.query.stored_message import StoredMessage, record_size_at, stored_message
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
-from mqstore.services.store.key_query import MAX_HITS_WALKED, MAX_NUM, check_key_query
-from mqstore.services.store.message import KEY_SEPARATOR
-from mqstore.services.store.message_id import (
+from services.query import metrics
+from services.query.backends import CommitLogClient, IndexerClient, StoreInfo
+from services.query.errors import DataLossError, FailedPreconditionError
+from services.query.store_view import StoreView
+from services.query.stored_message import StoredMessage, record_size_at, stored_message
+from services.store.errors import InvalidArgumentError, NotFoundError, OutOfRangeError
+from services.store.formats.message import KEY_SEPARATOR
+from services.store.formats.message_id import (
     MessageIdError,
     MessageIdKind,
     OffsetMessageId,
     check_message_id,
     parse_message_id,
 )
-from mqstore.services.store.names import check_topic_name
+from services.store.rules.key_query import MAX_HITS_WALKED, MAX_NUM, check_key_query
+from services.store.rules.names import check_topic_name
 
 log = logging.getLogger(__name__)
 

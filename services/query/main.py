@@ -1,4 +1,4 @@
-"""Process entry point of the query service: ``mqstore serve query`` and ``python -m mqstore.services.query``.
+"""Process entry point of the query service: ``mqstore serve query`` and ``python -m services.query``.
 
 The service runs on one asyncio event loop (a ``grpc.aio`` server and aio clients of the indexer and
 the commitlog service). Its store root holds only ``lock``, ``config/consumerOffset.json`` and
@@ -26,21 +26,22 @@ from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from mqstore.services.query import DEFAULT_LISTEN
-from mqstore.services.query import metrics as query_metrics
-from mqstore.services.query.arrivals import ArrivalWatcher
-from mqstore.services.query.backends import CommitLogClient, IndexerClient
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
-from mqstore.services.query.lag import LagMonitor, lag_settings_from_env
-from mqstore.services.query.local_files import LocalCommitLog, LocalIndexer
-from mqstore.services.query.lookup import MessageLookup
-from mqstore.services.query.pop_checkpoints import PopCheckpointTable
-from mqstore.services.query.pull import Puller
-from mqstore.services.query.queue_offsets import QueueOffsets
-from mqstore.services.query.servicer import SERVICE_NAME, QueryServicer
-from mqstore.services.query.store_view import StoreView
-from mqstore.services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
-from mqstore.services.server.grpc_server import (
+from mqstore.v1 import query_pb2_grpc
+from services.query import DEFAULT_LISTEN
+from services.query import metrics as query_metrics
+from services.query.arrivals import ArrivalWatcher
+from services.query.backends import CommitLogClient, IndexerClient
+from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
+from services.query.lag import LagMonitor, lag_settings_from_env
+from services.query.local_files import LocalCommitLog, LocalIndexer
+from services.query.lookup import MessageLookup
+from services.query.pop_checkpoints import PopCheckpointTable
+from services.query.pull import Puller
+from services.query.queue_offset_lookup import QueueOffsets
+from services.query.servicer import SERVICE_NAME, QueryServicer
+from services.query.store_view import StoreView
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
+from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
     ShutdownSignal,
@@ -48,18 +49,17 @@ from mqstore.services.server.grpc_server import (
     start_aio_service,
     use_blocking_executor,
 )
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.memory_debug import start_memory_report
-from mqstore.services.server.metrics import metrics_port_from_env
-from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
-from mqstore.services.server.service_auth import load_service_token
-from mqstore.services.server.tracing import init_tracing, shutdown_tracing
-from mqstore.services.store.config import ConfigError, MessageStoreConfig, load_config
-from mqstore.services.store.pull_request import DEFAULT_MAX_LONG_POLL_MS
-from mqstore.services.store.store_root import StoreLock, StoreLockedError
-from mqstore.v1 import query_pb2_grpc
+from services.server.logs import configure_logging
+from services.server.memory_debug import start_memory_report
+from services.server.metrics import metrics_port_from_env
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
+from services.server.service_auth import load_service_token
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.config import ConfigError, MessageStoreConfig, load_config
+from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS
+from services.store.store_root import StoreLock, StoreLockedError
 
-log = logging.getLogger("mqstore.services.query")
+log = logging.getLogger("services.query")
 
 EXIT_BAD_OFFSETS_FILE = 4
 MIB = 1024 * 1024

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mqstore.services.query.pull import GetMessageStatus, PullResult
-from mqstore.services.server.metrics import Counter, Gauge, Histogram
+from services.query.pull import GetMessageStatus, PullResult
+from services.server.metrics import Counter, Gauge, Histogram
 
 PULLS = Counter("mqstore_query_pulls", "PullMessage calls answered, by GetMessageStatus (or the gRPC code of a "
                 "failed one)", ["status"])

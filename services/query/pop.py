@@ -1,6 +1,6 @@
 """Pop consumption (RocketMQ 5's): hand out, ack, change invisible time, claim exhausted messages.
 
-The state is :mod:`mqstore.services.query.pop_checkpoints`; messages are read with the service's own
+The state is :mod:`services.query.pop_checkpoints`; messages are read with the service's own
 pulls. Every change keeps the group's committed offset (the lowest offset in flight) in the consumer
 offsets table, so ``mqstore groups``, lag and the commitlog's early deletion see pop consumers as they
 see pulling ones; an offset committed there by someone else (a reset through mqstore.v1) resets the
@@ -12,16 +12,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.errors import FailedPreconditionError
-from mqstore.services.query.pop_checkpoints import InFlight, Key, PopCheckpointTable, PopQueue, now_ms
-from mqstore.services.query.pull import GetMessageStatus, Puller
-from mqstore.services.query.queue_offsets import QueueOffsets
-from mqstore.services.query.stored_message import StoredMessage
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
-from mqstore.services.store.names import check_group, check_queue
-from mqstore.services.store.pull_request import PullQuery
-from mqstore.services.store.subscription import parse_subscription
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.errors import FailedPreconditionError
+from services.query.pop_checkpoints import InFlight, Key, PopCheckpointTable, PopQueue, now_ms
+from services.query.pull import GetMessageStatus, Puller
+from services.query.queue_offset_lookup import QueueOffsets
+from services.query.stored_message import StoredMessage
+from services.store.errors import InvalidArgumentError, NotFoundError
+from services.store.rules.names import check_group, check_queue
+from services.store.rules.pull_request import PullQuery
+from services.store.rules.subscription import parse_subscription
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.query.state_file import StateFile
-from mqstore.services.store.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
-from mqstore.services.store.store_root import read_with_backup
+from services.query.state_file import StateFile
+from services.store.formats.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
+from services.store.store_root import read_with_backup
 
 log = logging.getLogger(__name__)
 

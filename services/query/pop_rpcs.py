@@ -1,17 +1,17 @@
 """The query service's pop RPCs (PopMessage, AckPopped, ChangePoppedInvisibleTime, ClaimExhausted): a
-mixin of :class:`mqstore.services.query.servicer.QueryServicer`; the work is :mod:`mqstore.services.query.pop`."""
+mixin of :class:`services.query.servicer.QueryServicer`; the work is :mod:`services.query.pop`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from mqstore.services.query import metrics
-from mqstore.services.query.convert import add_messages
-from mqstore.services.query.errors import query_status_code
-from mqstore.services.query.pop import PopService, Ref
-from mqstore.services.server.status import fail_call
-from mqstore.services.store.errors import StoreError
 from mqstore.v1 import query_pb2
+from services.query import metrics
+from services.query.convert import add_messages
+from services.query.errors import query_status_code
+from services.query.pop import PopService, Ref
+from services.server.status import fail_call
+from services.store.errors import StoreError
 
 
 def _ref(ref: query_pb2.PoppedRef) -> Ref:

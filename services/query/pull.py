@@ -18,15 +18,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mqstore.services.query.arrivals import ArrivalWatcher, QueueKey
-from mqstore.services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.query.store_view import StoreView
-from mqstore.services.query.stored_message import StoredMessage, checked_raw, stored_message
-from mqstore.services.store.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
-from mqstore.services.store.errors import OutOfRangeError, UnavailableError
-from mqstore.services.store.pull_request import PullQuery
-from mqstore.services.store.subscription import Subscription
+from services.query.arrivals import ArrivalWatcher, QueueKey
+from services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
+from services.query.errors import DataLossError
+from services.query.store_view import StoreView
+from services.query.stored_message import StoredMessage, checked_raw, stored_message
+from services.store.errors import OutOfRangeError, UnavailableError
+from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
+from services.store.rules.pull_request import PullQuery
+from services.store.rules.subscription import Subscription
 
 CQ_STORE_UNIT_SIZE = 20
 

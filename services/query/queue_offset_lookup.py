@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import struct
 
-from mqstore.services.query.backends import CommitLogClient, IndexerClient, QueueUnit
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.query.stored_message import record_size_at
-from mqstore.services.store.errors import NotFoundError, OutOfRangeError
-from mqstore.services.store.names import check_offset, check_queue
-from mqstore.services.store.record import IPV6_HOST_LENGTH, PHYSICAL_OFFSET_POS, SYSFLAG_POS, store_timestamp_pos
+from services.query.backends import CommitLogClient, IndexerClient, QueueUnit
+from services.query.errors import DataLossError
+from services.query.stored_message import record_size_at
+from services.store.errors import NotFoundError, OutOfRangeError
+from services.store.formats.record import IPV6_HOST_LENGTH, PHYSICAL_OFFSET_POS, SYSFLAG_POS, store_timestamp_pos
+from services.store.rules.names import check_offset, check_queue
 
 # Enough of a record to reach STORETIMESTAMP even behind an IPv6 born host.
 STORE_TIME_PREFIX_BYTES = SYSFLAG_POS + 4 + 8 + IPV6_HOST_LENGTH + 8

@@ -12,28 +12,28 @@ from typing import TypeVar
 
 import grpc
 
-from mqstore.services.query import metrics
-from mqstore.services.query.consumer_groups import GroupMembers
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.convert import (
+from mqstore.v1 import query_pb2, query_pb2_grpc
+from services.query import metrics
+from services.query.consumer_manager import GroupMembers
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.convert import (
     pull_query_from_proto,
     pull_result_to_proto,
     query_response,
     view_response,
 )
-from mqstore.services.query.errors import query_status_code
-from mqstore.services.query.group_rpcs import GroupRpcs
-from mqstore.services.query.lookup import MessageLookup
-from mqstore.services.query.pop import PopService
-from mqstore.services.query.pop_checkpoints import PopCheckpointTable
-from mqstore.services.query.pop_rpcs import PopRpcs
-from mqstore.services.query.pull import Puller
-from mqstore.services.query.queue_offsets import QueueOffsets
-from mqstore.services.server.status import fail_call
-from mqstore.services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
-from mqstore.services.store.message_id import message_id_kind
-from mqstore.services.store.names import check_group, check_offset, check_queue
-from mqstore.v1 import query_pb2, query_pb2_grpc
+from services.query.errors import query_status_code
+from services.query.group_rpcs import GroupRpcs
+from services.query.lookup import MessageLookup
+from services.query.pop import PopService
+from services.query.pop_checkpoints import PopCheckpointTable
+from services.query.pop_rpcs import PopRpcs
+from services.query.pull import Puller
+from services.query.queue_offset_lookup import QueueOffsets
+from services.server.status import fail_call
+from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
+from services.store.formats.message_id import message_id_kind
+from services.store.rules.names import check_group, check_offset, check_queue
 
 SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
 # A long poll answers this much before the call's deadline, so the answer arrives in time.

@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from mqstore.services.store.store_root import write_atomically
+from services.store.store_root import write_atomically
 
 Snapshot = TypeVar("Snapshot")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from mqstore.services.query.backends import CommitLogClient, StoreInfo
-from mqstore.services.store.errors import StoreError
-from mqstore.services.store.socket_address import AddressError, decode_address, encode_address
+from services.query.backends import CommitLogClient, StoreInfo
+from services.store.errors import StoreError
+from services.store.formats.socket_address import AddressError, decode_address, encode_address
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ over as stored with ``body_compressed``, never as an empty or partial body.
 
 A pull decodes up to 1024 records, so the common layout (IPv4 hosts, v1 magic) takes a fast path:
 one struct unpack for the 88 fixed bytes and cached host strings. Any other record goes through
-:func:`mqstore.services.store.record.decode_record`; both paths give the same result (the fixture tests
+:func:`services.store.formats.record.decode_record`; both paths give the same result (the fixture tests
 compare every field of 3000 RocketMQ records).
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqstore.client.compression import consumer_body
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.store.message import (
+from services.query.errors import DataLossError
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
@@ -31,7 +31,7 @@ from mqstore.services.store.message import (
     MessageRecord,
     string_to_properties,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     BORNHOST_POS,
     IPV4_HOST_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -42,7 +42,7 @@ from mqstore.services.store.record import (
     host_lengths,
     read_size_and_magic,
 )
-from mqstore.services.store.socket_address import decode_address
+from services.store.formats.socket_address import decode_address
 
 MESSAGE_MAGIC_CODES = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 # TOTALSIZE .. BODYLENGTH of a record with IPv4 born and store hosts (the layout in record.py).

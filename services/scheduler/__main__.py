@@ -1,7 +1,7 @@
-"""``python -m mqstore.services.scheduler``: the scheduler alone (see ``mqstore serve scheduler --help``)."""
+"""``python -m services.scheduler``: the scheduler alone (see ``mqstore serve scheduler --help``)."""
 
 import sys
 
-from mqstore.services.cli import main
+from services.cli import main
 
 sys.exit(main(["serve", "scheduler", *sys.argv[1:]]))

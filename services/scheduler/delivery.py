@@ -34,19 +34,19 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
-from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
-from mqstore.services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
-from mqstore.services.scheduler.timeup import NotDeliverable, ReputKey, message_timeup, reput_key
-from mqstore.services.store.delay_offsets_file import DelayOffsetTable, read_delay_progress, write_delay_offsets
-from mqstore.services.store.message import (
+from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
+from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
+from services.scheduler.timeup import NotDeliverable, ReputKey, message_timeup, reput_key
+from services.store.formats.delay_offsets_file import DelayOffsetTable, read_delay_progress, write_delay_offsets
+from services.store.formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
     Message,
 )
-from mqstore.services.store.parked_record import ParkedRecord
-from mqstore.services.store.record import real_destination
-from mqstore.services.store.timer_message import PROPERTY_TIMER_OUT_MS
+from services.store.formats.parked_record import ParkedRecord
+from services.store.formats.record import real_destination
+from services.store.rules.timer_message import PROPERTY_TIMER_OUT_MS
 
 log = logging.getLogger(__name__)
 

@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 import grpc
 
-from mqstore.services.scheduler import metrics
-from mqstore.services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
-from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.server import tracing
-from mqstore.services.server.metrics import Counter, Histogram
-from mqstore.services.store.message import Message
-from mqstore.services.store.parked_record import ParkedRecord
+from services.scheduler import metrics
+from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduleFiles
+from services.server import tracing
+from services.server.metrics import Counter, Histogram
+from services.store.formats.message import Message
+from services.store.formats.parked_record import ParkedRecord
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue

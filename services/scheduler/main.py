@@ -1,4 +1,4 @@
-"""Process entry point of the scheduler: ``mqstore serve scheduler`` and ``python -m mqstore.services.scheduler``.
+"""Process entry point of the scheduler: ``mqstore serve scheduler`` and ``python -m services.scheduler``.
 
 One asyncio event loop: the delivery loop (services/scheduler/delivery.py), a ``grpc.aio`` server
 with only health and reflection (the scheduler answers no RPC of its own), Prometheus metrics on
@@ -20,34 +20,34 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.scheduler import DEFAULT_LISTEN
-from mqstore.services.scheduler.delivery import DelayScheduler
-from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
-from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.scheduler.timer_delivery import TimerScheduler
-from mqstore.services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
-from mqstore.services.scheduler.transaction_check import SERVICE_NAME as TX_SERVICE_NAME
-from mqstore.services.scheduler.transaction_check import CheckSettings, TransactionChecker
-from mqstore.services.scheduler.transaction_check import register as register_transactions
-from mqstore.services.server.grpc_server import (
+from services.scheduler import DEFAULT_LISTEN
+from services.scheduler.delivery import DelayScheduler
+from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timer_delivery import TimerScheduler
+from services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
+from services.scheduler.transaction_check import SERVICE_NAME as TX_SERVICE_NAME
+from services.scheduler.transaction_check import CheckSettings, TransactionChecker
+from services.scheduler.transaction_check import register as register_transactions
+from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
     ShutdownSignal,
     serve_aio_until_signal,
     start_aio_service,
 )
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.metrics import metrics_port_from_env
-from mqstore.services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
-from mqstore.services.server.service_auth import load_service_token
-from mqstore.services.server.tracing import init_tracing, shutdown_tracing
-from mqstore.services.store.config import ConfigError, load_config
-from mqstore.services.store.delay_offsets_file import FILE_NAME
-from mqstore.services.store.message import parse_delay_levels
-from mqstore.services.store.store_layout import INDEXER_DIR
-from mqstore.services.store.store_root import StoreLock, StoreLockedError
+from services.server.logs import configure_logging
+from services.server.metrics import metrics_port_from_env
+from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
+from services.server.service_auth import load_service_token
+from services.server.tracing import init_tracing, shutdown_tracing
+from services.store.config import ConfigError, load_config
+from services.store.formats.delay_offsets_file import FILE_NAME
+from services.store.formats.message import parse_delay_levels
+from services.store.formats.store_layout import INDEXER_DIR
+from services.store.store_root import StoreLock, StoreLockedError
 
-log = logging.getLogger("mqstore.services.scheduler")
+log = logging.getLogger("services.scheduler")
 
 EXIT_BAD_OFFSETS_FILE = 4
 #: RocketMQ's flushDelayOffsetInterval

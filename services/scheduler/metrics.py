@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from mqstore.services.server.metrics import Counter, Histogram
+from services.server.metrics import Counter, Histogram
 
 SCHEDULED = Counter("mqstore_scheduler_scheduled", "Timer messages taken into the timer store (kind timer)",
                     ["kind"])

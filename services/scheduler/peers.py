@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from mqstore.services.server.channels import aio_channel
-from mqstore.services.store.message import STOREHOSTADDRESS_V6_FLAG, Message
-from mqstore.services.store.names import is_group_topic
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
+from services.server.channels import aio_channel
+from services.store.formats.message import STOREHOSTADDRESS_V6_FLAG, Message
+from services.store.rules.names import is_group_topic
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from mqstore.services.store.consume_queue import is_valid_unit
-from mqstore.services.store.message import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, MessageRecord
-from mqstore.services.store.parked_record import ParkedRecord, decode_parked
-from mqstore.services.store.readonly_files import ReadOnlyFiles
-from mqstore.services.store.record import (
+from services.store.formats.consume_queue import is_valid_unit
+from services.store.formats.message import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC, MessageRecord
+from services.store.formats.parked_record import ParkedRecord, decode_parked
+from services.store.formats.readonly_files import ReadOnlyFiles
+from services.store.formats.record import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
     SYSFLAG_POS,
@@ -30,9 +30,9 @@ from mqstore.services.store.record import (
     real_destination,
     store_timestamp_pos,
 )
-from mqstore.services.store.record_scan import record_positions
-from mqstore.services.store.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
-from mqstore.services.store.timer_message import record_timer_out_ms
+from services.store.formats.record_scan import record_positions
+from services.store.formats.store_layout import COMMITLOG_DIR, CONSUMEQUEUE_DIR
+from services.store.rules.timer_message import record_timer_out_ms
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Two steps in one loop (one asyncio task, so they never interleave):
 
 * take in: rmq_sys_wheel_timer queue 0 is read from the enqueue offset up to the indexer's published
   max; each record's TIMER_OUT_MS (its deliver time) files a unit under its second in the timer store
-  (services/store/timer_files.py), or under the second being delivered when that time has passed;
+  (services/store/formats/timer_files.py), or under the second being delivered when that time has passed;
 * deliver: the second being delivered (``delivered_second``) has its units re-put (timer_timeup) once
   their deliver ms has come; the second is done once it has ended and all its units are acknowledged.
 
@@ -32,15 +32,15 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.scheduler import metrics
-from mqstore.services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
-from mqstore.services.scheduler.peers import CommitLogPeer, IndexerPeer
-from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.scheduler.timeup import NotDeliverable, ReputKey, reput_key, timer_timeup
-from mqstore.services.store.message import Message
-from mqstore.services.store.parked_record import ParkedRecord
-from mqstore.services.store.timer_files import CHECK_NAME, UNIT_SIZE, TimerFiles, TimerUnit
-from mqstore.services.store.timer_message import (
+from services.scheduler import metrics
+from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
+from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timeup import NotDeliverable, ReputKey, reput_key, timer_timeup
+from services.store.formats.message import Message
+from services.store.formats.parked_record import ParkedRecord
+from services.store.formats.timer_files import CHECK_NAME, UNIT_SIZE, TimerFiles, TimerUnit
+from services.store.rules.timer_message import (
     PROPERTY_TIMER_DEQUEUE_MS,
     PROPERTY_TIMER_OUT_MS,
     TIMER_QUEUE_ID,

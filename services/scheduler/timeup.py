@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from zlib import crc32
 
-from mqstore.services.store.message import Message, MessageRecord
-from mqstore.services.store.parked_record import ParkedRecord
-from mqstore.services.store.record import real_destination
-from mqstore.services.store.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
+from services.store.formats.message import Message, MessageRecord
+from services.store.formats.parked_record import ParkedRecord
+from services.store.formats.record import real_destination
+from services.store.rules.timer_message import PROPERTY_TIMER_DEQUEUE_MS, PROPERTY_TIMER_ENQUEUE_MS
 
 #: a whole decoded record, or just the fields a re-put copies (the scheduler's, cheaper to decode)
 Parked = MessageRecord | ParkedRecord

@@ -35,15 +35,15 @@ from typing import Any
 
 import grpc
 
-from mqstore.services.scheduler.peers import CHANNEL_OPTIONS, STORED, IndexerPeer, message_to_proto
-from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.server.channels import aio_channel
-from mqstore.services.server.metrics import Counter
-from mqstore.services.server.status import fail_call
-from mqstore.services.store import transactions as tx
-from mqstore.services.store.consume_queue import is_valid_unit
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import (
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc, transaction_pb2
+from services.scheduler.peers import CHANNEL_OPTIONS, STORED, IndexerPeer, message_to_proto
+from services.scheduler.store_reader import ScheduleFiles
+from services.server.channels import aio_channel
+from services.server.metrics import Counter
+from services.server.status import fail_call
+from services.store.errors import InvalidArgumentError
+from services.store.formats.consume_queue import is_valid_unit
+from services.store.formats.message import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     TRANSACTION_COMMIT_TYPE,
@@ -51,10 +51,10 @@ from mqstore.services.store.message import (
     Message,
     MessageRecord,
 )
-from mqstore.services.store.names import check_producer_group
-from mqstore.services.store.readonly_files import ReadOnlyFiles
-from mqstore.services.store.store_layout import CONSUMEQUEUE_DIR
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, scheduler_pb2, scheduler_pb2_grpc, transaction_pb2
+from services.store.formats.readonly_files import ReadOnlyFiles
+from services.store.formats.store_layout import CONSUMEQUEUE_DIR
+from services.store.rules import transaction_records as tx
+from services.store.rules.names import check_producer_group
 
 log = logging.getLogger(__name__)
 

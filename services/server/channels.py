@@ -1,10 +1,10 @@
 """Client channels between mqstore processes. Every internal hop is made here, so cross-cutting
 concerns of the client side (trace context propagation) are added in one place.
 
-With tracing on (see :mod:`mqstore.services.server.tracing`) each channel carries OpenTelemetry's client
+With tracing on (see :mod:`services.server.tracing`) each channel carries OpenTelemetry's client
 interceptors: a CLIENT span per call and the W3C ``traceparent`` header, so the server's span joins
 the caller's trace. With tracing off the channels are plain grpc channels, without any interceptor.
-With a service credential configured (:mod:`mqstore.services.server.service_auth`) every call carries it.
+With a service credential configured (:mod:`services.server.service_auth`) every call carries it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from mqstore.services.server import service_auth, tracing
+from services.server import service_auth, tracing
 
 ChannelOptions = Sequence[tuple[str, int | str]]
 

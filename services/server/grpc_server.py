@@ -3,7 +3,7 @@
 Two flavours with the same shape. :class:`GrpcServer` is grpc's thread-pool server (the indexer's
 sync servicer); :class:`AioGrpcServer` is a ``grpc.aio`` server on the running event loop (the
 commitlog service, whose appends are grouped by coroutines). With tracing on
-(:mod:`mqstore.services.server.tracing`, initialised before the server is built) both carry OpenTelemetry's
+(:mod:`services.server.tracing`, initialised before the server is built) both carry OpenTelemetry's
 server interceptor; with it off, none. A service registers its servicers,
 starts the server, and hands control to :func:`serve_until_signal` (or its ``_aio`` twin), which
 waits for SIGTERM or SIGINT and then stops in the order that loses nothing: health NOT_SERVING (load
@@ -31,8 +31,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]  # missing from the stubs
 from grpc_reflection.v1alpha import reflection
 
-from mqstore.services.server import service_auth, tracing
-from mqstore.services.server.metrics import MetricsServer, start_metrics_server
+from services.server import service_auth, tracing
+from services.server.metrics import MetricsServer, start_metrics_server
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class ServerSettings:
 
     def as_internal(self) -> ServerSettings:
         """These settings for an internal service, with the service credential from the environment
-        (raises :class:`~mqstore.services.server.service_auth.ServiceTokenError` if it is unusable)."""
+        (raises :class:`~services.server.service_auth.ServiceTokenError` if it is unusable)."""
         return dataclasses.replace(self, internal=True, service_token=service_auth.load_service_token())
 
 

@@ -8,9 +8,9 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
-from mqstore.services.server.metrics import metrics_port_from_env
-from mqstore.services.server.service_auth import load_service_token
-from mqstore.services.store.config import ConfigError, MessageStoreConfig, load_config
+from services.server.metrics import metrics_port_from_env
+from services.server.service_auth import load_service_token
+from services.store.config import ConfigError, MessageStoreConfig, load_config
 
 log = logging.getLogger(__name__)
 

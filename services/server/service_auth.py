@@ -3,7 +3,7 @@ one of their own deployment's processes and not anyone who can reach the port.
 
 Every process of one deployment is given the same secret, ``MQSTORE_SERVICE_TOKEN`` (or a file
 holding it, ``MQSTORE_SERVICE_TOKEN_FILE``, the way a Kubernetes Secret is mounted). The client side
-(:mod:`mqstore.services.server.channels`, the only place internal channels are made) sends it as the
+(:mod:`services.server.channels`, the only place internal channels are made) sends it as the
 ``mqstore-service-token`` metadata on every call; the internal servers refuse a call without it with
 UNAUTHENTICATED. Health checks stay open, so probes and load balancers need no secret.
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import grpc
 
-from mqstore.services.store.errors import (
+from services.store.errors import (
     AlreadyExistsError,
     DataLossError,
     FailedPreconditionError,

@@ -281,7 +281,7 @@ def _instrumentation(module: str = "") -> Any:
 def _rpc_provider(target: str | None = None) -> Any:
     """The provider the gRPC instrumentation gets: its spans carry the current attribute names
     (services/server/rpc_semconv.py), a client channel's also its ``server.address``."""
-    from mqstore.services.server.rpc_semconv import RpcTracerProvider
+    from services.server.rpc_semconv import RpcTracerProvider
 
     assert _provider is not None
     return RpcTracerProvider(_provider, target)
@@ -304,7 +304,7 @@ def aio_server_interceptors() -> list[grpc.aio.ServerInterceptor[Any, Any]]:
 
 def client_interceptors(target: str | None = None) -> list[Any]:
     """Interceptors for a blocking channel, to be applied with OpenTelemetry's own ``intercept_channel``
-    (they are not ``grpc.*ClientInterceptor``s; :func:`mqstore.services.server.channels.sync_channel` does it).
+    (they are not ``grpc.*ClientInterceptor``s; :func:`services.server.channels.sync_channel` does it).
     A CLIENT span per call (``server.address``/``server.port``: ``target``) and the ``traceparent``
     header. Empty when tracing is off."""
     if not ENABLED:

@@ -36,8 +36,8 @@ _NON_SETTING_ENV = {"LOG_LEVEL", "METRICS_PORT", "METRICS_HOST", "METRICS_MAX_SE
                     "GATEWAY_TLS_CERT", "GATEWAY_TLS_KEY", "GATEWAY_TLS_CLIENT_CA",  # gateway/tls.py
                     "RMQ5", "RMQ5_MAX_DELIVERY_ATTEMPTS",  # gateway/rocketmq5/registration.py
                     "RMQ5_DEFAULT_INVISIBLE_MS", "RMQ5_RENEW_MAX_MS",
-                    "GATEWAY", "TOKEN", "TLS", "TLS_CA", "TLS_CERT", "TLS_KEY",  # mqstore_client/connection.py
-                    "PROGRESS"}  # mqstore_client/progress.py
+                    "GATEWAY", "TOKEN", "TLS", "TLS_CA", "TLS_CERT", "TLS_KEY",  # mqstore/client/connection.py
+                    "PROGRESS"}  # mqstore/client/progress.py
 log = logging.getLogger(__name__)
 ASYNC_FLUSH = "ASYNC_FLUSH"
 SYNC_FLUSH = "SYNC_FLUSH"
@@ -82,7 +82,7 @@ class MessageStoreConfig:
     max_message_size: int = 1024 * 1024 * 4
     check_crc_on_recover: bool = True
     # Not in RocketMQ: what recovery does with a damaged record that has intact records after it.
-    # "quarantine" steps over it (services/store/quarantine.py: reads of it answer DATA_LOSS, the
+    # "quarantine" steps over it (services/store/formats/quarantine.py: reads of it answer DATA_LOSS, the
     # records after it stay); "cut" ends the log there as RocketMQ does. A torn tail is cut either way.
     recover_corruption_mode: str = "quarantine"
     # Not in RocketMQ: when the store's own records (the checkpoint, the queue-offset snapshot, the

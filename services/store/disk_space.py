@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.errors import DiskFullError
+from services.store.errors import DiskFullError
 
 MIB = 1024 * 1024
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -38,7 +38,7 @@ class FailedPreconditionError(StoreError):
 
 
 class DataLossError(StoreError):
-    """The bytes asked for were found damaged by recovery and quarantined (services/store/quarantine.py):
+    """The bytes asked for were found damaged by recovery and quarantined (services/store/formats/quarantine.py):
     the record there is lost, the records around it are not. Retrying does not help."""
 
 

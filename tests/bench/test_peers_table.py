@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.bench import peers
-from mqstore.bench.peer_table import Goal, Measure, Row, issue_rows, render, select, to_json
+from bench import peers
+from bench.peer_table import Goal, Measure, Row, issue_rows, render, select, to_json
 
 
 def rate_row(goal: Goal, ours: float, redis: float | None = None, failed: int = 0) -> Row:

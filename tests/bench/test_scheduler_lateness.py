@@ -11,7 +11,7 @@ import sys
 from array import array
 from pathlib import Path
 
-from mqstore.bench.scheduler_lateness import HEADER, analyse, header, lateness_by_second, parse_header
+from bench.scheduler_lateness import HEADER, analyse, header, lateness_by_second, parse_header
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def test_worst_lateness_per_second_of_due_time_per_kind() -> None:
 
 
 def test_quick_run_delivers_every_message_once_and_reports_lateness() -> None:
-    done = subprocess.run([sys.executable, "-m", "mqstore.bench.scheduler_lateness", "--quick", "--json"],
+    done = subprocess.run([sys.executable, "-m", "bench.scheduler_lateness", "--quick", "--json"],
                           cwd=REPO, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"
     result = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))

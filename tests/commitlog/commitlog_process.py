@@ -52,9 +52,9 @@ def free_port() -> int:
 
 
 def mqstore_command() -> list[str]:
-    """The ``mqstore`` console script of the running virtualenv, or ``python -m mqstore.services.cli``."""
+    """The ``mqstore`` console script of the running virtualenv, or ``python -m services.cli``."""
     script = Path(sys.executable).with_name("mqstore")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "mqstore.services.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "services.cli"]
 
 
 def run_mqstore(*args: str | Path) -> subprocess.CompletedProcess[bytes]:

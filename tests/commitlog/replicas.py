@@ -11,8 +11,8 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.server.service_auth import METADATA_KEY
 from mqstore.v1 import commitlog_pb2, common_pb2
+from services.server.service_auth import METADATA_KEY
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
 
 TOKEN = "replication-test-token"

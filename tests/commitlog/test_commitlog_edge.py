@@ -14,16 +14,16 @@ from typing import NoReturn
 import grpc
 import pytest
 
-from mqstore.services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from mqstore.services.commitlog.servicer import CommitLogServicer
-from mqstore.services.server.logs import configure_logging
-from mqstore.services.server.peer import UNKNOWN_BORN_HOST, peer_address
-from mqstore.services.server.status import status_code_of
-from mqstore.services.store import errors
-from mqstore.services.store.message import Message
-from mqstore.services.store.socket_address import encode_address
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
+from services.commitlog.servicer import CommitLogServicer
+from services.server.logs import configure_logging
+from services.server.peer import UNKNOWN_BORN_HOST, peer_address
+from services.server.status import status_code_of
+from services.store import errors
+from services.store.formats.message import Message
+from services.store.formats.socket_address import encode_address
 
 
 class Aborted(Exception):

@@ -17,11 +17,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from mqstore.services.commitlog.servicer import MAX_STREAMS
-from mqstore.services.store.message_id import decode_message_id
-from mqstore.services.store.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+from services.commitlog.servicer import MAX_STREAMS
+from services.store.formats.message_id import decode_message_id
+from services.store.formats.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
 from tests.commitlog.commitlog_process import (
     SERVICE_NAME,
     CommitLogProcess,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, common_pb2
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 
 CYCLES = int(__import__("os").environ.get("CRASH_CYCLES", "20"))

@@ -13,14 +13,14 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.put_result import PutMessageError
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
-from mqstore.services.store.message import SCHEDULE_TOPIC, Message
-from mqstore.services.store.record import decode_record
-from mqstore.services.store.topics import TopicConfig
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.put_result import PutMessageError
+from services.store.errors import InvalidArgumentError, NotFoundError
+from services.store.formats.message import SCHEDULE_TOPIC, Message
+from services.store.formats.record import decode_record
+from services.store.rules.topics import TopicConfig
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.test_commitlog_engine import make_log
 

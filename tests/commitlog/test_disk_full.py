@@ -17,18 +17,18 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.topic_config import TopicConfigManager
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.indexer.reput import ReputService
-from mqstore.services.store.config import load_config
-from mqstore.services.store.errors import DiskFullError
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.message import Message
-from mqstore.services.store.record import DispatchRequest, parse_dispatch_requests
-from mqstore.services.store.topics import TopicConfig
-from mqstore.services.store.transient_store_pool import TransientStorePool
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.topic_config import TopicConfigManager
+from services.indexer.indexer_store import IndexerStore
+from services.indexer.reput import ReputService
+from services.store.config import load_config
+from services.store.errors import DiskFullError
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.message import Message
+from services.store.formats.record import DispatchRequest, parse_dispatch_requests
+from services.store.formats.transient_store_pool import TransientStorePool
+from services.store.rules.topics import TopicConfig
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.commitlog.commitlog_process import start_commitlog as start_commitlog_process
 from tests.commitlog.small_disk import MIB, fill, small_filesystem, until_accepted
@@ -395,9 +395,9 @@ def test_the_indexer_waits_at_its_reput_offset_while_the_disk_is_full_then_goes_
 INDEX_ON_A_FULL_DISK = """
 import sys
 from pathlib import Path
-from mqstore.services.store.errors import DiskFullError
-from mqstore.services.store.index_service import IndexService
-from mqstore.services.store.record import DispatchRequest
+from services.store.errors import DiskFullError
+from services.store.formats.index_service import IndexService
+from services.store.formats.record import DispatchRequest
 index = IndexService(Path(sys.argv[1]), 400_000, 1_000)
 index.load(True)
 requests = [DispatchRequest(topic="T", queue_id=0, commitlog_offset=100 * i, msg_size=100, tags_code=0,
@@ -424,8 +424,8 @@ def test_index_entries_the_disk_has_no_blocks_for_are_refused_not_a_sigbus(disk:
 CONSUME_QUEUES_ON_A_FULL_DISK = """
 import sys
 from pathlib import Path
-from mqstore.services.store.consume_queue import ConsumeQueue
-from mqstore.services.store.errors import DiskFullError
+from services.store.formats.consume_queue import ConsumeQueue
+from services.store.errors import DiskFullError
 queues = [ConsumeQueue(Path(sys.argv[1]), "T", q) for q in range(64)]
 offset = 0
 try:

@@ -29,7 +29,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mqstore.gateway.resilience import backend_error
+from gateway.resilience import backend_error
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
 from tests.commitlog.commitlog_process import CommitLogProcess, free_port, start_commitlog
 from tests.commitlog.small_disk import MIB, small_filesystem

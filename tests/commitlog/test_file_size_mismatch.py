@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.mapped_file_queue import FileSizeMismatchError, MappedFileQueue
-from mqstore.services.store.message import Message
+from services.commitlog.commit_log import CommitLog
+from services.store.config import MessageStoreConfig
+from services.store.formats.mapped_file_queue import FileSizeMismatchError, MappedFileQueue
+from services.store.formats.message import Message
 from tests.commitlog.commitlog_process import commitlog_env, free_port, mqstore_command
 
 KIB = 1024

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.message_id import decode_message_id
+from services.store.formats.message_id import decode_message_id
 from tests.commitlog.commitlog_process import CommitLogProcess
 
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha import handshake
-from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
-from mqstore.services.commitlog.ha.ha_metrics import bind_followers
-from mqstore.services.commitlog.ha.ha_service import HAService, HAServiceError
-from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
-from mqstore.services.commitlog.put_result import PutMessageStatus
-from mqstore.services.store.config import ConfigError, load_config
-from mqstore.services.store.errors import FailedPreconditionError
-from mqstore.services.store.message import Message
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha import handshake
+from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
+from services.commitlog.ha.ha_metrics import bind_followers
+from services.commitlog.ha.ha_service import HAService, HAServiceError
+from services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
+from services.commitlog.put_result import PutMessageStatus
+from services.store.config import ConfigError, load_config
+from services.store.errors import FailedPreconditionError
+from services.store.formats.message import Message
 
 FILE_SIZE = 64 * 1024
 

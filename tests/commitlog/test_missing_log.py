@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.commitlog import metrics
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.recovery import MissingLogError, RecoveryResult, find_missing_log
-from mqstore.services.store.config import ASYNC_FLUSH, SYNC_FLUSH, MessageStoreConfig
-from mqstore.services.store.message import Message
-from mqstore.services.store.record_scan import Damage
+from services.commitlog import metrics
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.recovery import MissingLogError, RecoveryResult, find_missing_log
+from services.store.config import ASYNC_FLUSH, SYNC_FLUSH, MessageStoreConfig
+from services.store.formats.message import Message
+from services.store.formats.record_scan import Damage
 from tests.commitlog.commitlog_process import StartCommitLog, commitlog_env, free_port, mqstore_command
 
 KIB = 1024

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.checkpoint import StoreCheckpoint
+from services.commitlog.commit_log import CommitLog
+from services.store.formats.checkpoint import StoreCheckpoint
 from tests.conftest import StoreFactory
 from tests.test_recovery import fixture_config, opened, put_many, small_config
 
 FILE_SIZE = 64 * 1024
-RECOVERY_LOGGER = "mqstore.services.commitlog.recovery"
+RECOVERY_LOGGER = "services.commitlog.recovery"
 
 
 def write_store(root: Path, count: int = 1200) -> list[int]:

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.store.errors import StoreError
-from mqstore.services.store.message import Message
+from services.store.errors import StoreError
+from services.store.formats.message import Message
 from tests.commitlog.test_recovery_corruption import recovery_warnings
 from tests.commitlog.test_recovery_quarantine import BODY
 from tests.conftest import StoreFactory

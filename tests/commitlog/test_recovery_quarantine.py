@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
-from mqstore.services.store.errors import DataLossError
-from mqstore.services.store.message import Message
-from mqstore.services.store.quarantine import QuarantinedRange
-from mqstore.services.store.record import decode_record
+from services.commitlog.commit_log import CommitLog
+from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
+from services.store.errors import DataLossError
+from services.store.formats.message import Message
+from services.store.formats.quarantine import QuarantinedRange
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import run_mqstore
 from tests.commitlog.test_recovery_corruption import FILE_SIZE, crash, flip, recovery_warnings, write_store
 from tests.conftest import StoreFactory

@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.services.commitlog.ha import handshake
-from mqstore.services.commitlog.ha.wire import encode_report
 from mqstore.v1 import commitlog_pb2, indexer_pb2
+from services.commitlog.ha import handshake
+from services.commitlog.ha.wire import encode_report
 from tests.commitlog.commitlog_process import StartCommitLog, free_port
 from tests.commitlog.replicas import (
     AUTH,

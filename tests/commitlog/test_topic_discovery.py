@@ -9,10 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import SCHEDULE_TOPIC, Message
-from mqstore.services.store.topics import TopicConfig
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.formats.message import SCHEDULE_TOPIC, Message
+from services.store.rules.topics import TopicConfig
 
 MIB = 1024 * 1024
 FIXTURE_TOPICS = {"TopicA": 4, "TopicB": 2, "Topic-Long-Name_with.chars": 1, SCHEDULE_TOPIC: 18}

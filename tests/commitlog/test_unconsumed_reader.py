@@ -1,4 +1,4 @@
-"""Which consumer groups have not consumed a commitlog range (services/store/unconsumed.py), read from
+"""Which consumer groups have not consumed a commitlog range (services/store/rules/unconsumed.py), read from
 real files: ConsumeQueues written by the indexer's ConsumeQueue code (small files, so a queue spans
 several, one starting past queue offset 0 with filler units) and a consumerOffset.json written by the
 query service's table. Unreadable sources are "unknown", never "none"."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
-from mqstore.services.store.unconsumed import QueueUnits, UnconsumedReader
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
+from services.store.rules.unconsumed import QueueUnits, UnconsumedReader
 
 CQ_FILE_SIZE = 40 * CQ_STORE_UNIT_SIZE  # 40 units a file
 SIZE = 100  # every record is 100 bytes: queue A/0's unit k points at commitlog offset 1000 * k

@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.bench.services import free_port_block
-from mqstore.services.store.message import SCHEDULE_TOPIC
+from bench.services import free_port_block
 from mqstore.v1 import admin_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, indexer_pb2_grpc, query_pb2
+from services.store.formats.message import SCHEDULE_TOPIC
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from gateway.settings import ShardSettings, _shard
 from mqstore.client.admin import plain
-from mqstore.gateway.settings import ShardSettings, _shard
-from mqstore.services.commitlog.topic_config import TopicConfigManager
-from mqstore.services.indexer.indexer_store import ArrivalBatch, IndexerStore
-from mqstore.services.indexer.topic_deletion import delete_topic
-from mqstore.services.store.errors import InvalidArgumentError, NotFoundError
-from mqstore.services.store.message import SCHEDULE_TOPIC
-from mqstore.services.store.record import DispatchRequest
-from mqstore.services.store.topics import TopicConfig
 from mqstore.v1 import admin_pb2
+from services.commitlog.topic_config import TopicConfigManager
+from services.indexer.indexer_store import ArrivalBatch, IndexerStore
+from services.indexer.topic_deletion import delete_topic
+from services.store.errors import InvalidArgumentError, NotFoundError
+from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.formats.record import DispatchRequest
+from services.store.rules.topics import TopicConfig
 from tests.geometry import SMALL
 
 

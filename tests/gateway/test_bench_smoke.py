@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's harness works: ``python -m mqstore.bench.gateway --tiny`` starts ``mqstore up``,
+"""The end-to-end benchmark's harness works: ``python -m bench.gateway --tiny`` starts ``mqstore up``,
 drives every kind of client, checks what was stored, stops the system cleanly and prints a row per
 case. No timing is asserted: the figures belong in docs/benchmarks.md, not in a test on a shared machine.
 """
@@ -34,7 +34,7 @@ def _median_rows(stdout: str) -> dict[str, dict[str, str]]:
 
 def test_bench_gateway_tiny_runs_every_case_and_prints_positive_rates() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "mqstore.bench.gateway", "--cases", "send,batch,pull", "--duration", "1", "--reps", "1",
+        [sys.executable, "-m", "bench.gateway", "--cases", "send,batch,pull", "--duration", "1", "--reps", "1",
          "--tiny", "--quiet"],
         cwd=REPO, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-5000:]}"

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from mqstore.client import Producer
 from mqstore.client.batch_encoder import UniqKeys, encode_entry, properties_bytes
-from mqstore.services.store.message_id import parse_message_id
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2
+from services.store.formats.message_id import parse_message_id
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS
 from tests.gateway.system_process import UpProcess
 from tests.waiting import eventually_found

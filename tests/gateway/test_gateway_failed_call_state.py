@@ -12,14 +12,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from mqstore.gateway.auth import TokenTable
-from mqstore.gateway.queue_selector import FaultTable, QueueSelector
-from mqstore.gateway.registration import add_to_server
-from mqstore.gateway.route import RouteTable
-from mqstore.gateway.servicer import MessagingServicer
-from mqstore.gateway.settings import load_gateway_settings
-from mqstore.gateway.shard import ShardClient
-from mqstore.gateway.uniq_key import UniqKeyGenerator
+from gateway.auth import TokenTable
+from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.registration import add_to_server
+from gateway.route import RouteTable
+from gateway.servicer import MessagingServicer
+from gateway.settings import load_gateway_settings
+from gateway.shard import ShardClient
+from gateway.uniq_key_maker import UniqKeyGenerator
 from mqstore.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.call_state import collector_off, in_process_server, live
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.services.store.message_id import make_message_id
-from mqstore.services.store.uniq_key import decode_uniq_key
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2, query_pb2_grpc
+from services.store.formats.message_id import make_message_id
+from services.store.formats.uniq_key import decode_uniq_key
 from tests.commitlog.commitlog_process import ServiceProcess, free_port, spawn_service, start_commitlog
 from tests.query.query_process import System
 from tests.waiting import eventually_found

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from mqstore.gateway.message_finder import MessageFinder
-from mqstore.gateway.resilience import RetryPolicy
-from mqstore.gateway.route import TopicRoute
-from mqstore.gateway.settings import ShardSettings
-from mqstore.gateway.shard import ShardClient
-from mqstore.services.store.message_id import make_message_id
-from mqstore.services.store.socket_address import encode_address
+from gateway.message_finder import MessageFinder
+from gateway.resilience import RetryPolicy
+from gateway.route import TopicRoute
+from gateway.settings import ShardSettings
+from gateway.shard import ShardClient
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
+from services.store.formats.message_id import make_message_id
+from services.store.formats.socket_address import encode_address
 
 
 class FakeShard:

@@ -7,8 +7,8 @@ import time
 import grpc
 import pytest
 
-from mqstore.services.store.message_id import make_message_id
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
+from services.store.formats.message_id import make_message_id
 from tests.gateway.system_process import UpProcess
 from tests.waiting import eventually_found
 

@@ -8,9 +8,9 @@ import time
 import grpc
 import pytest
 
-from mqstore.services.store.java_hash import java_string_hash
-from mqstore.services.store.uniq_key import decode_uniq_key
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, query_pb2
+from services.store.formats.java_hash import java_string_hash
+from services.store.formats.uniq_key import decode_uniq_key
 from tests.gateway.system_process import UpProcess
 from tests.waiting import eventually_found
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.store.message import SCHEDULE_TOPIC
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from services.store.formats.message import SCHEDULE_TOPIC
 from tests.gateway.system_process import UpProcess, start_up
 
 SMALL_INDEXER = {

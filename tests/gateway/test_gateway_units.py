@@ -14,17 +14,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqstore.gateway.auth import Action, PermissionDeniedError, UnauthenticatedError, load_token_table
-from mqstore.gateway.queue_selector import FaultTable, QueueSelector
-from mqstore.gateway.resilience import BackendError, RetryPolicy, backend_error
-from mqstore.gateway.route import TopicRoute
-from mqstore.gateway.send_batcher import SendBatcher
-from mqstore.gateway.settings import ShardSettings, load_gateway_settings
-from mqstore.gateway.uniq_key import UniqKeyGenerator
-from mqstore.services.store.config import ConfigError
-from mqstore.services.store.java_hash import java_string_hash
-from mqstore.services.store.uniq_key import decode_uniq_key
+from gateway.auth import Action, PermissionDeniedError, UnauthenticatedError, load_token_table
+from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.resilience import BackendError, RetryPolicy, backend_error
+from gateway.route import TopicRoute
+from gateway.send_batcher import SendBatcher
+from gateway.settings import ShardSettings, load_gateway_settings
+from gateway.uniq_key_maker import UniqKeyGenerator
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2
+from services.store.config import ConfigError
+from services.store.formats.java_hash import java_string_hash
+from services.store.formats.uniq_key import decode_uniq_key
 
 
 class FakeShard:

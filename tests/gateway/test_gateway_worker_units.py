@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.gateway.main import _checked_settings
-from mqstore.gateway.queue_selector import FaultTable, QueueSelector
-from mqstore.gateway.settings import GatewayOptions, GatewaySettings
-from mqstore.gateway.workers import WORKER_ENV, WORKERS_ENV, WorkerIdentity, ensure_port_free, worker_args
-from mqstore.services.cli import build_parser
-from mqstore.services.store.config import ConfigError
+from gateway.main import _checked_settings
+from gateway.queue_selector import FaultTable, QueueSelector
+from gateway.settings import GatewayOptions, GatewaySettings
+from gateway.workers import WORKER_ENV, WORKERS_ENV, WorkerIdentity, ensure_port_free, worker_args
+from services.cli import build_parser
+from services.store.config import ConfigError
 from tests.gateway.test_gateway_units import route
 
 

@@ -26,7 +26,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.bench.services import free_port_block
+from bench.services import free_port_block
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, running_up

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from mqstore.gateway.auth import ANONYMOUS, Principal
-from mqstore.gateway.groups import _visible_members
+from gateway.auth import ANONYMOUS, Principal
+from gateway.groups import _visible_members
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2
 from tests.gateway import test_gateway_auth as auth
 from tests.gateway.system_process import UpProcess, running_up

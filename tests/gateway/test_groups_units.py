@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.gateway.groups import _union
-from mqstore.services.query.consumer_groups import GroupMembers
-from mqstore.services.store.consumer_groups import check_client_id, member_timing
-from mqstore.services.store.errors import InvalidArgumentError, ResourceExhaustedError
+from gateway.groups import _union
 from mqstore.v1 import groups_pb2
+from services.query.consumer_manager import GroupMembers
+from services.store.errors import InvalidArgumentError, ResourceExhaustedError
+from services.store.rules.group_membership import check_client_id, member_timing
 
 
 class Clock:

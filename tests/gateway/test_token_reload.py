@@ -18,7 +18,7 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.bench.services import free_port_block
+from bench.services import free_port_block
 from mqstore.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess

@@ -1,5 +1,5 @@
 """The transaction flow's records and rules without processes: RocketMQ 4.9.8's half, commit, op,
-put-back and discard records (``services/store/transactions.py``), what AppendRequest.transaction_flow
+put-back and discard records (``services/store/rules/transaction_records.py``), what AppendRequest.transaction_flow
 opens and what it keeps closed, the gateway's wire half, and the checker's settings."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import dataclasses
 
 import pytest
 
-from mqstore.gateway.transactions import half_message, refuse_in_batch
-from mqstore.services.scheduler.transaction_check import CheckSettings
-from mqstore.services.store import transactions as tx
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.producer_message import check_producer_message
+from gateway.transaction_relay import half_message, refuse_in_batch
 from mqstore.v1 import common_pb2
+from services.scheduler.transaction_check import CheckSettings
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import MessageRecord
+from services.store.rules import transaction_records as tx
+from services.store.rules.producer_message import check_producer_message
 
 PROPS = {"TRAN_MSG": "true", "PGROUP": "g1", "UNIQ_KEY": "0A0000010000000000000000000000AB", "TAGS": "TagA",
          "REAL_TOPIC": "Orders", "REAL_QID": "3", "WAIT": "true"}

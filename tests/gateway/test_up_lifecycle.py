@@ -17,10 +17,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.bench.services import free_port_block
-from mqstore.services.runner import ChildSpec, _Child
-from mqstore.services.server.process import RestartPolicy
+from bench.services import free_port_block
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from services.runner import ChildSpec, _Child
+from services.server.process import RestartPolicy
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, running_up, start_up
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services import runner
+from services import runner
 
 
 def test_the_try_lines_name_the_venvs_commands_by_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -1,4 +1,4 @@
-"""The indexer reads the commitlog's files itself (services/indexer/commitlog_files.py): its chunks are
+"""The indexer reads the commitlog's files itself (services/indexer/commitlog_reader.py): its chunks are
 the commitlog's own Tail chunks, bounded by the readable end it is told (never the write position of
 a transient store pool), BLANKs checked against their file's end, quarantined ranges skipped only when
 listed; and an indexer whose "files" are not the service's falls back to the byte-carrying Tail."""
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.indexer.commitlog_files import CommitLogFiles, FileChunk, FilesMismatch
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
-from mqstore.services.store.record import encode_blank
 from mqstore.v1 import commitlog_pb2
+from services.commitlog.commit_log import CommitLog
+from services.indexer.commitlog_reader import CommitLogFiles, FileChunk, FilesMismatch
+from services.store.config import load_config
+from services.store.formats.message import Message
+from services.store.formats.record import encode_blank
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_file_roll import (

@@ -22,14 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.store.config import MessageStoreConfig
-from mqstore.services.store.consume_queue import ConsumeQueueStore
-from mqstore.services.store.index_file import IndexFile, IndexHeader
-from mqstore.services.store.index_service import IndexState
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE
-from mqstore.services.store.record import DispatchRequest
+from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
+from services.indexer.indexer_store import IndexerStore
+from services.store.config import MessageStoreConfig
+from services.store.formats.consume_queue import ConsumeQueueStore
+from services.store.formats.index_file import IndexFile, IndexHeader
+from services.store.formats.index_service import IndexState
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE
+from services.store.formats.record import DispatchRequest
 from tests.geometry import SMALL
 
 RECORDS = 3000
@@ -70,7 +70,7 @@ def crash_child(root: Path, checkpointed: int, dispatched: int, prepared: Sequen
     ``dispatched``, SIGKILL itself (no flush, no shutdown: the abort file stays)."""
     script = (
         "import json, os, signal, sys\n"
-        "from mqstore.services.indexer.indexer_store import IndexerStore\n"
+        "from services.indexer.indexer_store import IndexerStore\n"
         "from tests.indexer.test_dispatch_checkpoint import config, dispatch, workload\n"
         "root, checkpointed, dispatched, prepared = json.loads(sys.argv[1])\n"
         "requests = workload(prepared)\n"

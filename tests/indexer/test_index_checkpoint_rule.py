@@ -14,9 +14,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from mqstore.services.indexer.indexer_store import IndexerStore
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.index_service import IndexService
+from services.indexer.indexer_store import IndexerStore
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.index_service import IndexService
 from tests.geometry import SMALL
 from tests.indexer.test_dispatch_checkpoint import config, dispatch, workload
 

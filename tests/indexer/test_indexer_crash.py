@@ -13,8 +13,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 

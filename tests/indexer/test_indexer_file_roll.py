@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.record import BLANK_MAGIC_CODE, encode_blank
 from mqstore.v1 import commitlog_pb2, common_pb2
+from services.store.formats.record import BLANK_MAGIC_CODE, encode_blank
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, stop_cleanly
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_crash import all_units

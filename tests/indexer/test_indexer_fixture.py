@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.store.index_file import IndexFile
 from mqstore.v1 import commitlog_pb2, indexer_pb2
+from services.store.formats.index_file import IndexFile
 from tests.commitlog.commitlog_process import CommitLogProcess, start_commitlog
 from tests.conftest import StoreFactory
 from tests.indexer.indexer_process import IndexerProcess, start_indexer

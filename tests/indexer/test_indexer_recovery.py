@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
-from mqstore.services.store.index_file import IndexFile, is_index_file_name
-from mqstore.services.store.index_service import IndexService
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
+from services.store.formats.index_file import IndexFile, is_index_file_name
+from services.store.formats.index_service import IndexService
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_crash import all_units

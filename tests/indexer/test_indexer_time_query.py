@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mqstore.services.store.consume_queue import ConsumeQueue, last_modified_ms
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.consume_queue import ConsumeQueue, last_modified_ms
 from tests.commitlog.commitlog_process import StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 

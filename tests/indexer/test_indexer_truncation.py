@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 from tests.indexer.test_indexer_crash import all_units

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from mqstore.services.indexer.reput import ResyncWatch
-from mqstore.services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
+from services.indexer.reput import ResyncWatch
+from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 
 FILE = 1024 * 1024
 
@@ -44,7 +44,7 @@ def test_a_skip_needs_the_file_size() -> None:
 
 def test_resyncs_repeating_at_one_offset_become_warnings(caplog: pytest.LogCaptureFixture) -> None:
     watch = ResyncWatch(stall_after=3)
-    caplog.set_level(logging.INFO, logger="mqstore.services.indexer.reput")
+    caplog.set_level(logging.INFO, logger="services.indexer.reput")
 
     def levels() -> list[str]:
         found = [r.levelname for r in caplog.records]

@@ -21,10 +21,10 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from mqstore.client import Producer, PullConsumer
-from mqstore.services.query.backends import QueueEntries
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.lag import LagMonitor
-from mqstore.services.server.metrics import OTHER, BoundedLabel
+from services.query.backends import QueueEntries
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.lag import LagMonitor
+from services.server.metrics import OTHER, BoundedLabel
 from tests.observability.conftest import TracedUp
 
 TOPIC = "LagOrders"

@@ -112,7 +112,7 @@ def test_a_transaction_commit_and_its_consumer_are_one_trace(traced_up: TracedUp
 
 _DOWN_COLLECTOR = """
 import time
-from mqstore.services.server import logs, tracing
+from services.server import logs, tracing
 
 logs.configure_logging()
 assert tracing.init_tracing("probe")

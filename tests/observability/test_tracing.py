@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.server import channels, tracing
 from mqstore.v1 import commitlog_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
+from services.server import channels, tracing
 from tests.commitlog.commitlog_process import commitlog_env
 from tests.observability.conftest import GatewayProcess, Observed
 from tests.observability.otlp_receiver import (
@@ -200,8 +200,8 @@ def test_long_lived_streams_and_health_checks_make_no_spans(observed: Observed) 
 
 _PROBE = """
 import json, logging, sys
-from mqstore.services.server import tracing
-from mqstore.services.server.logs import configure_logging
+from services.server import tracing
+from services.server.logs import configure_logging
 
 configure_logging(stream=sys.stdout)
 assert tracing.init_tracing("probe")

@@ -18,10 +18,10 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqstore.services.store.commitlog_files import commitlog_file_name
-from mqstore.services.store.message import properties_to_string
-from mqstore.services.store.record import encode_blank, encode_record
-from mqstore.services.store.socket_address import encode_address
+from services.store.formats.commitlog_walk import commitlog_file_name
+from services.store.formats.message import properties_to_string
+from services.store.formats.record import encode_blank, encode_record
+from services.store.formats.socket_address import encode_address
 
 START_MS = 1_767_600_000_000  # 2026-01-05 08:00 UTC
 MINUTES = 20

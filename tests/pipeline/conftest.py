@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.commitlog_files import commitlog_file_name, list_commitlog_files
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
-from mqstore.services.store.record import encode_blank
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.formats.commitlog_walk import commitlog_file_name, list_commitlog_files
+from services.store.formats.message import Message
+from services.store.formats.record import encode_blank
 from tests.pipeline.services_store import ServicesStore, write_services_store
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ MqstoreFactory = Callable[..., Path]
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    from mqstore.pipeline.session import get_session
+    from pipeline.session import get_session
 
     session = get_session("local[2]", "mqstore-pipeline-tests", {"spark.sql.shuffle.partitions": "4",
                                                                   "spark.driver.memory": "2g"})

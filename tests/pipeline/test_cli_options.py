@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.fs import LocationError, parse_location
-from mqstore.pipeline.progress import Progress
-from mqstore.services.cli import main as mqstore_main
+from pipeline.fs import LocationError, parse_location
+from pipeline.progress import Progress
+from services.cli import main as mqstore_main
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -24,13 +24,13 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.cluster import StandaloneCluster
-from mqstore.pipeline.export import export
-from mqstore.pipeline.fs import REMOTE_FILE_URIS_ENV
-from mqstore.pipeline.reindex import reindex
-from mqstore.pipeline.stats import stats
-from mqstore.pipeline.verify import verify
-from mqstore.services.store.geometry import GeometryOptions
+from pipeline.cluster import StandaloneCluster
+from pipeline.export import export
+from pipeline.fs import REMOTE_FILE_URIS_ENV
+from pipeline.reindex import reindex
+from pipeline.stats import stats
+from pipeline.verify import verify
+from services.store.formats.geometry import GeometryOptions
 from tests.geometry import SMALL
 from tests.pipeline.services_store import ServicesStore
 
@@ -69,7 +69,7 @@ def submit(cluster: StandaloneCluster, tmp_path: Path, job: str, *args: str,
     events.mkdir()
     conf = {**JOB_CONF, "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri(),
             "spark.eventLog.compress": "false"}
-    command = [sys.executable, "-m", "mqstore.services.cli", "pipeline", job, *args, "--master", cluster.master_url,
+    command = [sys.executable, "-m", "services.cli", "pipeline", job, *args, "--master", cluster.master_url,
                "--json", "--split-size", str(split_size), *(f"--conf={k}={v}" for k, v in conf.items())]
     done = subprocess.run(command, env={**cluster.env(), **(env or {})}, capture_output=True, text=True,
                           timeout=600, check=False)

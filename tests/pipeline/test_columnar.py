@@ -16,15 +16,15 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.pipeline.columnar import export_batches
-from mqstore.pipeline.export import SCHEMA, decode_split, records_batch
-from mqstore.pipeline.records import record_facts, record_facts_per_record
-from mqstore.pipeline.scan import ScanSummary
-from mqstore.pipeline.split_reader import MappedSplit, plan_splits, scan_split
-from mqstore.services.store.commitlog_files import list_commitlog_files
-from mqstore.services.store.message import BORNHOST_V6_FLAG, COMPRESSED_FLAG, STOREHOSTADDRESS_V6_FLAG
-from mqstore.services.store.record import MESSAGE_MAGIC_CODE_V2, encode_record
-from mqstore.services.store.socket_address import encode_address
+from pipeline.columnar import export_batches
+from pipeline.export import SCHEMA, decode_split, records_batch
+from pipeline.records import record_facts, record_facts_per_record
+from pipeline.scan import ScanSummary
+from pipeline.split_reader import MappedSplit, plan_splits, scan_split
+from services.store.formats.commitlog_walk import list_commitlog_files
+from services.store.formats.message import BORNHOST_V6_FLAG, COMPRESSED_FLAG, STOREHOSTADDRESS_V6_FLAG
+from services.store.formats.record import MESSAGE_MAGIC_CODE_V2, encode_record
+from services.store.formats.socket_address import encode_address
 
 FILE_SIZE = 32 * 1024
 
@@ -156,7 +156,7 @@ def test_reindex_dispatch_columnar_equals_parsed(tmp_path_factory: object, specs
                                                  torn: int | None, split_size: int) -> None:
     """reindex's stage 1: queue units and index items from the columnar decoder equal those from
     parse_dispatch_requests (the path every run took before, and still takes when it must)."""
-    import mqstore.pipeline.reindex as reindex
+    import pipeline.reindex as reindex
 
     commitlog = write_commitlog(tmp_path_factory.mktemp("dispatch") / "commitlog",  # type: ignore[attr-defined]
                                 specs, torn)
@@ -172,7 +172,7 @@ def test_reindex_dispatch_columnar_equals_parsed(tmp_path_factory: object, specs
 
 
 def test_reindex_dispatch_takes_the_columnar_path(tmp_path: Path) -> None:
-    import mqstore.pipeline.reindex as reindex
+    import pipeline.reindex as reindex
 
     specs = [{"topic": b"Orders", "properties": f"UNIQ_KEY\x01{i:032X}\x02KEYS\x01k{i} x\x02TAGS\x01t".encode(),
               "body": bytes(100), "sys_flag": 0, "born_host": encode_address("10.0.0.1:4000"),

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.export import (
+from pipeline.export import (
     STAGING_PREFIX,
     STATE_FILE_NAME,
     ExportError,
@@ -22,10 +22,10 @@ from mqstore.pipeline.export import (
     kafka_view,
     written_rows,
 )
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import (
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
+from services.store.formats.message import (
     TRANSACTION_NOT_TYPE,
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_ROLLBACK_TYPE,

@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.export import STATE_FILE_NAME, export
-from mqstore.services.cli import main as mqstore_main
-from mqstore.services.store.commitlog_files import list_commitlog_files
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+from pipeline.export import STATE_FILE_NAME, export
+from services.cli import main as mqstore_main
+from services.store.formats.commitlog_walk import list_commitlog_files
 from tests.commitlog.commitlog_process import CommitLogProcess, Launcher
 from tests.geometry import SMALL, GeometryPreset
 

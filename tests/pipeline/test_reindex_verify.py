@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline import verify as verify_job
-from mqstore.pipeline.reindex import reindex
-from mqstore.pipeline.verify import verify
-from mqstore.services.cli import main as mqstore_main
-from mqstore.services.store.consume_queue import BLANK_UNIT
-from mqstore.services.store.index_file import INDEX_HEADER_SIZE, IndexHeader
 from mqstore.v1 import commitlog_pb2
+from pipeline import verify as verify_job
+from pipeline.reindex import reindex
+from pipeline.verify import verify
+from services.cli import main as mqstore_main
+from services.store.formats.consume_queue import BLANK_UNIT
+from services.store.formats.index_file import INDEX_HEADER_SIZE, IndexHeader
 from tests.commitlog.commitlog_process import start_commitlog
 from tests.conftest import StoreFactory
 from tests.indexer.indexer_process import start_indexer

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.pipeline.split_reader import (
+from pipeline.split_reader import (
     GAP_CORRUPT,
     GAP_ZEROS,
     Gap,
@@ -17,7 +17,7 @@ from mqstore.pipeline.split_reader import (
     resync,
     scan_split,
 )
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
 from tests.conftest import StoreFactory
 
 

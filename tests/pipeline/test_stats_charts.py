@@ -16,12 +16,12 @@ import pytest
 from matplotlib.figure import Figure
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline import report
-from mqstore.pipeline.records import record_facts, record_facts_per_record
-from mqstore.pipeline.scan import ScanSummary
-from mqstore.pipeline.split_reader import plan_splits
-from mqstore.pipeline.stats import stats
-from mqstore.services.store.commitlog_files import list_commitlog_files
+from pipeline import report
+from pipeline.records import record_facts, record_facts_per_record
+from pipeline.scan import ScanSummary
+from pipeline.split_reader import plan_splits
+from pipeline.stats import stats
+from services.store.formats.commitlog_walk import list_commitlog_files
 from tests.pipeline.chart_store import (
     FILE_SIZE,
     MINUTES,

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from mqstore.services.cli import main as mqstore_main
+from services.cli import main as mqstore_main
 from tests.conftest import StoreFactory
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

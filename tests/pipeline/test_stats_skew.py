@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
-from mqstore.pipeline.stats import stats
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.config import load_config
-from mqstore.services.store.message import Message
+from pipeline.stats import stats
+from services.commitlog.commit_log import CommitLog
+from services.store.config import load_config
+from services.store.formats.message import Message
 
 YEAR_MS = 365 * 86_400_000
 

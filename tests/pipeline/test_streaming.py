@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from mqstore.pipeline.streaming import (
+from mqstore.v1 import common_pb2, gateway_pb2
+from pipeline.streaming import (
     STREAM_SCHEMA,
     StreamOptionError,
     StreamOptions,
@@ -22,7 +23,6 @@ from mqstore.pipeline.streaming import (
     split_ranges,
     start_parquet_stream,
 )
-from mqstore.v1 import common_pb2, gateway_pb2
 from tests.gateway.system_process import UpProcess, start_up
 from tests.pipeline.services_store import ENV
 
@@ -136,7 +136,7 @@ def test_stream_to_parquet_exactly_once_across_restart(spark: SparkSession, up: 
 
 def test_stream_rows_equal_export(spark: SparkSession, up: UpProcess, topic: str, tmp_path: Path) -> None:
     """The stream's rows are the export's rows of the same store, column for column."""
-    from mqstore.pipeline.export import export
+    from pipeline.export import export
 
     _send(up, topic, 0, 120)
     output, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
@@ -186,7 +186,7 @@ def test_cli_stream_available_now_json(spark: SparkSession, up: UpProcess, topic
                                        capsys: pytest.CaptureFixture[str]) -> None:
     """``mqstore pipeline stream --available-now --json``: reads what is there, says how much, stops;
     a rerun on the same checkpoint reads nothing; a bad option is exit 2 before Spark is asked."""
-    from mqstore.pipeline.cli import main
+    from pipeline.cli import main
 
     _send(up, topic, 0, 30)
     args = ["stream", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "checkpoint"), "--endpoint", up.gateway,
@@ -233,7 +233,7 @@ def test_read_range_pulls_exactly_the_range_and_names_missing_offsets(up: UpProc
     """The executors' side without Spark: a range is read whole, in queue order, across pulls of at
     most PULL_MESSAGES; a range the queue does not have fails, naming queue and offsets."""
     from mqstore.client import Client
-    from mqstore.pipeline import streaming
+    from pipeline import streaming
 
     _send(up, topic, 0, 80, batch=1)
     with Client(up.gateway) as client:
@@ -261,13 +261,13 @@ def test_calls_are_tried_again_while_the_gateway_is_unavailable(monkeypatch: pyt
     import socket
 
     from mqstore.client.errors import UnavailableError
-    from mqstore.pipeline import streaming
+    from pipeline import streaming
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     monkeypatch.setattr(streaming, "FIRST_RETRY_WAIT_S", 0.01)
     options = StreamOptions.parse({"endpoint": address, "topic": "T", "timeout": "2"})
-    with caplog.at_level("WARNING", logger="mqstore.pipeline.streaming"), pytest.raises(UnavailableError):
+    with caplog.at_level("WARNING", logger="pipeline.streaming"), pytest.raises(UnavailableError):
         list(streaming.read_range(options, streaming.QueueRange(0, 0, 5)))
     assert sum("trying again" in r.getMessage() for r in caplog.records) == streaming.CALL_ATTEMPTS - 1

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, common_pb2
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import MIB, CommitLogProcess, commitlog_env, free_port
 from tests.powercut.mount import REPO_ROOT, PowerCutMount
 

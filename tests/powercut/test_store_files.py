@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.mapped_file import MappedFile, file_name
-from mqstore.services.store.store_root import make_dirs, write_atomically
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.mapped_file import MappedFile, file_name
+from services.store.store_root import make_dirs, write_atomically
 from tests.powercut.mount import PowerCutMount, available
 
 UNAVAILABLE = available()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-import mqstore.services.commitlog.main  # noqa: F401 - the import is the point: done before the go
-from mqstore.services.cli import main
+import services.commitlog.main  # noqa: F401 - the import is the point: done before the go
+from services.cli import main
 
 if __name__ == "__main__":
     sys.stdin.readline()

@@ -15,8 +15,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.services.store.message_id import make_message_id
 from mqstore.v1 import commitlog_pb2, indexer_pb2, query_pb2
+from services.store.formats.message_id import make_message_id
 from tests.query.query_process import System, message
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.query.arrivals import ArrivalWatcher
-from mqstore.services.query.backends import CommitLogClient, IndexerClient
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.lookup import MessageLookup
-from mqstore.services.query.pull import Puller
-from mqstore.services.query.queue_offsets import QueueOffsets
-from mqstore.services.query.servicer import QueryServicer
-from mqstore.services.query.store_view import StoreView
 from mqstore.v1 import query_pb2, query_pb2_grpc
+from services.query.arrivals import ArrivalWatcher
+from services.query.backends import CommitLogClient, IndexerClient
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.lookup import MessageLookup
+from services.query.pull import Puller
+from services.query.queue_offset_lookup import QueueOffsets
+from services.query.servicer import QueryServicer
+from services.query.store_view import StoreView
 from tests.call_state import collector_off, in_process_server, live
 
 CALLS = 200

@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.store.consume_queue import ConsumeQueue
 from mqstore.v1 import commitlog_pb2, indexer_pb2, indexer_pb2_grpc, query_pb2
+from services.store.formats.consume_queue import ConsumeQueue
 from tests.commitlog.commitlog_process import start_commitlog
 from tests.geometry import SMALL, drop_preallocated_files
 from tests.query.query_process import QueryProcess, System, message, running_system, start_query
@@ -248,9 +248,9 @@ def test_a_unit_in_the_file_but_not_published_is_not_returned(
 def test_a_read_only_index_reader_follows_slots_past_a_lagging_header(tmp_path: Path) -> None:
     """The indexer writes entry, slot, then header: a reader that sees a slot finds a complete entry,
     even while the header still has the count from before the batch."""
-    from mqstore.services.store.index_file import IndexFile
-    from mqstore.services.store.index_reader import IndexReader
-    from mqstore.services.store.java_hash import index_key_hash_fast
+    from services.store.formats.index_file import IndexFile
+    from services.store.formats.index_reader import IndexReader
+    from services.store.formats.java_hash import index_key_hash_fast
 
     index_dir = tmp_path / "index"
     index_dir.mkdir()

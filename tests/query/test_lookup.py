@@ -11,10 +11,10 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.store.index_file import IndexFile
-from mqstore.services.store.java_hash import index_key_hash
-from mqstore.services.store.message_id import make_message_id
 from mqstore.v1 import query_pb2
+from services.store.formats.index_file import IndexFile
+from services.store.formats.java_hash import index_key_hash
+from services.store.formats.message_id import make_message_id
 from tests.query.query_process import System, message, running_system
 
 Kind = query_pb2.MessageIdKind

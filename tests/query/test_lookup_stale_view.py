@@ -10,14 +10,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from mqstore.services.query.backends import CommitLogClient, IndexerClient, KeyHits, StoreInfo
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.query.lookup import MessageLookup
-from mqstore.services.query.store_view import StoreView
-from mqstore.services.store.message import properties_to_string
-from mqstore.services.store.message_id import MessageIdKind
-from mqstore.services.store.record import encode_record
-from mqstore.services.store.socket_address import encode_address
+from services.query.backends import CommitLogClient, IndexerClient, KeyHits, StoreInfo
+from services.query.errors import DataLossError
+from services.query.lookup import MessageLookup
+from services.query.store_view import StoreView
+from services.store.formats.message import properties_to_string
+from services.store.formats.message_id import MessageIdKind
+from services.store.formats.record import encode_record
+from services.store.formats.socket_address import encode_address
 
 NOWHERE = "127.0.0.1:1"  # never dialled: every call the lookup makes is scripted
 TOPIC = "Stale"

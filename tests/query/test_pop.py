@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from mqstore.services.query.consumer_offsets import ConsumerOffsetTable
-from mqstore.services.query.errors import FailedPreconditionError
-from mqstore.services.query.pop import PopService, Ref
-from mqstore.services.query.pop_checkpoints import PopCheckpointTable
-from mqstore.services.query.pull import GetMessageStatus, PullResult
-from mqstore.services.store.errors import NotFoundError
+from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.errors import FailedPreconditionError
+from services.query.pop import PopService, Ref
+from services.query.pop_checkpoints import PopCheckpointTable
+from services.query.pull import GetMessageStatus, PullResult
+from services.store.errors import NotFoundError
 
 G, T = "group", "topic"
 

@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 import pytest
 
-from mqstore.services.store.java_hash import java_string_hash
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
+from services.store.formats.java_hash import java_string_hash
 from tests.geometry import BOTH, drop_preallocated_files, geometry_id
 from tests.query.query_process import System, message, running_system
 

@@ -19,22 +19,22 @@ from hypothesis import strategies as st
 from mqstore.client.errors import DataLossError as ClientDataLossError
 from mqstore.client.models import Message
 from mqstore.client.records import decode_records
-from mqstore.services.query.backends import QueueUnit
-from mqstore.services.query.convert import add_messages
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.query.pull import Selection, _collect, _collect_raw
-from mqstore.services.query.stored_message import StoredMessage, checked_raw, stored_message
-from mqstore.services.store.message import (
+from mqstore.v1 import query_pb2
+from services.query.backends import QueueUnit
+from services.query.convert import add_messages
+from services.query.errors import DataLossError
+from services.query.pull import Selection, _collect, _collect_raw
+from services.query.stored_message import StoredMessage, checked_raw, stored_message
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     STOREHOSTADDRESS_V6_FLAG,
     properties_to_string,
 )
-from mqstore.services.store.pull_request import PullQuery
-from mqstore.services.store.record import MESSAGE_MAGIC_CODE_V2, encode_record
-from mqstore.services.store.socket_address import encode_address
-from mqstore.services.store.subscription import parse_subscription
-from mqstore.v1 import query_pb2
+from services.store.formats.record import MESSAGE_MAGIC_CODE_V2, encode_record
+from services.store.formats.socket_address import encode_address
+from services.store.rules.pull_request import PullQuery
+from services.store.rules.subscription import parse_subscription
 
 TOPIC = "RawTopic"
 QUEUE = 3

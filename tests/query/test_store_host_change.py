@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.services.store.message_id import decode_message_id, make_message_id
 from mqstore.v1 import commitlog_pb2, query_pb2
+from services.store.formats.message_id import decode_message_id, make_message_id
 from tests.commitlog.commitlog_process import start_commitlog
 from tests.query.query_process import System, message, running_system
 

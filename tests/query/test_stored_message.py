@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.query.errors import DataLossError
-from mqstore.services.query.stored_message import _general, stored_message
-from mqstore.services.store.message import COMPRESSED_FLAG, properties_to_string
-from mqstore.services.store.record import BLANK_MAGIC_CODE, encode_record, read_size_and_magic
-from mqstore.services.store.socket_address import encode_address
+from services.query.errors import DataLossError
+from services.query.stored_message import _general, stored_message
+from services.store.formats.message import COMPRESSED_FLAG, properties_to_string
+from services.store.formats.record import BLANK_MAGIC_CODE, encode_record, read_size_and_magic
+from services.store.formats.socket_address import encode_address
 
 
 def fixture_records(store: Path) -> Iterator[tuple[int, bytes]]:

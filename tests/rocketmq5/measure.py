@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.v1 import common_pb2, gateway_pb2
 from tests.gateway.system_process import start_up
 from tests.rocketmq5.test_protocol import ack, receive

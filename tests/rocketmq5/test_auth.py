@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.v1 import commitlog_pb2, common_pb2
 from tests.gateway.system_process import UpProcess, running_up
 from tests.rocketmq5.test_official_python_client import official

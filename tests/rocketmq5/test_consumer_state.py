@@ -19,10 +19,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.bench.services import free_port_block
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
+from bench.services import free_port_block
 from mqstore.v1 import query_pb2
 from tests.gateway.system_process import UpProcess, start_up
 from tests.gateway.test_gateway_workers import _all_metrics_answer, _wait, _worker_pids

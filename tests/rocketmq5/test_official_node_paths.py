@@ -44,9 +44,9 @@ def _node(script: str, node_dir: Path, tmp_path: Path, *args: str, timeout: floa
 
 
 def _send(up: UpProcess, topic: str, *bodies: bytes) -> list[str]:
-    from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-    from mqstore.apache.rocketmq.v2 import service_pb2 as s
-    from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+    from apache.rocketmq.v2 import definition_pb2 as d
+    from apache.rocketmq.v2 import service_pb2 as s
+    from apache.rocketmq.v2 import service_pb2_grpc
 
     v2 = service_pb2_grpc.MessagingServiceStub(up.channel)
     ids = []

@@ -17,11 +17,11 @@ from google.protobuf import duration_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.services.store.record import largest_body_always_stored
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, groups_pb2, query_pb2
+from services.store.formats.record import largest_body_always_stored
 from tests.gateway.system_process import UpProcess
 from tests.rocketmq5.test_official_python_client import official
 from tests.rocketmq5.topics import create_topic
@@ -164,7 +164,7 @@ def test_redelivery_outdated_handles_and_dead_letters(up: UpProcess, v2: service
 
 
 def test_the_flag_turns_the_protocol_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mqstore.gateway.rocketmq5 import registration
+    from gateway.rocketmq5 import registration
     assert registration.enabled()
     monkeypatch.setenv(registration.ENV_FLAG, "0")
     assert not registration.enabled()

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
 from tests.gateway.system_process import start_up
 from tests.rocketmq5.test_protocol import ack, message, receive_all
 from tests.rocketmq5.topics import create_topic

@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.apache.rocketmq.v2 import definition_pb2 as d
-from mqstore.apache.rocketmq.v2 import service_pb2 as s
-from mqstore.apache.rocketmq.v2 import service_pb2_grpc
-from mqstore.gateway.rocketmq5.messages import V2_PRODUCER_GROUP
+from apache.rocketmq.v2 import definition_pb2 as d
+from apache.rocketmq.v2 import service_pb2 as s
+from apache.rocketmq.v2 import service_pb2_grpc
+from gateway.rocketmq5.messages import V2_PRODUCER_GROUP
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2, query_pb2_grpc
 from tests.gateway.system_process import UpProcess, running_up
 from tests.rocketmq5.test_official_python_client import official

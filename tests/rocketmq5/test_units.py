@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.gateway.auth import MAX_SIGNATURE_SKEW_S, UnauthenticatedError, load_token_table
-from mqstore.gateway.rocketmq5.inflight import BadReceiptHandle, Receipt, Renewal, Renewals
+from gateway.auth import MAX_SIGNATURE_SKEW_S, UnauthenticatedError, load_token_table
+from gateway.rocketmq5.inflight import BadReceiptHandle, Receipt, Renewal, Renewals
 
 
 def signed(access_key: str, secret: str, at: float | None = None, signature: str | None = None,
@@ -78,7 +78,7 @@ def test_renewals() -> None:
 
 
 def test_max_delivery_attempts_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from mqstore.gateway.rocketmq5 import registration
+    from gateway.rocketmq5 import registration
     monkeypatch.delenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, raising=False)
     assert registration.max_delivery_attempts() == 16
     monkeypatch.setenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, "3")

@@ -7,9 +7,9 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.record import decode_record
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.message import MessageRecord
+from services.store.formats.record import decode_record
 from tests.commitlog.commitlog_process import CommitLogProcess, ServiceProcess, start_service_process
 from tests.indexer.indexer_process import IndexerProcess
 

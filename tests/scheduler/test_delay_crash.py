@@ -26,10 +26,10 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.services.scheduler.timer_delivery import wheel_slots
-from mqstore.services.store.message import SCHEDULE_TOPIC
-from mqstore.services.store.timer_message import DEFAULT_TIMER_MAX_DELAY_SEC, TIMER_TOPIC
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.scheduler.timer_delivery import wheel_slots
+from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.rules.timer_message import DEFAULT_TIMER_MAX_DELAY_SEC, TIMER_TOPIC
 from tests.scheduler.conftest import Shard
 from tests.scheduler.scheduler_process import SchedulerProcess, queue_records, start_scheduler
 

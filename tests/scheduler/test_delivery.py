@@ -14,9 +14,9 @@ import time
 
 import grpc
 
-from mqstore.services.store.java_hash import java_string_hash
-from mqstore.services.store.message import SCHEDULE_TOPIC
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.store.formats.java_hash import java_string_hash
+from services.store.formats.message import SCHEDULE_TOPIC
 from tests.scheduler.conftest import DELAY_MS, Shard
 from tests.scheduler.scheduler_process import (
     SchedulerProcess,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mqstore.services.scheduler.store_reader import ScheduleFiles
-from mqstore.services.scheduler.timeup import message_timeup, reput_key, timer_timeup
-from mqstore.services.store.message import properties_to_string
-from mqstore.services.store.parked_record import decode_parked
-from mqstore.services.store.record import encode_blank, encode_record
+from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timeup import message_timeup, reput_key, timer_timeup
+from services.store.formats.message import properties_to_string
+from services.store.formats.parked_record import decode_parked
+from services.store.formats.record import encode_blank, encode_record
 
 FILE_SIZE = 4096
 HOST = b"\x0a\x01\x02\x03\x11\xd7\x00\x00"  # 10.1.2.3:4567

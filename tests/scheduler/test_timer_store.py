@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.store.due_message import DueMessage
-from mqstore.services.store.message import SCHEDULE_TOPIC, Message
-from mqstore.services.store.record import decode_record
-from mqstore.services.store.timer_files import UNIT_SIZE, TimerFiles
-from mqstore.services.store.timer_message import TIMER_TOPIC, record_timer_out_ms
+from services.commitlog.commit_log import CommitLog
+from services.store.formats.message import SCHEDULE_TOPIC, Message
+from services.store.formats.record import decode_record
+from services.store.formats.timer_files import UNIT_SIZE, TimerFiles
+from services.store.rules.due_message import DueMessage
+from services.store.rules.timer_message import TIMER_TOPIC, record_timer_out_ms
 from tests.test_commitlog_engine import make_log
 
 

@@ -17,9 +17,9 @@ import time
 import grpc
 import pytest
 
-from mqstore.services.scheduler.timer_delivery import wheel_slots
-from mqstore.services.store.timer_message import DEFAULT_TIMER_MAX_DELAY_SEC, TIMER_TOPIC
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
+from services.scheduler.timer_delivery import wheel_slots
+from services.store.rules.timer_message import DEFAULT_TIMER_MAX_DELAY_SEC, TIMER_TOPIC
 from tests.scheduler.conftest import Shard
 from tests.scheduler.scheduler_process import (
     SchedulerProcess,

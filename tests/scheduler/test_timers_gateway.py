@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from mqstore.services.store.timer_message import TIMER_TOPIC
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from services.store.rules.timer_message import TIMER_TOPIC
 from tests.gateway.system_process import UpProcess, running_up
 
 

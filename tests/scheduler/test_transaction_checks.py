@@ -17,13 +17,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.gateway.transactions import half_message
-from mqstore.services.scheduler.peers import message_to_proto
-from mqstore.services.store import transactions as tx
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.message_id import decode_message_id
-from mqstore.services.store.record import decode_record
+from gateway.transaction_relay import half_message
 from mqstore.v1 import commitlog_pb2, common_pb2, scheduler_pb2, scheduler_pb2_grpc, transaction_pb2
+from services.scheduler.peers import message_to_proto
+from services.store.formats.message import MessageRecord
+from services.store.formats.message_id import decode_message_id
+from services.store.formats.record import decode_record
+from services.store.rules import transaction_records as tx
 from tests.scheduler.conftest import Shard
 from tests.scheduler.scheduler_process import SchedulerProcess, queue_records, start_scheduler
 

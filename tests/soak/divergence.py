@@ -21,12 +21,12 @@ from pathlib import Path
 
 from mqstore.client import Client
 from mqstore.client.errors import MqstoreError
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
-from mqstore.services.store.index_file import IndexEntry, IndexFile, IndexHeader, is_index_file_name
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from mqstore.services.store.message_id import decode_message_id
 from mqstore.v1 import query_pb2
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
+from services.store.formats.index_file import IndexEntry, IndexFile, IndexHeader, is_index_file_name
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from services.store.formats.message_id import decode_message_id
 from tests.geometry import GeometryPreset
 from tests.soak.workload import Ack, Ledger
 

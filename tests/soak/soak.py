@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.runner import ChildSpec
-from mqstore.services.store.commitlog_files import RecordEntry, iter_commitlog, list_commitlog_files
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from mqstore.services.store.record import host_lengths, store_timestamp_pos
+from services.runner import ChildSpec
+from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from services.store.formats.record import host_lengths, store_timestamp_pos
 from tests.commitlog.commitlog_process import free_port, mqstore_command
 from tests.geometry import SMALL, GeometryPreset, geometry_named
 from tests.soak.divergence import (

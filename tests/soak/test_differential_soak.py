@@ -19,7 +19,7 @@ import random
 
 import pytest
 
-from mqstore.pipeline.export import BATCH_ROWS
+from pipeline.export import BATCH_ROWS
 from tests.geometry import SMALL
 from tests.soak.soak import RoundOutcome, SoakOptions, run_round
 from tests.soak.workload import Ledger

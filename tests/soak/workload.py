@@ -1,7 +1,7 @@
 """What a soak runs: the four services as separate processes, producers that record every
 acknowledged send, and a chaos thread that kills services with SIGKILL and restarts them.
 
-The services are started exactly as ``mqstore up`` starts them (``mqstore.services.runner.child_specs``: the
+The services are started exactly as ``mqstore up`` starts them (``services.runner.child_specs``: the
 same commands, the same store layout under one root) but each as its own child of this process, on
 fixed loopback ports, so any one of them can be killed and restarted on its own address while the
 others keep running.
@@ -23,15 +23,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqstore.bench.services import free_port_block
+from bench.services import free_port_block
 from mqstore.client import Client, Producer
 from mqstore.client.errors import MqstoreError
 from mqstore.client.models import OutgoingMessage, SendReceipt
-from mqstore.services.runner import Addresses, ChildSpec, child_specs
-from mqstore.services.server.channels import sync_channel
-from mqstore.services.store.commitlog_files import commitlog_file_name, iter_commitlog
-from mqstore.services.store.record import encode_blank
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2, indexer_pb2_grpc
+from services.runner import Addresses, ChildSpec, child_specs
+from services.server.channels import sync_channel
+from services.store.formats.commitlog_walk import commitlog_file_name, iter_commitlog
+from services.store.formats.record import encode_blank
 from tests.commitlog.commitlog_process import CommitLogProcess, ServiceProcess, spawn_service
 from tests.geometry import GeometryPreset
 from tests.indexer.indexer_process import IndexerProcess

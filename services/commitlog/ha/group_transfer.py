@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mqstore.services.commitlog.put_result import PutMessageStatus
-from mqstore.services.store.errors import UnavailableError
+from services.commitlog.put_result import PutMessageStatus
+from services.store.errors import UnavailableError
 
 #: Followers that left, kept to be named in a refusal.
 DEPARTED_KEPT = 4
@@ -39,6 +39,7 @@ class Follower:
     """One connected follower, as the leader sees it."""
 
     address: str
+    replica: str = ""  # its name in the shard's in-sync set (an mqstore follower under etcd leadership)
     acked_offset: int = -1  # the last offset it reported; -1 before its first report
     connected_at: float = field(default_factory=time.monotonic)
     left_at: float = 0.0  # when its connection closed (0: connected)
@@ -66,8 +67,8 @@ class GroupTransfer:
         self._departed: list[Follower] = []  # the last few that left, named when a put cannot be acked
 
     # -- the followers' side ----------------------------------------------------------------
-    def add(self, address: str) -> Follower:
-        follower = Follower(address)
+    def add(self, address: str, replica: str = "") -> Follower:
+        follower = Follower(address, replica)
         with self._cond:
             self._followers.append(follower)
         return follower
@@ -89,6 +90,20 @@ class GroupTransfer:
     def followers(self) -> list[Follower]:
         with self._cond:
             return list(self._followers)
+
+    def wait_change(self, timeout_s: float) -> None:
+        """Block until a follower joins, leaves or reports, or ``timeout_s`` passes."""
+        with self._cond:
+            self._cond.wait(timeout_s)
+
+    def notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def describe_followers(self) -> str:
+        with self._cond:
+            leader_max = self._leader_max()
+            return "; ".join(f.describe(leader_max) for f in self._followers) or "none connected"
 
     # -- the put's side ---------------------------------------------------------------------
     def wait_for_replicas(self, end: int) -> None:

@@ -17,11 +17,11 @@ import socket
 import threading
 import time
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha import handshake
-from mqstore.services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError
-from mqstore.services.commitlog.ha.wire import ConnectionClosed, encode_report, read_frame
-from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, split_host_port
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha import handshake
+from services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError
+from services.commitlog.ha.wire import ConnectionClosed, encode_report, read_frame
+from services.store.config import HA_PROTOCOL_MQSTORE, split_host_port
 
 log = logging.getLogger(__name__)
 #: How long a failed connection waits before the next try (4.9.8 waits 5 s), doubling while tries

@@ -17,11 +17,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha import ha_metrics, handshake
-from mqstore.services.commitlog.ha.group_transfer import Follower, GroupTransfer
-from mqstore.services.commitlog.ha.wire import encode_frame_header, read_report
-from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha import ha_metrics, handshake
+from services.commitlog.ha.group_transfer import Follower, GroupTransfer
+from services.commitlog.ha.wire import encode_frame_header, read_report
+from services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
 
 log = logging.getLogger(__name__)
 

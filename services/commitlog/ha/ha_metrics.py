@@ -13,8 +13,8 @@ from prometheus_client import REGISTRY, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from mqstore.services.commitlog.ha.group_transfer import GroupTransfer
-from mqstore.services.server.metrics import Counter
+from services.commitlog.ha.group_transfer import GroupTransfer
+from services.server.metrics import Counter
 
 REFUSED_CONNECTIONS = Counter("mqstore_commitlog_ha_refused_connections",
                               "HA connections closed at the handshake (wrong token, shard or epoch, or none)")

@@ -13,12 +13,12 @@ import logging
 import socket
 import threading
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha import ha_metrics
-from mqstore.services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
-from mqstore.services.commitlog.ha.ha_connection import HAConnection
-from mqstore.services.server.service_auth import TOKEN_ENV
-from mqstore.services.store.config import HA_PROTOCOL_MQSTORE, SYNC_MASTER
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha import ha_metrics
+from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
+from services.commitlog.ha.ha_connection import HAConnection
+from services.server.service_auth import TOKEN_ENV
+from services.store.config import HA_PROTOCOL_MQSTORE, SYNC_MASTER
 
 log = logging.getLogger(__name__)
 

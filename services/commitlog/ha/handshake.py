@@ -6,8 +6,11 @@ shard it belongs to (brokerName), the epoch it follows and the deployment's serv
 (``MQSTORE_SERVICE_TOKEN``, services/server/service_auth.py); the leader compares the token in
 constant time and answers OK, or a refusal and closes. Only then does the 4.9.8 stream begin.
 
-Follower to leader: ``"MQHA" [version:1] [shard length:2][shard] [epoch:8] [token length:2][token]``.
-Leader to follower: ``"MQHA" [status:1] [reason length:2][reason]`` (status 0: accepted).
+Follower to leader: ``"MQHA" [version:1] [shard length:2][shard] [epoch:8] [token length:2][token]``,
+and from version 2 on ``[replica length:2][replica]`` (the follower's name in the shard's in-sync set).
+Leader to follower: ``"MQHA" [status:1] [reason length:2][reason]`` (status 0: accepted); to an
+accepted version 2 hello it adds ``[max offset:8] [entries:2] ([epoch:8][start offset:8])*``: its epoch
+file, from which the follower finds the point its log shares with the leader's (``epoch_file.py``).
 """
 
 from __future__ import annotations
@@ -17,16 +20,20 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from mqstore.services.commitlog.ha.wire import ConnectionClosed, recv_exact
+from services.commitlog.ha.epoch_file import EpochEntry
+from services.commitlog.ha.wire import ConnectionClosed, recv_exact
 
 MAGIC = b"MQHA"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)
 #: The epoch every replica follows until epochs are kept (docs/replication.md: not built yet).
 CURRENT_EPOCH = 0
 MAX_SHARD_BYTES = 255
 MAX_TOKEN_BYTES = 4096
 _LENGTH = struct.Struct(">H")
 _EPOCH = struct.Struct(">q")
+_ENTRY = struct.Struct(">qq")
+MAX_EPOCH_ENTRIES = 65535
 ACCEPTED = 0
 REFUSED = 1
 
@@ -40,22 +47,32 @@ class Hello:
     shard: str
     epoch: int
     token: bytes
+    replica: str = ""
+    version: int = VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderLog:
+    """What an accepted version 2 follower learns: the leader's max offset and epoch entries."""
+
+    max_offset: int
+    epochs: list[EpochEntry]
 
 
 def encode_hello(hello: Hello) -> bytes:
-    shard = hello.shard.encode()
-    if len(shard) > MAX_SHARD_BYTES or len(hello.token) > MAX_TOKEN_BYTES:
-        raise ValueError(f"the shard name (at most {MAX_SHARD_BYTES} bytes) or the service token "
+    shard, replica = hello.shard.encode(), hello.replica.encode()
+    if len(shard) > MAX_SHARD_BYTES or len(replica) > MAX_SHARD_BYTES or len(hello.token) > MAX_TOKEN_BYTES:
+        raise ValueError(f"the shard or replica name (at most {MAX_SHARD_BYTES} bytes) or the service token "
                          f"(at most {MAX_TOKEN_BYTES} bytes) is too long for the HA handshake")
     return b"".join((MAGIC, bytes([VERSION]), _LENGTH.pack(len(shard)), shard, _EPOCH.pack(hello.epoch),
-                     _LENGTH.pack(len(hello.token)), hello.token))
+                     _LENGTH.pack(len(hello.token)), hello.token, _LENGTH.pack(len(replica)), replica))
 
 
 def read_hello(sock: socket.socket) -> Hello:
     """The follower's hello; HandshakeRefused when what arrived is not one (a bare 4.9.8 slave's first
     8 bytes are its offset, never "MQHA" + version 1)."""
     head = recv_exact(sock, len(MAGIC) + 1)
-    if head[:len(MAGIC)] != MAGIC or head[len(MAGIC)] != VERSION:
+    if head[:len(MAGIC)] != MAGIC or head[len(MAGIC)] not in VERSIONS:
         raise HandshakeRefused("no mqstore HA handshake (a bare RocketMQ 4.9.8 slave, or not a replica at all): "
                                "set haProtocol=rocketmq on the leader to accept 4.9.8 slaves")
     shard_length = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
@@ -66,7 +83,14 @@ def read_hello(sock: socket.socket) -> Hello:
     token_length = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
     if token_length > MAX_TOKEN_BYTES:
         raise HandshakeRefused(f"service token of {token_length} bytes, more than {MAX_TOKEN_BYTES}")
-    return Hello(shard, epoch, recv_exact(sock, token_length))
+    token = recv_exact(sock, token_length)
+    version = head[len(MAGIC)]
+    if version == 1:
+        return Hello(shard, epoch, token, version=1)
+    replica_length = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
+    if replica_length > MAX_SHARD_BYTES:
+        raise HandshakeRefused(f"replica name of {replica_length} bytes, more than {MAX_SHARD_BYTES}")
+    return Hello(shard, epoch, token, recv_exact(sock, replica_length).decode(errors="replace"), version)
 
 
 def check_hello(hello: Hello, shard: str, epoch: int, token: str | None) -> None:
@@ -83,9 +107,23 @@ def check_hello(hello: Hello, shard: str, epoch: int, token: str | None) -> None
         raise HandshakeRefused(f"the follower follows epoch {hello.epoch}, this leader's epoch is {epoch}")
 
 
-def encode_answer(status: int, reason: str = "") -> bytes:
+def encode_answer(status: int, reason: str = "", leader_log: LeaderLog | None = None) -> bytes:
+    """``leader_log``: only in the acceptance of a version 2 hello."""
     text = reason.encode()[:1024]
-    return MAGIC + bytes([status]) + _LENGTH.pack(len(text)) + text
+    answer = MAGIC + bytes([status]) + _LENGTH.pack(len(text)) + text
+    if leader_log is None:
+        return answer
+    entries = leader_log.epochs[-MAX_EPOCH_ENTRIES:]
+    return b"".join((answer, _EPOCH.pack(leader_log.max_offset), _LENGTH.pack(len(entries)),
+                     *(_ENTRY.pack(e.epoch, e.start_offset) for e in entries)))
+
+
+def read_leader_log(sock: socket.socket) -> LeaderLog:
+    """What follows the acceptance of a version 2 hello."""
+    max_offset = _EPOCH.unpack(recv_exact(sock, _EPOCH.size))[0]
+    count = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
+    data = recv_exact(sock, count * _ENTRY.size)
+    return LeaderLog(max_offset, [EpochEntry(*_ENTRY.unpack_from(data, i * _ENTRY.size)) for i in range(count)])
 
 
 def read_answer(sock: socket.socket) -> None:

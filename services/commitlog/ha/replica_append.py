@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import struct
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha.ha_metrics import REPLICATED_BYTES
-from mqstore.services.commitlog.queue_offsets import replay_queue_offsets
-from mqstore.services.store.record import (
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha.ha_metrics import REPLICATED_BYTES
+from services.commitlog.topic_queue_table import replay_queue_offsets
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.commitlog.commit_log import CommitLog
-from mqstore.services.commitlog.ha.ha_client import HAClient
-from mqstore.services.commitlog.ha.ha_service import HAService
-from mqstore.services.store.config import SLAVE
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha.ha_client import HAClient
+from services.commitlog.ha.ha_service import HAService
+from services.store.config import SLAVE
 
 
 @dataclass(slots=True)

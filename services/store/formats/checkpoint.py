@@ -13,7 +13,7 @@ import os
 import struct
 from pathlib import Path
 
-from mqstore.services.store.store_root import created_durably
+from services.store.store_root import created_durably
 
 CHECKPOINT_FILE_SIZE = 4096
 _LAYOUT = struct.Struct(">qqq")

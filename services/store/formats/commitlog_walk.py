@@ -4,7 +4,7 @@ The walk follows the rules of RocketMQ's recovery: records one after another fro
 file, a BLANK record ends a file's data (the walk moves to the next file), and the first position
 that is not a valid record (zeros of a preallocated file, a torn write) is the end of the data.
 Where that end is not zero bytes, the walk's ``end`` also says what lies past it (a torn tail, or a
-damaged record with intact records after it: mqstore.services.store.record_scan). Files are mapped
+damaged record with intact records after it: services.store.formats.record_scan). Files are mapped
 read-only, so walking a 1 GiB file does not read it into memory.
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.message import MessageRecord
-from mqstore.services.store.record import (
+from services.store.formats.message import MessageRecord
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
@@ -31,7 +31,7 @@ from mqstore.services.store.record import (
     decode_record,
     read_size_and_magic,
 )
-from mqstore.services.store.record_scan import Damage, FileView, diagnose, survey
+from services.store.formats.record_scan import Damage, FileView, diagnose, survey
 
 FILE_NAME_DIGITS = 20
 _FILE_NAME = re.compile(r"[0-9]{20}")

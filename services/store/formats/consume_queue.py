@@ -35,12 +35,12 @@ from typing import overload
 
 import numpy as np
 
-from mqstore.services.store.dispatch_columns import DispatchColumns
-from mqstore.services.store.mapped_file import OS_PAGE_SIZE, MappedFile
-from mqstore.services.store.mapped_file_queue import MappedFileQueue
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from mqstore.services.store.record import DispatchRequest
-from mqstore.services.store.store_root import make_dirs
+from services.store.formats.dispatch_columns import DispatchColumns
+from services.store.formats.mapped_file import OS_PAGE_SIZE, MappedFile
+from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from services.store.formats.record import DispatchRequest
+from services.store.store_root import make_dirs
 
 log = logging.getLogger(__name__)
 

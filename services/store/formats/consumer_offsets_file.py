@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mqstore.services.store.store_root import read_with_backup
+from services.store.store_root import read_with_backup
 
 FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import NamedTuple
 
-from mqstore.services.store.store_root import read_with_backup, write_atomically
+from services.store.store_root import read_with_backup, write_atomically
 
 FILE_NAME = "delayOffset.json"
 SCAN_FROM_KEY = "scanFromOffset"

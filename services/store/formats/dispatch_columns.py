@@ -14,8 +14,8 @@ from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 import numpy as np
 
-from mqstore.services.store.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
-from mqstore.services.store.record import DispatchRequest
+from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
+from services.store.formats.record import DispatchRequest
 
 T = TypeVar("T")
 

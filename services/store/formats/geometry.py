@@ -3,7 +3,7 @@ and the index files' hashSlotNum and indexNum.
 
 None of these is written in the files, so a tool reading a store must be told them the way the
 services were: the same settings (``--config FILE`` YAML and ``MQSTORE_*`` variables, read by
-:func:`mqstore.services.store.config.load_config`), and a tool's flags, which win. Only what neither gives is
+:func:`services.store.config.load_config`), and a tool's flags, which win. Only what neither gives is
 inferred from the files, and only when the files leave no doubt:
 
 * commitlog and ConsumeQueue files are preallocated to their full size, so equal sizes are the answer
@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.config import ConfigError, MessageStoreConfig, camel_name, load_config
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE
-from mqstore.services.store.index_file import (
+from services.store.config import ConfigError, MessageStoreConfig, camel_name, load_config
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
+from services.store.formats.index_file import (
     HASH_SLOT_SIZE,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER_SIZE,

@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mqstore.services.store.java_hash import index_key_hash_fast
-from mqstore.services.store.store_root import created_durably, remove_durably
+from services.store.formats.java_hash import index_key_hash_fast
+from services.store.store_root import created_durably, remove_durably
 
 INDEX_HEADER_SIZE = 40
 HASH_SLOT_SIZE = 4

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mqstore.services.store.index_file import IndexFile, IndexFileError, index_file_size, is_index_file_name
-from mqstore.services.store.index_service import QueryOffsetResult
-from mqstore.services.store.java_hash import index_key_hash_fast
+from services.store.formats.index_file import IndexFile, IndexFileError, index_file_size, is_index_file_name
+from services.store.formats.index_service import QueryOffsetResult
+from services.store.formats.java_hash import index_key_hash_fast
 
 
 class IndexReader:

@@ -34,10 +34,10 @@ from typing import NamedTuple, cast
 
 import numpy as np
 
-from mqstore.services.store.checkpoint import StoreCheckpoint
-from mqstore.services.store.disk_space import disk_full_error, disk_usage, unallocated_bytes
-from mqstore.services.store.dispatch_columns import DispatchColumns
-from mqstore.services.store.index_file import (
+from services.store.disk_space import disk_full_error, disk_usage, unallocated_bytes
+from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.dispatch_columns import DispatchColumns
+from services.store.formats.index_file import (
     DEFAULT_HASH_SLOT_NUM,
     DEFAULT_INDEX_NUM,
     HASH_SLOT_SIZE,
@@ -50,7 +50,7 @@ from mqstore.services.store.index_file import (
     is_index_file_name,
     next_index_file_name,
 )
-from mqstore.services.store.java_hash import (
+from services.store.formats.java_hash import (
     BASE31_HIGH_DIGIT,
     BASE31_LOW_DIGIT,
     MASK32,
@@ -62,14 +62,14 @@ from mqstore.services.store.java_hash import (
     segment_hashes_u32,
     utf16_units,
 )
-from mqstore.services.store.mapped_file import OS_PAGE_SIZE
-from mqstore.services.store.message import (
+from services.store.formats.mapped_file import OS_PAGE_SIZE
+from services.store.formats.message import (
     KEY_SEPARATOR,
     TRANSACTION_ROLLBACK_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from mqstore.services.store.record import DispatchRequest
-from mqstore.services.store.store_root import make_dirs, remove_durably
+from services.store.formats.record import DispatchRequest
+from services.store.store_root import make_dirs, remove_durably
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from mqstore.services.store.disk_space import disk_full_error, is_disk_full
-from mqstore.services.store.store_root import created_durably, remove_durably
+from services.store.disk_space import disk_full_error, is_disk_full
+from services.store.store_root import created_durably, remove_durably
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from mqstore.services.store.config import ConfigError
-from mqstore.services.store.disk_space import disk_full_error, is_disk_full
-from mqstore.services.store.mapped_file import MappedFile, file_name, parse_file_name
-from mqstore.services.store.store_root import make_dirs, remove_durably
-from mqstore.services.store.transient_store_pool import TransientStorePool
+from services.store.config import ConfigError
+from services.store.disk_space import disk_full_error, is_disk_full
+from services.store.formats.mapped_file import MappedFile, file_name, parse_file_name
+from services.store.formats.transient_store_pool import TransientStorePool
+from services.store.store_root import make_dirs, remove_durably
 
 #: Asked before an old file is deleted, with the file and whether it is past its reserved time: False keeps it.
 MayDelete = Callable[[MappedFile, bool], bool]

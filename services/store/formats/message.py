@@ -1,14 +1,14 @@
 """Message domain types, property names, sysflag bits and the properties string codec.
 
 These mirror RocketMQ's MessageConst / MessageSysFlag so that a RocketMQ engineer recognises every
-name. The byte layout of a stored record lives in :mod:`mqstore.services.store.record`.
+name. The byte layout of a stored record lives in :mod:`services.store.formats.record`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mqstore.services.store.java_hash import java_string_hash
+from services.store.formats.java_hash import java_string_hash
 
 # Separators of the properties string: name \x01 value \x02 name \x01 value \x02 ...
 NAME_VALUE_SEPARATOR = "\x01"

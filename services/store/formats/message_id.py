@@ -16,9 +16,9 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.socket_address import decode_address, encode_address
-from mqstore.services.store.uniq_key import UNIQ_KEY_LENGTHS
+from services.store.errors import InvalidArgumentError
+from services.store.formats.socket_address import decode_address, encode_address
+from services.store.formats.uniq_key import UNIQ_KEY_LENGTHS
 
 _OFFSET = struct.Struct(">q")
 _PORT = struct.Struct(">i")

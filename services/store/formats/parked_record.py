@@ -1,7 +1,7 @@
 """The fields of a parked (delayed or timer) record that its re-put needs, decoded without the rest.
 
 The scheduler re-puts every due message; decoding the whole record
-(:func:`~mqstore.services.store.record.decode_record`) for it formatted both hosts, which the re-put
+(:func:`~services.store.formats.record.decode_record`) for it formatted both hosts, which the re-put
 does not use (the store gives it a new store host). Here only the born host is formatted, through a
 small cache (a shard sees few producer addresses). The checks are decode_record's. The topic and
 queue are read too: a restart tells the scheduler's re-puts in the log by them (stored under their
@@ -13,8 +13,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from mqstore.services.store.message import string_to_properties
-from mqstore.services.store.record import (
+from services.store.formats.message import string_to_properties
+from services.store.formats.record import (
     BORNHOST_POS,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
@@ -22,7 +22,7 @@ from mqstore.services.store.record import (
     RecordError,
     host_lengths,
 )
-from mqstore.services.store.socket_address import decode_address
+from services.store.formats.socket_address import decode_address
 
 _SIZE_MAGIC = struct.Struct(">iI")
 _PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP

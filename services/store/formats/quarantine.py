@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.store_root import write_atomically
+from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 

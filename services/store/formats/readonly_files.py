@@ -19,7 +19,7 @@ import mmap
 import os
 from pathlib import Path
 
-from mqstore.services.store.mapped_file import parse_file_name
+from services.store.formats.mapped_file import parse_file_name
 
 
 class ReadOnlyFiles:

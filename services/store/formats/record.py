@@ -30,7 +30,7 @@ try:
 except ImportError:  # pragma: no cover - a platform without the isal wheel
     from zlib import crc32 as crc32
 
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -46,8 +46,7 @@ from mqstore.services.store.message import (
     string_to_properties,
     tags_code,
 )
-from mqstore.services.store.names import MAX_TOPIC_LENGTH
-from mqstore.services.store.socket_address import decode_address
+from services.store.formats.socket_address import decode_address
 
 # Anything record bytes are parsed from: file mappings included, without copying.
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -106,7 +105,7 @@ def largest_body_always_stored(max_message_size: int) -> int:
     """The largest body a record within ``max_message_size`` (maxMessageSize limits the whole record, as
     in RocketMQ 4.9.8) holds whatever its hosts, topic and properties: what a protocol that limits
     bodies alone can promise."""
-    overhead = record_length(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG, 0, MAX_TOPIC_LENGTH, MAX_PROPERTIES_LENGTH)
+    overhead = record_length(BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG, 0, MAX_TOPIC_LENGTH_V1, MAX_PROPERTIES_LENGTH)
     return max_message_size - overhead
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mqstore.services.store.message import (
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
     PROPERTY_DELAY_TIME_LEVEL,
@@ -42,7 +42,7 @@ from mqstore.services.store.message import (
     STOREHOSTADDRESS_V6_FLAG,
     string_to_properties,
 )
-from mqstore.services.store.record import (
+from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,

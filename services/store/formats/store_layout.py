@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from mqstore.services.store.index_file import is_index_file_name
+from services.store.formats.index_file import is_index_file_name
 
 MQSTORE = "mqstore"
 ROCKETMQ = "rocketmq"

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from mqstore.services.store.store_root import fsync_dir, make_dirs, read_with_backup, write_atomically
+from services.store.store_root import fsync_dir, make_dirs, read_with_backup, write_atomically
 
 log = logging.getLogger(__name__)
 

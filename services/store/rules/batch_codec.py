@@ -9,7 +9,7 @@ commitlog builds messages from it (:func:`decode_blob`). Per entry, big-endian::
 
 Only flag, body and properties are per message; topic, queue, born time and host and sys_flag are the
 request's, as in RocketMQ's batch send. Every entry is checked against the rules of a message of a
-batch in either form (:func:`mqstore.services.store.producer_message.check_batch_entry`: no transactional
+batch in either form (:func:`services.store.rules.producer_message.check_batch_entry`: no transactional
 message, a compressed body that inflates, ...) with its index, so an error names "message #i" and nothing
 of the batch is stored. The rules on properties are the engine's: no empty names or values, no
 separator inside a name or value (on the blob: exactly one \\x01 per pair), at most 32,767 bytes.
@@ -22,8 +22,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import (
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import (
     COMPRESSED_FLAG,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
@@ -31,7 +31,7 @@ from mqstore.services.store.message import (
     PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
     Message,
 )
-from mqstore.services.store.producer_message import check_batch_entry
+from services.store.rules.producer_message import check_batch_entry
 
 HEAD = struct.Struct(">iiiii")  # total size, magic, body CRC, flag, body length
 PROPERTIES_LENGTH = struct.Struct(">h")

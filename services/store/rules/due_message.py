@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.store.message import Message
+from services.store.formats.message import Message
 
 
 @dataclass(slots=True)

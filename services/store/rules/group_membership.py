@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import check_group, check_topic_name
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import check_group, check_topic_name
 
 #: RocketMQ's default rebalanceInterval.
 DEFAULT_REBALANCE_INTERVAL_MS = 20_000

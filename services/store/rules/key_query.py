@@ -4,8 +4,8 @@ it reads the index."""
 
 from __future__ import annotations
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import check_key, check_offset, check_topic_name
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import check_key, check_offset, check_topic_name
 
 INT64_MAX = (1 << 63) - 1
 DEFAULT_MAX_NUM = 32

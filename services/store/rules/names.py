@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from services.store.formats.record import MAX_TOPIC_LENGTH_V1
 
-#: RocketMQ's TopicValidator.TOPIC_MAX_LENGTH (the v1 record's TOPICLEN byte allows 127 too).
-MAX_TOPIC_LENGTH = 127
+#: RocketMQ's TopicValidator.TOPIC_MAX_LENGTH: the 127 the v1 record's TOPICLEN byte allows.
+MAX_TOPIC_LENGTH = MAX_TOPIC_LENGTH_V1
 MAX_GROUP_LENGTH = 255
 MAX_QUEUE_NUMS = 1024
 # A key lives in the properties string, whose length is a signed 16-bit number.

@@ -9,7 +9,7 @@ commitlog service): the rest of a record's fields belong to the store and its ow
 * ``flag``, ``reconsume_times`` and ``prepared_transaction_offset`` are never negative, and a
   (``prepared_transaction_offset`` is the transaction flow's commitlog offset; producers leave it 0).
 * the topic is not a system topic nor a consumer group's retry or dead-letter topic
-  (:func:`mqstore.services.store.names.check_producer_topic`).
+  (:func:`services.store.rules.names.check_producer_topic`).
 * a ``UNIQ_KEY`` the producer chose is a real one (32 or 56 hex digits, what RocketMQ clients make):
   it is echoed back as the msg id and must be found by it.
 * a body flagged compressed (zlib) inflates by the readers' rule (``mqstore.client.compression``):
@@ -27,8 +27,8 @@ from collections.abc import Mapping
 
 from mqstore.client.compression import COMPRESSION_TYPE_MASK as COMPRESSION_TYPE_MASK
 from mqstore.client.compression import NotInflatable, inflate, is_zlib
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import (
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
     MULTI_TAGS_FLAG,
@@ -38,10 +38,10 @@ from mqstore.services.store.message import (
     TRANSACTION_NOT_TYPE,
     TRANSACTION_TYPE_MASK,
 )
-from mqstore.services.store.message_id import is_hex_digits
-from mqstore.services.store.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
-from mqstore.services.store.transactions import TRANSACTION_TOPICS, is_transactional
-from mqstore.services.store.uniq_key import UNIQ_KEY_LENGTHS
+from services.store.formats.message_id import is_hex_digits
+from services.store.formats.uniq_key import UNIQ_KEY_LENGTHS
+from services.store.rules.names import check_producer_topic, check_topic_name, is_group_topic, is_system_topic
+from services.store.rules.transaction_records import TRANSACTION_TOPICS, is_transactional
 
 PRODUCER_SYS_FLAGS = COMPRESSED_FLAG | MULTI_TAGS_FLAG | BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG | \
     COMPRESSION_TYPE_MASK
@@ -59,7 +59,7 @@ def check_producer_message(topic: str, properties: Mapping[str, str], flag: int,
 
     ``group_flow``: the message comes from the consumer send-back flow (the gateway's), which writes a
     group's ``%RETRY%`` / ``%DLQ%`` topic; system topics stay refused. ``transaction_flow``: a record of
-    the transaction flow (``services/store/transactions.py``): the half / op / check-max topics and the
+    the transaction flow (``services/store/rules/transaction_records.py``): the half / op / check-max topics and the
     commit type are allowed. The body is :func:`check_producer_body`'s."""
     check_producer_request(topic, sys_flag, born_timestamp, index, group_flow, transaction_flow)
     _check_message_fields(properties, flag, reconsume_times, prepared_transaction_offset, index)

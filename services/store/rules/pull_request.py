@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import check_offset, check_queue
-from mqstore.services.store.subscription import Subscription
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import check_offset, check_queue
+from services.store.rules.subscription import Subscription
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.java_hash import java_string_hash
+from services.store.errors import InvalidArgumentError
+from services.store.formats.java_hash import java_string_hash
 
 SUB_ALL = "*"
 TAG_SEPARATOR = "||"

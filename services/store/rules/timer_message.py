@@ -30,8 +30,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 
-from mqstore.services.store.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
-from mqstore.services.store.record import (
+from services.store.formats.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+from services.store.formats.record import (
     BORNHOST_POS,
     MESSAGE_MAGIC_CODE,
     SYSFLAG_POS,

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import MAX_QUEUE_NUMS, check_topic_name
+from services.store.errors import InvalidArgumentError
+from services.store.rules.names import MAX_QUEUE_NUMS, check_topic_name
 
 PERM_WRITE = 0x2
 PERM_READ = 0x4

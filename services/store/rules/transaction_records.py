@@ -28,8 +28,8 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.message import (
+from services.store.errors import InvalidArgumentError
+from services.store.formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -42,9 +42,9 @@ from mqstore.services.store.message import (
     Message,
     MessageRecord,
 )
-from mqstore.services.store.names import check_producer_group
-from mqstore.services.store.record import java_parse_int, real_destination
-from mqstore.services.store.store_root import read_with_backup, write_atomically
+from services.store.formats.record import java_parse_int, real_destination
+from services.store.rules.names import check_producer_group
+from services.store.store_root import read_with_backup, write_atomically
 
 HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"

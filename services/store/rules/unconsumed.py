@@ -26,16 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, JAVA_INT_MAX
-from mqstore.services.store.consumer_offsets_file import (
+from services.store.errors import InvalidArgumentError
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, JAVA_INT_MAX
+from services.store.formats.consumer_offsets_file import (
     OffsetTable,
     offsets_file_candidates,
     read_offset_table,
     split_key,
 )
-from mqstore.services.store.errors import InvalidArgumentError
-from mqstore.services.store.names import check_topic_name
-from mqstore.services.store.store_layout import StoreLayoutError, resolve_store
+from services.store.formats.store_layout import StoreLayoutError, resolve_store
+from services.store.rules.names import check_topic_name
 
 _OFFSET_AND_SIZE = struct.Struct(">qi")
 _STORE_FILE_NAME_DIGITS = 20

@@ -2,7 +2,7 @@
 
 DIR is a store root (mqstore's or RocketMQ's layout) or its commitlog directory. The file size is
 mappedFileSizeCommitLog from ``--config``/``MQSTORE_*`` or ``--commitlog-file-size``, else the files'
-own (mqstore.services.store.geometry).
+own (services.store.formats.geometry).
 
 ``--json`` prints one object per record, field for field what the RocketMQ reference dumps hold
 (``msg`` and ``blank`` rows), so a store written by mqstore can be diffed against one written by
@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.commitlog_files import (
+from services.store.formats.commitlog_walk import (
     BlankEntry,
     CommitLogEntry,
     CommitLogError,
@@ -37,12 +37,12 @@ from mqstore.services.store.commitlog_files import (
     RecordEntry,
     iter_commitlog,
 )
-from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.inspect_output import ROCKETMQ_NAMES, SNAKE_CASE, silence_stdout, stdout_bytes, usage_error
-from mqstore.services.store.inspect_output import json_line as output_json_line
-from mqstore.services.store.message_id import make_message_id
-from mqstore.services.store.quarantine import QuarantineTable
-from mqstore.services.store.store_layout import StoreLayoutError, resolve_store
+from services.store.formats.geometry import GeometryError, GeometryOptions, StoreGeometry
+from services.store.formats.message_id import make_message_id
+from services.store.formats.quarantine import QuarantineTable
+from services.store.formats.store_layout import StoreLayoutError, resolve_store
+from services.store.tools.inspect_output import ROCKETMQ_NAMES, SNAKE_CASE, silence_stdout, stdout_bytes, usage_error
+from services.store.tools.inspect_output import json_line as output_json_line
 
 PROG = "mqstore inspect commitlog"
 EXIT_DAMAGED = 1

@@ -1,10 +1,10 @@
 """``mqstore inspect consumequeue DIR [--json]``: print the units of ConsumeQueue files offline.
 
 DIR is a store root (mqstore's layout keeps the queues in ``indexer/consumequeue``, RocketMQ's in
-``consumequeue``: mqstore.services.store.store_layout), a ``consumequeue`` directory, one topic's directory or
+``consumequeue``: services.store.formats.store_layout), a ``consumequeue`` directory, one topic's directory or
 one queue's directory; mqstore's and RocketMQ's files are the same format. Every file must be
 mappedFileSizeConsumeQueue bytes (``--config``/``MQSTORE_*`` or ``--cq-file-size``, else the size all
-files have: mqstore.services.store.geometry). Files are only read, never written, so it is safe on a directory
+files have: services.store.formats.geometry). Files are only read, never written, so it is safe on a directory
 a live store is using. A queue's data ends at its first invalid unit (commitlog offset < 0 or size
 <= 0), the rule RocketMQ's recovery uses.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
-from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
-from mqstore.services.store.store_layout import StoreLayoutError, looks_like_store_root, resolve_store
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, is_valid_unit
+from services.store.formats.geometry import GeometryError, GeometryOptions, StoreGeometry
+from services.store.formats.store_layout import StoreLayoutError, looks_like_store_root, resolve_store
+from services.store.tools.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
 
 PROG = "mqstore inspect consumequeue"
 _FILE_NAME = re.compile(r"[0-9]{20}")

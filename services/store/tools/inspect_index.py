@@ -5,7 +5,7 @@ dumps' ``indexfile`` rows, raw values as stored), then one ``indexentry`` object
 indexCount-1 and, with ``--slots``, one ``indexslot`` object per non-empty hash slot. Without it, a
 table for people. The geometry (hashSlotNum, indexNum) is not stored in the file: it is the store's
 settings (``--config``/``MQSTORE_*``) or ``--hash-slot-num``/``--index-num``, else inferred from the
-file when that is unambiguous (mqstore.services.store.geometry).
+file when that is unambiguous (services.store.formats.geometry).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.geometry import GeometryError, GeometryOptions, StoreGeometry
-from mqstore.services.store.geometry import infer_geometry as infer_geometry  # the one definition, re-exported
-from mqstore.services.store.index_file import IndexFile, IndexFileError, IndexHeader
-from mqstore.services.store.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
+from services.store.formats.geometry import GeometryError, GeometryOptions, StoreGeometry
+from services.store.formats.geometry import infer_geometry as infer_geometry  # the one definition, re-exported
+from services.store.formats.index_file import IndexFile, IndexFileError, IndexHeader
+from services.store.tools.inspect_output import SNAKE_CASE, json_line, silence_stdout, stdout_bytes, usage_error
 
 PROG = "mqstore inspect index"
 

@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqstore.services.store.checkpoint import StoreCheckpoint, read_checkpoint
-from mqstore.services.store.commitlog_files import CommitLogError, list_commitlog_files
-from mqstore.services.store.delay_offsets_file import FILE_NAME, read_delay_offsets
-from mqstore.services.store.index_file import IndexFileError
-from mqstore.services.store.inspect_index import infer_geometry
-from mqstore.services.store.message import SCHEDULE_TOPIC
-from mqstore.services.store.store_root import ABORT_FILE, LOCK_FILE, fsync_dir
-from mqstore.services.store.transactions import CHECK_OFFSETS_FILE, check_consumer_offsets
+from services.store.formats.checkpoint import StoreCheckpoint, read_checkpoint
+from services.store.formats.commitlog_walk import CommitLogError, list_commitlog_files
+from services.store.formats.delay_offsets_file import FILE_NAME, read_delay_offsets
+from services.store.formats.index_file import IndexFileError
+from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.rules.transaction_records import CHECK_OFFSETS_FILE, check_consumer_offsets
+from services.store.store_root import ABORT_FILE, LOCK_FILE, fsync_dir
+from services.store.tools.inspect_index import infer_geometry
 
 INDEXER_DIR = "indexer"
 QUERY_DIR = "query"
