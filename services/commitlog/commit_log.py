@@ -57,6 +57,7 @@ from services.store.errors import (
     UnavailableError,
 )
 from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.chunk_walk import ChunkStop, walk_chunk
 from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, starts_page
 from services.store.formats.consumer_offsets_file import offsets_file_candidates, read_offset_table
 from services.store.formats.index_file import index_file_size
@@ -71,6 +72,7 @@ from services.store.formats.record import (
     MESSAGE_MAGIC_CODE_V2,
     PHYSICAL_OFFSET_POS,
     QUEUE_OFFSET_POS,
+    SIZE_AND_MAGIC,
     RecordError,
     decode_record,
     encode_blank,
@@ -86,7 +88,6 @@ from services.store.store_root import AbortFile, StoreLock
 
 log = logging.getLogger(__name__)
 
-_SIZE_MAGIC = struct.Struct(">iI")
 _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
 MAX_READ_BYTES = 64 * 1024 * 1024
@@ -715,25 +716,15 @@ class CommitLog:
         if mapped is None:  # offset == max offset on a file boundary, or an empty log
             return TailChunk(offset, b"", offset, 0)
         buf = mapped.buffer
-        start = pos = offset - mapped.file_from_offset
+        start = offset - mapped.file_from_offset
         readable = mapped.read_position
         next_bad = self.quarantine.next_start(offset)
         if next_bad is not None:
             readable = min(readable, next_bad - mapped.file_from_offset)
-        count = 0
-        next_offset = -1
-        while pos + 8 <= readable:
-            size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
-            if magic == BLANK_MAGIC_CODE:
-                next_offset = mapped.file_tail_offset
-                break
-            if count and pos + size - start > max_bytes:
-                break
-            pos += size
-            count += 1
+        walk = walk_chunk(buf, start, readable, max_bytes)
+        pos, count = walk.end, walk.count
         data = buf[start:pos] if count else b""
-        if next_offset < 0:
-            next_offset = mapped.file_from_offset + pos
+        next_offset = mapped.file_tail_offset if walk.stop is ChunkStop.BLANK else mapped.file_from_offset + pos
         return TailChunk(offset, data, next_offset, count)
 
     def _check_tail_start(self, offset: int) -> None:
@@ -751,7 +742,7 @@ class CommitLog:
         if mapped is None:
             raise OutOfRangeError(f"offset {offset} is not in the log")
         pos = offset - mapped.file_from_offset
-        size, magic = _SIZE_MAGIC.unpack_from(mapped.buffer, pos)
+        size, magic = SIZE_AND_MAGIC.unpack_from(mapped.buffer, pos)
         if magic == BLANK_MAGIC_CODE and pos + size == mapped.file_size:
             return
         if magic in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) and \

@@ -5,8 +5,9 @@ pod per shard) and reads the same files, read-only.
 What may be read comes from the commitlog service, never from the files: the readable end (a Tail
 in ``positions_only`` mode: the committed position with a transient store pool, where bytes reach the
 file only at commit) bounds every read, and the quarantined ranges come from GetStoreInfo. A chunk is
-cut as the commitlog's own ``tail_chunk`` cuts one (whole records within one file; a BLANK ends it and
-moves to the next file's start; a quarantined range is skipped, announced), so the indexer checks it
+cut by the walk the commitlog's own ``tail_chunk`` uses (``services.store.formats.chunk_walk``: whole
+records within one file; a BLANK ends it and moves to the next file's start; a quarantined range is
+skipped, announced), with this reader's own checks of what the walk stopped at, so the indexer checks it
 with the same ``tail_protocol`` rules as a chunk that came over the wire.
 
 Reads use ``pread`` on file descriptors, not a mapping: a file someone shrank makes a ``pread`` come
@@ -19,17 +20,13 @@ opened afresh after the reconnect that follows every commitlog restart.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.store.formats.chunk_walk import ChunkStop, walk_chunk
 from services.store.formats.mapped_file import file_name
-from services.store.formats.record import BLANK_MAGIC_CODE, END_FILE_MIN_BLANK_LENGTH
-
-_SIZE_MAGIC = struct.Struct(">iI")
-#: Smallest possible message record (header, empty body, topic and properties): a size below it is garbage.
-_MIN_RECORD = 90
+from services.store.formats.record import END_FILE_MIN_BLANK_LENGTH, SIZE_AND_MAGIC
 
 
 class FilesMismatch(Exception):
@@ -107,7 +104,7 @@ class CommitLogFiles:
         data = self.pread(offset, min(max_bytes + END_FILE_MIN_BLANK_LENGTH, end - offset))
         count, pos, blank = _walk(data, offset, file_end, max_bytes)
         if not count and not blank:
-            size = _SIZE_MAGIC.unpack_from(data, 0)[0]
+            size = SIZE_AND_MAGIC.unpack_from(data, 0)[0]
             if offset + size <= end:  # one record larger than max_bytes: read it whole
                 data = self.pread(offset, min(size + END_FILE_MIN_BLANK_LENGTH, end - offset))
                 count, pos, blank = _walk(data, offset, file_end, size)
@@ -122,22 +119,16 @@ class CommitLogFiles:
 
 def _walk(data: bytes, offset: int, file_end: int, max_bytes: int) -> tuple[int, int, bool]:
     """(whole records at the start of ``data`` within ``max_bytes``, at least one if whole, their byte
-    length, whether a BLANK follows them)."""
-    unpack = _SIZE_MAGIC.unpack_from
-    limit = len(data)
-    pos = count = 0
-    while pos + 8 <= limit:
-        size, magic = unpack(data, pos)
-        if magic == BLANK_MAGIC_CODE:
-            if offset + pos + size != file_end:
-                raise FilesMismatch(f"the BLANK at commitlog offset {offset + pos} has size {size}: it must reach "
-                                    f"its file's end, {file_end}")
-            return count, pos, True
-        if size < _MIN_RECORD:
-            raise FilesMismatch(f"commitlog offset {offset + pos}: size {size} magic {magic:#010x} is no record "
-                                "below the readable end")
-        if pos + size > limit or (count and pos + size > max_bytes):
-            break
-        pos += size
-        count += 1
-    return count, pos, False
+    length, whether a BLANK follows them). Bytes below the readable end that are no record, or a
+    BLANK that does not reach its file's end, are a FilesMismatch."""
+    walk = walk_chunk(data, 0, len(data), max_bytes)
+    if walk.stop is ChunkStop.BLANK:
+        size = SIZE_AND_MAGIC.unpack_from(data, walk.end)[0]
+        if offset + walk.end + size != file_end:
+            raise FilesMismatch(f"the BLANK at commitlog offset {offset + walk.end} has size {size}: it must reach "
+                                f"its file's end, {file_end}")
+    elif walk.stop is ChunkStop.NOT_A_RECORD:
+        size, magic = SIZE_AND_MAGIC.unpack_from(data, walk.end)
+        raise FilesMismatch(f"commitlog offset {offset + walk.end}: size {size} magic {magic:#010x} is no record "
+                            "below the readable end")
+    return walk.count, walk.end, walk.stop is ChunkStop.BLANK

@@ -65,7 +65,9 @@ IPV6_HOST_LENGTH = 20
 MAX_TOPIC_LENGTH_V1 = 127
 MAX_PROPERTIES_LENGTH = 32767
 
-_SIZE_MAGIC = struct.Struct(">iI")
+#: TOTALSIZE and MAGICCODE, the 8 bytes that start every record and BLANK: the one definition every
+#: reader of the layout unpacks (a walk reads nothing else to step from record to record).
+SIZE_AND_MAGIC = struct.Struct(">iI")
 _PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP, 48 bytes
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
@@ -101,6 +103,11 @@ def record_length(sys_flag: int, body_len: int, topic_len: int, properties_len: 
         + (2 if v2 else 1) + topic_len + 2 + properties_len
 
 
+#: The smallest record there is (IPv4 hosts, empty body, topic and properties): a smaller TOTALSIZE
+#: is no record.
+MIN_RECORD_LENGTH = record_length(0, 0, 0, 0)
+
+
 def largest_body_always_stored(max_message_size: int) -> int:
     """The largest body a record within ``max_message_size`` (maxMessageSize limits the whole record, as
     in RocketMQ 4.9.8) holds whatever its hosts, topic and properties: what a protocol that limits
@@ -111,7 +118,7 @@ def largest_body_always_stored(max_message_size: int) -> int:
 
 def encode_blank(size: int) -> bytes:
     """The 8 bytes written at a file's end: TOTALSIZE (bytes left) and the BLANK magic."""
-    return _SIZE_MAGIC.pack(size, BLANK_MAGIC_CODE)
+    return SIZE_AND_MAGIC.pack(size, BLANK_MAGIC_CODE)
 
 
 # Fixed part of a record, TOTALSIZE through BODYLENGTH, per (born host, store host) length.
@@ -180,7 +187,7 @@ def patch_offsets(buf: bytearray, pos: int, queue_offset: int, commitlog_offset:
 
 def read_size_and_magic(buf: Buffer, pos: int) -> tuple[int, int]:
     """TOTALSIZE and MAGICCODE at ``pos`` (magic unsigned)."""
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
     return int(size), int(magic)
 
 
@@ -190,10 +197,10 @@ def decode_record(buf: Buffer, pos: int = 0) -> MessageRecord:
     limit = len(buf)
     if pos + 8 > limit:
         raise RecordError(f"offset {pos}: fewer than 8 bytes left")
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
     if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         raise RecordError(f"offset {pos}: magic code {magic:#010x} is not a message magic code")
-    if size < 91 or pos + size > limit:
+    if size < MIN_RECORD_LENGTH or pos + size > limit:
         raise RecordError(f"offset {pos}: total size {size} does not fit the {limit - pos} bytes left")
     try:
         (_, _, crc, queue_id, flag, queue_offset, commitlog_offset, sys_flag,
@@ -279,7 +286,7 @@ def check_record(
     """Validate the record at ``pos`` the way recovery and dispatch do (checkMessageAndReturnSize)."""
     if pos + 8 > len(buf):
         return INVALID
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
     if magic == BLANK_MAGIC_CODE:
         return DispatchRequest(success=True, msg_size=0)
     try:
