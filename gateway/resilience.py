@@ -24,6 +24,8 @@ from typing import TypeVar
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from services.server.status import RefusedMessage, refused_message
+
 T = TypeVar("T")
 
 _NOT_SENT_MARKERS = ("failed to connect to all addresses", "commitlog is not writable")
@@ -39,6 +41,8 @@ class BackendError(Exception):
     details: str
     # True when the failure proves the request was not carried out (safe to send again).
     not_applied: bool = False
+    # The message of the batch sent that the backend refused, from the status's detail (None: no one message).
+    refused: RefusedMessage | None = None
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.details}"
@@ -59,7 +63,7 @@ def backend_error(what: str, exc: grpc.aio.AioRpcError) -> BackendError:
             # Not "busy": backing off does not help, space on that disk (or consumers, see the details) does.
             return BackendError(code, f"{what} refused the write because its disk is full ({details})", not_applied)
         return BackendError(code, f"{what} is busy ({details}); back off and retry", not_applied)
-    return BackendError(code, details)
+    return BackendError(code, details, refused=refused_message(exc))
 
 
 def _retryable_read(exc: BaseException) -> bool:

@@ -4,10 +4,11 @@ A unary gRPC call costs each Python process hundreds of microseconds, far more t
 message; 64 producers each calling Send would otherwise cost 64 calls from the gateway to the
 commitlog per round. The batcher sends whatever has arrived as one AppendBatch (at most two in
 flight, so one gathers while the other is being flushed: under SYNC_FLUSH the whole batch shares
-one fdatasync). A batch is all or nothing at the commitlog, so a message it refuses ("message #i")
-gets that error alone and the others are sent again at once: nothing was written, no duplicate can
-result. Tracing: each Send has a ``gateway.batched_append`` span for its wait; the AppendBatch call
-(and the commitlog's spans) join the trace of the batch's first Send.
+one fdatasync). A batch is all or nothing at the commitlog, so a message it refuses (named by its
+position in the status's detail, services/server/status.py) gets that error alone and the others are
+sent again at once: nothing was written, no duplicate can result. Tracing: each Send has a
+``gateway.batched_append`` span for its wait; the AppendBatch call (and the commitlog's spans) join
+the trace of the batch's first Send.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from gateway.resilience import BackendError
 from gateway.shard import ShardClient
 from mqstore.v1 import commitlog_pb2
 from services.server import tracing
-from services.store.errors import BATCH_POSITION
 
 MAX_BATCH = 1024
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]
@@ -85,17 +85,17 @@ class SendBatcher:
             try:
                 response = await self._append(b"".join([waiter[0] for waiter in batch]))
             except BackendError as exc:
-                refused = BATCH_POSITION.search(exc.details) if len(batch) > 1 else None
-                if exc.code != grpc.StatusCode.INVALID_ARGUMENT or refused is None:
+                refused = exc.refused if len(batch) > 1 else None
+                if exc.code != grpc.StatusCode.INVALID_ARGUMENT or refused is None or \
+                        not 0 <= refused.index < len(batch):
                     for _, future, _ in batch:
                         if not future.done():
                             future.set_exception(exc)
                     return
-                index = int(refused.group(1))
-                bad = batch.pop(index)[1]
+                bad = batch.pop(refused.index)[1]
                 if not bad.done():
                     # The producer sent one message: its error names no batch position.
-                    bad.set_exception(BackendError(exc.code, BATCH_POSITION.sub("", exc.details, count=1)))
+                    bad.set_exception(BackendError(exc.code, refused.error))
                 continue
             for (_, future, _), result in zip(batch, response.results, strict=True):
                 if not future.done():

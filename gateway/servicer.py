@@ -36,7 +36,6 @@ from services.server import tracing
 from services.server.peer import peer_address
 from services.server.status import fail_call
 from services.store.errors import (
-    BATCH_POSITION,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -63,8 +62,6 @@ STREAM_WINDOW = 4096
 #: Batches of one SendBatchStream being worked on at once (the proto's window).
 BATCH_STREAM_WINDOW = 16
 T = TypeVar("T")
-#: AppendBatchRequest.encoded_messages (field 4, length-delimited).
-_ENCODED_MESSAGES_TAG = b"\x22"
 
 
 def _varint(value: int) -> bytes:
@@ -76,6 +73,20 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+# The wire contract with the commitlog (proto/mqstore/v1/commitlog.proto, AppendBatchRequest): the gateway
+# forwards its clients' SendRequest / SendBatchRequest bytes as AppendBatchRequest bytes once these fields
+# are cleared, and writes encoded_messages itself.
+#: AppendBatchRequest.encoded_messages' tag (its field number, wire type 2: length-delimited).
+_ENCODED_MESSAGES_TAG = _varint(
+    commitlog_pb2.AppendBatchRequest.DESCRIPTOR.fields_by_name["encoded_messages"].number << 3 | 2)
+def blob_append_request(head: commitlog_pb2.AppendBatchRequest, blob: bytes) -> bytes:
+    """``head``'s bytes with ``blob`` as its encoded_messages: the small fields through protobuf, the
+    blob appended by hand, one copy of it instead of two (into the message, then out of it)."""
+    return b"".join((head.SerializeToString(), _ENCODED_MESSAGES_TAG, _varint(len(blob)), blob))
+
+
+#: SendRequest's fields other than message (cleared before its bytes go to the commitlog).
+_SEND_ONLY_FIELDS = ("sharding_key", "queue_id")
 #: SendBatchRequest's fields other than messages (cleared before its bytes go to the commitlog).
 _SEND_BATCH_ONLY_FIELDS = ("sharding_key", "queue_id", "topic", "encoded_messages", "born_timestamp", "born_host",
                            "sys_flag")
@@ -288,8 +299,8 @@ class MessagingServicer:
                               "messaging.message.id": uniq_key})
         if transactions.is_transactional(message):
             return await self._send_half(route, sharding_key, explicit, uniq_key, message, context)
-        request.ClearField("sharding_key")
-        request.ClearField("queue_id")
+        for name in _SEND_ONLY_FIELDS:
+            request.ClearField(name)
 
         async def send(queue: QueueRoute) -> commitlog_pb2.AppendResult:
             message.queue_id = queue.shard_queue_id
@@ -370,12 +381,9 @@ class MessagingServicer:
 
         async def send(queue: QueueRoute) -> commitlog_pb2.AppendBatchResponse:
             if blob is not None:
-                # The small fields through protobuf, the blob appended as field 4 by hand: one copy of
-                # it instead of two (into the message, then out of it).
-                head = commitlog_pb2.AppendBatchRequest(
+                data = blob_append_request(commitlog_pb2.AppendBatchRequest(
                     topic=topic, queue_id=queue.shard_queue_id, born_timestamp=request.born_timestamp,
-                    born_host=batch.born_host, sys_flag=request.sys_flag).SerializeToString()
-                data = b"".join((head, _ENCODED_MESSAGES_TAG, _varint(len(blob)), blob))
+                    born_host=batch.born_host, sys_flag=request.sys_flag), blob)
             else:
                 shard_queue_id = queue.shard_queue_id
                 for message in request.messages:
@@ -562,8 +570,8 @@ class MessagingServicer:
                 break
             message.queue_id = queue.shard_queue_id
             picks.append((queue, topic, self._prepare(message, born_host, request.sharding_key)))
-            request.ClearField("sharding_key")
-            request.ClearField("queue_id")
+            for name in _SEND_ONLY_FIELDS:
+                request.ClearField(name)
         results, append_error = await self._append_runs(picks, group, sequence, self._timeout(context))
         for topic in provisional & {topic for _, topic, _ in picks[:len(results)]}:
             # stored under a provisional route: it exists now (on the shards that stored it)
@@ -586,10 +594,10 @@ class MessagingServicer:
             try:
                 response = await self._append_run(shard, group[start:end], timeout)
             except BackendError as exc:
-                bad = BATCH_POSITION.search(exc.details)
-                if exc.code == grpc.StatusCode.INVALID_ARGUMENT and bad is not None and int(bad.group(1)) > 0:
+                bad = exc.refused
+                if exc.code == grpc.StatusCode.INVALID_ARGUMENT and bad is not None and 0 < bad.index < end - start:
                     # A batch is all or nothing: store the good ones before the bad one, as a stream promises.
-                    end = start + int(bad.group(1))
+                    end = start + bad.index
                     try:
                         response = await self._append_run(shard, group[start:end], timeout)
                     except BackendError as again:
@@ -597,8 +605,8 @@ class MessagingServicer:
                     else:
                         results.extend(self._result(r, queue, topic, uniq_key) for (queue, topic, uniq_key), r
                                        in zip(picks[start:end], response.results, strict=True))
-                        return results, (exc.code, _renumber(exc.details, sequence + start))
-                return results, (exc.code, _renumber(exc.details, sequence + start, end - start))
+                        return results, (exc.code, _renumber(exc, sequence + start))
+                return results, (exc.code, _renumber(exc, sequence + start, end - start))
             for (queue, topic, uniq_key), r in zip(picks[start:end], response.results, strict=True):
                 results.append(self._result(r, queue, topic, uniq_key))
             start = end
@@ -943,8 +951,12 @@ def _peer_host(context: Context) -> str:
     return peer_address(context.peer() or "")
 
 
-def _renumber(details: str, offset: int, count: int = 0) -> str:
-    """A batch error's "message #i" as the stream's sequence number (a batch of one names no index)."""
-    if count == 1 and not BATCH_POSITION.search(details):
-        return f"message #{offset} of the stream: {details}"
-    return BATCH_POSITION.sub(lambda m: f"message #{int(m.group(1)) + offset} of the stream: ", details, count=1)
+def _renumber(exc: BackendError, offset: int, count: int = 0) -> str:
+    """A batch error as the stream names its message: by its sequence number, ``offset`` being the
+    batch's first (a batch of one names no position: its only message is meant)."""
+    refused = exc.refused
+    if refused is not None:
+        return f"message #{refused.index + offset} of the stream: {refused.error}"
+    if count == 1:
+        return f"message #{offset} of the stream: {exc.details}"
+    return exc.details

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from services.store.errors import InvalidArgumentError
+from services.store.errors import InvalidArgumentError, batch_position
 from services.store.formats.message_id import encode_message_id
 
 
@@ -45,7 +45,8 @@ class PutMessageError(InvalidArgumentError):
     """A message rejected before anything was written (MESSAGE_ILLEGAL, PROPERTIES_SIZE_EXCEEDED)."""
 
     def __init__(self, status: PutMessageStatus, detail: str, index: int | None = None) -> None:
-        where = f"message #{index}: " if index is not None else ""
+        where = batch_position(index) if index is not None else ""
         super().__init__(f"{status.name}: {where}{detail}")
+        self.at_position(index, f"{status.name}: {detail}")
         self.status = status
         self.index = index

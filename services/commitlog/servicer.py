@@ -27,7 +27,6 @@ import grpc
 
 from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.convert import (
     append_batch_response,
     append_blob_response,
@@ -39,10 +38,11 @@ from services.commitlog.convert import (
     topic_config_from_proto,
     topic_config_to_proto,
 )
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.server import tracing
-from services.server.status import status_code_of
+from services.server.status import RefusedMessage, refused_message_of, status_code_of, status_trailer
 from services.store.config import SYNC_FLUSH
 from services.store.errors import InvalidArgumentError, StoreError, UnavailableError
 from services.store.formats.message import Message
@@ -82,9 +82,10 @@ def _rejected_status(exc: StoreError) -> str:
     return exc.status.name if isinstance(exc, PutMessageError) else type(exc).__name__
 
 
-async def _abort(context: Context, method: str, code: grpc.StatusCode, detail: str) -> NoReturn:
+async def _abort(context: Context, method: str, code: grpc.StatusCode, detail: str,
+                 refused: RefusedMessage | None = None) -> NoReturn:
     metrics.RPC_ERRORS.labels(method=method, code=code.name).inc()
-    await context.abort(code, detail)
+    await context.abort(code, detail, status_trailer(code, detail, refused))
 
 
 def _check_range(name: str, value: int, low: int, high: int, default: int, hint: str) -> int:
@@ -99,7 +100,7 @@ class _MeteredEngine:
     """The engine's append calls with their metrics: one observation per engine call, never per
     message. Called on the loop or in worker threads (prometheus metrics are thread-safe)."""
 
-    def __init__(self, engine: CommitLog) -> None:
+    def __init__(self, engine: MessageStore) -> None:
         self._engine = engine
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
@@ -138,7 +139,7 @@ class _GrowthWatch:
     and each growth wakes every waiter once (each then reads its own next chunk).
     """
 
-    def __init__(self, engine: CommitLog) -> None:
+    def __init__(self, engine: MessageStore) -> None:
         self._engine = engine
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grown = asyncio.Event()
@@ -207,13 +208,13 @@ class _Failure:
 
 
 class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: CommitLog, max_streams: int = MAX_STREAMS) -> None:
+    def __init__(self, engine: MessageStore, max_streams: int = MAX_STREAMS) -> None:
         """Create on the loop that will serve; :meth:`start` before serving, :meth:`close` after."""
         self.engine = engine
         self.stopping = False
         self._puts = _MeteredEngine(engine)
         # Puts that wait (a group-commit flush, SYNC_MASTER followers) run off the loop.
-        self._puts_wait_for_flush = engine.sync_flush or engine.wait_for_replicas is not None
+        self._puts_wait_for_flush = engine.commit_log.sync_flush or engine.commit_log.wait_for_replicas is not None
         # The batcher only calls put_each: the metered wrapper stands in for the engine.
         self._batcher = PutBatcher(self._puts)
         self._growth = _GrowthWatch(engine)
@@ -310,7 +311,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
                 messages = messages_from_proto(request.messages, context.peer(), request.scheduled_delivery)
             results = await self.put_messages(messages, size)
         except StoreError as exc:
-            await _abort(context, "AppendBatch", status_code_of(exc), str(exc))
+            await _abort(context, "AppendBatch", status_code_of(exc), str(exc), refused_message_of(exc))
         if blob:
             return append_blob_response(results, request.topic, request.queue_id)
         return append_batch_response(results)
@@ -463,7 +464,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         engine, config = self.engine, self.engine.config
         info = store_info_to_proto(
             engine.stats(), flush_disk_type=config.flush_disk_type,
-            transient_store_pool_enable=engine.pool_enabled,
+            transient_store_pool_enable=engine.commit_log.pool_enabled,
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
             incarnation=engine.incarnation, store_host=config.store_host,
             quarantined=engine.quarantine.ranges,

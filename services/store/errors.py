@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
-import re
+from typing import Self
+
+
+def batch_position(index: int) -> str:
+    """How an error's text names the message of a batch it is about (0-based)."""
+    return f"message #{index}: "
 
 
 class StoreError(Exception):
-    """Base: the message says what the caller should fix."""
+    """Base: the message says what the caller should fix.
+
+    An error about one message of a batch also knows that message's position (``batch_index``) and what
+    it says of the message alone (``message_error``): a caller that numbers the messages its own way (a
+    smaller batch, a stream) renumbers the error from these, never from its text. The services send
+    them along as a structured status detail (services/server/status.py).
+    """
+
+    #: The 0-based position in its batch of the message the error is about (None: no one message).
+    batch_index: int | None = None
+    #: The error's text without the message's position (set with ``batch_index``).
+    message_error: str = ""
+
+    @classmethod
+    def of_message(cls, index: int | None, detail: str) -> Self:
+        """The error ``detail`` about message ``index`` of a batch, or about a message sent alone (None)."""
+        if index is None:
+            return cls(detail)
+        return cls(batch_position(index) + detail).at_position(index, detail)
+
+    def at_position(self, index: int | None, message_error: str) -> Self:
+        """Marks this error as being about message ``index`` of a batch (nothing if None)."""
+        if index is not None:
+            self.batch_index, self.message_error = index, message_error
+        return self
 
 
 class InvalidArgumentError(StoreError):
@@ -45,7 +74,3 @@ class DataLossError(StoreError):
 class DiskFullError(ResourceExhaustedError):
     """The store's disk is too full to take a write (RocketMQ's "disk full" refusal). Nothing of the
     refused write is on disk, so the caller may send again once space is freed."""
-
-
-#: How a batch error names its message ("message #i: "), for callers that map it back to their own.
-BATCH_POSITION = re.compile(r"message #(\d+): ")

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
+from services.server.status import RefusedMessage, refused_message
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.query.test_bad_input import producer_only_fields
 
@@ -69,8 +70,9 @@ def snapshot(server: CommitLogProcess) -> tuple[int, int, bytes]:
 
 
 def assert_rejected(server: CommitLogProcess, call: Callable[[], object], code: grpc.StatusCode,
-                    detail: str | None = None) -> None:
-    """``call`` fails with ``code`` (its details naming ``detail``) and the store did not change."""
+                    detail: str | None = None) -> grpc.RpcError:
+    """``call`` fails with ``code`` (its details naming ``detail``) and the store did not change.
+    Returns the failure."""
     before = snapshot(server)
     with pytest.raises(grpc.RpcError) as failure:
         call()
@@ -79,6 +81,7 @@ def assert_rejected(server: CommitLogProcess, call: Callable[[], object], code: 
     if detail is not None:
         assert detail in failure.value.details()
     assert snapshot(server) == before
+    return failure.value
 
 
 # -- strategies ----------------------------------------------------------------------------------
@@ -142,8 +145,11 @@ def test_append_batch_rejects_the_whole_batch(fx: Fixture, case: Case, goods: in
     messages = [good_message(i) for i in range(goods)]
     messages.insert(position, message)
     detail = f"message #{position}" if code == INVALID and len(messages) > 1 else None
-    assert_rejected(fx.server, lambda: fx.server.stub.AppendBatch(pb.AppendBatchRequest(messages=messages),
-                                                                  timeout=10), code, detail)
+    error = assert_rejected(fx.server, lambda: fx.server.stub.AppendBatch(pb.AppendBatchRequest(messages=messages),
+                                                                          timeout=10), code, detail)
+    if detail is not None:
+        # The position travels as the status's detail too, with the error as it reads for that message alone.
+        assert refused_message(error) == RefusedMessage(position, error.details().replace(f"{detail}: ", "", 1))
 
 
 @FUZZ

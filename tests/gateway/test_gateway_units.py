@@ -22,6 +22,7 @@ from gateway.send_batcher import SendBatcher
 from gateway.settings import ShardSettings, load_gateway_settings
 from gateway.uniq_key_maker import UniqKeyGenerator
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2
+from services.server.status import RefusedMessage
 from services.store.config import ConfigError
 from services.store.formats.java_hash import java_string_hash
 from services.store.formats.uniq_key import decode_uniq_key
@@ -189,7 +190,8 @@ def test_the_kubernetes_gateway_settings_load() -> None:
 
 class FakeCommitLogShard:
     """Stands in for a ShardClient's commitlog: AppendBatch refuses messages carrying a "bad" property,
-    all or nothing, naming the first ("message #i") as the commitlog does."""
+    all or nothing, naming the first ("message #i", and its position as the status's detail) as the
+    commitlog does."""
 
     name = "shard-0"
 
@@ -204,7 +206,9 @@ class FakeCommitLogShard:
         bad = [i for i, m in enumerate(request.messages) if "bad" in m.properties]
         if bad:
             where = f"message #{bad[0]}: " if len(request.messages) > 1 else ""
-            raise BackendError(grpc.StatusCode.INVALID_ARGUMENT, f"PROPERTIES_SIZE_EXCEEDED: {where}too long")
+            refused = RefusedMessage(bad[0], "PROPERTIES_SIZE_EXCEEDED: too long") if where else None
+            raise BackendError(grpc.StatusCode.INVALID_ARGUMENT, f"PROPERTIES_SIZE_EXCEEDED: {where}too long",
+                               refused=refused)
         return commitlog_pb2.AppendBatchResponse(results=[
             commitlog_pb2.AppendResult(status=1, topic=m.topic, queue_offset=int(m.body)) for m in request.messages])
 

@@ -88,7 +88,7 @@ class BlobEntry:
 
 
 def _fail(index: int, detail: str) -> InvalidArgumentError:
-    return InvalidArgumentError(f"message #{index}: {detail}")
+    return InvalidArgumentError.of_message(index, detail)
 
 
 def _check_properties(props: bytes, index: int) -> str:

@@ -47,10 +47,6 @@ PRODUCER_SYS_FLAGS = COMPRESSED_FLAG | MULTI_TAGS_FLAG | BORNHOST_V6_FLAG | STOR
     COMPRESSION_TYPE_MASK
 
 
-def _where(index: int | None) -> str:
-    return "" if index is None else f"message #{index}: "
-
-
 def check_producer_message(topic: str, properties: Mapping[str, str], flag: int, sys_flag: int,
                            born_timestamp: int, reconsume_times: int, prepared_transaction_offset: int,
                            index: int | None = None, group_flow: bool = False,
@@ -70,8 +66,8 @@ def check_producer_request(topic: str, sys_flag: int, born_timestamp: int, index
     """The fields a batch blob carries once for all its messages: topic, sys_flag, born timestamp."""
     if transaction_flow:
         if sys_flag & TRANSACTION_TYPE_MASK not in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE):
-            raise InvalidArgumentError(f"{_where(index)}sys_flag {sys_flag:#x}: the transaction flow writes only "
-                                       "NOT_TYPE (half, op) and COMMIT_TYPE records")
+            raise InvalidArgumentError.of_message(index, f"sys_flag {sys_flag:#x}: the transaction flow writes only "
+                                                  "NOT_TYPE (half, op) and COMMIT_TYPE records")
         sys_flag &= ~TRANSACTION_TYPE_MASK
         if topic not in TRANSACTION_TOPICS:
             check_producer_topic(topic)
@@ -81,15 +77,15 @@ def check_producer_request(topic: str, sys_flag: int, born_timestamp: int, index
         try:
             check_producer_topic(topic)
         except InvalidArgumentError as exc:
-            raise InvalidArgumentError(f"{_where(index)}{exc}") from None
+            raise InvalidArgumentError.of_message(index, str(exc)) from None
     if sys_flag & ~PRODUCER_SYS_FLAGS:
-        raise InvalidArgumentError(
-            f"{_where(index)}sys_flag {sys_flag:#x} sets bits a producer may not set "
+        raise InvalidArgumentError.of_message(
+            index, f"sys_flag {sys_flag:#x} sets bits a producer may not set "
             f"({sys_flag & ~PRODUCER_SYS_FLAGS:#x}): allowed are compression 0x1 with its type 0x700, "
             "multiple tags 0x2 and IPv6 born host 0x10; transaction bits come from the transaction flow")
     if born_timestamp < 0:
-        raise InvalidArgumentError(f"{_where(index)}born_timestamp {born_timestamp} is negative: give milliseconds "
-                                   "since the epoch, or 0 for the store's clock")
+        raise InvalidArgumentError.of_message(index, f"born_timestamp {born_timestamp} is negative: give milliseconds "
+                                              "since the epoch, or 0 for the store's clock")
 
 
 def _check_message_fields(properties: Mapping[str, str], flag: int, reconsume_times: int,
@@ -98,18 +94,19 @@ def _check_message_fields(properties: Mapping[str, str], flag: int, reconsume_ti
         name, value = next((n, v) for n, v in (("flag", flag), ("reconsume_times", reconsume_times),
                                                ("prepared_transaction_offset", prepared_transaction_offset))
                            if v < 0)
-        raise InvalidArgumentError(f"{_where(index)}{name} {value} is negative")
+        raise InvalidArgumentError.of_message(index, f"{name} {value} is negative")
     uniq_key = properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
     if uniq_key is not None and not (len(uniq_key) in UNIQ_KEY_LENGTHS and is_hex_digits(uniq_key)):
-        raise InvalidArgumentError(f"{_where(index)}UNIQ_KEY {uniq_key[:60]!r} must be 32 (IPv4 producer) or 56 "
-                                   "(IPv6) hex digits, as RocketMQ clients make them; leave it out to get one")
+        raise InvalidArgumentError.of_message(index, f"UNIQ_KEY {uniq_key[:60]!r} must be 32 (IPv4 producer) "
+                                              "or 56 (IPv6) hex digits, as RocketMQ clients make them; leave it out "
+                                              "to get one")
 
 
 def check_producer_body(body: bytes, sys_flag: int, index: int | None = None) -> None:
     """A producer's body: not empty (the RocketMQ client's Validators.checkMessage: an empty body is a
     mistake, not a message), and inflatable if flagged compressed (:func:`check_compressed_body`)."""
     if not body:
-        raise InvalidArgumentError(f"{_where(index)}the message body is empty: give a body of at least one byte")
+        raise InvalidArgumentError.of_message(index, "the message body is empty: give a body of at least one byte")
     check_compressed_body(body, sys_flag, index)
 
 
@@ -121,9 +118,9 @@ def check_compressed_body(body: bytes, sys_flag: int, index: int | None = None) 
     try:
         inflate(body)
     except NotInflatable as exc:
-        raise InvalidArgumentError(f"{_where(index)}sys_flag {sys_flag:#x} marks the body compressed, but {exc}: "
-                                   "send it zlib-compressed whole (as RocketMQ clients compress), or clear "
-                                   "the compressed flag 0x1") from None
+        raise InvalidArgumentError.of_message(index, f"sys_flag {sys_flag:#x} marks the body compressed, but {exc}: "
+                                              "send it zlib-compressed whole (as RocketMQ clients compress), or clear "
+                                              "the compressed flag 0x1") from None
 
 
 def check_batch_entry(properties: Mapping[str, str], flag: int, body: bytes, sys_flag: int, index: int,
@@ -139,8 +136,9 @@ def check_batch_entry(properties: Mapping[str, str], flag: int, body: bytes, sys
 def refuse_transactional(properties: Mapping[str, str], index: int | None) -> None:
     """Batches and streams: a transactional message (``TRAN_MSG`` = "true") is sent alone, as a half."""
     if is_transactional(properties):
-        raise InvalidArgumentError(f"{_where(index)}a transactional message (TRAN_MSG=true) cannot be sent in a "
-                                   "batch or a stream: send each half alone with Send (or TransactionProducer)")
+        raise InvalidArgumentError.of_message(index, "a transactional message (TRAN_MSG=true) cannot be sent "
+                                              "in a batch or a stream: send each half alone with Send (or "
+                                              "TransactionProducer)")
 
 
 def check_group_flow_topic(topic: str) -> None:
