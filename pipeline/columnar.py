@@ -36,7 +36,7 @@ from services.store.formats.message import (
     STOREHOSTADDRESS_V6_FLAG,
     MessageRecord,
 )
-from services.store.formats.record import MESSAGE_MAGIC_CODE, RecordError, crc32, decode_record
+from services.store.formats.record import MESSAGE_MAGIC_CODE, MIN_RECORD_LENGTH, RecordError, crc32, decode_record
 from services.store.formats.socket_address import decode_address
 
 # Field offsets of a v1 record with IPv4 hosts (services/store/formats/record.py).
@@ -210,7 +210,7 @@ def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool, bodie
     body_len = _field(data, pos, _BODY_LEN, ">i4").astype(np.int64)
     body_start = pos + _BODY
     body_end = body_start + body_len
-    ok = (magic == MESSAGE_MAGIC_CODE) & ((sys_flag & _V6_BITS) == 0) & (size >= 91) \
+    ok = (magic == MESSAGE_MAGIC_CODE) & ((sys_flag & _V6_BITS) == 0) & (size >= MIN_RECORD_LENGTH) \
         & (body_len >= 0) & (body_end + 3 <= end)
     if decompress:
         ok &= (sys_flag & COMPRESSED_FLAG) == 0

@@ -30,19 +30,19 @@ from services.store.formats.record import (
     END_FILE_MIN_BLANK_LENGTH,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    MIN_RECORD_LENGTH,
     PHYSICAL_OFFSET_POS,
+    SIZE_AND_MAGIC,
     check_record,
 )
 
 DEFAULT_SPLIT_SIZE = 64 * 1024 * 1024
-MIN_RECORD_SIZE = 91  # decode_record's smallest possible v1 record
 HEADER_CHECK_LENGTH = PHYSICAL_OFFSET_POS + 8
 # The first 3 bytes of both message magic codes (0xDAA320A7 and 0xDAA320AB), and the BLANK magic.
 _MESSAGE_MAGIC_PREFIX = MESSAGE_MAGIC_CODE.to_bytes(4, "big")[:3]
 _BLANK_MAGIC = BLANK_MAGIC_CODE.to_bytes(4, "big")
 _MESSAGE_MAGICS = (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2)
 # Module level, so workers build them on import: struct.Struct objects do not pickle into closures.
-_HEAD = struct.Struct(">iI")
 _PHYSICAL_OFFSET = struct.Struct(">q")
 _HEAD_CHECK = struct.Struct(f">iI{PHYSICAL_OFFSET_POS - 8}xq")  # TOTALSIZE, MAGICCODE, PHYSICALOFFSET
 _ZERO_CHUNK = 1024 * 1024
@@ -132,8 +132,8 @@ def _header_ok(view: memoryview, file_offset: int, file_size: int, position: int
     """A message header whose PHYSICALOFFSET names this position and whose size fits the file."""
     if position + HEADER_CHECK_LENGTH > file_size:
         return False
-    size, magic = _HEAD.unpack_from(view, position)
-    if magic not in _MESSAGE_MAGICS or not MIN_RECORD_SIZE <= size <= file_size - position:
+    size, magic = SIZE_AND_MAGIC.unpack_from(view, position)
+    if magic not in _MESSAGE_MAGICS or not MIN_RECORD_LENGTH <= size <= file_size - position:
         return False
     return bool(_PHYSICAL_OFFSET.unpack_from(view, position + PHYSICAL_OFFSET_POS)[0] == file_offset + position)
 
@@ -142,7 +142,7 @@ def _blank_ok(view: memoryview, file_size: int, position: int) -> bool:
     """The BLANK record that ends a file: its TOTALSIZE is exactly the bytes left."""
     if position + END_FILE_MIN_BLANK_LENGTH > file_size:
         return False
-    size, magic = _HEAD.unpack_from(view, position)
+    size, magic = SIZE_AND_MAGIC.unpack_from(view, position)
     return bool(magic == BLANK_MAGIC_CODE and size == file_size - position)
 
 
@@ -171,7 +171,7 @@ def is_boundary(view: memoryview, file_offset: int, file_size: int, position: in
         return True
     if not _header_ok(view, file_offset, file_size, position):
         return False
-    following = position + _HEAD.unpack_from(view, position)[0]
+    following = position + SIZE_AND_MAGIC.unpack_from(view, position)[0]
     if _header_ok(view, file_offset, file_size, following) or _blank_ok(view, file_size, following):
         return True
     # The last record of the data is followed by zeros (or a torn successor): require it to be whole.
@@ -218,7 +218,7 @@ def scan_split(view: memoryview, split: Split) -> SplitLayout:
         if position >= end:
             break
         if _is_record(view, file_offset, file_size, position):
-            position += _HEAD.unpack_from(view, position)[0]
+            position += SIZE_AND_MAGIC.unpack_from(view, position)[0]
             continue
         position, run_start = _stop_run(view, split, layout, position, run_start)
         if layout.blank_offset is not None:
@@ -245,7 +245,7 @@ def _skip_records(view: memoryview, file_offset: int, file_size: int, position: 
     confirmed = p = position
     while p <= limit:
         size, magic, physical = unpack(view, p)
-        if magic not in magics or size < MIN_RECORD_SIZE or size > file_size - p or physical != file_offset + p:
+        if magic not in magics or size < MIN_RECORD_LENGTH or size > file_size - p or physical != file_offset + p:
             break
         confirmed = p
         if p >= end:
@@ -278,7 +278,7 @@ def _gap(view: memoryview, file_offset: int, start: int, end: int, to_file_end: 
     if _all_zero(view, start, end):
         reason = "zero bytes to the end of the file" if to_file_end else "zero bytes before a record (a hole)"
         return Gap(file_offset + start, end - start, GAP_ZEROS, reason)
-    size, magic = _HEAD.unpack_from(view, start) if start + 8 <= len(view) else (0, 0)
+    size, magic = SIZE_AND_MAGIC.unpack_from(view, start) if start + 8 <= len(view) else (0, 0)
     if magic in _MESSAGE_MAGICS:
         reason = f"record header (size {size}) that does not chain to a record: torn or garbled"
     else:
@@ -288,7 +288,7 @@ def _gap(view: memoryview, file_offset: int, start: int, end: int, to_file_end: 
 
 def iter_record_positions(view: memoryview, runs: list[tuple[int, int]]) -> Iterator[int]:
     """File positions of every record of the runs, in order."""
-    unpack = _HEAD.unpack_from
+    unpack = SIZE_AND_MAGIC.unpack_from
     for start, end in runs:
         position = start
         while position < end:

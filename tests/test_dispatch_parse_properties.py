@@ -7,6 +7,8 @@ hosts)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,17 +16,17 @@ from hypothesis import strategies as st
 from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     DEFAULT_DELAY_LEVELS_MS,
-    PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
     STOREHOSTADDRESS_V6_FLAG,
 )
 from services.store.formats.record import (
+    INVALID,
     DispatchRequest,
     RecordError,
+    check_record,
     decode_record,
     dispatch_request_of,
     encode_record,
-    java_parse_int,
     parse_dispatch_requests,
 )
 from services.store.formats.socket_address import encode_address
@@ -39,13 +41,10 @@ def fully_decoded(data: bytes, start_offset: int) -> list[DispatchRequest]:
         record = decode_record(data, pos)
         if record.commitlog_offset != start_offset + pos:
             raise RecordError(f"offset {start_offset + pos}: not a whole record that starts here")
-        delay = record.properties.get(PROPERTY_DELAY_TIME_LEVEL)
-        if record.topic == SCHEDULE_TOPIC and delay is not None:
-            try:
-                java_parse_int(delay)
-            except ValueError:  # an unparsable DELAY dispatches as level 0 (no deliver time)
-                record.properties.pop(PROPERTY_DELAY_TIME_LEVEL)
-        requests.append(dispatch_request_of(record, DEFAULT_DELAY_LEVELS_MS))
+        try:
+            requests.append(dispatch_request_of(record, DEFAULT_DELAY_LEVELS_MS))
+        except ValueError as exc:  # a DELAY that is no int: an invalid record, as check_record says
+            raise RecordError(str(exc)) from None
         pos += record.store_size
     return requests
 
@@ -81,7 +80,41 @@ def test_generated_records_parse_alike(specs: list[tuple[list[tuple[str, str]], 
         records.append(record)
         offset += len(record)
     data = b"".join(records)
-    assert parse_dispatch_requests(data, 4096) == fully_decoded(data, 4096)
+    assert outcome(parse_dispatch_requests, data, 4096) == outcome(fully_decoded, data, 4096)
+
+
+def outcome(parse: Callable[[bytes, int], list[DispatchRequest]], data: bytes, start: int) -> object:
+    """The requests, or that the chunk was refused (RecordError)."""
+    try:
+        return parse(data, start)
+    except RecordError:
+        return RecordError
+
+
+def schedule_record(delay: str, offset: int = 4096) -> bytes:
+    return encode_record(topic=SCHEDULE_TOPIC.encode(), queue_id=2, body=b"later", flag=0,
+                         properties=property_text([("DELAY", delay), ("TAGS", "TagA")], False), sys_flag=0,
+                         born_timestamp=5, born_host=encode_address("10.0.0.1:80"),
+                         store_host=encode_address("10.0.0.2:90"), queue_offset=7, commitlog_offset=offset,
+                         store_timestamp=1_700_000_000_000)
+
+
+@pytest.mark.parametrize("delay", ["soon", "3.5", " 3", "99999999999"])
+def test_a_delay_that_is_no_int_is_an_invalid_record_on_both_paths(delay: str) -> None:
+    """4.9.8's checkMessageAndReturnSize parses DELAY with Integer.parseInt inside the try that answers
+    an invalid record: the record-by-record check and the chunk parser both refuse it."""
+    data = schedule_record(delay)
+    assert check_record(data, 0) == INVALID
+    with pytest.raises(RecordError, match="DELAY"):
+        parse_dispatch_requests(data, 4096)
+
+
+@pytest.mark.parametrize("delay", ["0", "-1", "3", "+3", "18", "99"])
+def test_an_int_delay_gives_both_paths_the_same_tags_code(delay: str) -> None:
+    data = schedule_record(delay)
+    (parsed,) = parse_dispatch_requests(data, 4096)
+    assert parsed == check_record(data, 0)
+    assert (parsed.tags_code > 1_700_000_000_000) == (int(delay) > 0)
 
 
 def test_what_is_not_whole_records_is_refused_alike(pristine_store: StoreFactory) -> None:

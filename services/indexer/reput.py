@@ -15,7 +15,6 @@ store root GetStoreInfo names is here and holds the same bytes as the service re
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,6 +35,7 @@ from services.store.formats.message import parse_delay_levels
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
+    SIZE_AND_MAGIC,
     DispatchRequest,
     RecordError,
     parse_dispatch_requests,
@@ -49,7 +49,6 @@ RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 #: Resyncs in a row at one reput offset, with no chunk accepted between them, after which each one is
 #: logged as a WARNING: dispatch is stalled there, not resynchronising once after a restart.
 STALL_RESYNCS = 3
-_SIZE_MAGIC = struct.Struct(">iI")
 #: How often an ERROR repeats while dispatch waits for room on a full disk.
 DISK_FULL_LOG_INTERVAL_S = 30.0
 #: Bytes compared between a commitlog file and the service's Read before the files are trusted.
@@ -468,7 +467,7 @@ class ReputService:
             if exc.code() in RETRYABLE:
                 raise
             raise Resync(f"the BLANK at {step.blank_offset} cannot be read: {exc.details()}") from None
-        size, magic = _SIZE_MAGIC.unpack(head) if len(head) == _SIZE_MAGIC.size else (0, 0)
+        size, magic = SIZE_AND_MAGIC.unpack(head) if len(head) == SIZE_AND_MAGIC.size else (0, 0)
         if magic != BLANK_MAGIC_CODE or step.blank_offset + size != step.next_offset:
             raise Resync(f"a chunk skips from {step.blank_offset} to {step.next_offset}, but no BLANK reaching "
                          f"that file end is at {step.blank_offset} (size {size}, magic {magic:#010x})")

@@ -24,6 +24,8 @@ from services.store.formats.readonly_files import ReadOnlyFiles
 from services.store.formats.record import (
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    MIN_RECORD_LENGTH,
+    SIZE_AND_MAGIC,
     SYSFLAG_POS,
     RecordError,
     decode_record,
@@ -38,7 +40,6 @@ log = logging.getLogger(__name__)
 
 _UNIT = struct.Struct(">qiq")
 UNIT_SIZE = _UNIT.size
-_SIZE_MAGIC = struct.Struct(">iI")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 #: the bytes every parked record and every re-put of one holds in its properties
@@ -167,8 +168,8 @@ class ScheduleFiles:
 
 def _first_stored_ms(mapped: mmap.mmap) -> int:
     """STORETIMESTAMP of a file's first record (0 when it does not hold one)."""
-    size, magic = _SIZE_MAGIC.unpack_from(mapped, 0)
-    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) or size < 91:
+    size, magic = SIZE_AND_MAGIC.unpack_from(mapped, 0)
+    if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2) or size < MIN_RECORD_LENGTH:
         return 0
     stored: int = _I64.unpack_from(mapped, store_timestamp_pos(_I32.unpack_from(mapped, SYSFLAG_POS)[0]))[0]
     return stored

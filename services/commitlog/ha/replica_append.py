@@ -19,11 +19,11 @@ from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    SIZE_AND_MAGIC,
     SYSFLAG_POS,
     store_timestamp_pos,
 )
 
-_SIZE_MAGIC = struct.Struct(">iI")
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 
@@ -39,7 +39,7 @@ def whole_records(data: bytes | bytearray, file_position: int, file_size: int) -
     pos, last = 0, -1
     length = len(data)
     while length - pos >= 8:
-        size, magic = _SIZE_MAGIC.unpack_from(data, pos)
+        size, magic = SIZE_AND_MAGIC.unpack_from(data, pos)
         left_in_file = file_size - file_position
         if magic == BLANK_MAGIC_CODE:
             if size != left_in_file:

@@ -18,13 +18,14 @@ from services.store.formats.record import (
     BORNHOST_POS,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    MIN_RECORD_LENGTH,
+    SIZE_AND_MAGIC,
     Buffer,
     RecordError,
     host_lengths,
 )
 from services.store.formats.socket_address import decode_address
 
-_SIZE_MAGIC = struct.Struct(">iI")
 _PREFIX = struct.Struct(">iIiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP
 _AFTER_STORE_HOST = struct.Struct(">iqi")  # RECONSUMETIMES, PREPARED TX OFFSET, BODYLENGTH
 _U8 = struct.Struct(">B")
@@ -64,10 +65,10 @@ def decode_parked(buf: Buffer, pos: int = 0) -> ParkedRecord:
     limit = len(buf)
     if pos + 8 > limit:
         raise RecordError(f"offset {pos}: fewer than 8 bytes left")
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
     if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         raise RecordError(f"offset {pos}: magic code {magic:#010x} is not a message magic code")
-    if size < 91 or pos + size > limit:
+    if size < MIN_RECORD_LENGTH or pos + size > limit:
         raise RecordError(f"offset {pos}: total size {size} does not fit the {limit - pos} bytes left")
     end = pos + size
     try:

@@ -329,15 +329,26 @@ def real_destination(properties: Mapping[str, str]) -> tuple[str, int]:
         raise ValueError(f"REAL_QID {queue_text!r} is not an integer") from None
 
 
+def delay_tags_code(delay: str, store_timestamp: int, code: int, delay_levels_ms: Sequence[int]) -> int:
+    """The tags code of a record on SCHEDULE_TOPIC_XXXX whose DELAY property is ``delay``: its deliver
+    time when the level (lowered to the highest) is above 0, else ``code`` (its TAGS' code). A DELAY
+    that is not a Java int raises ValueError and makes the record invalid: 4.9.8's
+    checkMessageAndReturnSize parses it with Integer.parseInt inside the try whose catch answers an
+    invalid record (and putMessage's getDelayTimeLevel throws on it, so no such record is stored)."""
+    try:
+        level = min(java_parse_int(delay), len(delay_levels_ms))
+    except ValueError:
+        raise ValueError(f"DELAY {delay!r} on {SCHEDULE_TOPIC} is not an integer: an invalid record") from None
+    return deliver_timestamp(level, store_timestamp, delay_levels_ms) if level > 0 else code
+
+
 def dispatch_request_of(record: MessageRecord,
                         delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS) -> DispatchRequest:
     props = record.properties
     code = tags_code(props.get(PROPERTY_TAGS))
     delay = props.get(PROPERTY_DELAY_TIME_LEVEL)
     if record.topic == SCHEDULE_TOPIC and delay is not None:
-        level = min(java_parse_int(delay), len(delay_levels_ms))
-        if level > 0:
-            code = deliver_timestamp(level, record.store_timestamp, delay_levels_ms)
+        code = delay_tags_code(delay, record.store_timestamp, code, delay_levels_ms)
     return DispatchRequest(
         success=True, msg_size=record.store_size, topic=record.topic, queue_id=record.queue_id,
         commitlog_offset=record.commitlog_offset, queue_offset=record.queue_offset, tags_code=code,
@@ -428,11 +439,9 @@ def parse_dispatch_requests(data: Buffer, start_offset: int,
                 delay = find(text, _DELAY_ITEM)
                 if delay is not None:
                     try:
-                        level = min(java_parse_int(delay), len(delay_levels_ms))
-                    except ValueError:
-                        level = 0
-                    if level > 0:
-                        code = deliver_timestamp(level, store_timestamp, delay_levels_ms)
+                        code = delay_tags_code(delay, store_timestamp, code, delay_levels_ms)
+                    except ValueError as exc:
+                        raise RecordError(f"offset {start_offset + pos}: {exc}") from None
             append(DispatchRequest(True, size, topic, queue_id, commitlog_offset, queue_offset, code,
                                    store_timestamp, find(text, _KEYS_ITEM) if _KEYS_ITEM in text else None,
                                    find(text, _UNIQ_ITEM) if _UNIQ_ITEM in text else None, sys_flag, prepared))

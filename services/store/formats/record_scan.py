@@ -46,7 +46,9 @@ from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    MIN_RECORD_LENGTH,
     PHYSICAL_OFFSET_POS,
+    SIZE_AND_MAGIC,
     Buffer,
     RecordError,
     body_crc,
@@ -59,8 +61,6 @@ from services.store.formats.record import (
 # TOTALSIZE MAGICCODE BODYCRC, PHYSICALOFFSET SYSFLAG, BODYLENGTH of a record with IPv4 hosts.
 _FIXED_V4 = struct.Struct(">iIi16xqi44xi")
 _BODY_POS_V4 = _FIXED_V4.size  # 88: the body follows BODYLENGTH
-_MIN_RECORD = 91  # the fixed part, TOPICLENGTH and PROPERTIESLENGTH, with IPv4 hosts and nothing else
-_SIZE_MAGIC = struct.Struct(">iI")
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
 _V6_FLAGS = BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
@@ -107,7 +107,7 @@ def scan_file(buf: Buffer, start: int, base_offset: int, check_crc: bool = True,
     blank = False
     while True:
         if pos > last_fixed:  # no room for a record, at most for a BLANK
-            blank = pos + 8 <= length and _SIZE_MAGIC.unpack_from(buf, pos)[1] == BLANK_MAGIC_CODE
+            blank = pos + 8 <= length and SIZE_AND_MAGIC.unpack_from(buf, pos)[1] == BLANK_MAGIC_CODE
             break
         size, magic, crc, physical, sys_flag, body_len = fixed(buf, pos)
         if magic != v1 or sys_flag & v6_flags:
@@ -123,7 +123,7 @@ def scan_file(buf: Buffer, start: int, base_offset: int, check_crc: bool = True,
             continue
         tail = pos + body_pos + body_len  # TOPICLENGTH
         end = pos + size
-        if physical != base_offset + pos or size < _MIN_RECORD or end > length or body_len < 0 \
+        if physical != base_offset + pos or size < MIN_RECORD_LENGTH or end > length or body_len < 0 \
                 or tail + 3 > end:
             break
         if check_crc and crc32(buf[pos + body_pos:tail]) & mask != crc:
@@ -207,7 +207,7 @@ def record_positions(buf: Buffer, start: int, stop: int) -> tuple[array[int], in
     Raises RecordError where there is no record."""
     starts: array[int] = array("q")
     add = starts.append
-    size_magic = _SIZE_MAGIC.unpack_from
+    size_magic = SIZE_AND_MAGIC.unpack_from
     v1, v2 = _MESSAGE_MAGICS
     pos = start
     while pos < stop:
@@ -240,7 +240,7 @@ def diagnose(buf: Buffer, pos: int, base_offset: int, check_crc: bool = True,
     left = len(buf) - pos
     if left < 8:
         return Stop(offset, "no room for a record: the file ends without a BLANK record", True)
-    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
     if size == 0 and magic == 0:
         return Stop(offset, "all zero bytes (end of data)", True)
     if magic not in _MESSAGE_MAGICS:
@@ -374,7 +374,7 @@ def next_record(view: FileView, pos: int, check_crc: bool = True,
         pos = candidate + 1
         if candidate + PHYSICAL_OFFSET_POS + 8 > length:
             return None
-        if _SIZE_MAGIC.unpack_from(buf, candidate)[1] not in _MESSAGE_MAGICS \
+        if SIZE_AND_MAGIC.unpack_from(buf, candidate)[1] not in _MESSAGE_MAGICS \
                 or _I64.unpack_from(buf, candidate + PHYSICAL_OFFSET_POS)[0] != base + candidate:
             continue
         if check_record(buf, candidate, check_crc, delay_levels_ms).success:

@@ -34,6 +34,7 @@ from services.store.formats.message import NAME_VALUE_SEPARATOR, PROPERTY_SEPARA
 from services.store.formats.record import (
     BORNHOST_POS,
     MESSAGE_MAGIC_CODE,
+    SIZE_AND_MAGIC,
     SYSFLAG_POS,
     Buffer,
     RecordError,
@@ -111,7 +112,7 @@ def record_timer_out_ms(buf: Buffer, pos: int) -> int | None:
     whole records (hosts, body) there would double its work. None when the property is missing or not
     a number; RecordError when the record is malformed."""
     try:
-        size, magic = struct.unpack_from(">iI", buf, pos)
+        size, magic = SIZE_AND_MAGIC.unpack_from(buf, pos)
         sys_flag = _SYS_FLAG.unpack_from(buf, pos + SYSFLAG_POS)[0]
         born_len, store_len = host_lengths(sys_flag)
         p = pos + BORNHOST_POS + born_len + 8 + store_len + 12
