@@ -22,8 +22,8 @@ from gateway.resilience import BackendError
 from gateway.shard import ShardClient
 from mqstore.v1 import commitlog_pb2
 from services.server import tracing
+from services.store.rules.batch_codec import MAX_BATCH_MESSAGES
 
-MAX_BATCH = 1024
 _Waiter = tuple[bytes, "asyncio.Future[commitlog_pb2.AppendResult]", contextvars.Context]
 
 
@@ -63,7 +63,7 @@ class SendBatcher:
             self._arrived.clear()
             while self._pending:
                 await self._slots.acquire()
-                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                batch, self._pending = self._pending[:MAX_BATCH_MESSAGES], self._pending[MAX_BATCH_MESSAGES:]
                 # The AppendBatch call joins the trace of the batch's first Send.
                 asyncio.get_running_loop().create_task(self._flush(batch), context=batch[0][2])
 

@@ -44,7 +44,7 @@ from services.store.errors import (
 from services.store.formats.message import PROPERTY_SHARDING_KEY
 from services.store.formats.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as UNIQ_KEY
 from services.store.formats.message_id import check_message_id, message_id_kind
-from services.store.rules.batch_codec import scan_blob, uniq_keys_of, with_uniq_keys
+from services.store.rules.batch_codec import MAX_BATCH_MESSAGES, scan_blob, uniq_keys_of, with_uniq_keys
 from services.store.rules.key_query import check_key_query
 from services.store.rules.names import check_group, check_offset, check_queue, check_topic_name
 from services.store.rules.producer_message import (
@@ -57,7 +57,6 @@ from services.store.rules.topics import check_topic_config
 
 log = logging.getLogger(__name__)
 
-MAX_BATCH = 1024
 STREAM_WINDOW = 4096
 #: Batches of one SendBatchStream being worked on at once (the proto's window).
 BATCH_STREAM_WINDOW = 16
@@ -115,7 +114,7 @@ class PreparedBatch:
         """Read back from the blob when needed (rare: DELAY messages, or keys the gateway added)."""
         if self.uniq_keys is None:
             assert self.blob is not None
-            self.uniq_keys = uniq_keys_of(self.blob, MAX_BATCH)
+            self.uniq_keys = uniq_keys_of(self.blob, MAX_BATCH_MESSAGES)
         return self.uniq_keys
 
 
@@ -337,7 +336,7 @@ class MessagingServicer:
             check_producer_request(topic, request.sys_flag, request.born_timestamp)
             if not blob:
                 raise InvalidArgumentError("encoded_messages is empty: give at least one message")
-            scan = scan_blob(blob, MAX_BATCH, request.sys_flag)
+            scan = scan_blob(blob, MAX_BATCH_MESSAGES, request.sys_flag)
             self.tokens.authorize(principal, Action.PRODUCE, topic)
             born_host = request.born_host or peer_host
             missing = {e.index: self.uniq_keys.next(born_host) for e in scan.missing}
@@ -350,8 +349,8 @@ class MessagingServicer:
         if request.born_timestamp or request.born_host or request.sys_flag:
             raise InvalidArgumentError("born_timestamp, born_host and sys_flag of SendBatchRequest go with "
                                        "encoded_messages: with messages, set them on each message")
-        if len(messages) > MAX_BATCH:
-            raise InvalidArgumentError(f"the batch has {len(messages)} messages; at most {MAX_BATCH}")
+        if len(messages) > MAX_BATCH_MESSAGES:
+            raise InvalidArgumentError(f"the batch has {len(messages)} messages; at most {MAX_BATCH_MESSAGES}")
         topic = messages[0].topic
         check_topic_name(topic)
         for i, message in enumerate(messages):
@@ -511,7 +510,7 @@ class MessagingServicer:
                 if first is None:
                     break
                 group = [first]
-                while len(group) < MAX_BATCH and not pending.empty():
+                while len(group) < MAX_BATCH_MESSAGES and not pending.empty():
                     item = pending.get_nowait()
                     if item is None:
                         done = True

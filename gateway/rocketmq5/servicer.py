@@ -40,6 +40,7 @@ from gateway.send_back import MAX_RECONSUME_TIMES_LIMIT
 from gateway.wire import Undecodable
 from mqstore.v1 import gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 from services.store.formats.record import largest_body_always_stored
+from services.store.rules.batch_codec import MAX_BATCH_MESSAGES
 
 if TYPE_CHECKING:
     from gateway.servicer import MessagingServicer
@@ -58,7 +59,6 @@ MIN_INVISIBLE_S = 1.0
 MAX_INVISIBLE_S = 12 * 3600.0
 DEFAULT_LONG_POLL_S = 20.0
 MAX_LONG_POLL_S = 30.0
-MAX_BATCH = 1024
 #: A receive waiting on a FIFO group blocked by a message in flight looks again this often: the ack that
 #: unblocks it may come through another gateway process.
 FIFO_RECHECK_S = 1.0
@@ -569,8 +569,8 @@ def _receive_problem(request: service_pb2.ReceiveMessageRequest) -> definition_p
         return st.status(Code.ILLEGAL_CONSUMER_GROUP, "the consumer group is empty")
     if not request.message_queue.topic.name:
         return st.status(Code.ILLEGAL_TOPIC, "message_queue.topic is empty")
-    if not 0 <= request.batch_size <= MAX_BATCH:
-        return st.status(Code.BAD_REQUEST, f"batch_size {request.batch_size} is not within 1..{MAX_BATCH}")
+    if not 0 <= request.batch_size <= MAX_BATCH_MESSAGES:
+        return st.status(Code.BAD_REQUEST, f"batch_size {request.batch_size} is not within 1..{MAX_BATCH_MESSAGES}")
     if request.HasField("invisible_duration"):
         seconds = request.invisible_duration.ToMilliseconds() / 1000
         if not MIN_INVISIBLE_S <= seconds <= MAX_INVISIBLE_S:

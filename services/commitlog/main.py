@@ -19,6 +19,7 @@ from services.commitlog import metrics
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.ha_service import HAServiceError
 from services.commitlog.ha.replication import start_replication
+from services.commitlog.ha.truncation import finish_interrupted_truncation
 from services.commitlog.recovery import MissingLogError
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
 from services.server.gc_tuning import tune_gc
@@ -76,6 +77,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     use_blocking_executor(settings.max_workers)
     engine = CommitLog(config, store)
     try:
+        await asyncio.to_thread(finish_interrupted_truncation, Path(store), config)  # a replica killed mid-cut
         await asyncio.to_thread(engine.start)
     except StoreLockedError as exc:
         log.error("cannot start: %s", exc, extra={"store": store})

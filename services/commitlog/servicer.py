@@ -46,6 +46,7 @@ from services.server.status import RefusedMessage, refused_message_of, status_co
 from services.store.config import SYNC_FLUSH
 from services.store.errors import InvalidArgumentError, StoreError, UnavailableError
 from services.store.formats.message import Message
+from services.store.rules.batch_codec import MAX_BATCH_MESSAGES
 from services.store.rules.names import check_deletable_topic
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 SERVICE_NAME: str = commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogService"].full_name
 
-MAX_BATCH_MESSAGES = 1024
 MAX_BATCH_BYTES = 64 * MIB
 MAX_READ_RANGES = 1024
 MAX_READ_BATCH_BYTES = 64 * MIB

@@ -24,11 +24,10 @@ from services.query.errors import DataLossError
 from services.query.store_view import StoreView
 from services.query.stored_message import StoredMessage, checked_raw, stored_message
 from services.store.errors import OutOfRangeError, UnavailableError
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
 from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import Subscription
-
-CQ_STORE_UNIT_SIZE = 20
 
 
 class GetMessageStatus(enum.Enum):

@@ -39,6 +39,9 @@ PROPERTIES_LENGTH = struct.Struct(">h")
 ENTRY_OVERHEAD = HEAD.size + PROPERTIES_LENGTH.size
 #: The int16 properties length.
 MAX_PROPERTIES_BYTES = 32767
+#: The most messages one batch carries: a SendBatch to the gateway, an AppendBatch to the commitlog, a
+#: RocketMQ 5 receive.
+MAX_BATCH_MESSAGES = 1024
 _PAIR = NAME_VALUE_SEPARATOR.encode()
 _ITEM = PROPERTY_SEPARATOR.encode()
 _UNIQ = _ITEM + PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode() + _PAIR
