@@ -140,6 +140,12 @@ class MessageStoreConfig:
     # RocketMQ 5's: replicas that hold a record before SYNC_MASTER acks it, the leader included; a
     # SYNC_MASTER ack always needs at least one follower, whatever this says.
     min_in_sync_replicas: int = 1
+    # Leadership through etcd (docs/replication.md): with an endpoint (host:port of etcd's gRPC API),
+    # etcd decides which replica leads (brokerRole then only says SYNC_MASTER or ASYNC_MASTER acks);
+    # haReplicaName names this replica in the in-sync set (default brokerIP1:haListenPort).
+    etcd_endpoint: str = ""
+    ha_replica_name: str = ""
+    ha_lease_ttl_seconds: int = 5
 
     @property
     def store_host(self) -> str:
@@ -173,12 +179,17 @@ class MessageStoreConfig:
             raise ConfigError("brokerRole SLAVE needs haMasterAddress: the leader's HA listener, host:port")
         if self.ha_master_address:
             split_host_port(self.ha_master_address)
+        if self.etcd_endpoint:
+            split_host_port(self.etcd_endpoint)
+            if self.ha_listen_port <= 0 or self.broker_role == SLAVE:
+                raise ConfigError("etcdEndpoint needs haListenPort (any replica may be elected and then listens "
+                                  "there) and brokerRole SYNC_MASTER or ASYNC_MASTER (etcd decides who leads)")
         if self.broker_role == SYNC_MASTER and self.ha_listen_port <= 0:
             raise ConfigError("brokerRole SYNC_MASTER needs haListenPort: its followers connect there")
         if not 0 <= self.ha_listen_port <= 65535:
             raise ConfigError(f"haListenPort {self.ha_listen_port} must be within 0..65535 (0: no HA listener)")
         for name in ("ha_send_heartbeat_interval", "ha_housekeeping_interval", "ha_transfer_batch_size",
-                     "ha_slave_fallbehind_max", "ha_send_timeout", "min_in_sync_replicas"):
+                     "ha_slave_fallbehind_max", "ha_send_timeout", "min_in_sync_replicas", "ha_lease_ttl_seconds"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{camel_name(name)} must be positive")
 

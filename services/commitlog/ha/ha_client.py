@@ -19,7 +19,9 @@ import time
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import handshake
+from services.commitlog.ha.epoch_file import EpochFile, consistent_point
 from services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError
+from services.commitlog.ha.truncation import truncate_log
 from services.commitlog.ha.wire import ConnectionClosed, encode_report, read_frame
 from services.store.config import HA_PROTOCOL_MQSTORE, split_host_port
 
@@ -33,11 +35,19 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class HAClient:
-    def __init__(self, engine: CommitLog, token: str | None) -> None:
+    """``leader``, ``epoch``, ``epochs``: under etcd leadership, the leader etcd names, its epoch and this
+    replica's epoch file (before following, the log is cut back to where it stops being the leader's);
+    otherwise ``haMasterAddress`` and epoch 0."""
+
+    def __init__(self, engine: CommitLog, token: str | None, leader: str = "",
+                 epoch: int = handshake.CURRENT_EPOCH, epochs: EpochFile | None = None, replica: str = "") -> None:
         self._engine = engine
         self._config = engine.config
         self._token = token
-        self.leader = self._config.ha_master_address
+        self.leader = leader or self._config.ha_master_address
+        self.epoch = epoch
+        self._epochs = epochs
+        self._replica = replica
         self._host, self._port = split_host_port(self.leader)
         self._appender = ReplicaAppender(engine)
         self._got_frame = False  # this connection received a frame: the next failure retries soon
@@ -91,9 +101,12 @@ class HAClient:
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if cfg.ha_protocol == HA_PROTOCOL_MQSTORE:
-            sock.sendall(handshake.encode_hello(handshake.Hello(cfg.broker_name, handshake.CURRENT_EPOCH,
-                                                                (self._token or "").encode())))
+            sock.sendall(handshake.encode_hello(handshake.Hello(cfg.broker_name, self.epoch,
+                                                                (self._token or "").encode(), self._replica)))
             handshake.read_answer(sock)
+            leader_log = handshake.read_leader_log(sock)
+            if self._epochs is not None:
+                self._cut_divergent_suffix(leader_log)
         reported = self._appender.log_end
         sock.sendall(encode_report(reported))
         last_report = time.monotonic()
@@ -117,3 +130,15 @@ class HAClient:
             if end != reported or time.monotonic() - last_report >= heartbeat_s:
                 sock.sendall(encode_report(end))
                 reported, last_report = end, time.monotonic()
+
+    def _cut_divergent_suffix(self, leader_log: handshake.LeaderLog) -> None:
+        """Cut this log back to the point it shares with the leader's, then take the leader's epochs."""
+        assert self._epochs is not None
+        end = self._appender.log_end
+        cut = consistent_point(self._epochs.entries, end, leader_log.epochs, leader_log.max_offset)
+        if cut < end:
+            log.warning("HA: this replica's log diverges from leader %s (epoch %d) after offset %d: cutting %d bytes "
+                        "that were never acknowledged", self.leader, self.epoch, cut, end - cut,
+                        extra={"leader": self.leader})
+            truncate_log(self._engine, self._epochs, cut)
+        self._epochs.replace(leader_log.epochs)

@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import ha_metrics, handshake
@@ -23,12 +24,16 @@ from services.commitlog.ha.group_transfer import Follower, GroupTransfer
 from services.commitlog.ha.wire import encode_frame_header, read_report
 from services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
 
+if TYPE_CHECKING:
+    from services.commitlog.ha.ha_service import LeaderEpoch
+
 log = logging.getLogger(__name__)
 
 
 class HAConnection:
     def __init__(self, sock: socket.socket, address: str, engine: CommitLog, transfer: GroupTransfer,
-                 token: str | None, on_closed: Callable[[HAConnection], None]) -> None:
+                 token: str | None, on_closed: Callable[[HAConnection], None],
+                 leader_epoch: LeaderEpoch | None = None) -> None:
         self._sock = sock
         self.address = address
         self._engine = engine
@@ -36,6 +41,8 @@ class HAConnection:
         self._transfer = transfer
         self._token = token
         self._on_closed = on_closed
+        self._leader_epoch = leader_epoch
+        self._replica = ""  # the follower's name in the in-sync set (a version 2 handshake)
         self._follower: Follower | None = None
         self._requested = threading.Event()  # the first report arrived: the writer knows where to start
         self._request_offset = -1
@@ -73,7 +80,7 @@ class HAConnection:
             self._sock.settimeout(self._config.ha_housekeeping_interval / 1000)
             if self._config.ha_protocol == HA_PROTOCOL_MQSTORE and not self._authenticate():
                 return
-            follower = self._transfer.add(self.address)
+            follower = self._transfer.add(self.address, self._replica)
             self._follower = follower
             if self._closed.is_set():  # closed while joining: do not stay listed
                 self._transfer.remove(follower)
@@ -84,7 +91,10 @@ class HAConnection:
                     self._request_offset = offset
                     self._requested.set()
                 # Never more than was sent: a report beyond it is no proof of holding anything.
-                self._transfer.acknowledge(follower, min(offset, self._sent_offset))
+                held = min(offset, self._sent_offset)
+                self._transfer.acknowledge(follower, held)
+                if self._leader_epoch is not None:
+                    self._leader_epoch.on_report(self._replica, held)
         except TimeoutError:
             self.close(f"no offset report within haHousekeepingInterval ({self._config.ha_housekeeping_interval} ms)")
         except (OSError, ValueError) as exc:
@@ -98,7 +108,8 @@ class HAConnection:
         """The mqstore handshake; a failure is logged (WARNING), answered and the connection closed."""
         try:
             hello = handshake.read_hello(self._sock)
-            handshake.check_hello(hello, self._config.broker_name, handshake.CURRENT_EPOCH, self._token)
+            epoch = self._leader_epoch.epoch if self._leader_epoch is not None else handshake.CURRENT_EPOCH
+            handshake.check_hello(hello, self._config.broker_name, epoch, self._token)
         except (handshake.HandshakeRefused, OSError, ValueError) as exc:
             ha_metrics.REFUSED_CONNECTIONS.inc()
             log.warning("HA connection from %s REFUSED: %s; closing it, none of its offsets count", self.address,
@@ -107,7 +118,12 @@ class HAConnection:
                 self._sock.sendall(handshake.encode_answer(handshake.REFUSED, str(exc)))
             self.close()
             return False
-        self._sock.sendall(handshake.encode_answer(handshake.ACCEPTED))
+        leader_log = None
+        if hello.version >= 2:
+            entries = self._leader_epoch.epochs.entries if self._leader_epoch is not None else []
+            leader_log = handshake.LeaderLog(self._engine.max_offset, entries)
+        self._replica = hello.replica
+        self._sock.sendall(handshake.encode_answer(handshake.ACCEPTED, leader_log=leader_log))
         log.info("HA follower %s authenticated for shard %s, epoch %d", self.address, hello.shard, hello.epoch,
                  extra={"follower": self.address})
         return True

@@ -12,15 +12,29 @@ import ipaddress
 import logging
 import socket
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import ha_metrics
+from services.commitlog.ha.epoch_file import EpochFile
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.ha_connection import HAConnection
 from services.server.service_auth import TOKEN_ENV
 from services.store.config import HA_PROTOCOL_MQSTORE, SYNC_MASTER
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderEpoch:
+    """A leader elected through etcd: its epoch (the handshake compares it), its epoch file (sent to each
+    follower, which finds where its log stops being the leader's) and who hears each follower's report
+    (the in-sync set's growth)."""
+
+    epoch: int
+    epochs: EpochFile
+    on_report: Callable[[str, int], None]
 
 
 class HAServiceError(RuntimeError):
@@ -35,10 +49,11 @@ def _is_loopback(host: str) -> bool:
 
 
 class HAService:
-    def __init__(self, engine: CommitLog, token: str | None) -> None:
+    def __init__(self, engine: CommitLog, token: str | None, leader_epoch: LeaderEpoch | None = None) -> None:
         cfg = engine.config
         self._engine = engine
         self._token = token
+        self.leader_epoch = leader_epoch
         self.host = cfg.broker_ip
         self.port = cfg.ha_listen_port
         # RocketMQ 5 counts the leader among the in-sync replicas; a SYNC_MASTER ack needs a follower.
@@ -67,7 +82,7 @@ class HAService:
         self._accepting = threading.Thread(target=self._accept_loop, name="ha-accept", daemon=True)
         self._accepting.start()
         ha_metrics.bind_followers(self.transfer, lambda: self._engine.max_offset)
-        if cfg.broker_role == SYNC_MASTER:
+        if cfg.broker_role == SYNC_MASTER and self.leader_epoch is None:  # else the in-sync set's rule
             self._engine.wait_for_replicas = self._wait_for_replicas
         log.info("HA listener on %s:%d (%s, haProtocol %s)", self.host, self.port, cfg.broker_role, cfg.ha_protocol,
                  extra={"ha_listen": f"{self.host}:{self.port}"})
@@ -92,7 +107,8 @@ class HAService:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             address = f"{peer[0]}:{peer[1]}"
             log.info("HA connection from %s", address, extra={"follower": address})
-            connection = HAConnection(sock, address, self._engine, self.transfer, self._token, self._forget)
+            connection = HAConnection(sock, address, self._engine, self.transfer, self._token, self._forget,
+                                      self.leader_epoch)
             with self._lock:
                 self._connections.add(connection)
             connection.start()

@@ -1,4 +1,5 @@
-"""Which side of replication a commitlog service runs, by ``brokerRole``.
+"""Which side of replication a commitlog service runs, by ``brokerRole`` (or etcd, when
+``etcdEndpoint`` is set: ``failover.py``).
 
 ASYNC_MASTER and SYNC_MASTER run the HA listener when ``haListenPort`` is set (SYNC_MASTER requires
 it, and makes every put wait for its followers); SLAVE follows ``haMasterAddress`` and refuses
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha.failover import EtcdReplication
 from services.commitlog.ha.ha_client import HAClient
 from services.commitlog.ha.ha_service import HAService
 from services.store.config import SLAVE
@@ -19,8 +21,11 @@ from services.store.config import SLAVE
 class Replication:
     service: HAService | None = None
     client: HAClient | None = None
+    etcd: EtcdReplication | None = None
 
     def stop(self) -> None:
+        if self.etcd is not None:
+            self.etcd.stop()
         if self.service is not None:
             self.service.stop()
         if self.client is not None:
@@ -30,6 +35,10 @@ class Replication:
 def start_replication(engine: CommitLog, token: str | None) -> Replication:
     """Start this replica's side of replication; HAServiceError when the listener cannot start."""
     cfg = engine.config
+    if cfg.etcd_endpoint:  # etcd decides the role
+        etcd = EtcdReplication(engine, token)
+        etcd.start()
+        return Replication(etcd=etcd)
     if cfg.broker_role == SLAVE:
         engine.write_refusal = (f"this commitlog service is a replica (brokerRole SLAVE) of shard {cfg.broker_name}: "
                                 f"it takes no writes; send to the leader, whose HA address is {cfg.ha_master_address}")

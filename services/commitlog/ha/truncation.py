@@ -76,7 +76,8 @@ def truncate_log(engine: CommitLog, epochs: EpochFile, cut: int, step: StepHook 
 def rebuild_queue_table(mfq: MappedFileQueue, end: int) -> dict[QueueKey, int]:
     """Each queue's next queue offset, from the records in [min offset, ``end``)."""
     table: dict[QueueKey, int] = {}
-    replay_queue_offsets(mfq, mfq.min_offset, end, table)
+    if mfq.last_file() is not None:  # a cut below the first file leaves none
+        replay_queue_offsets(mfq, mfq.min_offset, end, table)
     return table
 
 
