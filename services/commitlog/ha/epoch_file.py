@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +98,14 @@ def consistent_point(mine: list[EpochEntry], my_end: int, leader: list[EpochEntr
         leader_epoch_end = min(later) if later else leader_end
         return min(my_epoch_end, leader_epoch_end)
     return 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderEpoch:
+    """A leader elected through etcd: its epoch (the handshake compares it), its epoch file (sent to each
+    follower, which finds where its log stops being the leader's) and who hears each follower's report
+    (the in-sync set's growth)."""
+
+    epoch: int
+    epochs: EpochFile
+    on_report: Callable[[str, int], None]

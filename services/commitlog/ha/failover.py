@@ -15,10 +15,10 @@ import logging
 import threading
 
 from services.commitlog.commit_log import CommitLog
-from services.commitlog.ha.epoch_file import EpochFile
+from services.commitlog.ha.epoch_file import EpochFile, LeaderEpoch
 from services.commitlog.ha.etcd_client import EtcdClient, EtcdError
 from services.commitlog.ha.ha_client import HAClient
-from services.commitlog.ha.ha_service import HAService, HAServiceError, LeaderEpoch
+from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.in_sync import InSyncAcks
 from services.commitlog.ha.leadership import LeaderRecord, ShardKeys, ShardLeadership, read_shard
 from services.store.config import SYNC_MASTER

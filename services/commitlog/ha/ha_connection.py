@@ -16,16 +16,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import ha_metrics, handshake
+from services.commitlog.ha.epoch_file import LeaderEpoch
 from services.commitlog.ha.group_transfer import Follower, GroupTransfer
 from services.commitlog.ha.wire import encode_frame_header, read_report
 from services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
-
-if TYPE_CHECKING:
-    from services.commitlog.ha.ha_service import LeaderEpoch
 
 log = logging.getLogger(__name__)
 

@@ -12,29 +12,16 @@ import ipaddress
 import logging
 import socket
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import ha_metrics
-from services.commitlog.ha.epoch_file import EpochFile
+from services.commitlog.ha.epoch_file import LeaderEpoch
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.ha_connection import HAConnection
 from services.server.service_auth import TOKEN_ENV
 from services.store.config import HA_PROTOCOL_MQSTORE, SYNC_MASTER
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderEpoch:
-    """A leader elected through etcd: its epoch (the handshake compares it), its epoch file (sent to each
-    follower, which finds where its log stops being the leader's) and who hears each follower's report
-    (the in-sync set's growth)."""
-
-    epoch: int
-    epochs: EpochFile
-    on_report: Callable[[str, int], None]
 
 
 class HAServiceError(RuntimeError):
