@@ -17,11 +17,9 @@ import gzip
 import hashlib
 import zlib
 
-import grpc
 from google.protobuf import timestamp_pb2
 
 from apache.rocketmq.v2 import definition_pb2
-from gateway.rocketmq5.local_call import MqstoreCallError
 from mqstore.v1 import common_pb2, query_pb2, transaction_pb2
 
 TAGS = "TAGS"
@@ -83,19 +81,11 @@ def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue
           invisible_ms: int, delivery_attempt: int) -> definition_pb2.Message:
     """The v2 message a consumer receives for a stored one."""
     props = stored.properties
-    if stored.body_compressed:
-        # The query service already inflated every body the one inflate rule allows; what is still
-        # compressed (LZ4, ZSTD, or not a whole zlib stream) has no v2 encoding to travel with.
-        raise MqstoreCallError(grpc.StatusCode.DATA_LOSS, (
-            f"the message at {stored.topic} queue {queue_id} offset {stored.queue_offset} (msg id {stored.msg_id}) "
-            f"has a body flagged compressed (sys_flag {stored.sys_flag:#x}) that the store cannot inflate, and a "
-            "RocketMQ 5 message has no encoding for it: read it with mqstore's own Pull or GetMessage, which "
-            "hand over the stored bytes with their compressed flag"))
     body = bytes(stored.body)
     system = definition_pb2.SystemProperties(
         message_id=stored.uniq_key or stored.msg_id,
         body_digest=body_digest(body),
-        body_encoding=definition_pb2.Encoding.IDENTITY,
+        body_encoding=body_encoding(stored),
         born_timestamp=_timestamp(stored.born_timestamp), born_host=stored.born_host.rsplit(":", 1)[0],
         store_timestamp=_timestamp(stored.store_timestamp), store_host=stored.store_host,
         receipt_handle=receipt_handle, queue_id=queue_id, queue_offset=stored.queue_offset,
@@ -117,6 +107,14 @@ def to_v2(stored: query_pb2.StoredMessage, topic: definition_pb2.Resource, queue
         system.message_type = MessageType.TRANSACTION
     user = {k: v for k, v in props.items() if k not in _SYSTEM}
     return definition_pb2.Message(topic=topic, user_properties=user, system_properties=system, body=body)
+
+
+def body_encoding(stored: query_pb2.StoredMessage) -> definition_pb2.Encoding.ValueType:
+    """IDENTITY for a body the query service handed over plain or inflated (the one inflate rule);
+    GZIP for one it left as stored, compressed (LZ4, ZSTD, not a whole zlib stream): RocketMQ 5's
+    proxy marks every body whose record has the compressed flag GZIP and sends its stored bytes, the
+    only compressed encoding v2 has, so a consumer sees the body it cannot decode as such."""
+    return definition_pb2.Encoding.GZIP if stored.body_compressed else definition_pb2.Encoding.IDENTITY
 
 
 def body_digest(body: bytes) -> definition_pb2.Digest:

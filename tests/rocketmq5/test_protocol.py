@@ -5,8 +5,10 @@ stream, and ForwardMessageToDeadLetterQueue ending in %DLQ%<group> (readable thr
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -350,3 +352,20 @@ def test_a_v1_sharding_key_is_a_v2_message_group(up: UpProcess, v2: service_pb2_
     fifo = official("consume_fifo", up.gateway, tmp_path, topic="rmq5-sharded", group="g-sharded-official",
                     expect=10, wait_s=60)
     assert fifo["order"] == [b.decode() for b in seen]
+
+
+def test_a_body_the_store_does_not_inflate_is_received_as_stored_and_flagged_gzip(
+        up: UpProcess, v2: service_pb2_grpc.MessagingServiceStub) -> None:
+    """A body flagged compressed that the one inflate rule leaves as stored (here LZ4, sysflag
+    compression type 1) reaches a v2 consumer as RocketMQ 5's proxy sends any compressed body: its
+    stored bytes, body_encoding GZIP, the digest of those bytes. A zlib body arrives inflated."""
+    topic = "rmq5-compressed"
+    create_topic(up, topic, 1)
+    lz4 = b"\x04\x22\x4d\x18 an LZ4 frame the store has no codec for"
+    for body, sys_flag in ((lz4, 0x101), (zlib.compress(b"squeezed " * 40), 0x1)):
+        up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=topic, body=body, sys_flag=sys_flag)),
+                     timeout=10)
+    got = receive_all(v2, topic, "g-compressed", invisible_s=5, count=2)
+    assert [(m.body, m.system_properties.body_encoding, m.system_properties.body_digest.checksum) for m in got] == [
+        (lz4, d.Encoding.GZIP, hashlib.md5(lz4).hexdigest().upper()),
+        (b"squeezed " * 40, d.Encoding.IDENTITY, hashlib.md5(b"squeezed " * 40).hexdigest().upper())]
