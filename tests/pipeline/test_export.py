@@ -20,6 +20,7 @@ from pipeline.export import (
     check_written,
     export,
     kafka_view,
+    records_batch,
     written_rows,
 )
 from services.commitlog.commit_log import CommitLog
@@ -31,6 +32,7 @@ from services.store.formats.message import (
     TRANSACTION_ROLLBACK_TYPE,
     Message,
 )
+from services.store.formats.record import decode_record, encode_record
 from tests.conftest import StoreFactory
 from tests.pipeline.conftest import PutRecord
 
@@ -196,3 +198,19 @@ def test_the_kafka_view_is_unique_by_topic_partition_and_offset(spark: SparkSess
     assert view.columns == ["topic", "partition", "offset", "timestamp", "timestampType", "key", "value", "headers"]
     rows = sorted((r.partition, r.offset, r.value) for r in view.collect())
     assert rows == [(0, 0, b"m0"), (0, 1, b"m6"), (1, 0, b"m3"), (1, 1, b"m9")]
+
+
+@pytest.mark.parametrize(("body", "sys_flag", "exported", "inflated"), [
+    (b"\x04\x22\x4d\x18 an LZ4 frame", 0x101, b"\x04\x22\x4d\x18 an LZ4 frame", False),  # LZ4: no codec here
+    (zlib.compress(b"a stream, then") + b"more", 0x1, zlib.compress(b"a stream, then") + b"more", False),
+    (zlib.compress(b"inflate me " * 9), 0x301, b"inflate me " * 9, True),
+])
+def test_export_decompress_keeps_a_body_the_rule_does_not_inflate(body: bytes, sys_flag: int, exported: bytes,
+                                                                  inflated: bool) -> None:
+    """--decompress inflates by the one rule; any other compressed body is exported as stored, its
+    sys_flag kept and body_decompressed false, never a failed export."""
+    record = decode_record(encode_record(topic=b"T", queue_id=0, body=body, flag=0, properties=b"", sys_flag=sys_flag,
+                                         born_timestamp=1, born_host=bytes(8), store_host=bytes(8), queue_offset=0,
+                                         commitlog_offset=0, store_timestamp=1))
+    [row] = records_batch([record], decompress=True).to_pylist()
+    assert (row["body"], row["sys_flag"], row["body_decompressed"]) == (exported, sys_flag, inflated)
