@@ -36,7 +36,8 @@ from gateway.token_reload import TokenReloader
 from gateway.uniq_key_maker import UniqKeyGenerator
 from gateway.wire import SERVICE_NAME, TRANSPORT_MAX_REQUEST_BYTES
 from gateway.workers import WorkerIdentity, supervise, workers_from_env
-from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
+from services.server.bootstrap import Bootstrap, ServiceProcess, load_process_settings
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -45,41 +46,33 @@ from services.server.grpc_server import (
     serve_aio_until_signal,
     start_aio_service,
 )
-from services.server.logs import configure_logging
-from services.server.memory_debug import start_memory_report
-from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS
-from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError
 
 log = logging.getLogger("gateway")
 MIB = 1024 * 1024
+#: Public: clients bring their own tokens (gateway/auth.py), it takes no service credential.
+PROCESS = ServiceProcess("gateway", gc_gen0_threshold=RPC_SERVER_GEN0_THRESHOLD, internal=False)
 
 
 def serve(options: GatewayOptions) -> int:
     """Run the gateway until SIGTERM/SIGINT; returns the exit code. With more than one worker (the
     ``--workers`` flag, else MQSTORE_GATEWAY_WORKERS, else the settings file's ``workers``), this
     process supervises that many gateway processes on the same port (gateway/workers.py)."""
-    configure_logging()
+    boot = Bootstrap(PROCESS)
     try:
         settings, tokens = _checked_settings(options)
         tls = tls_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
         credentials = None if tls is None else server_credentials(tls)  # checks the files: exit 2 if unusable
         identity = WorkerIdentity.from_env()
-        metrics_port = metrics_port_from_env()
+        metrics_port = load_process_settings(PROCESS).metrics_port
         rocketmq5.check_settings()  # MQSTORE_RMQ5_*: exit 2 for a bad one
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         return EXIT_BAD_SETTINGS
     if identity is None and settings.workers > 1:
         return supervise(options, settings, settings.workers, metrics_port)
-    tune_gc(RPC_SERVER_GEN0_THRESHOLD)
-    start_memory_report("gateway")
-    init_tracing("gateway")
-    try:
-        return asyncio.run(_serve(settings, tokens, identity, metrics_port, tls, credentials))
-    finally:
-        shutdown_tracing()
+    return boot.run(lambda: asyncio.run(_serve(settings, tokens, identity, metrics_port, tls, credentials)))
 
 
 def _checked_settings(options: GatewayOptions) -> tuple[GatewaySettings, TokenTable]:

@@ -22,7 +22,7 @@ from services.commitlog.ha.replication import start_replication
 from services.commitlog.ha.truncation import finish_interrupted_truncation
 from services.commitlog.recovery import MissingLogError
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
-from services.server.gc_tuning import tune_gc
+from services.server.bootstrap import Bootstrap, ServiceProcess
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -31,10 +31,7 @@ from services.server.grpc_server import (
     start_aio_service,
     use_blocking_executor,
 )
-from services.server.logs import configure_logging
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
-from services.server.service_auth import load_service_token
-from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import MessageStoreConfig
 from services.store.formats.mapped_file_queue import FileSizeMismatchError
 from services.store.store_root import StoreLockedError
@@ -44,6 +41,7 @@ log = logging.getLogger("services.commitlog")
 MIB = 1024 * 1024
 #: Recovery found less log than the store's records say existed (refuseStartOnMissingLog).
 EXIT_MISSING_LOG = 4
+PROCESS = ServiceProcess("commitlog")
 
 
 def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
@@ -56,20 +54,14 @@ def server_settings(config: MessageStoreConfig, listen: str) -> ServerSettings:
 
 def serve(store: str, config_file: str | None, listen: str | None) -> int:
     """Run the commitlog service on ``store`` until SIGTERM/SIGINT; returns the exit code."""
-    configure_logging()
-    tune_gc()
-    init_tracing("commitlog")
-    try:
-        return asyncio.run(_serve(store, config_file, listen))
-    finally:
-        shutdown_tracing()
+    return Bootstrap(PROCESS).run(lambda: asyncio.run(_serve(store, config_file, listen)))
 
 
 async def _serve(store: str, config_file: str | None, listen: str | None) -> int:
     signals = ShutdownSignal()
     signals.install_on_loop()
     try:
-        config, metrics_port = load_service_settings(config_file)
+        config, process = load_service_settings(config_file, PROCESS)
     except BadSettings:
         return EXIT_BAD_SETTINGS
     address = listen or config.commitlog_listen
@@ -88,7 +80,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     except MissingLogError:  # logged with what is missing and how to accept it
         return EXIT_MISSING_LOG
     try:  # before the servicer: it reads whether puts wait for followers
-        replication = await asyncio.to_thread(start_replication, engine, load_service_token())
+        replication = await asyncio.to_thread(start_replication, engine, process.service_token)
     except HAServiceError as exc:
         log.error("bad settings: %s", exc, extra={"store": store})
         await asyncio.to_thread(engine.shutdown)
@@ -104,7 +96,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
         await asyncio.to_thread(replication.stop)
         await asyncio.to_thread(engine.shutdown)
 
-    bound = await start_aio_service(server, metrics_port, stopped)
+    bound = await start_aio_service(server, process.metrics_port, stopped)
     if bound is None:
         return EXIT_BAD_SETTINGS
     log.info("commitlog service listening on %s, store %s", bound, store,

@@ -18,8 +18,8 @@ from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService, ReputSource
 from services.indexer.servicer import SERVICE_NAME, ArrivalHub, IndexerServicer
+from services.server.bootstrap import Bootstrap, ServiceProcess
 from services.server.channels import sync_channel
-from services.server.gc_tuning import tune_gc
 from services.server.grpc_server import (
     BindError,
     GrpcServer,
@@ -27,10 +27,8 @@ from services.server.grpc_server import (
     ShutdownSignal,
     serve_until_signal,
 )
-from services.server.logs import configure_logging
 from services.server.metrics import MetricsServer, start_metrics_server
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED, BadSettings, load_service_settings
-from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.formats.record import SYSFLAG_POS, store_timestamp_pos
 from services.store.store_root import StoreLockedError
 
@@ -40,6 +38,7 @@ log = logging.getLogger("services.indexer")
 _STORE_TIME_PREFIX = 48 + 20 + 8
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
+PROCESS = ServiceProcess("indexer")
 
 
 def reput_source_from_env() -> tuple[ReputSource, Path | None]:
@@ -93,20 +92,14 @@ class CommitLogReader:
 
 def serve(store: str, config_file: str | None, listen: str | None, commitlog: str | None) -> int:
     """Run the indexer on ``store`` following the commitlog service at ``commitlog``."""
-    configure_logging()
-    tune_gc()
-    init_tracing("indexer")
-    try:
-        return _serve(store, config_file, listen, commitlog)
-    finally:
-        shutdown_tracing()
+    return Bootstrap(PROCESS).run(lambda: _serve(store, config_file, listen, commitlog))
 
 
 def _serve(store: str, config_file: str | None, listen: str | None, commitlog: str | None) -> int:
     signals = ShutdownSignal()
     signals.install()
     try:
-        config, metrics_port = load_service_settings(config_file)
+        config, process = load_service_settings(config_file, PROCESS)
         source, commitlog_dir = reput_source_from_env()
     except BadSettings:
         return EXIT_BAD_SETTINGS
@@ -129,7 +122,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
     metrics_server: MetricsServer | None = None
     try:
         port = server.start()
-        metrics_server = start_metrics_server(metrics_port)
+        metrics_server = start_metrics_server(process.metrics_port)
     except (BindError, OSError) as exc:
         log.error("%s", exc)
         server.stop(grace_s=0)

@@ -40,7 +40,8 @@ from services.query.pull import Puller
 from services.query.queue_offset_lookup import QueueOffsets
 from services.query.servicer import SERVICE_NAME, QueryServicer
 from services.query.store_view import StoreView
-from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD, tune_gc
+from services.server.bootstrap import Bootstrap, ServiceProcess, load_process_settings
+from services.server.gc_tuning import RPC_SERVER_GEN0_THRESHOLD
 from services.server.grpc_server import (
     AioGrpcServer,
     ServerSettings,
@@ -49,12 +50,7 @@ from services.server.grpc_server import (
     start_aio_service,
     use_blocking_executor,
 )
-from services.server.logs import configure_logging
-from services.server.memory_debug import start_memory_report
-from services.server.metrics import metrics_port_from_env
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
-from services.server.service_auth import load_service_token
-from services.server.tracing import init_tracing, shutdown_tracing
 from services.store.config import ConfigError, MessageStoreConfig, load_config
 from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS
 from services.store.store_root import StoreLock, StoreLockedError
@@ -70,6 +66,7 @@ MAX_CONCURRENT_RPCS = 4096
 BLOCKING_WORKERS = 4
 # Reads from the files learn of expired commitlog files and quarantined ranges through GetStoreInfo.
 STORE_VIEW_REFRESH_S = 1.0
+PROCESS = ServiceProcess("query", gc_gen0_threshold=RPC_SERVER_GEN0_THRESHOLD)
 
 
 @dataclass(slots=True, frozen=True)
@@ -101,14 +98,7 @@ class QueryOptions:
 
 def serve(options: QueryOptions) -> int:
     """Run the query service until SIGTERM/SIGINT; returns the exit code."""
-    configure_logging()
-    tune_gc(RPC_SERVER_GEN0_THRESHOLD)
-    start_memory_report("query")
-    init_tracing("query")
-    try:
-        return asyncio.run(_serve(options))
-    finally:
-        shutdown_tracing()
+    return Bootstrap(PROCESS).run(lambda: asyncio.run(_serve(options)))
 
 
 async def _serve(options: QueryOptions) -> int:
@@ -116,8 +106,7 @@ async def _serve(options: QueryOptions) -> int:
     signals.install_on_loop()
     try:
         config = load_config(options.config_file)
-        metrics_port = metrics_port_from_env()
-        load_service_token()  # an unusable credential is a settings error, told before serving
+        metrics_port = load_process_settings(PROCESS).metrics_port
         lag_settings_from_env()
         if options.persist_interval_ms <= 0 or options.max_long_poll_ms < 0:
             raise ConfigError("--persist-interval-ms must be positive and --max-long-poll-ms not negative")

@@ -8,8 +8,7 @@ import signal
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.server.metrics import metrics_port_from_env
-from services.server.service_auth import load_service_token
+from services.server.bootstrap import ProcessSettings, ServiceProcess, load_process_settings
 from services.store.config import ConfigError, MessageStoreConfig, load_config
 
 log = logging.getLogger(__name__)
@@ -22,12 +21,13 @@ class BadSettings(Exception):
     """Settings a service cannot start with; already logged."""
 
 
-def load_service_settings(config_file: str | None) -> tuple[MessageStoreConfig, int | None]:
-    """The store settings (defaults < YAML < MQSTORE_* environment) and the metrics port, or
-    BadSettings after one log line that says what to fix."""
+def load_service_settings(config_file: str | None,
+                          process: ServiceProcess) -> tuple[MessageStoreConfig, ProcessSettings]:
+    """The store settings (defaults < YAML < MQSTORE_* environment) and the process's own
+    (:func:`~services.server.bootstrap.load_process_settings`), or BadSettings after one log line that
+    says what to fix."""
     try:
-        load_service_token()  # an unusable credential is a settings error, told before serving
-        return load_config(config_file), metrics_port_from_env()
+        return load_config(config_file), load_process_settings(process)
     except (ConfigError, ValueError) as exc:
         log.error("bad settings: %s", exc)
         raise BadSettings(str(exc)) from None
