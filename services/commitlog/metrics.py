@@ -66,6 +66,18 @@ RECOVERY_MISSING_BYTES = Gauge(
 RECOVERY_MISSING_MS = Gauge(
     "mqstore_commitlog_recovery_missing_ms",
     "Store time of records the checkpoint says were flushed but the last start-up's recovery did not find")
+RECOVERY_FLUSH_LOSS_BYTES = Gauge(
+    "mqstore_commitlog_recovery_flush_loss_bytes",
+    "Under ASYNC_FLUSH, after an unclean stop: log bytes past the recovered end that a durable witness (the "
+    "indexer's dispatch checkpoint) saw, lost with the unflushed page cache (0: none seen)")
+RECOVERY_FLUSH_LOSS_MS = Gauge(
+    "mqstore_commitlog_recovery_flush_loss_ms",
+    "Under ASYNC_FLUSH, after an unclean stop: store time past the newest record found that a durable witness "
+    "(the checkpoint, the dispatch checkpoint's index) saw, lost with the unflushed page cache")
+RECOVERY_FLUSH_LOSS_MESSAGES = Gauge(
+    "mqstore_commitlog_recovery_flush_loss_messages",
+    "Under ASYNC_FLUSH, after an unclean stop: messages consumer groups had consumed past the recovered end of "
+    "their queues (consumer offsets beyond the log)")
 RECOVERY_DROPPED_RECORDS = Gauge(
     "mqstore_commitlog_recovery_dropped_records",
     "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
@@ -178,6 +190,24 @@ def observe_missing_log(missing: _MissingLog | None) -> None:
     RECOVERY_MISSING_BYTES.labels("durable").set(missing.durable_missing_bytes if missing else 0)
     RECOVERY_MISSING_BYTES.labels("dispatched").set(missing.dispatched_missing_bytes if missing else 0)
     RECOVERY_MISSING_MS.set(missing.missing_ms if missing else 0)
+
+
+class _FlushLoss(Protocol):
+    @property
+    def lost_bytes(self) -> int: ...
+
+    @property
+    def lost_ms(self) -> int: ...
+
+    @property
+    def lost_messages(self) -> int: ...
+
+
+def observe_flush_loss(loss: _FlushLoss | None) -> None:
+    """Record what a start-up's witnesses show the flush policy lost (all 0: nothing)."""
+    RECOVERY_FLUSH_LOSS_BYTES.set(loss.lost_bytes if loss else 0)
+    RECOVERY_FLUSH_LOSS_MS.set(loss.lost_ms if loss else 0)
+    RECOVERY_FLUSH_LOSS_MESSAGES.set(loss.lost_messages if loss else 0)
 
 
 def observe_early_deletion(file_bytes: int) -> None:

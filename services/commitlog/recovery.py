@@ -35,11 +35,12 @@ import json
 import logging
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.store.formats.checkpoint import RECOVERY_SAFETY_MARGIN_MS, StoreCheckpoint
+from services.store.formats.consumer_offsets_file import OffsetTable, split_key
 from services.store.formats.mapped_file import MappedFile
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.formats.quarantine import QuarantinedRange
@@ -299,8 +300,100 @@ def read_dispatched_end(path: Path) -> int | None:
     """The ``reputOffset`` of the indexer's dispatch checkpoint at ``path`` (the indexer's
     services/indexer/dispatch_checkpoint.py writes it), read as plain JSON: None when there is none
     or it cannot be read (the indexer reports that itself)."""
+    witness = read_dispatch_witness(path)
+    return None if witness is None else witness[0]
+
+
+def read_dispatch_witness(path: Path) -> tuple[int, int] | None:
+    """(reputOffset, the store time of the newest record indexed: indexHeader.endTimestamp, 0 when
+    absent) of the indexer's dispatch checkpoint at ``path``; None when there is none or it cannot be read."""
     try:
-        value = json.loads(path.read_bytes()).get("reputOffset")
+        body = json.loads(path.read_bytes())
+        offset = body.get("reputOffset")
+        indexed = (body.get("indexHeader") or {}).get("endTimestamp", 0)
     except (OSError, ValueError, AttributeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (offset, indexed)):
+        return None
+    return offset, indexed
+
+
+#: A consumer group's committed offset past the end of a queue: (topic, group, queue id, committed
+#: offset, the queue's next offset after recovery). Every queue offset below a commit was consumed.
+ConsumedBeyond = tuple[str, str, int, int, int]
+
+
+def consumed_beyond(offsets: OffsetTable, queue_ends: Mapping[tuple[str, int], int]) -> tuple[ConsumedBeyond, ...]:
+    """The commits of ``offsets`` (the query service's consumer offsets) past their queue's end."""
+    found = []
+    for key, queues in sorted(offsets.items()):
+        topic, group = split_key(key)
+        for queue_id, committed in sorted(queues.items()):
+            end = queue_ends.get((topic, queue_id), 0)
+            if committed > end:
+                found.append((topic, group, queue_id, committed, end))
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class FlushLoss:
+    """What the durable witnesses show an unclean stop under ASYNC_FLUSH took: appends acknowledged
+    from the page cache and never flushed (the loss that flush mode allows, bounded by its flush
+    interval). ``lost_to`` and ``lost_until`` are the furthest offset and the newest store time a
+    witness saw (the end found and the newest record found when none saw further); the real loss may
+    be larger: nothing records the appends no witness saw."""
+
+    end: int
+    last_timestamp: int
+    lost_to: int
+    lost_until: int
+    consumed: tuple[ConsumedBeyond, ...]
+    witnesses: tuple[str, ...]
+
+    @property
+    def lost_bytes(self) -> int:
+        return self.lost_to - self.end
+
+    @property
+    def lost_ms(self) -> int:
+        return self.lost_until - self.last_timestamp
+
+    @property
+    def lost_messages(self) -> int:
+        return sum(committed - end for _, _, _, committed, end in self.consumed)
+
+    def describe(self) -> str:
+        return (f"appends stored after {self.last_timestamp} (the newest record found; the log ends at offset "
+                f"{self.end}) that were not flushed are lost: at least {self.lost_bytes} bytes, {self.lost_ms} ms "
+                f"of store time and {self.lost_messages} consumed messages, as " + "; ".join(self.witnesses))
+
+
+def find_flush_loss(result: RecoveryResult, checkpoint_timestamp: int, dispatched: tuple[int, int] | None,
+                    consumed: Sequence[ConsumedBeyond]) -> FlushLoss | None:
+    """What each durable witness shows past the log recovery found (None: none shows anything).
+
+    ``checkpoint_timestamp``: the checkpoint's physicMsgTimestamp (flushed store time; past RocketMQ's
+    3 s margin it is :func:`find_missing_log`'s evidence instead); ``dispatched``: the dispatch
+    checkpoint's (reputOffset, newest indexed store time); ``consumed``: consumer offsets past their
+    queue's end (:func:`consumed_beyond`)."""
+    lost_to, lost_until = result.end, result.last_timestamp
+    witnesses: list[str] = []
+    if checkpoint_timestamp > lost_until:
+        lost_until = checkpoint_timestamp
+        witnesses.append(f"the checkpoint says records stored up to {checkpoint_timestamp} were flushed")
+    if dispatched is not None:
+        reput_offset, indexed_until = dispatched
+        if reput_offset > lost_to:
+            lost_to = reput_offset
+            witnesses.append(f"the indexer dispatched offsets [{result.end}, {reput_offset}) (indexer/config/"
+                             "dispatch_checkpoint.json)")
+        if indexed_until > lost_until:
+            lost_until = indexed_until
+            after = indexed_until - result.last_timestamp
+            witnesses.append(f"the indexer indexed records stored up to {indexed_until} ({after} ms after the "
+                             "newest record found)")
+    witnesses += [f"{topic} queue {queue_id}: {group} consumed up to offset {committed}, the queue ends at {end}"
+                  for topic, group, queue_id, committed, end in consumed]
+    if not witnesses:
+        return None
+    return FlushLoss(result.end, result.last_timestamp, lost_to, lost_until, tuple(consumed), tuple(witnesses))
