@@ -3,15 +3,19 @@ receipt handles, the auto renewal of push consumers' receipts."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from apache.rocketmq.v2 import definition_pb2
 from gateway.auth import MAX_SIGNATURE_SKEW_S, UnauthenticatedError, load_token_table
 from gateway.rocketmq5.inflight import BadReceiptHandle, Receipt, Renewal, Renewals
+from gateway.rocketmq5.messages import BadMessage, to_mqstore
 
 
 def signed(access_key: str, secret: str, at: float | None = None, signature: str | None = None,
@@ -87,3 +91,35 @@ def test_max_delivery_attempts_from_the_environment(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(registration.ENV_MAX_DELIVERY_ATTEMPTS, bad)
         with pytest.raises(ValueError, match="MQSTORE_RMQ5_MAX_DELIVERY_ATTEMPTS"):
             registration.max_delivery_attempts()
+
+
+def gzip_message(body: bytes) -> definition_pb2.Message:
+    return definition_pb2.Message(topic=definition_pb2.Resource(name="T"), body=body,
+                                  system_properties=definition_pb2.SystemProperties(
+                                      body_encoding=definition_pb2.Encoding.GZIP))
+
+
+def test_a_gzip_body_is_inflated_no_further_than_the_body_limit() -> None:
+    """A few KiB of GZIP can claim gigabytes: the send stops inflating past the body limit."""
+    bomb = gzip.compress(bytes(64 << 20))
+    tracemalloc.start()
+    try:
+        with pytest.raises(BadMessage, match=f"inflates to more than the {4 << 20} bytes allowed"):
+            to_mqstore(gzip_message(bomb), 4 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+
+
+@pytest.mark.parametrize(("body", "error"), [
+    (gzip.compress(b"one") + gzip.compress(b" two"), None),  # members, as gzip.decompress reads them
+    (gzip.compress(b"x" * 100)[:-5], "does not decompress"),
+    (b"not gzip", "does not decompress"),
+])
+def test_gzip_bodies(body: bytes, error: str | None) -> None:
+    if error is None:
+        assert to_mqstore(gzip_message(body), 1 << 20)[0].body == b"one two"
+    else:
+        with pytest.raises(BadMessage, match=error):
+            to_mqstore(gzip_message(body), 1 << 20)
