@@ -17,6 +17,7 @@ from services.commitlog.commit_log import CommitLog
 from services.indexer.commitlog_reader import CommitLogFiles, FileChunk, FilesMismatch
 from services.store.config import load_config
 from services.store.formats.message import Message
+from services.store.formats.quarantine import QuarantinedRange
 from services.store.formats.record import encode_blank
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
@@ -121,6 +122,35 @@ def test_a_blank_must_reach_its_files_end_and_a_quarantine_is_skipped_only_when_
     # Zeros below the readable end are no record: the service must be asked again.
     with CommitLogFiles(directory, SMALL_FILE) as files, pytest.raises(FilesMismatch, match="no record"):
         files.chunk(SMALL_FILE - 4096, SMALL_FILE, 1 << 20)
+
+
+@pytest.mark.parametrize("max_bytes", [1, 5000, 1 << 20])
+def test_both_callers_cut_the_same_chunks_around_blanks_and_quarantined_ranges(tmp_path: Path,
+                                                                               max_bytes: int) -> None:
+    """The one chunk walk (services/store/formats/chunk_walk.py) as its two callers use it: the Tail's
+    chunks and the indexer's file chunks stop at a quarantined range's start, skip it announced (one
+    range spans a BLANK and the next file's first record, one sits inside a file), and cross BLANKs
+    to the next file's start, the same chunk for chunk."""
+    log = make_log(tmp_path)
+    try:
+        results = log.put_messages(messages(120))
+        end = log.max_offset
+        ends = [r.commitlog_offset + r.wrote_bytes for r in results]
+        first_file = [i for i, e in enumerate(ends) if e <= SMALL_FILE]
+        later = [i for i, r in enumerate(results) if r.commitlog_offset > 2 * SMALL_FILE and ends[i] < 3 * SMALL_FILE]
+        across = (results[first_file[-2]].commitlog_offset, ends[first_file[-1] + 1])  # over the BLANK
+        inside = (results[later[1]].commitlog_offset, ends[later[2]])
+        log.quarantine.reconcile([QuarantinedRange(*across, "test"), QuarantinedRange(*inside, "test")], 0, end)
+        with CommitLogFiles(tmp_path / "commitlog", SMALL_FILE, [across, inside]) as files:
+            ours = walk(lambda offset: files.chunk(offset, end, max_bytes), end)
+        theirs = walk(lambda offset: log.tail_chunk(offset, max_bytes), end)
+        assert ours == theirs
+        skips = [(start, next_offset) for start, data, next_offset, count in ours if not count]
+        assert across in skips and inside in skips
+        assert any(next_offset == SMALL_FILE * k for _, _, next_offset, count in ours if count for k in (2, 3))
+        assert sum(c[3] for c in ours) == 120 - (first_file[-1] + 2 - first_file[-2]) - 2
+    finally:
+        log.shutdown()
 
 
 def store_end(commitlog: CommitLogProcess) -> int:
