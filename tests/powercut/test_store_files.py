@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.store.formats.checkpoint import StoreCheckpoint
+from services.store.formats.delay_offsets_file import read_delay_offsets, write_delay_offsets
 from services.store.formats.mapped_file import MappedFile, file_name
 from services.store.store_root import make_dirs, write_atomically
 from tests.powercut.mount import PowerCutMount, available
@@ -55,3 +56,11 @@ def test_an_atomic_replace_leaves_the_old_or_the_new_content(fs: PowerCutMount) 
     fs.cut(lambda: None)
     assert _backing(fs, path).read_bytes() == b"new"
     assert _backing(fs, path.with_name("topics.json.bak")).read_bytes() == b"old"
+
+
+def test_the_schedulers_progress_survives_a_cut_in_a_new_config_folder(fs: PowerCutMount) -> None:
+    path = fs.mount / "scheduler" / "config" / "delayOffset.json"
+    make_dirs(path.parent.parent)
+    write_delay_offsets(path, {1: 3}, scan_from=100)  # its first write creates config/: the name must last too
+    fs.cut(lambda: None)
+    assert read_delay_offsets(_backing(fs, path)) == {1: 3}, "delayOffset.json lost: delays delivered again"

@@ -61,7 +61,8 @@ def read_delay_offsets(path: Path) -> DelayOffsetTable:
 
 
 def write_delay_offsets(path: Path, table: DelayOffsetTable, scan_from: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Atomically, its folder created durably by write_atomically (a plain mkdir here would make that a
+    no-op, and a power cut would take the folder's name and the file with it: every delay delivered again)."""
     document: dict[str, object] = {"offsetTable": {str(level): offset for level, offset in sorted(table.items())}}
     if scan_from is not None:
         document[SCAN_FROM_KEY] = scan_from
