@@ -109,10 +109,12 @@ soak-scheduler: $(GENERATED)
 
 # The replication fault campaign at length (not in CI; tests/commitlog/test_replication.py kills a follower
 # once in the suite): followers of a SYNC_MASTER leader killed and restarted under producers for
-# SOAK_MINUTES (default 10), every stop point compared byte for byte.
+# SOAK_MINUTES (default 10), every stop point compared byte for byte; then as long again, leaders of
+# three replicas on a local etcd killed and restarted (tests/commitlog/test_failover_soak.py).
 .PHONY: soak-ha
-soak-ha: $(GENERATED)
-	SOAK_HA_MINUTES=$${SOAK_MINUTES:-10} $(PY) -m pytest tests/commitlog/test_replication_soak.py -q -s
+soak-ha: $(GENERATED) etcd
+	SOAK_HA_MINUTES=$${SOAK_MINUTES:-10} $(PY) -m pytest tests/commitlog/test_replication_soak.py \
+		tests/commitlog/test_failover_soak.py -q -s
 
 # The stats report's charts in docs/pipeline.md (docs/images/stats/), drawn from the tests' chart store
 # (tests/pipeline/chart_store.py) by tools/stats_charts.py. Needs Java, as the pipeline's tests do.
