@@ -176,7 +176,7 @@ def test_5663_a_member_leaves_the_set_in_etcd_before_an_ack_goes_without_it(clie
         assert isinstance(outcome[0], NotLeaderError), f"acknowledged while etcd still lists B: {outcome}"
     finally:
         os.kill(etcd_pid, signal.SIGCONT)
-    assert _members(client, shard) == {"L", "A", "B"}
+    # (etcd may apply the shrink it received frozen once it resumes: the leader did not see it succeed.)
     acks.wait_for_replicas(200)  # etcd reachable: B leaves the set there, then the put is acknowledged
     assert _members(client, shard) == {"L", "A"}
     leader.resign()

@@ -15,6 +15,7 @@ import logging
 import threading
 
 from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha import ha_metrics
 from services.commitlog.ha.epoch_file import EpochFile, LeaderEpoch
 from services.commitlog.ha.etcd_client import EtcdClient, EtcdError
 from services.commitlog.ha.ha_client import HAClient
@@ -94,6 +95,9 @@ class EtcdReplication:
         engine.wait_for_replicas = acks.wait_for_replicas if engine.config.broker_role == SYNC_MASTER \
             else lambda end: self.leadership.fence()
         engine.write_refusal = None
+        ha_metrics.EPOCH.set(epoch)
+        ha_metrics.LEADERSHIPS.inc()
+        ha_metrics.IN_SYNC_REPLICAS.set(1)
 
     def _on_report(self, replica: str, offset: int) -> None:
         acks = self.acks
@@ -112,6 +116,8 @@ class EtcdReplication:
         client = HAClient(self._engine, self._token, leader.ha_address, leader.epoch, self._epochs, self.replica)
         client.start()
         self._follower, self._following = client, leader
+        ha_metrics.EPOCH.set(leader.epoch)
+        ha_metrics.IN_SYNC_REPLICAS.set(0)
         log.info("shard %s: following %s (epoch %d)", self._engine.config.broker_name, leader.replica, leader.epoch)
 
     def _stop_following(self) -> None:

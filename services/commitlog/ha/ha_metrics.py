@@ -2,7 +2,8 @@
 
 The leader's followers (offset, lag, how many in sync) are read from its GroupTransfer when scraped:
 nothing on the put path. Counters count what happened: refused handshakes, puts SYNC_MASTER could
-not acknowledge (by 4.9.8's status), and a follower's appends.
+not acknowledge (by 4.9.8's status), and a follower's appends. Under etcd leadership: the epoch, the
+in-sync set's size, leaderships taken and bytes truncated.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from services.commitlog.ha.group_transfer import GroupTransfer
-from services.server.metrics import Counter
+from services.server.metrics import Counter, Gauge
 
 REFUSED_CONNECTIONS = Counter("mqstore_commitlog_ha_refused_connections",
                               "HA connections closed at the handshake (wrong token, shard or epoch, or none)")
@@ -23,6 +24,13 @@ UNREPLICATED_PUTS = Counter("mqstore_commitlog_ha_unreplicated_puts",
                             ["status"])
 REPLICATED_BYTES = Counter("mqstore_commitlog_ha_replicated_bytes",
                            "Bytes a follower appended from its leader's stream")
+EPOCH = Gauge("mqstore_commitlog_ha_epoch", "The epoch this replica leads or follows (etcd leadership; 0: none)")
+IN_SYNC_REPLICAS = Gauge("mqstore_commitlog_ha_in_sync_replicas",
+                         "Members of the shard's in-sync set in etcd, the leader included (set by the leader)")
+LEADERSHIPS = Counter("mqstore_commitlog_ha_leaderships",
+                      "Times this replica took its shard through etcd (a first election or a failover)")
+TRUNCATED_BYTES = Counter("mqstore_commitlog_ha_truncated_bytes",
+                          "Bytes of a divergent, never acknowledged suffix cut from this replica's log")
 
 
 class FollowersCollector(Collector):
