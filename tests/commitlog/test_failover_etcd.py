@@ -60,6 +60,8 @@ def test_one_leader_per_epoch_and_epochs_only_grow(client: EtcdClient) -> None:
         a.fence()
     assert b.campaign() is None  # b is not in the in-sync set {a}: it may lack acknowledged records
     assert a.campaign() == 2
+    time.sleep(TTL_S * 1.5)
+    a.fence()  # leading again after resigning, its lease is renewed
     view = read_shard(client, ShardKeys("s-epochs"))
     assert view.epoch == 2 and view.leader is not None and view.leader.replica == "a"
     assert view.in_sync == InSyncSet(2, frozenset({"a"}))

@@ -160,8 +160,9 @@ class HAConnection:
             start = requested
         if start > engine.max_offset:
             log.error("HA follower %s reports offset %d, beyond this leader's max offset %d: its log diverged "
-                      "(truncating it is not built yet); closing the connection", self.address, start,
-                      engine.max_offset, extra={"follower": self.address})
+                      "(under etcd leadership a follower cuts that itself before following; without etcd it cannot "
+                      "know where): closing the connection", self.address, start, engine.max_offset,
+                      extra={"follower": self.address})
             return None
         if start < engine.min_offset:
             log.error("HA follower %s asks for offset %d, below this leader's min offset %d (those files were "

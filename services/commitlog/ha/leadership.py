@@ -165,6 +165,7 @@ class ShardLeadership:
             self._valid_until = sent + self.lease_ttl_s * (1 - LEASE_MARGIN)
         log.warning("replica %s is the LEADER of shard %s, epoch %d", self.replica, self.keys.shard, epoch,
                     extra={"shard": self.keys.shard, "epoch": epoch})
+        self._stopped.clear()  # a resigned replica may lead again; an older keeper sees its lease is gone
         self._keeper = threading.Thread(target=self._keep_alive, args=(lease,), name="ha-lease", daemon=True)
         self._keeper.start()
         return epoch
