@@ -116,6 +116,9 @@ class DelayScheduler(DeliveryLoop):
             if offsets is None:
                 continue
             lv.min_offset, lv.max_offset = offsets
+            if lv.offset > lv.max_offset:  # the indexer may still be rebuilding units: ask once it caught up
+                lv.min_offset, lv.max_offset = await self._offsets_after_dispatch(SCHEDULE_TOPIC, lv.queue_id) \
+                    or offsets
             if lv.offset < lv.min_offset:  # the units were deleted with their commitlog files
                 log.warning("delay level %d: offset %d is below the queue's min offset %d: skipping to it",
                             lv.level, lv.offset, lv.min_offset)

@@ -230,6 +230,14 @@ class DeliveryLoop(ABC):
                                 self._state_name)
         self._written = False  # the early write after the first acknowledged batch still comes
 
+    async def _offsets_after_dispatch(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(min, max offset) of a queue once the indexer has dispatched the log as it ends now. A max offset
+        below the progress the state recorded is trusted only then: after a power cut the indexer rebuilds
+        the units past its dispatch checkpoint from the log, and going back to a max offset read meanwhile
+        would deliver those units again."""
+        await self._dispatched(await self._commitlog.log_end())
+        return await self._indexer.queue_offsets(topic, queue_id)
+
     async def _dispatched(self, end: int) -> None:
         """Wait (up to DISPATCH_WAIT_S) until the indexer has dispatched the log below ``end``."""
         deadline = time.monotonic() + DISPATCH_WAIT_S

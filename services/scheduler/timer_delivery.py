@@ -136,6 +136,9 @@ class TimerScheduler(DeliveryLoop):
         if offsets is None:
             return
         self._min_offset, self._max_offset = offsets
+        if self.enqueue_offset > self._max_offset:  # the indexer may still be rebuilding units: ask once it caught up
+            self._min_offset, self._max_offset = await self._offsets_after_dispatch(TIMER_TOPIC, TIMER_QUEUE_ID) \
+                or offsets
         if self.enqueue_offset < self._min_offset:
             log.warning("timers: enqueue offset %d is below the queue's min offset %d: skipping to it",
                         self.enqueue_offset, self._min_offset)
