@@ -114,3 +114,41 @@ def _ignore_errors(call: object, *args: object) -> object:
         return call(*args)  # type: ignore[operator]
     except grpc.RpcError:
         return None
+
+
+def test_only_an_in_sync_replica_is_promoted(etcd: str, tmp_path: Path, start_commitlog: StartCommitLog) -> None:
+    """Both followers die; the leader's next put shrinks the in-sync set to itself in etcd (and is refused:
+    one copy is not enough). The leader dies too; the followers come back, but neither may take the
+    shard (outside the set, either may lack what the set holds): the shard waits for its only member,
+    which leads epoch 2 when it returns."""
+    client = EtcdClient(etcd)
+    keys = ShardKeys(SHARD)
+    ports = {f"r{i}": free_port() for i in range(3)}
+    replicas = {name: start_commitlog(tmp_path / name, _env(etcd, port, name)) for name, port in ports.items()}
+
+    def full_leader() -> str | None:
+        view = read_shard(client, keys)
+        full = view.leader is not None and view.in_sync is not None and len(view.in_sync.members) == 3
+        return view.leader.replica if full and view.leader is not None else None
+
+    first = str(_wait_for("a leader with all three replicas in sync", full_leader))
+    append(replicas[first], message(0))
+    others = [n for n in replicas if n != first]
+    for name in others:
+        replicas[name].kill9()
+    with pytest.raises(grpc.RpcError) as refused:
+        append(replicas[first], message(1))
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    view = read_shard(client, keys)
+    assert view.in_sync is not None and view.in_sync.members == {first}
+    replicas[first].kill9()
+    for name in others:
+        replicas[name] = start_commitlog(tmp_path / name, _env(etcd, ports[name], name))
+    _wait_for("a follower refusing to campaign", lambda: all(
+        "may not be promoted" in replicas[n].logs() for n in others), timeout_s=20)
+    assert read_shard(client, keys).leader is None
+    replicas[first] = start_commitlog(tmp_path / first, _env(etcd, ports[first], first))
+    assert _wait_for("the member back as leader", full_leader, timeout_s=30) == first
+    assert read_shard(client, keys).epoch == 2
+    append(replicas[first], message(2))
+    client.close()
