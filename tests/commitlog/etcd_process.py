@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.ha.etcd_client import EtcdClient, EtcdError
+from services.server.etcd_client import EtcdClient, EtcdError
 from tests.commitlog.commitlog_process import free_port
 
 READY_TIMEOUT_S = 20.0

@@ -15,16 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.ha.etcd_client import CALL_TIMEOUT_S, EtcdClient
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.in_sync import InSyncAcks
-from services.commitlog.ha.leadership import (
-    InSyncSet,
-    NotLeaderError,
-    ShardKeys,
-    ShardLeadership,
-    read_shard,
-)
+from services.commitlog.ha.leadership import NotLeaderError, ShardLeadership
+from services.server.etcd_client import CALL_TIMEOUT_S, EtcdClient
+from services.server.shard_keys import InSyncSet, ShardKeys, read_shard
 from tests.commitlog.etcd_process import running_etcd
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +66,7 @@ def test_one_leader_per_epoch_and_epochs_only_grow(client: EtcdClient) -> None:
 # A leader in its own process: it prints, every 20 ms, whether it may acknowledge.
 LEADER = """
 import sys, time
-from services.commitlog.ha.etcd_client import CALL_TIMEOUT_S, EtcdClient
+from services.server.etcd_client import CALL_TIMEOUT_S, EtcdClient
 from services.commitlog.ha.leadership import NotLeaderError, ShardLeadership
 leadership = ShardLeadership(EtcdClient(sys.argv[1]), sys.argv[2], "old", "old:1", int(sys.argv[3]))
 print("epoch", leadership.campaign(), flush=True)

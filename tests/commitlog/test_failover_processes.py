@@ -20,8 +20,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.commitlog.ha.etcd_client import EtcdClient
-from services.commitlog.ha.leadership import ShardKeys, read_shard
+from services.server.etcd_client import EtcdClient
+from services.server.shard_keys import ShardKeys, read_shard
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
 from tests.commitlog.etcd_process import running_etcd
 from tests.commitlog.replicas import BASE_ENV, append, assert_same_commitlog, max_offset, message

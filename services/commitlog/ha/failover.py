@@ -17,11 +17,12 @@ import threading
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import ha_metrics
 from services.commitlog.ha.epoch_file import EpochFile, LeaderEpoch
-from services.commitlog.ha.etcd_client import EtcdClient, EtcdError
 from services.commitlog.ha.ha_client import HAClient
 from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.in_sync import InSyncAcks
-from services.commitlog.ha.leadership import LeaderRecord, ShardKeys, ShardLeadership, read_shard
+from services.commitlog.ha.leadership import ShardLeadership
+from services.server.etcd_client import EtcdClient, EtcdError
+from services.server.shard_keys import LeaderRecord, ShardKeys, read_shard
 from services.store.config import SYNC_MASTER
 
 log = logging.getLogger(__name__)

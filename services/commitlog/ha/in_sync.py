@@ -23,10 +23,10 @@ import threading
 import time
 
 from services.commitlog.ha import ha_metrics
-from services.commitlog.ha.etcd_client import EtcdError
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.leadership import NotLeaderError, ShardLeadership
 from services.commitlog.put_result import PutMessageStatus
+from services.server.etcd_client import EtcdError
 
 log = logging.getLogger(__name__)
 #: How often a waiting put looks at the followers again when nothing wakes it.

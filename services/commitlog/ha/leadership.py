@@ -17,104 +17,29 @@ the time etcd lets another replica take ``leader``, this one has stopped acknowl
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from services.commitlog.ha.etcd_client import (
+from services.server.etcd_client import (
     EtcdClient,
     EtcdError,
-    Value,
     compare_mod_revision,
     compare_value,
     put_op,
 )
+from services.server.shard_keys import InSyncSet, LeaderRecord, ShardKeys, read_shard
 from services.store.errors import UnavailableError
 
 log = logging.getLogger(__name__)
 
-KEY_ROOT = "/mqstore/shards/"
 #: The part of the TTL a leader keeps as margin against its own scheduling delays.
 LEASE_MARGIN = 0.1
 
 
 class NotLeaderError(UnavailableError):
     """This replica may not acknowledge: it is not the leader, or its lease may have lapsed."""
-
-
-@dataclass(frozen=True, slots=True)
-class ShardKeys:
-    shard: str
-
-    def key(self, name: str) -> bytes:
-        return f"{KEY_ROOT}{self.shard}/{name}".encode()
-
-    @property
-    def leader(self) -> bytes:
-        return self.key("leader")
-
-    @property
-    def epoch(self) -> bytes:
-        return self.key("epoch")
-
-    @property
-    def in_sync(self) -> bytes:
-        return self.key("inSync")
-
-
-@dataclass(frozen=True, slots=True)
-class LeaderRecord:
-    replica: str
-    ha_address: str
-    epoch: int
-
-    def encode(self) -> bytes:
-        return json.dumps({"replica": self.replica, "haAddress": self.ha_address, "epoch": self.epoch},
-                          sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> LeaderRecord:
-        doc = json.loads(data)
-        return cls(str(doc["replica"]), str(doc["haAddress"]), int(doc["epoch"]))
-
-
-@dataclass(frozen=True, slots=True)
-class InSyncSet:
-    epoch: int
-    members: frozenset[str]
-
-    def encode(self) -> bytes:
-        return json.dumps({"epoch": self.epoch, "members": sorted(self.members)}).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> InSyncSet:
-        doc = json.loads(data)
-        return cls(int(doc["epoch"]), frozenset(str(m) for m in doc["members"]))
-
-
-@dataclass(frozen=True, slots=True)
-class ShardView:
-    """One consistent read of a shard's keys (each with the revision a transaction compares)."""
-
-    leader: LeaderRecord | None
-    epoch: int
-    in_sync: InSyncSet | None
-    revisions: tuple[int, int, int]  # leader, epoch, inSync mod revisions (0: absent)
-
-
-def read_shard(client: EtcdClient, keys: ShardKeys) -> ShardView:
-    leader, epoch, in_sync = client.get(keys.leader), client.get(keys.epoch), client.get(keys.in_sync)
-    return ShardView(LeaderRecord.decode(leader.data) if leader else None,
-                     int(epoch.data) if epoch else 0,
-                     InSyncSet.decode(in_sync.data) if in_sync else None,
-                     tuple(_revision(v) for v in (leader, epoch, in_sync)))  # type: ignore[arg-type]
-
-
-def _revision(value: Value | None) -> int:
-    return value.mod_revision if value is not None else 0
 
 
 class ShardLeadership:

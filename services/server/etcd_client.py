@@ -1,12 +1,14 @@
-"""etcd through its own v3 gRPC API (KV and Lease), from the stubs generated out of proto/etcd.
+"""etcd through its own v3 gRPC API (KV, Lease and Watch), from the stubs generated out of proto/etcd.
 
-Only what replica leadership needs: reads, compare-and-swap transactions and leases. etcd does the
+Only what replica leadership needs: reads, compare-and-swap transactions and leases for the commitlog's
+replicas, a watch for whoever follows their leader (the gateway, ``mqstore up``). etcd does the
 consensus; nothing here decides anything on its own. Every call has a deadline: a replica that cannot
 reach etcd must learn it in time to stop acknowledging (:mod:`leadership`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -56,6 +58,7 @@ class EtcdClient:
         self._channel = grpc.insecure_channel(endpoint)
         self._kv = rpc_pb2_grpc.KVStub(self._channel)
         self._lease = rpc_pb2_grpc.LeaseStub(self._channel)
+        self._watch = rpc_pb2_grpc.WatchStub(self._channel)
 
     def close(self) -> None:
         self._channel.close()
@@ -118,3 +121,23 @@ class EtcdClient:
             self._lease.LeaseRevoke(rpc_pb2.LeaseRevokeRequest(ID=lease), timeout=CALL_TIMEOUT_S)
         except grpc.RpcError as exc:
             raise self._fail(f"revoking lease {lease:x}", exc) from None
+
+    # -- watches ----------------------------------------------------------------------------
+    def watch(self, key: bytes, start_revision: int = 0) -> Iterator[Value | None]:
+        """Every change of ``key`` from ``start_revision`` on (0: from now): its new value, None when it
+        was deleted (a lapsed lease deletes the keys attached to it). Blocks between changes; ends with
+        EtcdError when the stream breaks (the caller reads the key again and watches anew)."""
+        request = rpc_pb2.WatchRequest(create_request=rpc_pb2.WatchCreateRequest(key=key,
+                                                                                  start_revision=start_revision))
+        try:
+            for answer in self._watch.Watch(iter([request])):
+                if answer.canceled:
+                    raise EtcdError(f"etcd at {self.endpoint} cancelled the watch of {key.decode(errors='replace')}: "
+                                    f"{answer.cancel_reason or 'compacted'}")
+                for event in answer.events:
+                    kv = event.kv
+                    yield None if event.type == event.DELETE else Value(kv.value, kv.mod_revision,
+                                                                        kv.create_revision, kv.lease)
+        except grpc.RpcError as exc:
+            raise self._fail(f"watching {key.decode(errors='replace')}", exc) from None
+        raise EtcdError(f"etcd at {self.endpoint} ended the watch of {key.decode(errors='replace')}")
