@@ -30,11 +30,19 @@ from gateway.send_batcher import SendBatcher
 from gateway.settings import GatewaySettings
 from gateway.shard import ShardClient
 from gateway.uniq_key_maker import UniqKeyGenerator
-from gateway.wire import Context, Undecodable, check_pull_request, status_of, topic_config_from_proto, unary
+from gateway.wire import (
+    Context,
+    Undecodable,
+    check_pull_request,
+    status_of,
+    stream,
+    topic_config_from_proto,
+    unary,
+)
 from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, gateway_pb2, groups_pb2, query_pb2, transaction_pb2
 from services.server import tracing
 from services.server.peer import peer_address
-from services.server.status import fail_call
+from services.server.status import CallFailed
 from services.store.errors import (
     InvalidArgumentError,
     NotFoundError,
@@ -408,6 +416,7 @@ class MessagingServicer:
             result(r, queue, topic, uniq_key, add)
         return answer
 
+    @stream
     async def SendBatchStream(self, request_iterator: AsyncIterator[gateway_pb2.SendBatchRequest],
                               context: Context) -> AsyncIterator[gateway_pb2.SendBatchResponse]:
         """Pipelined batches. The reader checks each batch as it arrives (so a bad one stops the reading
@@ -415,11 +424,7 @@ class MessagingServicer:
         flight, answered in stream order. Batches with a sharding key or queue id wait for the stream's
         previous batch with the same one, so they keep their order on that queue."""
         started = time.perf_counter()
-        try:
-            principal = self._principal(context)
-        except AuthError as exc:
-            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
-            return
+        principal = self._principal(context)
         window: asyncio.Queue[asyncio.Task[gateway_pb2.SendBatchResponse] | Exception | None] = \
             asyncio.Queue(BATCH_STREAM_WINDOW)
         reader = asyncio.create_task(self._read_batches(principal, request_iterator, window, context))
@@ -436,9 +441,8 @@ class MessagingServicer:
                 except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
                     code, details = status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))
                     metrics.observe_call("SendBatchStream", code.name, time.perf_counter() - started)
-                    fail_call(context, code, f"batch #{sequence} of the stream: {details} (every batch before it "
-                                             "was stored; none after it was sent on by a check that failed)")
-                    return
+                    raise CallFailed(code, f"batch #{sequence} of the stream: {details} (every batch before it "
+                                           "was stored; none after it was sent on by a check that failed)") from None
                 sequence += 1
                 yield response
             if reader.done() and reader.exception() is not None:
@@ -489,17 +493,14 @@ class MessagingServicer:
                                                             "nothing of this one was sent")
         return await self._store_batch(batch, context)
 
+    @stream
     async def SendStream(self, request_iterator: AsyncIterator[gateway_pb2.SendRequest],
                          context: Context) -> AsyncIterator[gateway_pb2.SendResult]:
         """Whatever has arrived is appended as one batch per shard, so a pipelining client gets group
         appends without asking for them. A bad message ends the stream naming its sequence number;
         every message before it was acknowledged."""
         started = time.perf_counter()
-        try:
-            principal = self._principal(context)
-        except AuthError as exc:
-            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
-            return
+        principal = self._principal(context)
         pending: asyncio.Queue[gateway_pb2.SendRequest | None] = asyncio.Queue(STREAM_WINDOW)
         reader = asyncio.create_task(self._read_stream(request_iterator, pending))
         sequence = 0
@@ -524,8 +525,7 @@ class MessagingServicer:
                 if error is not None:
                     code, details = error
                     metrics.observe_call("SendStream", code.name, time.perf_counter() - started)
-                    fail_call(context, code, f"{details} (every message before it was stored, none after)")
-                    return
+                    raise CallFailed(code, f"{details} (every message before it was stored, none after)")
             if reader.done() and reader.exception() is not None:
                 raise reader.exception()  # type: ignore[misc]
             metrics.observe_call("SendStream", "OK", time.perf_counter() - started)
@@ -817,17 +817,15 @@ class MessagingServicer:
                              context: Context) -> gateway_pb2.EndTransactionResult:
         return await self._end_transaction(self._principal(context), request, context)
 
+    @stream
     async def TransactionChecks(self, request_iterator: AsyncIterator[transaction_pb2.TransactionCheckStreamRequest],
                                 context: Context) -> AsyncIterator[transaction_pb2.TransactionCheck]:
-        try:
-            principal = self._principal(context)
-            # A check carries the half's body: the relay hands this stream only checks of topics its token
-            # may produce to (transactions.CheckReceiver).
-            async for check in self.transactions.checks(
-                    request_iterator, principal, lambda answer: self._end_transaction(principal, answer, context)):
-                yield check
-        except (StoreError, BackendError, AuthError) as exc:
-            fail_call(context, *(status_of(exc) or (grpc.StatusCode.INTERNAL, str(exc))))
+        principal = self._principal(context)
+        # A check carries the half's body: the relay hands this stream only checks of topics its token
+        # may produce to (transactions.CheckReceiver).
+        async for check in self.transactions.checks(
+                request_iterator, principal, lambda answer: self._end_transaction(principal, answer, context)):
+            yield check
 
     # -- topics ---------------------------------------------------------------------------------------
 

@@ -1,11 +1,11 @@
 """The gateway's wire edge: request bytes to messages (undecodable ones included), domain errors to
-gRPC status codes, answers (or relayed bytes) to the wire. The service's registration, which needs
+gRPC status codes (the shared error path, services/server/status.py, with the gateway's own errors),
+answers (or relayed bytes) to the wire. The service's registration, which needs
 the servicer, is :mod:`gateway.registration`."""
 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,8 +15,8 @@ from gateway import metrics
 from gateway.auth import AuthError, PermissionDeniedError
 from gateway.queue_selector import NoWritableQueueError
 from gateway.resilience import BackendError
-from mqstore.v1 import common_pb2, query_pb2
-from services.server.status import fail_call, status_code_of
+from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from services.server.status import CallFailed, CallStatus, RpcEdge, status_code_of, store_status
 from services.store.errors import InvalidArgumentError, StoreError
 from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS, PullQuery
 from services.store.rules.subscription import parse_subscription
@@ -47,28 +47,35 @@ def status_of(exc: Exception) -> tuple[grpc.StatusCode, str] | None:
     return None
 
 
+def call_status(exc: Exception) -> CallStatus | None:
+    """:func:`status_of` for the shared error path (a StoreError keeps its refused message's detail)."""
+    if isinstance(exc, (StoreError, CallFailed)):
+        return store_status(exc)
+    status = status_of(exc)
+    return None if status is None else CallStatus(*status)
+
+
+def _observe_call(method: str, code: grpc.StatusCode, elapsed_s: float) -> None:
+    metrics.observe_call(method, code.name, elapsed_s)
+
+
+_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["MessagingService"]
+#: The streams' error path: they count their calls themselves (each stream's outcome is its own).
+stream = RpcEdge(_SERVICE, status_of=call_status)
+_unary = RpcEdge(_SERVICE, _observe_call, call_status)
+
+
 def unary(method: Handler) -> Handler:
-    """Turns the domain errors of a unary handler into its status; counts calls by outcome."""
-    name = method.__name__
+    """A unary handler on the shared error path, counted by outcome; an undecodable request is
+    INVALID_ARGUMENT."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Any, context: Context) -> Any:
-        started = time.perf_counter()
-        try:
-            if type(request) is Undecodable:
-                raise InvalidArgumentError(request.reason)
-            response = await method(self, request, context)
-        except (StoreError, BackendError, AuthError, NoWritableQueueError) as exc:
-            status = status_of(exc)
-            if status is None:
-                raise
-            metrics.observe_call(name, status[0].name, time.perf_counter() - started)
-            fail_call(context, *status)  # not context.abort(): see fail_call
-            return None
-        metrics.observe_call(name, "OK", time.perf_counter() - started)
-        return response
+    async def decoded(self: Any, request: Any, context: Context) -> Any:
+        if type(request) is Undecodable:
+            raise InvalidArgumentError(request.reason)
+        return await method(self, request, context)
 
-    return wrapper
+    return _unary(decoded)
 
 
 class Undecodable:

@@ -20,8 +20,6 @@ import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
-from typing import NoReturn
 
 import grpc
 
@@ -42,9 +40,15 @@ from services.commitlog.convert import (
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.server import tracing
-from services.server.status import RefusedMessage, refused_message_of, status_code_of, status_trailer
+from services.server.status import CallFailed, RpcEdge, status_code_of
 from services.store.config import SYNC_FLUSH
-from services.store.errors import InvalidArgumentError, StoreError, UnavailableError
+from services.store.errors import (
+    InvalidArgumentError,
+    OutOfRangeError,
+    ResourceExhaustedError,
+    StoreError,
+    UnavailableError,
+)
 from services.store.formats.message import Message
 from services.store.rules.batch_codec import MAX_BATCH_MESSAGES
 from services.store.rules.names import check_deletable_topic
@@ -82,10 +86,13 @@ def _rejected_status(exc: StoreError) -> str:
     return exc.status.name if isinstance(exc, PutMessageError) else type(exc).__name__
 
 
-async def _abort(context: Context, method: str, code: grpc.StatusCode, detail: str,
-                 refused: RefusedMessage | None = None) -> NoReturn:
-    metrics.RPC_ERRORS.labels(method=method, code=code.name).inc()
-    await context.abort(code, detail, status_trailer(code, detail, refused))
+def _observe(method: str, code: grpc.StatusCode, _: float) -> None:
+    if code is not grpc.StatusCode.OK:
+        metrics.RPC_ERRORS.labels(method=method, code=code.name).inc()
+
+
+#: Every RPC's error path: domain errors and CallFailed end the call with their status (and count it).
+rpc = RpcEdge(commitlog_pb2.DESCRIPTOR.services_by_name["CommitLogService"], _observe)
 
 
 def _check_range(name: str, value: int, low: int, high: int, default: int, hint: str) -> int:
@@ -199,12 +206,9 @@ class _GrowthWatch:
                 self._stop.wait(rest)
 
 
-@dataclass(slots=True, frozen=True)
-class _Failure:
-    """Ends an AppendStream: the status to abort with, after the acks of the messages before it."""
-
-    code: grpc.StatusCode
-    detail: str
+def _stream_failure(exc: StoreError, seq: int) -> CallFailed:
+    """What ends an AppendStream at message ``seq`` (after the acks of the messages before it)."""
+    return CallFailed(status_code_of(exc), f"message #{seq} of the stream: {exc}")
 
 
 class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: ignore[misc]
@@ -266,118 +270,108 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         with tracing.span("commitlog.flush_wait", flush_disk_type=SYNC_FLUSH, group_commit=True, messages=1):
             return await self._batcher.put(message)
 
+    @rpc
     async def Append(self, request: commitlog_pb2.AppendRequest, context: Context) -> commitlog_pb2.AppendResult:
         if not request.HasField("message"):
-            await _abort(context, "Append", grpc.StatusCode.INVALID_ARGUMENT,
-                         "AppendRequest.message is missing: set the message to append")
-        try:
-            message = message_from_proto(request.message, context.peer(), request.group_flow,
-                                         request.transaction_flow, request.scheduled_delivery)
-            if tracing.ENABLED and self._puts_wait_for_flush:
-                result = await self._put_one_traced(message)
-            else:
-                result = await self._batcher.put(message)
-        except StoreError as exc:
-            await _abort(context, "Append", status_code_of(exc), str(exc))
+            raise InvalidArgumentError("AppendRequest.message is missing: set the message to append")
+        message = message_from_proto(request.message, context.peer(), request.group_flow,
+                                     request.transaction_flow, request.scheduled_delivery)
+        if tracing.ENABLED and self._puts_wait_for_flush:
+            result = await self._put_one_traced(message)
+        else:
+            result = await self._batcher.put(message)
         if result.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
-            await _abort(context, "Append", grpc.StatusCode.DEADLINE_EXCEEDED,
-                         "FLUSH_DISK_TIMEOUT: the message was written at commitlog offset "
-                         f"{result.commitlog_offset} (msg id {result.msg_id}) but its flush to disk did not "
-                         f"finish within syncFlushTimeout ({self.engine.config.sync_flush_timeout} ms), so a "
-                         "power loss may lose it: check the disk's latency or raise syncFlushTimeout")
+            raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             "FLUSH_DISK_TIMEOUT: the message was written at commitlog offset "
+                             f"{result.commitlog_offset} (msg id {result.msg_id}) but its flush to disk did not "
+                             f"finish within syncFlushTimeout ({self.engine.config.sync_flush_timeout} ms), so a "
+                             "power loss may lose it: check the disk's latency or raise syncFlushTimeout")
         return append_result_to_proto(result)
 
+    @rpc
     async def AppendBatch(self, request: commitlog_pb2.AppendBatchRequest,
                           context: Context) -> commitlog_pb2.AppendBatchResponse:
         count = len(request.messages)
         blob = request.encoded_messages
         if count == 0 and not blob:
-            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         "AppendBatchRequest has no messages: send at least one (messages or encoded_messages)")
+            raise InvalidArgumentError("AppendBatchRequest has no messages: send at least one (messages or "
+                                       "encoded_messages)")
         if count and blob:
-            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         "AppendBatchRequest has both messages and encoded_messages: send one form")
+            raise InvalidArgumentError("AppendBatchRequest has both messages and encoded_messages: send one form")
         if count > MAX_BATCH_MESSAGES:
-            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         f"the batch has {count} messages, more than the limit of {MAX_BATCH_MESSAGES}: split it")
+            raise InvalidArgumentError(f"the batch has {count} messages, more than the limit of {MAX_BATCH_MESSAGES}: "
+                                       "split it")
         size = len(blob) if blob else request.ByteSize()
         if size > MAX_BATCH_BYTES:
-            await _abort(context, "AppendBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: split it")
-        try:
-            if blob:
-                messages = blob_messages_from_proto(request, blob, context.peer(), MAX_BATCH_MESSAGES)
-            else:
-                messages = messages_from_proto(request.messages, context.peer(), request.scheduled_delivery)
-            results = await self.put_messages(messages, size)
-        except StoreError as exc:
-            await _abort(context, "AppendBatch", status_code_of(exc), str(exc), refused_message_of(exc))
+            raise InvalidArgumentError(f"the batch is {size} bytes, more than the limit of {MAX_BATCH_BYTES}: "
+                                       "split it")
+        if blob:
+            messages = blob_messages_from_proto(request, blob, context.peer(), MAX_BATCH_MESSAGES)
+        else:
+            messages = messages_from_proto(request.messages, context.peer(), request.scheduled_delivery)
+        results = await self.put_messages(messages, size)
         if blob:
             return append_blob_response(results, request.topic, request.queue_id)
         return append_batch_response(results)
 
+    @rpc
     async def AppendStream(self, request_iterator: AsyncIterable[commitlog_pb2.AppendRequest],
                            context: Context) -> None:
-        async with self._stream_slot(context, "AppendStream"):
+        async with self._stream_slot():
             await _AppendStream(self, request_iterator, context).run()
 
     # -- read --------------------------------------------------------------------------------
+    @rpc
     async def Read(self, request: commitlog_pb2.ReadRequest, context: Context) -> commitlog_pb2.ReadResponse:
-        try:
-            if request.size > LOOP_WORK_MAX_BYTES:
-                data = await asyncio.to_thread(self.engine.read, request.offset, request.size)
-            else:
-                data = self.engine.read(request.offset, request.size)
-        except StoreError as exc:
-            await _abort(context, "Read", status_code_of(exc), str(exc))
+        if request.size > LOOP_WORK_MAX_BYTES:
+            data = await asyncio.to_thread(self.engine.read, request.offset, request.size)
+        else:
+            data = self.engine.read(request.offset, request.size)
         metrics.observe_read(metrics.READ_CALLS, metrics.READ_BYTES_READ, len(data))
         return commitlog_pb2.ReadResponse(data=data, incarnation=self.engine.incarnation)
 
+    @rpc
     async def ReadBatch(self, request: commitlog_pb2.ReadBatchRequest,
                         context: Context) -> commitlog_pb2.ReadBatchResponse:
         ranges = request.ranges
         if not ranges:
-            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         "ReadBatchRequest has no ranges: send at least one")
+            raise InvalidArgumentError("ReadBatchRequest has no ranges: send at least one")
         if len(ranges) > MAX_READ_RANGES:
-            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         f"{len(ranges)} ranges are more than the limit of {MAX_READ_RANGES}: split the request")
+            raise InvalidArgumentError(f"{len(ranges)} ranges are more than the limit of {MAX_READ_RANGES}: split "
+                                       "the request")
         total = sum(max(r.size, 0) for r in ranges)
         if total > MAX_READ_BATCH_BYTES:
-            await _abort(context, "ReadBatch", grpc.StatusCode.INVALID_ARGUMENT,
-                         f"the ranges add up to {total} bytes, more than the limit of {MAX_READ_BATCH_BYTES}: "
-                         "split the request")
+            raise InvalidArgumentError(f"the ranges add up to {total} bytes, more than the limit of "
+                                       f"{MAX_READ_BATCH_BYTES}: split the request")
         pairs = [(r.offset, r.size) for r in ranges]
         if total > LOOP_WORK_MAX_BYTES:
             data, failure = await asyncio.to_thread(self._read_ranges, pairs)
         else:
             data, failure = self._read_ranges(pairs)
         if failure is not None:
-            await _abort(context, "ReadBatch", failure.code, failure.detail)
+            raise failure
         metrics.observe_read(metrics.READ_BATCH_CALLS, metrics.READ_BYTES_READ_BATCH, sum([len(d) for d in data]))
         return commitlog_pb2.ReadBatchResponse(data=data, incarnation=self.engine.incarnation)
 
-    def _read_ranges(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[bytes], _Failure | None]:
+    def _read_ranges(self, pairs: Sequence[tuple[int, int]]) -> tuple[list[bytes], CallFailed | None]:
         read = self.engine.read
         data: list[bytes] = []
         for i, (offset, size) in enumerate(pairs):
             try:
                 data.append(read(offset, size))
             except StoreError as exc:
-                return data, _Failure(status_code_of(exc), f"range #{i}: {exc}")
+                return data, CallFailed(status_code_of(exc), f"range #{i}: {exc}")
         return data, None
 
+    @rpc
     async def Tail(self, request: commitlog_pb2.TailRequest, context: Context) -> None:
         """Writes chunks with ``context.write`` from a coroutine rather than yielding them from an async
         generator: a cancelled call then unwinds this frame (and frees its stream slot) at once."""
-        try:
-            max_bytes = _check_range("max_chunk_bytes", request.max_chunk_bytes, 1, MAX_TAIL_CHUNK_BYTES,
-                                     DEFAULT_TAIL_CHUNK_BYTES, "0 means 1 MiB")
-            poll_wait_ms = _check_range("poll_wait_ms", request.poll_wait_ms, 1, MAX_POLL_WAIT_MS,
-                                        DEFAULT_POLL_WAIT_MS, "0 means 1000 ms")
-        except InvalidArgumentError as exc:
-            await _abort(context, "Tail", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        async with self._stream_slot(context, "Tail"):
+        max_bytes = _check_range("max_chunk_bytes", request.max_chunk_bytes, 1, MAX_TAIL_CHUNK_BYTES,
+                                 DEFAULT_TAIL_CHUNK_BYTES, "0 means 1 MiB")
+        poll_wait_ms = _check_range("poll_wait_ms", request.poll_wait_ms, 1, MAX_POLL_WAIT_MS,
+                                    DEFAULT_POLL_WAIT_MS, "0 means 1000 ms")
+        async with self._stream_slot():
             if request.positions_only:
                 await self._tail_positions(request.from_offset, poll_wait_ms / 1000, context)
             else:
@@ -389,14 +383,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         thread is used: one small chunk per growth the loop sees, so growths during a write coalesce."""
         engine = self.engine
         if not engine.min_offset <= offset <= engine.max_offset:
-            await _abort(context, "Tail", grpc.StatusCode.OUT_OF_RANGE,
-                         f"offset {offset} is outside the log [{engine.min_offset}, {engine.max_offset}]: "
-                         "it may have been truncated by a crash recovery, or its files deleted")
+            raise OutOfRangeError(f"offset {offset} is outside the log [{engine.min_offset}, {engine.max_offset}]: "
+                                  "it may have been truncated by a crash recovery, or its files deleted")
         sent = -1
         while True:
             if self.stopping:
-                await _abort(context, "Tail", grpc.StatusCode.UNAVAILABLE,
-                             "the commitlog service is stopping: resume the tail once it is back")
+                raise UnavailableError("the commitlog service is stopping: resume the tail once it is back")
             end = engine.max_offset
             if end != sent:
                 kind = metrics.TAIL_POSITION_CHUNKS
@@ -415,16 +407,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         in_thread = max_bytes > LOOP_WORK_MAX_BYTES
         while True:
             if self.stopping:
-                await _abort(context, "Tail", grpc.StatusCode.UNAVAILABLE,
-                             "the commitlog service is stopping: resume the tail from offset "
-                             f"{offset} once it is back")
-            try:
-                if in_thread:
-                    chunk = await asyncio.to_thread(engine.tail_chunk, offset, max_bytes)
-                else:
-                    chunk = engine.tail_chunk(offset, max_bytes)
-            except StoreError as exc:
-                await _abort(context, "Tail", status_code_of(exc), str(exc))
+                raise UnavailableError("the commitlog service is stopping: resume the tail from offset "
+                                       f"{offset} once it is back")
+            if in_thread:
+                chunk = await asyncio.to_thread(engine.tail_chunk, offset, max_bytes)
+            else:
+                chunk = engine.tail_chunk(offset, max_bytes)
             if chunk.record_count or chunk.skips_blank:
                 # Records, or a BLANK or quarantined range skipped with none: either way the client is
                 # told where the next chunk starts, so its offset never jumps unannounced.
@@ -459,6 +447,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         return False
 
     # -- info and admin ----------------------------------------------------------------------
+    @rpc
     async def GetStoreInfo(self, request: commitlog_pb2.GetStoreInfoRequest,
                            context: Context) -> commitlog_pb2.StoreInfo:
         engine, config = self.engine, self.engine.config
@@ -473,33 +462,29 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         info.max_message_size = min(config.max_message_size, config.mapped_file_size_commit_log - 8)
         return info
 
+    @rpc
     async def CreateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
-        return await self._change_topic(request, context, "CreateTopic")
+        return await self._change_topic(request, "CreateTopic")
 
+    @rpc
     async def UpdateTopic(self, request: commitlog_pb2.TopicRequest, context: Context) -> common_pb2.TopicConfig:
-        return await self._change_topic(request, context, "UpdateTopic")
+        return await self._change_topic(request, "UpdateTopic")
 
-    async def _change_topic(self, request: commitlog_pb2.TopicRequest, context: Context,
-                            method: str) -> common_pb2.TopicConfig:
+    async def _change_topic(self, request: commitlog_pb2.TopicRequest, method: str) -> common_pb2.TopicConfig:
         if not request.HasField("topic"):
-            await _abort(context, method, grpc.StatusCode.INVALID_ARGUMENT,
-                         "TopicRequest.topic is missing: set the topic config")
+            raise InvalidArgumentError("TopicRequest.topic is missing: set the topic config")
         config = topic_config_from_proto(request.topic)
         change = self.engine.create_topic if method == "CreateTopic" else self.engine.update_topic
-        try:
-            return topic_config_to_proto(await asyncio.to_thread(change, config))  # writes the topics file
-        except StoreError as exc:
-            await _abort(context, method, status_code_of(exc), str(exc))
+        return topic_config_to_proto(await asyncio.to_thread(change, config))  # writes the topics file
 
+    @rpc
     async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
                           context: Context) -> admin_pb2.DeleteTopicResponse:
-        try:
-            check_deletable_topic(request.topic)
-            offset = await asyncio.to_thread(self.engine.delete_topic, request.topic)  # writes the topics file
-        except StoreError as exc:
-            await _abort(context, "DeleteTopic", status_code_of(exc), str(exc))
+        check_deletable_topic(request.topic)
+        offset = await asyncio.to_thread(self.engine.delete_topic, request.topic)  # writes the topics file
         return admin_pb2.DeleteTopicResponse(commitlog_offset=offset)
 
+    @rpc
     async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
                          context: Context) -> commitlog_pb2.ListTopicsResponse:
         return commitlog_pb2.ListTopicsResponse(
@@ -507,11 +492,10 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
 
     # -- streams -----------------------------------------------------------------------------
     @asynccontextmanager
-    async def _stream_slot(self, context: Context, method: str) -> AsyncIterator[None]:
+    async def _stream_slot(self) -> AsyncIterator[None]:
         if self._open_streams >= self._max_streams:
-            await _abort(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"{self._max_streams} Tail/AppendStream calls are already open on this server: "
-                         "close idle ones or retry later")
+            raise ResourceExhaustedError(f"{self._max_streams} Tail/AppendStream calls are already open on this "
+                                         "server: close idle ones or retry later")
         self._open_streams += 1
         try:
             yield
@@ -550,9 +534,8 @@ class _AppendStream:
         try:
             while True:
                 if servicer.stopping:
-                    await _abort(self._context, "AppendStream", grpc.StatusCode.UNAVAILABLE,
-                                 f"the commitlog service is stopping: message #{seq} of the stream and later were "
-                                 "not appended; resend them once it is back")
+                    raise UnavailableError(f"the commitlog service is stopping: message #{seq} of the stream and "
+                                           "later were not appended; resend them once it is back")
                 if self._arrived:
                     requests, self._arrived = self._arrived, []
                     seq = await self._append(seq, requests)
@@ -592,7 +575,7 @@ class _AppendStream:
                 # UNAVAILABLE is never a culprit's: the service stops, or (SYNC_MASTER) the batch was
                 # written but not replicated, and a resend one by one would write it twice.
                 if len(messages) == 1 or isinstance(exc, UnavailableError):
-                    failure = _Failure(status_code_of(exc), f"message #{seq} of the stream: {exc}")
+                    failure = _stream_failure(exc, seq)
                 else:
                     results, culprit = await asyncio.to_thread(self._append_one_by_one, seq, messages)
                     failure = culprit or failure
@@ -602,31 +585,31 @@ class _AppendStream:
         self._unacked -= len(requests)
         self._room.set()
         if failure is not None:
-            await _abort(self._context, "AppendStream", failure.code, failure.detail)
+            raise failure
         return seq + len(requests)
 
     def _messages(self, seq: int,
-                  requests: Sequence[commitlog_pb2.AppendRequest]) -> tuple[list[Message], _Failure | None]:
+                  requests: Sequence[commitlog_pb2.AppendRequest]) -> tuple[list[Message], CallFailed | None]:
         """The messages up to the first request without one or with one a producer may not send (and
         the failure it causes)."""
         messages: list[Message] = []
         for i, request in enumerate(requests):
             if not request.HasField("message"):
-                return messages, _Failure(grpc.StatusCode.INVALID_ARGUMENT,
-                                          f"message #{seq + i} of the stream: AppendRequest.message is missing")
+                return messages, CallFailed(grpc.StatusCode.INVALID_ARGUMENT,
+                                            f"message #{seq + i} of the stream: AppendRequest.message is missing")
             try:
                 messages.append(message_from_proto(request.message, self._peer))
             except StoreError as exc:
-                return messages, _Failure(status_code_of(exc), f"message #{seq + i} of the stream: {exc}")
+                return messages, _stream_failure(exc, seq + i)
         return messages, None
 
     def _append_one_by_one(self, seq: int,
-                           messages: Sequence[Message]) -> tuple[list[PutMessageResult], _Failure | None]:
+                           messages: Sequence[Message]) -> tuple[list[PutMessageResult], CallFailed | None]:
         results: list[PutMessageResult] = []
         put = self._servicer._puts.put_messages
         for i, message in enumerate(messages):
             try:
                 results.extend(put([message]))
             except StoreError as exc:
-                return results, _Failure(status_code_of(exc), f"message #{seq + i} of the stream: {exc}")
+                return results, _stream_failure(exc, seq + i)
         return results, None

@@ -6,7 +6,6 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from typing import NoReturn
 
 import grpc
 
@@ -15,8 +14,8 @@ from services.indexer import metrics as indexer_metrics
 from services.indexer.indexer_store import ArrivalBatch, IndexerStore
 from services.indexer.reput import ReputService
 from services.indexer.topic_deletion import DELETE_WAIT_S, delete_topic
-from services.server.status import status_code_of
-from services.store.errors import InvalidArgumentError, NotFoundError, StoreError
+from services.server.status import RpcEdge
+from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.formats.consume_queue import ConsumeQueue
 from services.store.rules.key_query import MAX_HITS_WALKED
 from services.store.rules.names import check_deletable_topic, check_key, check_queue, check_topic_name
@@ -69,8 +68,8 @@ class ArrivalHub:
             self._subscribers.remove(q)
 
 
-def _abort(context: grpc.ServicerContext, exc: StoreError) -> NoReturn:
-    context.abort(status_code_of(exc), str(exc))
+#: Every RPC's error path: a domain error ends the call with its status.
+rpc = RpcEdge(indexer_pb2.DESCRIPTOR.services_by_name["IndexerService"])
 
 
 def _check_queue_args(topic: str, queue_id: int) -> None:
@@ -97,18 +96,16 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
                                 "queue id, or nothing dispatched yet)")
         return found
 
+    @rpc
     def GetQueueEntries(self, request: indexer_pb2.GetQueueEntriesRequest,
                         context: grpc.ServicerContext) -> indexer_pb2.GetQueueEntriesResponse:
-        try:
-            if request.from_offset < 0:
-                raise InvalidArgumentError(f"from_offset {request.from_offset} is negative")
-            count = request.max_count or DEFAULT_MAX_COUNT
-            if not 1 <= count <= MAX_COUNT:
-                raise InvalidArgumentError(f"max_count {request.max_count} must be within 0..{MAX_COUNT} "
-                                           f"(0 means {DEFAULT_MAX_COUNT})")
-            cq = self._queue(request.topic, request.queue_id)
-        except StoreError as exc:
-            _abort(context, exc)
+        if request.from_offset < 0:
+            raise InvalidArgumentError(f"from_offset {request.from_offset} is negative")
+        count = request.max_count or DEFAULT_MAX_COUNT
+        if not 1 <= count <= MAX_COUNT:
+            raise InvalidArgumentError(f"max_count {request.max_count} must be within 0..{MAX_COUNT} "
+                                       f"(0 means {DEFAULT_MAX_COUNT})")
+        cq = self._queue(request.topic, request.queue_id)
         units = cq.get_units(request.from_offset, count)
         indexer_metrics.observe_queue_read(len(units))
         return indexer_pb2.GetQueueEntriesResponse(
@@ -116,45 +113,39 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
                    for o, s, t, q in units],
             min_offset=cq.min_offset_in_queue, max_offset=cq.max_offset_in_queue)
 
+    @rpc
     def GetQueueOffsets(self, request: indexer_pb2.GetQueueOffsetsRequest,
                         context: grpc.ServicerContext) -> indexer_pb2.QueueOffsets:
-        try:
-            cq = self._queue(request.topic, request.queue_id)
-        except StoreError as exc:
-            _abort(context, exc)
+        cq = self._queue(request.topic, request.queue_id)
         return _queue_offsets(cq)
 
+    @rpc
     def GetOffsetByTime(self, request: indexer_pb2.GetOffsetByTimeRequest,
                         context: grpc.ServicerContext) -> indexer_pb2.GetOffsetByTimeResponse:
         """RocketMQ's getOffsetInQueueByTime: the file by mtime (``consume_queue.py`` keeps the mtimes
         of files this indexer built at their last unit's store time), then the nearest unit in it."""
-        try:
-            if request.timestamp < 0:
-                raise InvalidArgumentError(f"timestamp {request.timestamp} is negative")
-            cq = self._queue(request.topic, request.queue_id)
-        except StoreError as exc:
-            _abort(context, exc)
+        if request.timestamp < 0:
+            raise InvalidArgumentError(f"timestamp {request.timestamp} is negative")
+        cq = self._queue(request.topic, request.queue_id)
         return indexer_pb2.GetOffsetByTimeResponse(
             offset=cq.get_offset_in_queue_by_time(request.timestamp, self.store_time_of, self.commitlog_min_offset()))
 
+    @rpc
     def QueryByKey(self, request: indexer_pb2.QueryByKeyRequest,
                    context: grpc.ServicerContext) -> indexer_pb2.QueryByKeyResponse:
         end = request.end_timestamp or INT64_MAX
         max_num = request.max_num or DEFAULT_MAX_NUM
-        try:
-            check_topic_name(request.topic)
-            check_key(request.key)
-            if request.begin_timestamp < 0 or request.begin_timestamp > end:
-                raise InvalidArgumentError(f"begin_timestamp {request.begin_timestamp} must be within 0..end "
-                                           f"timestamp {end}")
-            if not 1 <= max_num <= MAX_NUM:
-                raise InvalidArgumentError(f"max_num {request.max_num} must be within 0..{MAX_NUM} "
-                                           f"(0 means {DEFAULT_MAX_NUM})")
-            if not 0 <= request.skip <= MAX_HITS_WALKED - max_num:
-                raise InvalidArgumentError(f"skip {request.skip} must be within 0..{MAX_HITS_WALKED - max_num} "
-                                           f"(skip + max_num is at most {MAX_HITS_WALKED})")
-        except StoreError as exc:
-            _abort(context, exc)
+        check_topic_name(request.topic)
+        check_key(request.key)
+        if request.begin_timestamp < 0 or request.begin_timestamp > end:
+            raise InvalidArgumentError(f"begin_timestamp {request.begin_timestamp} must be within 0..end "
+                                       f"timestamp {end}")
+        if not 1 <= max_num <= MAX_NUM:
+            raise InvalidArgumentError(f"max_num {request.max_num} must be within 0..{MAX_NUM} "
+                                       f"(0 means {DEFAULT_MAX_NUM})")
+        if not 0 <= request.skip <= MAX_HITS_WALKED - max_num:
+            raise InvalidArgumentError(f"skip {request.skip} must be within 0..{MAX_HITS_WALKED - max_num} "
+                                       f"(skip + max_num is at most {MAX_HITS_WALKED})")
         result = self.store.query_by_key(request.topic, request.key, max_num, request.begin_timestamp, end,
                                          request.skip)
         return indexer_pb2.QueryByKeyResponse(
@@ -162,6 +153,7 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
             index_last_update_timestamp=result.index_last_update_timestamp,
             index_last_update_phy_offset=result.index_last_update_phy_offset)
 
+    @rpc
     def GetDispatchStatus(self, request: indexer_pb2.GetDispatchStatusRequest,
                           context: grpc.ServicerContext) -> indexer_pb2.DispatchStatus:
         reput, lag = self.reput, self.reput.lag
@@ -170,6 +162,7 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
             behind_bytes=reput.behind_bytes, behind_ms=reput.behind_ms, connected=lag.connected,
             commitlog_incarnation=lag.commitlog_incarnation, dispatched_records=self.store.dispatched_records)
 
+    @rpc
     def WatchArrivals(self, request: indexer_pb2.WatchArrivalsRequest,
                       context: grpc.ServicerContext) -> Iterator[indexer_pb2.Arrival]:
         subscription = self.hub.subscribe()
@@ -190,18 +183,17 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
         finally:
             self.hub.unsubscribe(subscription)
 
+    @rpc
     def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
                     context: grpc.ServicerContext) -> admin_pb2.DeleteTopicResponse:
-        try:
-            check_deletable_topic(request.topic)
-            if request.commitlog_offset < 0:
-                raise InvalidArgumentError(f"commitlog_offset {request.commitlog_offset} is negative")
-        except StoreError as exc:
-            _abort(context, exc)
+        check_deletable_topic(request.topic)
+        if request.commitlog_offset < 0:
+            raise InvalidArgumentError(f"commitlog_offset {request.commitlog_offset} is negative")
         deleted = delete_topic(self.store, request.topic, request.commitlog_offset,
                                context.time_remaining() or DELETE_WAIT_S)
         return admin_pb2.DeleteTopicResponse(deleted_queues=deleted)
 
+    @rpc
     def ListQueues(self, request: indexer_pb2.ListQueuesRequest,
                    context: grpc.ServicerContext) -> indexer_pb2.ListQueuesResponse:
         return indexer_pb2.ListQueuesResponse(queues=[_queue_offsets(cq) for cq in self.store.consume_queues.queues()])

@@ -8,9 +8,7 @@ from typing import Any
 from mqstore.v1 import groups_pb2
 from services.query.consumer_manager import GroupMembers, Member
 from services.query.consumer_offsets import ConsumerOffsetTable
-from services.query.errors import query_status_code
-from services.server.status import fail_call
-from services.store.errors import StoreError
+from services.query.edge import rpc
 from services.store.rules.group_membership import check_heartbeat, check_member
 from services.store.rules.names import check_group
 
@@ -31,19 +29,16 @@ class GroupRpcs:
     def _check_running(self) -> None:
         """QueryServicer's: UNAVAILABLE while stopping."""
 
+    @rpc
     async def Heartbeat(self, request: groups_pb2.HeartbeatRequest, context: Any) -> groups_pb2.HeartbeatResponse:
         assigned = [(q.topic, q.queue_id) for q in request.assigned_queues]
-        try:
-            self._check_running()
-            timing = check_heartbeat(request.group, request.client_id, list(request.topics), assigned,
-                                     request.allocation_strategy, request.rebalance_interval_ms,
-                                     request.member_timeout_ms)
-            live = self._members.heartbeat(request.group, request.client_id, tuple(request.topics), tuple(assigned),
-                                           request.allocation_strategy, timing.rebalance_interval_ms,
-                                           timing.member_timeout_ms)
-        except StoreError as exc:
-            fail_call(context, query_status_code(exc), str(exc))
-            return groups_pb2.HeartbeatResponse()
+        self._check_running()
+        timing = check_heartbeat(request.group, request.client_id, list(request.topics), assigned,
+                                 request.allocation_strategy, request.rebalance_interval_ms,
+                                 request.member_timeout_ms)
+        live = self._members.heartbeat(request.group, request.client_id, tuple(request.topics), tuple(assigned),
+                                       request.allocation_strategy, timing.rebalance_interval_ms,
+                                       timing.member_timeout_ms)
         response = groups_pb2.HeartbeatResponse(member_ids=[m.client_id for m in live],
                                                 rebalance_interval_ms=timing.rebalance_interval_ms,
                                                 member_timeout_ms=timing.member_timeout_ms)
@@ -51,25 +46,19 @@ class GroupRpcs:
             member_to_proto(member, response.members.add())
         return response
 
+    @rpc
     async def UnregisterConsumer(self, request: groups_pb2.UnregisterConsumerRequest,
                                  context: Any) -> groups_pb2.UnregisterConsumerResponse:
-        try:
-            check_member(request.group, request.client_id)
-        except StoreError as exc:
-            fail_call(context, query_status_code(exc), str(exc))
-            return groups_pb2.UnregisterConsumerResponse()
+        check_member(request.group, request.client_id)
         self._members.unregister(request.group, request.client_id)
         return groups_pb2.UnregisterConsumerResponse()
 
+    @rpc
     async def DescribeGroups(self, request: groups_pb2.DescribeGroupsRequest,
                              context: Any) -> groups_pb2.DescribeGroupsResponse:
         """Members and committed offsets (shard queue ids); max offsets and lag are the gateway's."""
-        try:
-            if request.group:
-                check_group(request.group)
-        except StoreError as exc:
-            fail_call(context, query_status_code(exc), str(exc))
-            return groups_pb2.DescribeGroupsResponse()
+        if request.group:
+            check_group(request.group)
         offsets = self._consumer_offsets
         names = [request.group] if request.group else sorted(set(self._members.groups()) | set(offsets.groups()))
         response = groups_pb2.DescribeGroupsResponse()

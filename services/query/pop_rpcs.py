@@ -6,12 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from mqstore.v1 import query_pb2
-from services.query import metrics
 from services.query.convert import add_messages
-from services.query.errors import query_status_code
+from services.query.edge import rpc
 from services.query.pop import PopService, Ref
-from services.server.status import fail_call
-from services.store.errors import StoreError
 
 
 def _ref(ref: query_pb2.PoppedRef) -> Ref:
@@ -24,20 +21,12 @@ class PopRpcs:
     def _check_running(self) -> None:
         """QueryServicer's: UNAVAILABLE while stopping."""
 
-    def _failed(self, context: Any, method: str, exc: StoreError) -> None:
-        code = query_status_code(exc)
-        metrics.observe_error(method, code.name)
-        fail_call(context, code, str(exc))
-
+    @rpc
     async def PopMessage(self, request: query_pb2.PopMessageRequest, context: Any) -> query_pb2.PopMessageResponse:
-        try:
-            self._check_running()
-            result = await self._pop.pop(request.consumer_group, request.topic, request.queue_id,
-                                         request.max_messages, request.invisible_ms, request.subscription,
-                                         request.max_attempts)
-        except StoreError as exc:
-            self._failed(context, "PopMessage", exc)
-            return query_pb2.PopMessageResponse()
+        self._check_running()
+        result = await self._pop.pop(request.consumer_group, request.topic, request.queue_id,
+                                     request.max_messages, request.invisible_ms, request.subscription,
+                                     request.max_attempts)
         response = query_pb2.PopMessageResponse(pop_offset=result.pop_offset, fifo_blocked=result.fifo_blocked,
                                                 next_visible_ms=result.next_visible_ms)
         holder = query_pb2.PullMessageResponse()
@@ -47,34 +36,25 @@ class PopRpcs:
                                   visible_at_ms=popped.visible_at_ms)
         return response
 
+    @rpc
     async def AckPopped(self, request: query_pb2.AckPoppedRequest, context: Any) -> query_pb2.AckPoppedResponse:
-        try:
-            self._check_running()
-            committed = await self._pop.ack(_ref(request.ref))
-        except StoreError as exc:
-            self._failed(context, "AckPopped", exc)
-            return query_pb2.AckPoppedResponse()
+        self._check_running()
+        committed = await self._pop.ack(_ref(request.ref))
         return query_pb2.AckPoppedResponse(committed_offset=committed)
 
+    @rpc
     async def ChangePoppedInvisibleTime(self, request: query_pb2.ChangePoppedInvisibleTimeRequest,
                                         context: Any) -> query_pb2.ChangePoppedInvisibleTimeResponse:
-        try:
-            self._check_running()
-            entry = await self._pop.change_invisible_time(_ref(request.ref), request.invisible_ms, request.renew)
-        except StoreError as exc:
-            self._failed(context, "ChangePoppedInvisibleTime", exc)
-            return query_pb2.ChangePoppedInvisibleTimeResponse()
+        self._check_running()
+        entry = await self._pop.change_invisible_time(_ref(request.ref), request.invisible_ms, request.renew)
         return query_pb2.ChangePoppedInvisibleTimeResponse(version=entry.version, visible_at_ms=entry.visible_at_ms,
                                                            attempts=entry.attempts)
 
+    @rpc
     async def ClaimExhausted(self, request: query_pb2.ClaimExhaustedRequest,
                              context: Any) -> query_pb2.ClaimExhaustedResponse:
-        try:
-            self._check_running()
-            claimed = await self._pop.claim_exhausted(request.max_attempts, request.claim_ms, request.max_messages)
-        except StoreError as exc:
-            self._failed(context, "ClaimExhausted", exc)
-            return query_pb2.ClaimExhaustedResponse()
+        self._check_running()
+        claimed = await self._pop.claim_exhausted(request.max_attempts, request.claim_ms, request.max_messages)
         response = query_pb2.ClaimExhaustedResponse()
         for c in claimed:
             ref = query_pb2.PoppedRef(consumer_group=c.ref.group, topic=c.ref.topic, queue_id=c.ref.queue_id,

@@ -8,7 +8,6 @@ thread, so thousands can wait at once.
 from __future__ import annotations
 
 import time
-from typing import TypeVar
 
 import grpc
 
@@ -22,7 +21,7 @@ from services.query.convert import (
     query_response,
     view_response,
 )
-from services.query.errors import query_status_code
+from services.query.edge import rpc
 from services.query.group_rpcs import GroupRpcs
 from services.query.lookup import MessageLookup
 from services.query.pop import PopService
@@ -30,7 +29,6 @@ from services.query.pop_checkpoints import PopCheckpointTable
 from services.query.pop_rpcs import PopRpcs
 from services.query.pull import Puller
 from services.query.queue_offset_lookup import QueueOffsets
-from services.server.status import fail_call
 from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
 from services.store.formats.message_id import message_id_kind
 from services.store.rules.names import check_group, check_offset, check_queue
@@ -40,16 +38,6 @@ SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_n
 DEADLINE_MARGIN_S = 0.1
 
 Context = grpc.aio.ServicerContext[object, object]
-T = TypeVar("T")
-
-
-def _fail(context: Context, method: str, exc: StoreError, empty: T) -> T:
-    """End the call with the error's status; ``empty`` is the answer the handler returns (discarded
-    by grpc: a failed call sends only its status). Not ``context.abort()``: see ``fail_call``."""
-    code = query_status_code(exc)
-    metrics.observe_error(method, code.name)
-    fail_call(context, code, str(exc))
-    return empty
 
 
 class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
@@ -74,6 +62,7 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         if self._stopping:
             raise UnavailableError("the query service is stopping: retry on another instance or later")
 
+    @rpc
     async def PullMessage(self, request: query_pb2.PullMessageRequest,
                           context: Context) -> query_pb2.PullMessageResponse:
         started = time.monotonic()
@@ -83,75 +72,63 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
             remaining = context.time_remaining()
             deadline = None if remaining is None else started + remaining - DEADLINE_MARGIN_S
             result = await self._puller.pull(query, deadline, request.raw_records)
-        except StoreError as exc:
+        except StoreError:
             metrics.PULL_LATENCY.observe(time.monotonic() - started)
-            return _fail(context, "PullMessage", exc, query_pb2.PullMessageResponse())
+            raise
         metrics.observe_pull(result, time.monotonic() - started)
         return pull_result_to_proto(result)
 
+    @rpc
     async def ViewMessage(self, request: query_pb2.ViewMessageRequest,
                           context: Context) -> query_pb2.ViewMessageResponse:
-        try:
-            self._check_running()
-            message, found_by = await self._lookup.view(request.msg_id, request.topic,
-                                                        message_id_kind(request.kind))
-        except StoreError as exc:
-            return _fail(context, "ViewMessage", exc, query_pb2.ViewMessageResponse())
+        self._check_running()
+        message, found_by = await self._lookup.view(request.msg_id, request.topic,
+                                                    message_id_kind(request.kind))
         metrics.VIEW_LOOKUPS.inc()
         metrics.LOOKUP_MESSAGES.inc()
         return view_response(message, found_by)
 
+    @rpc
     async def QueryMessage(self, request: query_pb2.QueryMessageRequest,
                            context: Context) -> query_pb2.QueryMessageResponse:
-        try:
-            self._check_running()
-            result = await self._lookup.query(request.topic, request.key, request.begin_timestamp,
-                                              request.end_timestamp, request.max_num)
-        except StoreError as exc:
-            return _fail(context, "QueryMessage", exc, query_pb2.QueryMessageResponse())
+        self._check_running()
+        result = await self._lookup.query(request.topic, request.key, request.begin_timestamp,
+                                          request.end_timestamp, request.max_num)
         metrics.KEY_LOOKUPS.inc()
         metrics.LOOKUP_MESSAGES.inc(len(result.messages))
         return query_response(result)
 
+    @rpc
     async def SearchOffset(self, request: query_pb2.SearchOffsetRequest,
                            context: Context) -> query_pb2.SearchOffsetResponse:
-        try:
-            self._check_running()
-            offset = await self._offsets.offset_by_time(request.topic, request.queue_id, request.timestamp)
-        except StoreError as exc:
-            return _fail(context, "SearchOffset", exc, query_pb2.SearchOffsetResponse())
+        self._check_running()
+        offset = await self._offsets.offset_by_time(request.topic, request.queue_id, request.timestamp)
         return query_pb2.SearchOffsetResponse(offset=offset)
 
+    @rpc
     async def GetQueueOffsetRange(self, request: query_pb2.GetQueueOffsetRangeRequest,
                                   context: Context) -> query_pb2.QueueOffsetRange:
-        try:
-            self._check_running()
-            min_offset, max_offset = await self._offsets.offset_range(request.topic, request.queue_id)
-        except StoreError as exc:
-            return _fail(context, "GetQueueOffsetRange", exc, query_pb2.QueueOffsetRange())
+        self._check_running()
+        min_offset, max_offset = await self._offsets.offset_range(request.topic, request.queue_id)
         return query_pb2.QueueOffsetRange(topic=request.topic, queue_id=request.queue_id, min_offset=min_offset,
                                           max_offset=max_offset)
 
+    @rpc
     async def GetEarliestMsgStoreTime(self, request: query_pb2.GetEarliestMsgStoreTimeRequest,
                                       context: Context) -> query_pb2.GetEarliestMsgStoreTimeResponse:
-        try:
-            self._check_running()
-            stamp = await self._offsets.earliest_store_time(request.topic, request.queue_id)
-        except StoreError as exc:
-            return _fail(context, "GetEarliestMsgStoreTime", exc, query_pb2.GetEarliestMsgStoreTimeResponse())
+        self._check_running()
+        stamp = await self._offsets.earliest_store_time(request.topic, request.queue_id)
         return query_pb2.GetEarliestMsgStoreTimeResponse(store_timestamp=stamp)
 
+    @rpc
     async def UpdateConsumerOffset(self, request: query_pb2.UpdateConsumerOffsetRequest,
                                    context: Context) -> query_pb2.UpdateConsumerOffsetResponse:
-        try:
-            self._check_running()
-            check_group(request.consumer_group)
-            check_queue(request.topic, request.queue_id)
-            check_offset("offset", request.offset)
-            await self._check_committable(request.topic, request.queue_id, request.offset)
-            self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
-        except StoreError as exc:
-            return _fail(context, "UpdateConsumerOffset", exc, query_pb2.UpdateConsumerOffsetResponse())
+        self._check_running()
+        check_group(request.consumer_group)
+        check_queue(request.topic, request.queue_id)
+        check_offset("offset", request.offset)
+        await self._check_committable(request.topic, request.queue_id, request.offset)
+        self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
         metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
 
@@ -164,16 +141,14 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
             raise OutOfRangeError(f"offset {offset} is past the max offset {max_offset} of {topic}/{queue_id}: "
                                   "commit the offset after the last message consumed (at most the max offset)")
 
+    @rpc
     async def QueryConsumerOffset(self, request: query_pb2.QueryConsumerOffsetRequest,
                                   context: Context) -> query_pb2.QueryConsumerOffsetResponse:
-        try:
-            self._check_running()
-            check_group(request.consumer_group)
-            check_queue(request.topic, request.queue_id)
-            offset = self._consumer_offsets.query(request.consumer_group, request.topic, request.queue_id)
-            if offset is None:
-                raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "
-                                    f"{request.topic}/{request.queue_id}")
-        except StoreError as exc:
-            return _fail(context, "QueryConsumerOffset", exc, query_pb2.QueryConsumerOffsetResponse())
+        self._check_running()
+        check_group(request.consumer_group)
+        check_queue(request.topic, request.queue_id)
+        offset = self._consumer_offsets.query(request.consumer_group, request.topic, request.queue_id)
+        if offset is None:
+            raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "
+                                f"{request.topic}/{request.queue_id}")
         return query_pb2.QueryConsumerOffsetResponse(offset=offset)

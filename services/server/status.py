@@ -1,4 +1,6 @@
-"""Domain errors -> gRPC status codes: one table for every service; ending an aio call with one.
+"""Domain errors -> gRPC status codes: one table for every service, and one error path for every
+servicer (:class:`RpcEdge`): a handler raises a domain error (or :class:`CallFailed`), the edge ends the
+call with its status, never with ``context.abort()`` (see :func:`fail_call`).
 
 An error about one message of a batch also travels as a structured detail of the status (a
 ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer, holding a ``google.rpc.ErrorInfo``
@@ -8,11 +10,16 @@ gateway) maps the error back to its message from the detail, never from the text
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -115,3 +122,141 @@ def fail_call(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode
     context.set_details(details)
     if refused is not None:
         context.set_trailing_metadata(status_trailer(code, details, refused))
+
+
+@dataclass(frozen=True, slots=True)
+class CallStatus:
+    """How a failed call ends: its code, its details, and the refused message of a batch if any."""
+
+    code: grpc.StatusCode
+    details: str
+    refused: RefusedMessage | None = None
+
+
+class CallFailed(Exception):
+    """Raised in a handler to end its call with a status the edge phrases itself: a code no domain error
+    has (DEADLINE_EXCEEDED for a flush that did not finish), or words of its own (a stream's position)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, refused: RefusedMessage | None = None) -> None:
+        super().__init__(details)
+        self.status = CallStatus(code, details, refused)
+
+
+def store_status(exc: Exception, code_of: Callable[[StoreError], grpc.StatusCode] = status_code_of
+                 ) -> CallStatus | None:
+    """The status of a domain error or a CallFailed (None: any other exception, which stays a bug)."""
+    if isinstance(exc, CallFailed):
+        return exc.status
+    if isinstance(exc, StoreError):
+        return CallStatus(code_of(exc), str(exc), refused_message_of(exc))
+    return None
+
+
+#: Told of every call that ends (the method's name, its code, OK included, and its duration).
+Observe = Callable[[str, grpc.StatusCode, float], None]
+StatusOf = Callable[[Exception], "CallStatus | None"]
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+_OK = grpc.StatusCode.OK
+
+
+class RpcEdge:
+    """The error path of one service's servicer, as a decorator of its RPC methods (unary and
+    streaming, ``grpc.aio`` coroutines and async generators, and a sync server's functions and
+    generators): the domain errors a handler raises (``status_of``: services.store.errors kinds by the
+    shared table, the refused message of a batch as the status's detail, and :class:`CallFailed`) end
+    the call with their status through :func:`fail_call`, so no failed call leaves a reference cycle
+    behind; any other exception propagates (grpc answers UNKNOWN and logs it: a bug). ``observe`` is
+    told of every call's end. A failed unary call answers nothing (aio) or its empty response (a sync
+    server must return one), which grpc does not send to the client as an answer.
+    """
+
+    def __init__(self, service: ServiceDescriptor, observe: Observe | None = None,
+                 status_of: StatusOf = store_status) -> None:
+        self._service = service
+        self._observe = observe
+        self._status_of = status_of
+
+    def __call__(self, method: Handler) -> Handler:
+        name = method.__name__
+        if inspect.isasyncgenfunction(method):
+            return cast(Handler, self._async_stream(method, name))
+        if inspect.iscoroutinefunction(method):
+            return cast(Handler, self._async_call(method, name))
+        if inspect.isgeneratorfunction(method):
+            return cast(Handler, self._stream(method, name))
+        return cast(Handler, self._call(method, name))
+
+    def _failed(self, exc: Exception, context: Any, name: str, started: float) -> bool:
+        """Ends the call with ``exc``'s status; False for an exception that is no domain error."""
+        status = self._status_of(exc)
+        if status is None:
+            return False
+        if self._observe is not None:
+            self._observe(name, status.code, time.perf_counter() - started)
+        fail_call(context, status.code, status.details, status.refused)
+        return True
+
+    def _ended(self, name: str, started: float) -> None:
+        if self._observe is not None:
+            self._observe(name, _OK, time.perf_counter() - started)
+
+    def _async_call(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(method)
+        async def handler(servicer: Any, request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                response = await method(servicer, request, context)
+            except Exception as exc:
+                if self._failed(exc, context, name, started):
+                    return None
+                raise
+            self._ended(name, started)
+            return response
+
+        return handler
+
+    def _async_stream(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(method)
+        async def handler(servicer: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            try:
+                async for response in method(servicer, request, context):
+                    yield response
+            except Exception as exc:
+                if self._failed(exc, context, name, started):
+                    return
+                raise
+            self._ended(name, started)
+
+        return handler
+
+    def _call(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        empty = message_factory.GetMessageClass(self._service.methods_by_name[name].output_type)
+
+        @functools.wraps(method)
+        def handler(servicer: Any, request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                response = method(servicer, request, context)
+            except Exception as exc:
+                if self._failed(exc, context, name, started):
+                    return empty()
+                raise
+            self._ended(name, started)
+            return response
+
+        return handler
+
+    def _stream(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def handler(servicer: Any, request: Any, context: Any) -> Iterator[Any]:
+            started = time.perf_counter()
+            try:
+                yield from method(servicer, request, context)
+            except Exception as exc:
+                if self._failed(exc, context, name, started):
+                    return
+                raise
+            self._ended(name, started)
+
+        return handler
