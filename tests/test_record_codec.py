@@ -30,6 +30,7 @@ from services.store.formats.message import (
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE_V2,
+    SIZE_AND_MAGIC,
     RecordError,
     body_crc,
     check_record,
@@ -172,7 +173,7 @@ def _as_v2(v1: bytes) -> bytes:
     topic = record.topic.encode()
     topic_len_pos = len(v1) - (1 + len(topic) + 2 + len(properties_to_string(record.properties).encode()))
     v2 = bytearray(v1[:topic_len_pos]) + struct.pack(">H", len(topic)) + v1[topic_len_pos + 1:]
-    struct.pack_into(">iI", v2, 0, len(v2), MESSAGE_MAGIC_CODE_V2)
+    SIZE_AND_MAGIC.pack_into(v2, 0, len(v2), MESSAGE_MAGIC_CODE_V2)
     return bytes(v2)
 
 
@@ -193,13 +194,13 @@ def test_v2_topic_may_be_longer_than_127_bytes() -> None:
     short = f.encode(topic=b"t")
     start = len(short) - (1 + 1 + 2 + 3)
     v2 = bytearray(short[:start]) + struct.pack(">H", 300) + b"t" * 300 + short[start + 2:]
-    struct.pack_into(">iI", v2, 0, len(v2), MESSAGE_MAGIC_CODE_V2)
+    SIZE_AND_MAGIC.pack_into(v2, 0, len(v2), MESSAGE_MAGIC_CODE_V2)
     assert decode_record(bytes(v2)).topic == "t" * 300
 
 
 def test_blank_is_a_file_end_not_a_record() -> None:
     blank = encode_blank(4096) + bytes(4088)
-    assert struct.unpack_from(">iI", blank) == (4096, BLANK_MAGIC_CODE)
+    assert SIZE_AND_MAGIC.unpack_from(blank) == (4096, BLANK_MAGIC_CODE)
     dispatch = check_record(blank, 0)
     assert dispatch.success and dispatch.msg_size == 0
     with pytest.raises(RecordError):
@@ -222,7 +223,7 @@ def test_body_crc_known_values() -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=400), st.integers(0, 400))
 @example(b"", 0)
-@example(struct.pack(">iI", 91, 0xDAA320A7) + bytes(83), 0)
+@example(SIZE_AND_MAGIC.pack(91, 0xDAA320A7) + bytes(83), 0)
 def test_random_bytes_raise_only_record_error(data: bytes, pos: int) -> None:
     with contextlib.suppress(RecordError):
         decode_record(data, pos)

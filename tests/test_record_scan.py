@@ -26,6 +26,7 @@ from services.store.formats.message import (
 )
 from services.store.formats.record import (
     MESSAGE_MAGIC_CODE_V2,
+    SIZE_AND_MAGIC,
     check_record,
     encode_blank,
     encode_record_parts,
@@ -58,7 +59,7 @@ def encode(spec: Spec, offset: int) -> bytes:
         return head + body + tail
     tail = struct.pack(">H", len(topic)) + topic + struct.pack(">h", len(props)) + props
     total = len(head) + len(body) + len(tail)
-    return struct.pack(">iI", total, MESSAGE_MAGIC_CODE_V2) + head[8:] + body + tail
+    return SIZE_AND_MAGIC.pack(total, MESSAGE_MAGIC_CODE_V2) + head[8:] + body + tail
 
 
 def build(specs: list[Spec], base: int = BASE, size: int = FILE_SIZE, blank: bool = True) -> bytearray:

@@ -4,7 +4,6 @@ reflection and metrics. Records are checked by decoding the bytes the service re
 from __future__ import annotations
 
 import signal
-import struct
 import subprocess
 import threading
 import time
@@ -21,7 +20,7 @@ from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
 from services.commitlog.servicer import MAX_STREAMS
 from services.store.formats.message_id import decode_message_id
-from services.store.formats.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, body_crc, decode_record
+from services.store.formats.record import BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE, SIZE_AND_MAGIC, body_crc, decode_record
 from tests.commitlog.commitlog_process import (
     SERVICE_NAME,
     CommitLogProcess,
@@ -120,7 +119,7 @@ def test_append_batch_across_a_file_roll(module_commitlog: CommitLogProcess) -> 
         # The rest of the old file is one BLANK record; the batch continues at the next file's start.
         assert cur.commitlog_offset % FILE_SIZE == 0 and cur.commitlog_offset == end - end % FILE_SIZE + FILE_SIZE
         blank = bytes(server.stub.Read(pb.ReadRequest(offset=end, size=8)).data)
-        assert struct.unpack(">iI", blank) == (cur.commitlog_offset - end, BLANK_MAGIC_CODE)
+        assert SIZE_AND_MAGIC.unpack(blank) == (cur.commitlog_offset - end, BLANK_MAGIC_CODE)
     assert rolls == 1
     for r in results:
         assert decode_message_id(r.msg_id) == (STORE_HOST, r.commitlog_offset)

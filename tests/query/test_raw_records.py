@@ -31,7 +31,7 @@ from services.store.formats.message import (
     STOREHOSTADDRESS_V6_FLAG,
     properties_to_string,
 )
-from services.store.formats.record import MESSAGE_MAGIC_CODE_V2, encode_record
+from services.store.formats.record import MESSAGE_MAGIC_CODE_V2, SIZE_AND_MAGIC, encode_record
 from services.store.formats.socket_address import encode_address
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import parse_subscription
@@ -57,11 +57,11 @@ def record(queue_offset: int, commitlog_offset: int, body: bytes = b"body", topi
 
 def as_v2(data: bytes) -> bytes:
     """The same record in RocketMQ 5's v2 layout: a 2-byte TOPICLENGTH (one byte longer)."""
-    size, _ = struct.unpack_from(">iI", data)
+    size, _ = SIZE_AND_MAGIC.unpack_from(data)
     sys_flag = struct.unpack_from(">i", data, 36)[0]
     head = 88 + (12 if sys_flag & BORNHOST_V6_FLAG else 0) + (12 if sys_flag & STOREHOSTADDRESS_V6_FLAG else 0)
     body_end = head + struct.unpack_from(">i", data, head - 4)[0]
-    return struct.pack(">iI", size + 1, MESSAGE_MAGIC_CODE_V2) + data[8:body_end] + b"\x00" + data[body_end:]
+    return SIZE_AND_MAGIC.pack(size + 1, MESSAGE_MAGIC_CODE_V2) + data[8:body_end] + b"\x00" + data[body_end:]
 
 
 Build = Callable[[int, int], bytes]
