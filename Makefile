@@ -89,15 +89,21 @@ $(POWERCUT_DEPS): tests/powercut/requirements.txt $(INSTALLED)
 
 # The long power-cut campaigns (not in CI; tests/powercut/): the commitlog service on a FUSE file system
 # that forgets everything not made durable, cut SOAK_POWER_CUTS times under SYNC_FLUSH (campaign.py;
-# SOAK_POWER_MODE=torn tears unsynced writes at a random sector instead of dropping them), then the whole
-# of `mqstore up` with producers through the gateway, cut SOAK_POWER_UP_CUTS times (up_campaign.py).
+# SOAK_POWER_MODE=torn tears unsynced writes at a random sector instead of dropping them); the store's
+# services behind a running gateway, cut SOAK_POWER_GATEWAY_CUTS times, every kind of state checked
+# (gateway_campaign.py; make test runs 50); the whole of `mqstore up`, cut SOAK_POWER_UP_CUTS times
+# (up_campaign.py); and ASYNC_FLUSH's loss window measured against the flush interval (campaign.py).
 SOAK_POWER_CUTS ?= 500
 SOAK_POWER_MODE ?= drop
+SOAK_POWER_GATEWAY_CUTS ?= 300
 SOAK_POWER_UP_CUTS ?= 50
+SOAK_POWER_ASYNC_CUTS ?= 50
 .PHONY: soak-power
 soak-power: $(GENERATED) powercut-deps
 	$(PY) -m tests.powercut.campaign --cuts $(SOAK_POWER_CUTS) --mode $(SOAK_POWER_MODE)
+	$(PY) -m tests.powercut.gateway_campaign --cuts $(SOAK_POWER_GATEWAY_CUTS)
 	$(PY) -m tests.powercut.up_campaign --cuts $(SOAK_POWER_UP_CUTS)
+	$(PY) -m tests.powercut.campaign --cuts $(SOAK_POWER_ASYNC_CUTS) --flush ASYNC_FLUSH --dir .bench-tmp/powercut-async
 
 # The scheduler's kill -9 campaign at length (not in CI; tests/scheduler/test_delay_crash.py runs 6 kills
 # in the suite): SOAK_SCHEDULER_KILLS kills during delayed and timer delivery, every message exactly once.
