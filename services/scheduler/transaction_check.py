@@ -40,8 +40,7 @@ from services.scheduler.peers import CHANNEL_OPTIONS, STORED, IndexerPeer, messa
 from services.scheduler.store_reader import ScheduleFiles
 from services.server.channels import aio_channel
 from services.server.metrics import Counter
-from services.server.status import fail_call
-from services.store.errors import InvalidArgumentError
+from services.server.status import CallFailed, CallStatus, RpcEdge, store_status
 from services.store.formats.consume_queue import is_valid_unit
 from services.store.formats.message import (
     PROPERTY_REAL_TOPIC,
@@ -137,9 +136,11 @@ class Watcher:
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.topics)
 
 
-class EndError(Exception):
+class EndError(CallFailed):
+    """An end the scheduler refuses, with the status the call ends with."""
+
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
+        super().__init__(code, details)
         self.code = code
         self.details = details
 
@@ -575,30 +576,32 @@ class TransactionChecker:
                 self._watchers.pop(group, None)
 
 
+def _call_status(exc: Exception) -> CallStatus | None:
+    """The shared table, EndError's own status, and a commitlog that failed the end's write."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return CallStatus(grpc.StatusCode.UNAVAILABLE, f"the commitlog service: {exc.code().name}: {exc.details()}; "
+                                                       "end the transaction again")
+    return store_status(exc)
+
+
+#: The service's error path (services/server/status.py).
+rpc = RpcEdge(scheduler_pb2.DESCRIPTOR.services_by_name["TransactionService"], status_of=_call_status)
+
+
 class TransactionServicer(scheduler_pb2_grpc.TransactionServiceServicer):  # type: ignore[misc]
     """The wire edge of :class:`TransactionChecker` (the gateway is its only caller)."""
 
     def __init__(self, checker: TransactionChecker) -> None:
         self.checker = checker
 
+    @rpc
     async def EndHalf(self, request: scheduler_pb2.EndHalfRequest, context: Any) -> scheduler_pb2.EndHalfResult:
-        try:
-            return await self.checker.end(request.request, request.commitlog_offset)
-        except EndError as exc:
-            fail_call(context, exc.code, exc.details)
-            return scheduler_pb2.EndHalfResult()
-        except grpc.aio.AioRpcError as exc:
-            fail_call(context, grpc.StatusCode.UNAVAILABLE, f"the commitlog service: {exc.code().name}: "
-                                                            f"{exc.details()}; end the transaction again")
-            return scheduler_pb2.EndHalfResult()
+        return await self.checker.end(request.request, request.commitlog_offset)
 
+    @rpc
     async def WatchChecks(self, request: scheduler_pb2.WatchChecksRequest,
                           context: Any) -> AsyncIterator[transaction_pb2.TransactionCheck]:
-        try:
-            check_producer_group(request.producer_group)
-        except InvalidArgumentError as exc:
-            fail_call(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
+        check_producer_group(request.producer_group)
         async for check in self.checker.watch(request.producer_group, request.topics):
             yield check
 
