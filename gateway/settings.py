@@ -12,6 +12,17 @@ runs the embedded default: one shard made of the services ``mqstore up`` starts 
     tls_key: /etc/mqstore/tls.key
     tls_client_ca: /etc/mqstore/ca.crt  # mutual TLS: clients need a certificate this CA signed
     workers: 2                          # gateway processes sharing the port (gateway/workers.py)
+
+A replicated shard (``mqstore up --replicas``, docs/replication.md) names etcd and every replica; the
+gateway sends to the one etcd names leader and reads from an in-sync one when the leader is down
+(``commitlog``/``query`` are then the first replica's, used until etcd names a leader):
+
+    shards:
+      - name: shard-0
+        etcd: 127.0.0.1:9970
+        broker_name: broker-a           # the replicas' brokerName: their keys in etcd
+        replicas:
+          - {name: replica-0, commitlog: 127.0.0.1:9911, query: 127.0.0.1:9913, scheduler: ..., indexer: ...}
 """
 
 from __future__ import annotations
@@ -33,6 +44,17 @@ MAX_WORKERS = 256
 
 
 @dataclass(slots=True, frozen=True)
+class ReplicaSettings:
+    """One replica of a replicated shard: its name in etcd (the commitlog's haReplicaName) and its services."""
+
+    name: str
+    commitlog: str
+    query: str
+    scheduler: str
+    indexer: str
+
+
+@dataclass(slots=True, frozen=True)
 class ShardSettings:
     """One shard: a commitlog service and the query service reading it (its indexer stays behind it)."""
 
@@ -45,6 +67,10 @@ class ShardSettings:
     #: The shard's indexer (``mqstore status`` asks it for the dispatch lag); empty: the port after the
     #: commitlog's, where ``mqstore up`` puts it (commitlog base+1, indexer base+2).
     indexer: str = ""
+    #: A replicated shard: etcd's endpoint, the replicas' brokerName and the replicas (empty: one copy).
+    etcd: str = ""
+    broker_name: str = ""
+    replicas: tuple[ReplicaSettings, ...] = ()
 
     @property
     def indexer_address(self) -> str:
@@ -176,10 +202,25 @@ def _shard(index: int, raw: Any) -> ShardSettings:
         return raw
     if not isinstance(raw, dict) or not {"commitlog", "query"} <= set(raw):
         raise ConfigError(f"shards[{index}]: expected a mapping with commitlog and query addresses, got {raw!r}")
-    extra = set(raw) - {"name", "commitlog", "query", "scheduler", "indexer"}
+    extra = set(raw) - {"name", "commitlog", "query", "scheduler", "indexer", "etcd", "broker_name", "replicas"}
     if extra:
         raise ConfigError(f"shards[{index}]: unknown keys {sorted(extra)}")
+    replicas = tuple(_replica(index, i, r) for i, r in enumerate(raw.get("replicas") or ()))
+    etcd, broker_name = str(raw.get("etcd") or ""), str(raw.get("broker_name") or "")
+    if replicas and not (etcd and broker_name):
+        raise ConfigError(f"shards[{index}]: replicas need etcd (host:port) and broker_name (the replicas' "
+                          "brokerName), which say who leads")
+    if len({r.name for r in replicas}) != len(replicas):
+        raise ConfigError(f"shards[{index}]: replica names must be unique, got {[r.name for r in replicas]}")
     return ShardSettings(str(raw.get("name", f"shard-{index}")), str(raw["commitlog"]), str(raw["query"]),
-                         str(raw.get("scheduler") or ""), str(raw.get("indexer") or ""))
+                         str(raw.get("scheduler") or ""), str(raw.get("indexer") or ""), etcd, broker_name, replicas)
+
+
+def _replica(shard: int, index: int, raw: Any) -> ReplicaSettings:
+    keys = {"name", "commitlog", "query", "scheduler", "indexer"}
+    if not isinstance(raw, dict) or set(raw) != keys:
+        raise ConfigError(f"shards[{shard}].replicas[{index}]: expected a mapping of exactly {sorted(keys)}, "
+                          f"got {raw!r}")
+    return ReplicaSettings(*(str(raw[k]) for k in ("name", "commitlog", "query", "scheduler", "indexer")))
 
 

@@ -9,15 +9,20 @@ costs.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
+from gateway.leader import ShardLeader
 from gateway.resilience import BackendError, backend_error
-from gateway.settings import ShardSettings
+from gateway.settings import ReplicaSettings, ShardSettings
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 from services.server.channels import aio_channel
+from services.server.etcd_client import EtcdError
+from services.server.shard_keys import NOT_LEADER_REFUSAL
 from services.store.formats.socket_address import AddressError, encode_address
 
 MIB = 1024 * 1024
@@ -30,6 +35,11 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
 ]
 T = TypeVar("T")
+#: The longest a send that reached no leader waits for etcd to name the next one (its deadline may cut it).
+LEADER_WAIT_S = 10.0
+#: A new leader refusing a write it does not know it may take yet is asked again after this pause.
+RETRY_PAUSE_S = 0.1
+MIN_CALL_S = 1.0
 
 
 def _identity(data: bytes) -> bytes:
@@ -44,55 +54,191 @@ async def call_backend(what: str, call: Callable[..., Awaitable[T]], request: An
         raise backend_error(what, exc) from None
 
 
+class _Copy:
+    """One copy of the shard's services (a replica, or the shard itself when it has one copy): its
+    channels and stubs. ``calls`` names each stub method by where it sits, so a call made on one copy
+    can be made again on another."""
+
+    def __init__(self, shard: str, replica: ReplicaSettings) -> None:
+        self.name = replica.name
+        self.commitlog_channel = aio_channel(replica.commitlog, CHANNEL_OPTIONS)
+        self.query_channel = aio_channel(replica.query, CHANNEL_OPTIONS)
+        self.scheduler_channel = aio_channel(replica.scheduler, CHANNEL_OPTIONS)
+        self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self.commitlog_channel)
+        self.query = query_pb2_grpc.QueryServiceStub(self.query_channel)
+        # The shard's scheduler: transaction ends and checks (gateway/transaction_relay.py).
+        self.transactions = scheduler_pb2_grpc.TransactionServiceStub(self.scheduler_channel)
+        # Requests already serialised by the gateway (see the module docstring).
+        self.append_batch_bytes = self.commitlog_channel.unary_unary(
+            "/mqstore.v1.CommitLogService/AppendBatch", request_serializer=_identity,
+            response_deserializer=commitlog_pb2.AppendBatchResponse.FromString)
+        # Pull answers go back to the client as the query service wrote them.
+        self.pull_bytes = self.query_channel.unary_unary(
+            "/mqstore.v1.QueryService/PullMessage", request_serializer=query_pb2.PullMessageRequest.SerializeToString,
+            response_deserializer=_identity)
+        of = f" {replica.name}" if replica.name else ""
+        self.commitlog_what = f"the commitlog of {shard}{of} ({replica.commitlog})"
+        self.query_what = f"the query service of {shard}{of} ({replica.query})"
+        self.scheduler_what = f"the scheduler of {shard}{of} ({replica.scheduler})"
+        self.calls: dict[int, tuple[str, str]] = {id(self.append_batch_bytes): ("", "append_batch_bytes"),
+                                                  id(self.pull_bytes): ("", "pull_bytes")}
+        for stub_name in ("commitlog", "query"):
+            for method, call in vars(getattr(self, stub_name)).items():
+                self.calls[id(call)] = (stub_name, method)
+
+    def call(self, where: tuple[str, str]) -> Any:
+        stub_name, method = where
+        return getattr(getattr(self, stub_name) if stub_name else self, method)
+
+    async def close(self) -> None:
+        await self.commitlog_channel.close(None)
+        await self.query_channel.close(None)
+        await self.scheduler_channel.close(None)
+
+
+def not_appended(exc: BackendError) -> bool:
+    """The commitlog surely did not append: it could not be reached, or it answered that it is not the
+    leader (refused under the put lock, before any byte is written). Anything else (a timeout, a lost
+    connection, SYNC_MASTER's refusal after the append) may have stored the message."""
+    if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+        return NOT_LEADER_REFUSAL in exc.details
+    return exc.code == grpc.StatusCode.UNAVAILABLE and exc.not_applied
+
+
 class ShardClient:
+    """The shard's services; for a replicated shard, the leader's, following etcd (``leader``): a send
+    that reaches a replica that did not append waits for the next leader (within its deadline and
+    LEADER_WAIT_S) and is made once more there; a read the leader's copy cannot answer goes to an
+    in-sync follower's (RocketMQ's slaveReadEnable)."""
+
     def __init__(self, index: int, settings: ShardSettings) -> None:
         self.index = index
         self.name = settings.name
         self.settings = settings
-        self._commitlog_channel = aio_channel(settings.commitlog, CHANNEL_OPTIONS)
-        self._query_channel = aio_channel(settings.query, CHANNEL_OPTIONS)
-        self.commitlog = commitlog_pb2_grpc.CommitLogServiceStub(self._commitlog_channel)
-        self.query = query_pb2_grpc.QueryServiceStub(self._query_channel)
-        # The shard's scheduler: transaction ends and checks (gateway/transaction_relay.py).
-        self._scheduler_channel = aio_channel(settings.scheduler_address, CHANNEL_OPTIONS)
-        self.transactions = scheduler_pb2_grpc.TransactionServiceStub(self._scheduler_channel)
-        self._scheduler_what = f"the scheduler of {self.name} ({settings.scheduler_address})"
-        # Requests already serialised by the gateway (see the module docstring).
-        self.append_batch_bytes = self._commitlog_channel.unary_unary(
-            "/mqstore.v1.CommitLogService/AppendBatch", request_serializer=_identity,
-            response_deserializer=commitlog_pb2.AppendBatchResponse.FromString)
-        # Pull answers go back to the client as the query service wrote them.
-        self.pull_bytes = self._query_channel.unary_unary(
-            "/mqstore.v1.QueryService/PullMessage", request_serializer=query_pb2.PullMessageRequest.SerializeToString,
-            response_deserializer=_identity)
+        replicas = settings.replicas or (ReplicaSettings("", settings.commitlog, settings.query,
+                                                         settings.scheduler_address, settings.indexer_address),)
+        self._copies = {r.name: _Copy(self.name, r) for r in replicas}
+        self._last = self._copies[replicas[0].name]
+        self.leader = ShardLeader(settings.etcd, settings.broker_name) if settings.replicas else None
         self.store_host: str | None = None
         #: The store's maxMessageSize (the largest record it takes), learned with the store host.
         self.max_message_size: int | None = None
         #: ``store_host`` as the STOREHOST bytes an offset msg id carries (None if it has no such form),
         #: encoded once when learned: every GetMessage by offset msg id compares them.
         self.store_host_bytes: bytes | None = None
-        self._commitlog_what = f"the commitlog of {self.name} ({settings.commitlog})"
-        self._query_what = f"the query service of {self.name} ({settings.query})"
+
+    @property
+    def _current(self) -> _Copy:
+        """The leader's copy; between leaders the last one's (its calls fail and wait for the next)."""
+        name = self.leader.leader if self.leader is not None else None
+        if name is not None and name in self._copies:
+            self._last = self._copies[name]
+        return self._last
+
+    @property
+    def commitlog(self) -> commitlog_pb2_grpc.CommitLogServiceStub:
+        return self._current.commitlog
+
+    @property
+    def query(self) -> query_pb2_grpc.QueryServiceStub:
+        return self._current.query
+
+    @property
+    def transactions(self) -> scheduler_pb2_grpc.TransactionServiceStub:
+        return self._current.transactions
+
+    @property
+    def append_batch_bytes(self) -> Any:
+        return self._current.append_batch_bytes
+
+    @property
+    def pull_bytes(self) -> Any:
+        return self._current.pull_bytes
 
     async def close(self) -> None:
-        await self._commitlog_channel.close(None)
-        await self._query_channel.close(None)
-        await self._scheduler_channel.close(None)
+        if self.leader is not None:
+            self.leader.close()
+        for copy in self._copies.values():
+            await copy.close()
+
+    def _made_on(self, call: Any) -> tuple[_Copy, tuple[str, str]] | None:
+        for copy in self._copies.values():
+            where = copy.calls.get(id(call))
+            if where is not None:
+                return copy, where
+        return None
 
     async def on_commitlog(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        return await call_backend(self._commitlog_what, call, request, timeout)
+        made = self._made_on(call)
+        copy = made[0] if made is not None else self._current
+        try:
+            return await call_backend(copy.commitlog_what, call, request, timeout)
+        except BackendError as exc:
+            if self.leader is None or made is None or not not_appended(exc):
+                raise
+            return await self._on_next_leader(made[1], copy.name, request, timeout, exc)
+
+    async def _on_next_leader(self, where: tuple[str, str], refused_by: str, request: Any, timeout: float,
+                              first: BackendError) -> Any:
+        """A write no replica appended, made again on the leader etcd names next, until one appends it or
+        the bound passes. The replica etcd names may refuse for a moment more (it learns that it leads
+        from etcd too): that refusal is again one that appended nothing."""
+        assert self.leader is not None
+        deadline = time.monotonic() + min(timeout, LEADER_WAIT_S)
+        last = first
+        while (left := deadline - time.monotonic()) > 0:
+            leader = await self.leader.next_leader(refused_by, left)
+            if leader is None or leader not in self._copies:
+                break
+            again = self._copies[leader]
+            try:
+                return await call_backend(again.commitlog_what, again.call(where), request,
+                                          max(deadline - time.monotonic(), MIN_CALL_S))
+            except BackendError as exc:
+                if not not_appended(exc):
+                    raise
+                last, refused_by = exc, ("" if leader == self.leader.leader else leader)
+                await asyncio.sleep(RETRY_PAUSE_S)
+        raise last
 
     async def on_query(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        return await call_backend(self._query_what, call, request, timeout)
+        made = self._made_on(call)
+        copy = made[0] if made is not None else self._current
+        try:
+            return await call_backend(copy.query_what, call, request, timeout)
+        except BackendError as exc:
+            if self.leader is None or made is None or exc.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            return await self._on_in_sync(made[1], copy.name, request, timeout, exc)
+
+    async def _on_in_sync(self, where: tuple[str, str], failed: str, request: Any, timeout: float,
+                          first: BackendError) -> Any:
+        """A read made again on the in-sync replicas other than ``failed``, the first answer wins."""
+        assert self.leader is not None
+        try:
+            in_sync = await asyncio.to_thread(self.leader.refresh_in_sync)
+        except EtcdError:
+            in_sync = self.leader.in_sync
+        for name in sorted(in_sync - {failed}):
+            copy = self._copies.get(name)
+            if copy is None:
+                continue
+            try:
+                return await call_backend(copy.query_what, copy.call(where), request, timeout)
+            except BackendError as exc:
+                if exc.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+        raise first
 
     async def on_scheduler(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        return await call_backend(self._scheduler_what, call, request, timeout)
+        return await call_backend(self._current.scheduler_what, call, request, timeout)
 
     @property
     def channels(self) -> dict[str, grpc.aio.Channel]:
         """The shard's open channels by service (``mqstore status`` health-checks over them)."""
-        return {"commitlog": self._commitlog_channel, "query": self._query_channel,
-                "scheduler": self._scheduler_channel}
+        copy = self._current
+        return {"commitlog": copy.commitlog_channel, "query": copy.query_channel,
+                "scheduler": copy.scheduler_channel}
 
     async def topics(self, timeout: float) -> list[common_pb2.TopicConfig]:
         response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(), timeout)

@@ -101,6 +101,9 @@ def _add_run(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         up.add_argument("--gateway-workers", type=int, default=None, metavar="N",
                         help="gateway processes sharing its port (default: $MQSTORE_GATEWAY_WORKERS, else 1); "
                              "worker i serves /metrics on the gateway's metrics port + i")
+        up.add_argument("--replicas", type=int, default=None, metavar="N",
+                        help="N replicas of the shard on a local etcd (installed when missing): the gateway "
+                             "follows the leader etcd names (docs/replication.md); without it, one copy")
         up.set_defaults(handler=_run)
 
     serve = commands.add_parser("serve", help="run one service alone: commitlog, indexer, query, scheduler or gateway")
@@ -193,6 +196,13 @@ def _add_services(commands: argparse._SubParsersAction[argparse.ArgumentParser],
 def _run(args: argparse.Namespace) -> int:
     from services.runner import run
 
+    if args.replicas is not None:
+        from services.replica_set import run_replicated
+
+        return run_replicated(store=args.store, config_file=args.config, replicas=args.replicas,
+                              base_port=args.base_port, auth_file=args.auth_file,
+                              metrics_base_port=None if args.no_metrics else args.metrics_base_port,
+                              gateway_workers=args.gateway_workers)
     return run(store=args.store, config_file=args.config, base_port=args.base_port, auth_file=args.auth_file,
                metrics_base_port=None if args.no_metrics else args.metrics_base_port,
                gateway_workers=args.gateway_workers)

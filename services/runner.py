@@ -57,6 +57,8 @@ class ChildSpec:
     args: list[str]
     listen: str
     metrics_port: int | None = None
+    #: MQSTORE_* settings of this child alone (a replica's name and ports: services/replica_set.py).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,7 @@ class _Child:
         spec = self.spec
         self.instance = uuid.uuid4().hex
         env = dict(os.environ)
+        env.update(spec.env)
         env[INSTANCE_ENV] = self.instance
         if spec.metrics_port is not None:
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)

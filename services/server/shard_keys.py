@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from services.server.etcd_client import EtcdClient, Value
 
 KEY_ROOT = "/mqstore/shards/"
+#: How a replica that does not lead refuses a write (FAILED_PRECONDITION, before anything is appended):
+#: whoever follows the leader may send such a write again to the next leader.
+NOT_LEADER_REFUSAL = "is not the leader of shard"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.in_sync import InSyncAcks
 from services.commitlog.ha.leadership import ShardLeadership
 from services.server.etcd_client import EtcdClient, EtcdError
-from services.server.shard_keys import LeaderRecord, ShardKeys, read_shard
+from services.server.shard_keys import NOT_LEADER_REFUSAL, LeaderRecord, ShardKeys, read_shard
 from services.store.config import SYNC_MASTER
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class EtcdReplication:
 
     def _refuse_writes(self, why: str) -> None:
         shard = self._engine.config.broker_name
-        self._engine.write_refusal = (f"replica {self.replica} is not the leader of shard {shard} ({why}): send to "
+        self._engine.write_refusal = (f"replica {self.replica} {NOT_LEADER_REFUSAL} {shard} ({why}): send to "
                                       "the leader etcd names")
 
     def _run(self) -> None:
