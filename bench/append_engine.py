@@ -43,7 +43,7 @@ from bench.workload import (
     print_machine,
     scratch_dir,
 )
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageStatus
 from services.store.config import ASYNC_FLUSH, SYNC_FLUSH, load_config
 from services.store.formats.message import Message
@@ -107,13 +107,13 @@ class _Worker:
 MADV_POPULATE_READ = 22  # Linux >= 5.14; Python 3.11's mmap module has no name for it
 
 
-def prefault(engine: CommitLog) -> None:
+def prefault(engine: MessageStore) -> None:
     """What-if experiment, not what the engine does: fill the page cache of the current and the
     pre-created next commitlog file before the clock starts (madvise MADV_POPULATE_READ), so appends
     no longer take the first-touch page faults that zero fresh file pages."""
     started = time.perf_counter()
-    files = [engine.mfq.last_file()]
-    pending = getattr(engine.mfq, "_next", None)  # private: the background-created next file
+    files = [engine.commit_log.mfq.last_file()]
+    pending = getattr(engine.commit_log.mfq, "_next", None)  # private: the background-created next file
     if pending is not None:
         files.append(pending[1].result())
     for mapped in files:
@@ -135,7 +135,7 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, mode: str, threads: i
         progress("warning: could not drop caches (not root?)")
     wait_quiet(args.wait_quiet)
     with scratch_dir("engine-", args.keep_store) as root:
-        engine = CommitLog(config, root)
+        engine = MessageStore(config, root)
         engine.start()
         try:
             put: Callable[[Any], Any] = engine.put_messages if batched else engine.put_message

@@ -43,7 +43,7 @@ from bench.report import progress
 from bench.services import Service, free_port
 from bench.workload import CLUSTER, QUEUES, TOPIC, print_machine, scratch_dir
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import ASYNC_FLUSH, load_config
 from services.store.formats.message import Message
 
@@ -77,7 +77,7 @@ def write_store(root: Path, total_bytes: int) -> int:
     Returns how many messages."""
     rng = random.Random(7)
     bodies = [rng.randbytes(BODY_SIZE) for _ in range(256)]
-    log = CommitLog(load_config(environ={}, flush_disk_type=ASYNC_FLUSH), root)
+    log = MessageStore(load_config(environ={}, flush_disk_type=ASYNC_FLUSH), root)
     log.start()
     count, started = 0, time.monotonic()
     try:

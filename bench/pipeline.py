@@ -28,7 +28,7 @@ from pipeline.reindex import reindex
 from pipeline.scan import ScanSummary, StoreInput
 from pipeline.session import get_session
 from pipeline.verify import verify
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
 from services.store.formats.message import Message
@@ -39,7 +39,7 @@ BATCH = 512
 
 def write_store(root: Path, target_bytes: int) -> None:
     """Fill a store with 1 KiB messages until the commitlog holds ``target_bytes``."""
-    log = CommitLog(load_config(environ={}), root)
+    log = MessageStore(load_config(environ={}), root)
     log.start()
     try:
         body = os.urandom(BODY_SIZE)

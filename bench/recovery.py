@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bench.report import CpuMeter, progress, wait_quiet
 from bench.workload import CLUSTER, QUEUES, SCRATCH, TOPIC, drop_caches, print_machine, scratch_dir
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import RecoveryResult, recover_abnormally, recover_normally
 from services.commitlog.topic_queue_table import replay_queue_offsets
 from services.store.config import ASYNC_FLUSH, MessageStoreConfig, load_config
@@ -77,7 +77,7 @@ def write_store(root: Path, total_bytes: int, file_size: int) -> int:
     bodies = [rng.randbytes(BODY_SIZE) for _ in range(1024)]
     prefix = f"7F000001{os.getpid() & 0xFFFF:04X}{rng.getrandbits(32):08X}"
     born = int(time.time() * 1000)
-    log = CommitLog(store_config(file_size), root)
+    log = MessageStore(store_config(file_size), root)
     log.start()
     count = 0
     started = time.monotonic()
@@ -132,7 +132,7 @@ def _walk(root: Path, config: MessageStoreConfig, abnormal: bool,
 
 
 def _start(root: Path, config: MessageStoreConfig) -> float:
-    log = CommitLog(config, root)
+    log = MessageStore(config, root)
     started = time.perf_counter()
     log.start()
     elapsed = time.perf_counter() - started

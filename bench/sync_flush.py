@@ -38,7 +38,7 @@ from bench.report import (
     wait_quiet,
 )
 from bench.workload import BODY_SIZE, RECORD_SIZE, TOPIC, Workload, drop_caches, print_machine, scratch_dir
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageStatus
 from services.store.config import SYNC_FLUSH, load_config
@@ -107,7 +107,7 @@ class _Producer:
         self.done, self.failed = done, failed
 
 
-def run_asyncio_producers(engine: CommitLog, messages: Sequence[Message], producers: int,
+def run_asyncio_producers(engine: MessageStore, messages: Sequence[Message], producers: int,
                           duration_s: float) -> list[_Producer]:
     """The producers as coroutines sharing a PutBatcher (the gRPC service's Append path): each awaits
     its own acknowledgement, after the group-commit fsync, one message at a time."""
@@ -148,7 +148,7 @@ def run_rep(case: str, rep: int, args: argparse.Namespace, gather_us: int, count
         progress("warning: could not drop caches (not root?)")
     wait_quiet(args.wait_quiet)
     with scratch_dir("sync-", args.keep_store) as root:
-        engine = CommitLog(config, root)
+        engine = MessageStore(config, root)
         engine.start()
         try:
             probe = engine.put_message(Message(TOPIC, 0, b"x"))  # creates the topic: not timed

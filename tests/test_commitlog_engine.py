@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
 from services.store.config import load_config
 from services.store.errors import (
@@ -26,23 +26,23 @@ from services.store.rules.topics import TopicConfig
 from tests.geometry import SMALL, GeometryPreset, geometry_id
 
 
-def make_log(root: Path, **overrides: Any) -> CommitLog:
+def make_log(root: Path, **overrides: Any) -> MessageStore:
     settings: dict[str, Any] = {"mapped_file_size_commit_log": 64 * 1024, "max_message_size": 16 * 1024}
     settings.update(overrides)
-    log = CommitLog(load_config(environ={}, **settings), root)
+    log = MessageStore(load_config(environ={}, **settings), root)
     log.start()
     return log
 
 
 @pytest.fixture
-def log(store_geometry: GeometryPreset, tmp_path: Path) -> Iterator[CommitLog]:
+def log(store_geometry: GeometryPreset, tmp_path: Path) -> Iterator[MessageStore]:
     commit_log = make_log(tmp_path, mapped_file_size_commit_log=store_geometry.commitlog_file_size)
     yield commit_log
     commit_log.shutdown()
 
 
-def snapshot(log: CommitLog) -> tuple[int, dict[tuple[str, int], int], list[TopicConfig]]:
-    return log.max_offset, dict(log.queue_table), log.topics.list()
+def snapshot(log: MessageStore) -> tuple[int, dict[tuple[str, int], int], list[TopicConfig]]:
+    return log.max_offset, dict(log.commit_log.queue_table), log.topics.list()
 
 
 @pytest.mark.parametrize(("message", "status", "match"), [
@@ -60,7 +60,7 @@ def snapshot(log: CommitLog) -> tuple[int, dict[tuple[str, int], int], list[Topi
     (Message("TopicX", 0, b"x", born_host="nowhere"), PutMessageStatus.MESSAGE_ILLEGAL, "ip:port"),
     (Message("TopicX", 0, b"x", flag=2**31), PutMessageStatus.MESSAGE_ILLEGAL, "32-bit"),
 ])
-def test_bad_messages_are_refused_and_change_nothing(log: CommitLog, message: Message,
+def test_bad_messages_are_refused_and_change_nothing(log: MessageStore, message: Message,
                                                     status: PutMessageStatus, match: str) -> None:
     log.put_message(Message("TopicX", 0, b"first"))
     before = snapshot(log)
@@ -90,7 +90,7 @@ def test_unknown_topic_without_auto_create_is_not_found(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("store_geometry", [SMALL], ids=geometry_id, indirect=True)
-def test_batch_across_a_file_roll_writes_a_blank_and_continues(log: CommitLog) -> None:
+def test_batch_across_a_file_roll_writes_a_blank_and_continues(log: MessageStore) -> None:
     results = log.put_messages([Message("TopicR", i % 2, b"y" * 1000) for i in range(200)])
     file_size = log.config.mapped_file_size_commit_log
     rolled = [r for r in results if r.commitlog_offset % file_size == 0 and r.commitlog_offset > 0]
@@ -99,7 +99,7 @@ def test_batch_across_a_file_roll_writes_a_blank_and_continues(log: CommitLog) -
         end = before.commitlog_offset + before.wrote_bytes
         if after.commitlog_offset != end:  # a roll: the rest of the file is BLANK
             assert after.commitlog_offset % file_size == 0
-            mapped = log.mfq.find_by_offset(end)
+            mapped = log.commit_log.mfq.find_by_offset(end)
             assert mapped is not None
             size, magic = read_size_and_magic(mapped.buffer, end - mapped.file_from_offset)
             assert magic == BLANK_MAGIC_CODE and end + size == after.commitlog_offset
@@ -112,7 +112,7 @@ def test_batch_across_a_file_roll_writes_a_blank_and_continues(log: CommitLog) -
         assert record.store_timestamp == r.store_timestamp and record.queue_offset == r.queue_offset
 
 
-def test_delay_messages_are_parked_in_the_schedule_topic(log: CommitLog) -> None:
+def test_delay_messages_are_parked_in_the_schedule_topic(log: MessageStore) -> None:
     result = log.put_message(Message("TopicD", 3, b"later", properties={"DELAY": "3", "KEYS": "k"}))
     record = decode_record(log.read(result.commitlog_offset, result.wrote_bytes))
     assert (record.topic, record.queue_id) == (SCHEDULE_TOPIC, 2)
@@ -120,7 +120,7 @@ def test_delay_messages_are_parked_in_the_schedule_topic(log: CommitLog) -> None
     assert (result.topic, result.queue_id) == (SCHEDULE_TOPIC, 2)
 
 
-def test_prepared_transaction_messages_take_no_queue_offset(log: CommitLog) -> None:
+def test_prepared_transaction_messages_take_no_queue_offset(log: MessageStore) -> None:
     prepared = log.put_message(Message("TopicTx", 0, b"p", sys_flag=TRANSACTION_PREPARED_TYPE))
     normal = log.put_message(Message("TopicTx", 0, b"n"))
     assert prepared.queue_offset == 0 and normal.queue_offset == 0
@@ -144,7 +144,7 @@ def test_sync_flush_acknowledges_only_flushed_data(tmp_path: Path) -> None:
     try:
         result = log.put_message(Message("TopicS", 0, b"durable"))
         assert result.status is PutMessageStatus.PUT_OK
-        assert log.mfq.flushed_where >= result.commitlog_offset + result.wrote_bytes
+        assert log.commit_log.mfq.flushed_where >= result.commitlog_offset + result.wrote_bytes
     finally:
         log.shutdown()
 
@@ -170,14 +170,14 @@ def test_transient_store_pool_commits_then_flushes(tmp_path: Path) -> None:
                    commit_interval_commit_log=50)
     try:
         results = log.put_messages([Message("TopicP", 0, b"z" * 500) for _ in range(300)])
-        assert log.max_offset < log.mfq.max_wrote_offset  # not readable before the commit service ran
+        assert log.max_offset < log.commit_log.mfq.max_wrote_offset  # not readable before the commit service ran
         deadline = time.monotonic() + 5
-        while log.max_offset < log.mfq.max_wrote_offset and time.monotonic() < deadline:
+        while log.max_offset < log.commit_log.mfq.max_wrote_offset and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert log.max_offset == log.mfq.max_wrote_offset  # readers see it once committed
+        assert log.max_offset == log.commit_log.mfq.max_wrote_offset  # readers see it once committed
         last = results[-1]
         assert decode_record(log.read(last.commitlog_offset, last.wrote_bytes)).body == b"z" * 500
-        assert all(f.write_buffer is None for f in log.mfq.files[:-1])  # full files gave their buffers back
+        assert all(f.write_buffer is None for f in log.commit_log.mfq.files[:-1])  # full files gave their buffers back
     finally:
         log.shutdown()
     log = make_log(tmp_path)
@@ -187,7 +187,7 @@ def test_transient_store_pool_commits_then_flushes(tmp_path: Path) -> None:
         log.shutdown()
 
 
-def test_a_rejected_batch_creates_no_topic(log: CommitLog) -> None:
+def test_a_rejected_batch_creates_no_topic(log: MessageStore) -> None:
     with pytest.raises(PutMessageError):
         log.put_messages([Message("BrandNew", 0, b"ok"), Message("BrandNew", 99, b"bad queue")])
     assert log.topics.get("BrandNew") is None
@@ -206,11 +206,11 @@ def test_a_put_stuck_in_the_lock_makes_others_fail_fast_as_broker_busy(tmp_path:
         held = threading.Event()
 
         def stuck_put() -> None:
-            with log._put_lock:  # a put whose append stalls on the page cache
-                log._begin_time_in_lock = time.monotonic()
+            with log.commit_log._put_lock:  # a put whose append stalls on the page cache
+                log.commit_log._begin_time_in_lock = time.monotonic()
                 held.set()
                 release.wait(10)
-                log._begin_time_in_lock = 0.0
+                log.commit_log._begin_time_in_lock = 0.0
 
         holder = threading.Thread(target=stuck_put)
         holder.start()

@@ -19,7 +19,7 @@ from mqstore.client.compression import NotInflatable, consumer_body, inflate
 from mqstore.client.records import decode_records
 from mqstore.v1 import query_pb2
 from pipeline.export import decompress_body
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.query.stored_message import _general, stored_message
 from services.store.config import load_config
 from services.store.formats.message import Message
@@ -43,7 +43,7 @@ CASES: dict[str, tuple[bytes, int, bytes, bool]] = {
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, bytes]]]:
     """Each case's record as the engine wrote it: (commitlog offset, bytes)."""
-    log = CommitLog(load_config(environ={}), tmp_path_factory.mktemp("compressed") / "store")
+    log = MessageStore(load_config(environ={}), tmp_path_factory.mktemp("compressed") / "store")
     log.start()
     try:
         results = log.put_messages([Message("Squeezed", 0, body, sys_flag=sys_flag, properties={"KEYS": name})

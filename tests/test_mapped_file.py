@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import ConfigError, load_config
 from services.store.formats.mapped_file import PREFAULT_STEP, MappedFile, file_name, parse_file_name
 from services.store.formats.message import Message
@@ -97,7 +97,7 @@ def test_a_sparse_file_reserves_blocks_a_step_ahead_of_its_writes(tmp_path: Path
 def test_the_commitlog_reserves_ahead_in_steps_not_its_whole_file(tmp_path: Path) -> None:
     config = load_config(environ={"MQSTORE_RESERVE_AHEAD_COMMIT_LOG": str(MIB)},
                          mapped_file_size_commit_log=64 * MIB, prefault_mapped_file=False)
-    log = CommitLog(config, tmp_path / "store")
+    log = MessageStore(config, tmp_path / "store")
     log.start()
     try:
         log.put_message(Message("Steps", 0, b"s"))
@@ -108,7 +108,7 @@ def test_the_commitlog_reserves_ahead_in_steps_not_its_whole_file(tmp_path: Path
         assert log.max_offset > 4 * MIB and allocated(first) <= log.max_offset + MIB + 64 * 1024, allocated(first)
     finally:
         log.shutdown()
-    log = CommitLog(config, tmp_path / "store")  # a restart goes on in steps from where the log ends
+    log = MessageStore(config, tmp_path / "store")  # a restart goes on in steps from where the log ends
     log.start()
     try:
         log.put_message(Message("Steps", 0, b"s"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageStatus
 from services.store.config import load_config
@@ -17,7 +17,7 @@ from services.store.formats.record import decode_record
 
 def test_concurrent_producers_get_their_own_results_and_errors(tmp_path: Path) -> None:
     config = load_config(environ={}, mapped_file_size_commit_log=256 * 1024, flush_disk_type="SYNC_FLUSH")
-    log = CommitLog(config, tmp_path)
+    log = MessageStore(config, tmp_path)
     log.start()
     calls = 0
     put_each = log.put_each
@@ -60,5 +60,5 @@ def test_concurrent_producers_get_their_own_results_and_errors(tmp_path: Path) -
 
     asyncio.run(run())
     assert calls < 32 * 50 / 4  # batched: far fewer engine calls than messages
-    assert log.mfq.flushed_where == log.max_offset  # acknowledged under SYNC_FLUSH means flushed
+    assert log.commit_log.mfq.flushed_where == log.max_offset  # acknowledged under SYNC_FLUSH means flushed
     log.shutdown()

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.topic_queue_table import QueueOffsetSnapshot, QueueOffsetStore
 from services.store.config import MessageStoreConfig, load_config
 from services.store.errors import OutOfRangeError
@@ -30,8 +30,8 @@ def fixture_config(**overrides: Any) -> MessageStoreConfig:
 
 
 @contextmanager
-def opened(store: Path, config: MessageStoreConfig | None = None) -> Iterator[CommitLog]:
-    commit_log = CommitLog(config or fixture_config(), store)
+def opened(store: Path, config: MessageStoreConfig | None = None) -> Iterator[MessageStore]:
+    commit_log = MessageStore(config or fixture_config(), store)
     commit_log.start()
     try:
         yield commit_log
@@ -66,7 +66,7 @@ def test_crash_store_recovers_to_the_offset_real_rocketmq_reached(
         # next queue offsets continue where the real store's ConsumeQueues end
         ranges = {(r["topic"], r["queueId"]): r["maxOffset"] for r in dump_rows("crash", "cqrange")
                   if r["maxOffset"] > 0}
-        assert log.queue_table == ranges
+        assert log.commit_log.queue_table == ranges
     assert commitlog_files(store) == ["00000000000000000000", "00000000000001048576"]
     assert not (store / "abort").exists()
 
@@ -77,11 +77,11 @@ def test_torn_record_is_truncated(fixture_store: StoreFactory,
     store = fixture_store("torn-raw")
     with opened(store, fixture_config(recover_corruption_mode=mode)) as log:
         assert log.max_offset == 2033918 and log.quarantine.ranges == ()
-        assert log.queue_table[("Topic-Long-Name_with.chars", 0)] == 210
+        assert log.commit_log.queue_table[("Topic-Long-Name_with.chars", 0)] == 210
         last = msg_rows(dump_rows, "torn")[-1]
         assert last["commitLogOffset"] + last["storeSize"] == 2033918
         # Unlike RocketMQ, the torn bytes are zeroed so they can never be read as a record again.
-        mapped = log.mfq.find_by_offset(2033918 - 1)
+        mapped = log.commit_log.mfq.find_by_offset(2033918 - 1)
         assert mapped is not None
         pos = 2033918 - mapped.file_from_offset
         assert bytes(mapped.buffer[pos:pos + 277]) == bytes(277)
@@ -96,7 +96,7 @@ def test_clean_store_recovers_from_the_last_three_files(
         assert log.max_offset == meta["maxPhyOffset"] == 3008717
         ranges = {(r["topic"], r["queueId"]): r["maxOffset"] for r in dump_rows("normal", "cqrange")
                   if r["maxOffset"] > 0}
-        assert log.queue_table == ranges
+        assert log.commit_log.queue_table == ranges
 
 
 def test_corrupt_body_crc_stops_abnormal_recovery_at_that_record(
@@ -132,7 +132,7 @@ def small_config(**overrides: Any) -> MessageStoreConfig:
     return load_config(environ={}, mapped_file_size_commit_log=64 * 1024, **overrides)
 
 
-def put_many(log: CommitLog, count: int, topic: str = "TopicT") -> list[int]:
+def put_many(log: MessageStore, count: int, topic: str = "TopicT") -> list[int]:
     ends = []
     for i in range(count):
         result = log.put_message(Message(topic, i % 4, f"body-{i}".encode() * 20, properties={"KEYS": f"k{i}"}))
@@ -143,10 +143,10 @@ def put_many(log: CommitLog, count: int, topic: str = "TopicT") -> list[int]:
 def test_restart_keeps_queue_offsets_across_file_rolls(tmp_path: Path) -> None:
     with opened(tmp_path, small_config()) as log:
         put_many(log, 2000)
-        table = dict(log.queue_table)
-        assert len(log.mfq.files) > 3  # normal recovery only walks the last three
+        table = dict(log.commit_log.queue_table)
+        assert len(log.commit_log.mfq.files) > 3  # normal recovery only walks the last three
     with opened(tmp_path, small_config()) as log:
-        assert log.queue_table == table
+        assert log.commit_log.queue_table == table
         result = log.put_message(Message("TopicT", 1, b"after restart"))
         assert result.queue_offset == table[("TopicT", 1)]
 
@@ -154,24 +154,24 @@ def test_restart_keeps_queue_offsets_across_file_rolls(tmp_path: Path) -> None:
 def test_crash_without_snapshot_rebuilds_queue_offsets(store_geometry: GeometryPreset, tmp_path: Path) -> None:
     with opened(tmp_path, store_geometry.config()) as log:
         put_many(log, 700)
-        table = dict(log.queue_table)
+        table = dict(log.commit_log.queue_table)
     # A snapshot from an older point: start-up replays the records written after it.
     QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(QueueOffsetSnapshot(0, {}))
     (tmp_path / "abort").touch()
     with opened(tmp_path, store_geometry.config()) as log:
-        assert log.queue_table == table
+        assert log.commit_log.queue_table == table
     # A snapshot beyond the end of the log (the log lost data; a start refuses that until the loss is
     # accepted, tests/commitlog/test_missing_log.py): rebuilt from the whole log.
     QueueOffsetStore(tmp_path / "config" / "queue_offsets.json").save(
         QueueOffsetSnapshot(10**12, {("TopicT", 0): 10**6}))
     with opened(tmp_path, dataclasses.replace(store_geometry.config(), refuse_start_on_missing_log=False)) as log:
-        assert log.queue_table == table
+        assert log.commit_log.queue_table == table
 
 
 def test_torn_tail_of_our_own_log_is_truncated(store_geometry: GeometryPreset, tmp_path: Path) -> None:
     with opened(tmp_path, store_geometry.config()) as log:
         ends = put_many(log, 300)
-        last_file = log.mfq.files[-1]
+        last_file = log.commit_log.mfq.files[-1]
         path, start = last_file.path, last_file.file_from_offset
     torn_at = ends[-2]  # keep the first 30 bytes of the last record, zero the rest
     with open(path, "r+b") as f:
@@ -180,7 +180,7 @@ def test_torn_tail_of_our_own_log_is_truncated(store_geometry: GeometryPreset, t
     (tmp_path / "abort").touch()
     with opened(tmp_path, store_geometry.config()) as log:
         assert log.max_offset == torn_at
-        assert log.queue_table[("TopicT", 299 % 4)] == 299 // 4
+        assert log.commit_log.queue_table[("TopicT", 299 % 4)] == 299 // 4
         again = log.put_message(Message("TopicT", 299 % 4, b"x"))
         assert again.commitlog_offset == torn_at and again.queue_offset == 299 // 4
 
@@ -211,7 +211,7 @@ def test_stale_records_after_a_truncation_are_not_resurrected(store_geometry: Ge
 
 def test_lock_refuses_a_second_writer(tmp_path: Path) -> None:
     with opened(tmp_path, small_config()):
-        second = CommitLog(small_config(), tmp_path)
+        second = MessageStore(small_config(), tmp_path)
         with pytest.raises(StoreLockedError, match=f"pid.*{os.getpid()}"):
             second.start()
     with opened(tmp_path, small_config()) as log:  # released by the clean stop
@@ -230,13 +230,13 @@ def test_expired_files_are_deleted_and_reads_below_them_are_out_of_range(tmp_pat
     hour = time.strftime("%H")
     with opened(tmp_path, small_config(delete_when=hour, file_reserved_time=72)) as log:
         put_many(log, 1500)
-        files = list(log.mfq.files)
+        files = list(log.commit_log.mfq.files)
         assert len(files) >= 5
-        log.mfq.flush_until(log.max_offset)
+        log.commit_log.mfq.flush_until(log.max_offset)
         old = time.time() - 100 * 3600
         for mapped in files[:3]:
             os.utime(mapped.path, (old, old))
-        table = dict(log.queue_table)
+        table = dict(log.commit_log.queue_table)
         assert log.clean_expired_files(disk_used_ratio=0.1) == [m.path for m in files[:3]]
         assert log.min_offset == files[3].file_from_offset
         with pytest.raises(OutOfRangeError, match="below the min offset"):
@@ -246,7 +246,7 @@ def test_expired_files_are_deleted_and_reads_below_them_are_out_of_range(tmp_pat
         # A disk past diskSpaceWarningLevelRatio cleans at once, expired or not, but keeps the last file.
         assert len(log.clean_expired_files(disk_used_ratio=0.95)) == min(10, len(files) - 4)
     with opened(tmp_path, small_config()) as log:
-        assert log.queue_table == table
+        assert log.commit_log.queue_table == table
 
 
 def test_queue_offsets_rebuilt_from_the_log_match_the_writer(tmp_path: Path) -> None:
@@ -261,9 +261,9 @@ def test_queue_offsets_rebuilt_from_the_log_match_the_writer(tmp_path: Path) -> 
             log.put_message(Message(topic, i // len(topics) % 3, b"x" * (i % 50), properties={"KEYS": f"k{i}"},
                                     born_host="[::1]:9" if i % 7 == 0 else "127.0.0.1:9",
                                     sys_flag=0x4 if i % 11 == 0 else 0))
-        table = dict(log.queue_table)
-        assert len(table) == len(topics) * 3 and len(log.mfq.files) > 3
+        table = dict(log.commit_log.queue_table)
+        assert len(table) == len(topics) * 3 and len(log.commit_log.mfq.files) > 3
     (tmp_path / "config" / "queue_offsets.json").unlink()
     (tmp_path / "config" / "queue_offsets.json.bak").unlink(missing_ok=True)
     with opened(tmp_path, small_config()) as log:
-        assert log.queue_table == table
+        assert log.commit_log.queue_table == table

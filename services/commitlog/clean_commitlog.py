@@ -37,6 +37,7 @@ from services.store.disk_space import MIB
 from services.store.formats.mapped_file import MappedFile
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.rules.unconsumed import Holders, UnconsumedReader
+from services.store.service_thread import ServiceThread
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ DELETE_FILES_BATCH_MAX = 10
 
 
 class CommitLogCleaner:
-    """Decides and carries out one cleaning round at a time (the store-state thread's)."""
+    """Decides and carries out one cleaning round at a time (``CleanCommitLogService``'s)."""
 
     def __init__(self, config: MessageStoreConfig, mfq: MappedFileQueue, disk: DiskGuard, store_root: Path) -> None:
         self.config = config
@@ -158,3 +159,29 @@ class CommitLogCleaner:
         usage = self.disk.usage
         state = usage.describe() if usage is not None else f"the disk is {disk_used_ratio * 100:.1f}% used"
         return f"{state}, above diskSpaceCleanForciblyRatio {self.clean_at_once_ratio:.2f}"
+
+
+class CleanCommitLogService(ServiceThread):
+    """The cleaner on its own schedule: every ``disk_check_interval_s`` refresh the disk-full state
+    (writes are refused above the watermark within that interval), every ``clean_interval_s``
+    (``cleanResourceInterval``) a cleaning round at the disk use just read."""
+
+    name = "clean-commitlog"
+
+    def __init__(self, cleaner: CommitLogCleaner, disk: DiskGuard, disk_check_interval_s: float,
+                 clean_interval_s: float) -> None:
+        super().__init__()
+        self._cleaner = cleaner
+        self._disk = disk
+        self._interval_s = disk_check_interval_s
+        self._clean_interval_s = clean_interval_s
+        self._last_clean = time.monotonic()
+
+    def run_once(self) -> None:
+        self._stopped.wait(self._interval_s)
+        if self.stopped:
+            return
+        usage = self._disk.refresh()
+        if time.monotonic() - self._last_clean >= self._clean_interval_s and usage is not None:
+            self._last_clean = time.monotonic()
+            self._cleaner.run(usage.ratio)

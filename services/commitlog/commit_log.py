@@ -1,51 +1,27 @@
-"""The CommitLog engine: one sequential log of every message, recovered on start, flushed by policy.
+"""The CommitLog: one sequential log of every message, appended under a lock, flushed by policy.
 
-Usable in-process (tests, benchmarks) and behind the gRPC servicer. Thread-safe: appends are
-serialised by the put lock; reads and tails run concurrently with them.
+Recovered, started and stopped by its ``MessageStore`` (``message_store.py``). Thread-safe: appends
+are serialised by the put lock; reads and tails run concurrently with them.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import struct
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.commitlog import metrics
-from services.commitlog.clean_commitlog import CommitLogCleaner
 from services.commitlog.disk_guard import DiskGuard
 from services.commitlog.flush import CommitRealTimeService, FlushRealTimeService, GroupCommitService
-from services.commitlog.indexer_headroom import IndexerHeadroom
 from services.commitlog.message_encoder import EncodedMessage, MessageEncoder
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
-from services.commitlog.recovery import (
-    MissingLogError,
-    RecoveryResult,
-    consumed_beyond,
-    find_flush_loss,
-    find_missing_log,
-    read_dispatch_witness,
-    read_dispatched_end,
-    recover_abnormally,
-    recover_normally,
-)
 from services.commitlog.topic_config import TopicConfigManager
-from services.commitlog.topic_discovery import discover_queue_nums
-from services.commitlog.topic_queue_table import (
-    QueueKey,
-    QueueOffsetSnapshot,
-    QueueOffsetStore,
-    advances_queue,
-    replay_queue_offsets,
-)
+from services.commitlog.topic_queue_table import QueueKey, QueueOffsetSnapshot
 from services.server import tracing
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
-from services.store.disk_space import is_disk_full
 from services.store.errors import (
     DataLossError,
     FailedPreconditionError,
@@ -56,15 +32,12 @@ from services.store.errors import (
     StoreError,
     UnavailableError,
 )
-from services.store.formats.checkpoint import StoreCheckpoint
 from services.store.formats.chunk_walk import ChunkStop, walk_chunk
 from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, starts_page
-from services.store.formats.consumer_offsets_file import offsets_file_candidates, read_offset_table
-from services.store.formats.index_file import index_file_size
 from services.store.formats.mapped_file import MappedFile
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.formats.message import SCHEDULE_TOPIC, Message, parse_delay_levels
-from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
+from services.store.formats.quarantine import QuarantineTable
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -73,18 +46,14 @@ from services.store.formats.record import (
     PHYSICAL_OFFSET_POS,
     QUEUE_OFFSET_POS,
     SIZE_AND_MAGIC,
-    RecordError,
-    decode_record,
     encode_blank,
 )
-from services.store.formats.store_layout import INDEXER_DIR
 from services.store.formats.transient_store_pool import TransientStorePool
 from services.store.rules.names import check_topic_name
 from services.store.rules.timer_message import TIMER_TOPIC
-from services.store.rules.topics import PERM_WRITE, TopicConfig
+from services.store.rules.topics import PERM_WRITE
 from services.store.rules.transaction_records import TRANSACTION_TOPICS
 from services.store.service_thread import ServiceThread
-from services.store.store_root import AbortFile, StoreLock
 
 log = logging.getLogger(__name__)
 
@@ -118,54 +87,34 @@ class TailChunk:
         return self.next_offset != self.start_offset + len(self.data)
 
 
-@dataclass(slots=True, frozen=True)
-class StoreStats:
-    min_offset: int
-    max_offset: int
-    flushed_offset: int
-    committed_offset: int
-    mapped_file_count: int
-    disk_total_bytes: int
-    disk_used_bytes: int
-    recovered_offset: int
 
 
 class CommitLog:
-    def __init__(self, config: MessageStoreConfig, store_root: str | Path) -> None:
-        config.validate()
+    """RocketMQ's CommitLog: the put path (the checks, the queue offsets, the records copied into the
+    mapped files), the hand-off to the commit and flush services, and reads and tails of the log.
+    ``MessageStore`` (``message_store.py``) recovers it, loads its queue table and starts and stops it."""
+
+    def __init__(self, config: MessageStoreConfig, store_root: Path, topics: TopicConfigManager, disk: DiskGuard,
+                 quarantine: QuarantineTable, reserve_step: int) -> None:
         self.config = config
-        self.root = Path(store_root)
+        self.root = store_root
         self.sync_flush = config.flush_disk_type == SYNC_FLUSH
         # RocketMQ uses the pool only for an async-flushing master.
         self.pool_enabled = config.transient_store_pool_enable and not self.sync_flush
-        self._delay_levels_ms = parse_delay_levels(config.message_delay_level)
-        self._lock_file = StoreLock(self.root)
-        self._abort = AbortFile(self.root)
         self.pool = TransientStorePool(config.transient_store_pool_size, config.mapped_file_size_commit_log) \
             if self.pool_enabled else None
         self.queue_table: dict[QueueKey, int] = {}
-        index_bytes = index_file_size(config.max_hash_slot_num, config.max_index_num) \
-            if config.message_index_enable else 0
-        headroom = IndexerHeadroom(self.root, self.root / "commitlog", self._live_queues,
-                                   config.mapped_file_size_consume_queue, index_bytes)
-        # What a commitlog file's creation or a reservation ahead of the writer takes at once.
-        reserve_step = min(config.reserve_ahead_commit_log or config.mapped_file_size_commit_log,
-                           config.mapped_file_size_commit_log)
-        self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
-                              reserve_step, headroom)
+        self.disk = disk
         #: ConsumeQueue units per file: a message whose queue offset is a multiple starts a new file.
         self._queue_units_per_file = max(1, config.mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE)
-        self.mfq = MappedFileQueue(self.root / "commitlog", config.mapped_file_size_commit_log, self.pool,
+        self.mfq = MappedFileQueue(store_root / "commitlog", config.mapped_file_size_commit_log, self.pool,
                                    prefault=config.prefault_mapped_file and not self.pool_enabled,
-                                   space_check=self.disk.check_new_file, reserve_step=reserve_step)
-        self.cleaner = CommitLogCleaner(config, self.mfq, self.disk, self.root)
-        self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
-                                         len(self._delay_levels_ms))
-        self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
-        self.quarantine = QuarantineTable(self.root)
+                                   space_check=disk.check_new_file, reserve_step=reserve_step)
+        self.topics = topics
+        self.quarantine = quarantine
         self.encoder = MessageEncoder(config.store_host, config.max_message_size,
-                                      config.mapped_file_size_commit_log, len(self._delay_levels_ms),
-                                      config.timer_max_delay_sec)
+                                      config.mapped_file_size_commit_log, len(parse_delay_levels(
+                                          config.message_delay_level)), config.timer_max_delay_sec)
         self._put_lock = threading.Lock()
         # RocketMQ's beginTimeInLock: when the put holding the lock started (0 = none), for isOSPageCacheBusy.
         self._begin_time_in_lock = 0.0
@@ -173,165 +122,21 @@ class CommitLog:
         self._new_data = threading.Condition()
         self._tail_waiters = 0
         self._running = False
-        self.incarnation = ""
-        self._checkpoint: StoreCheckpoint | None = None
         self._services: list[ServiceThread] = []
         self._group_commit: GroupCommitService | None = None
         self._flush_service: ServiceThread | None = None
         self._wake_flush_service = False
-        self._state_service: StoreStateService | None = None
-        self.last_exit_ok = True
-        self.recovered_offset = 0
-        self.recovery = RecoveryResult(0, 0, 0)  # what the last start's recovery found
         # Replication (services/commitlog/ha/): under SYNC_MASTER, a put also waits until enough
         # followers hold its end offset (raises UnavailableError otherwise); a follower refuses every
         # put with this reason (FAILED_PRECONDITION naming its leader).
         self.wait_for_replicas: Callable[[int], None] | None = None
         self.write_refusal: str | None = None
+        #: The store's part of a replica's truncation (its checkpoint, snapshot and incarnation).
+        self.truncation_listener: Callable[[int, dict[QueueKey, int]], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._lock_file.acquire()
-        try:
-            self._start_locked()
-        except BaseException:
-            self._lock_file.release()
-            raise
-
-    def _start_locked(self) -> None:
-        started = time.monotonic()
-        self.last_exit_ok = not self._abort.exists()
-        self._checkpoint = StoreCheckpoint(self.root / "checkpoint")
-        self.mfq.load()
-        self.disk.refresh()
-        cfg = self.config
-        walk_started = time.monotonic()
-        quarantine = cfg.recover_corruption_mode == QUARANTINE
-        self.quarantine.load()
-        snapshot = self._queue_offset_store.load()
-        recorded_end = None if snapshot is None else snapshot.commitlog_offset  # a clean stop's: the write position
-        if self.last_exit_ok:
-            self.recovery = recover_normally(self.mfq, cfg.check_crc_on_recover, self._delay_levels_ms, quarantine,
-                                             recorded_end)
-        else:
-            log.warning("abort file found in %s: the last stop was not clean, recovering abnormally", self.root)
-            self.recovery = recover_abnormally(self.mfq, self._checkpoint, cfg.check_crc_on_recover,
-                                               cfg.message_index_enable and cfg.message_index_safe,
-                                               self._delay_levels_ms, quarantine, recorded_end)
-        end = self.recovery.end
-        accepted_loss = self._check_missing_log(recorded_end)
-        self.quarantine.reconcile(self.recovery.quarantined, self.mfq.min_offset, end)
-        for bad in self.quarantine.ranges:
-            log.warning("commitlog offsets %s are QUARANTINED: reads of them answer DATA_LOSS", bad.describe())
-        metrics.observe_recovery(self.recovery, time.monotonic() - walk_started)
-        metrics.COMMITLOG_QUARANTINED_BYTES.set(self.quarantine.total_bytes)
-        self.mfq.truncate_dirty_files(end)
-        self.mfq.prefault_last_file()
-        self.recovered_offset = end
-        self.topics.load()
-        self._restore_queue_table(end, snapshot)
-        if not self.last_exit_ok and not self.sync_flush:
-            self._report_flush_loss()
-        if accepted_loss:  # the evidence now describes the log as it is: the next start finds nothing missing
-            self._save_queue_offsets(self.queue_offset_snapshot())
-        self._discover_topics()
-        self._abort.create()
-        self.incarnation = uuid.uuid4().hex
-        self._start_services()
-        self._running = True
-        log.info("commitlog ready in %.2fs: offsets [%d, %d), %d queues, incarnation %s",
-                 time.monotonic() - started, self.min_offset, self.max_offset, len(self.queue_table),
-                 self.incarnation)
-
-    def _check_missing_log(self, recorded_end: int | None) -> bool:
-        """A silent loss becomes a loud one: when the store's records say the log reached further than
-        recovery found it, log an ERROR naming what is missing and (refuseStartOnMissingLog) refuse to
-        start, before anything is truncated. True when an operator accepted the loss (the setting off)."""
-        assert self._checkpoint is not None
-        dispatched = read_dispatched_end(self.root / INDEXER_DIR / "config" / "dispatch_checkpoint.json")
-        missing = find_missing_log(self.recovery, self._checkpoint.physic_msg_timestamp, recorded_end, dispatched)
-        metrics.observe_missing_log(missing)
-        if missing is None:
-            return False
-        if not missing.durable_evidence and not self.sync_flush:
-            log.warning("recovery: %s; under ASYNC_FLUSH records are durable only once flushed, so this is the "
-                        "loss the flush policy allows (%d bytes)", missing.describe(missing.dispatched_evidence),
-                        missing.dispatched_missing_bytes)
-            return False
-        evidence = missing.describe(missing.durable_evidence + missing.dispatched_evidence)
-        if self.config.refuse_start_on_missing_log:
-            log.error("recovery found LESS LOG than the store's records say existed: %s. Refusing to start; nothing "
-                      "was changed. Look for the missing files (a restore, a disk, a power cut under a file system "
-                      "that lost them), then start once with refuseStartOnMissingLog=false "
-                      "(MQSTORE_REFUSE_START_ON_MISSING_LOG=false) to accept the loss", evidence)
-            raise MissingLogError(evidence)
-        log.error("recovery found LESS LOG than the store's records say existed: %s. Starting anyway "
-                  "(refuseStartOnMissingLog=false): the loss is accepted and the records are reset to the log found",
-                  evidence)
-        self._checkpoint.physic_msg_timestamp = self.recovery.last_timestamp
-        self._checkpoint.flush()
-        return True
-
-    def _report_flush_loss(self) -> None:
-        """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: a WARNING and gauges say what
-        every durable witness shows of it (the checkpoint, the dispatch checkpoint, consumer offsets)."""
-        assert self._checkpoint is not None
-        try:
-            offsets = read_offset_table(offsets_file_candidates(self.root)[0])
-        except (FileNotFoundError, ValueError):
-            offsets = {}
-        loss = find_flush_loss(self.recovery, self._checkpoint.physic_msg_timestamp,
-                               read_dispatch_witness(self.root / INDEXER_DIR / "config" / "dispatch_checkpoint.json"),
-                               consumed_beyond(offsets, self.queue_table))
-        metrics.observe_flush_loss(loss)
-        if loss is not None:
-            log.warning("recovery under ASYNC_FLUSH after an unclean stop: %s", loss.describe())
-
-    def _restore_queue_table(self, end: int, snapshot: QueueOffsetSnapshot | None) -> None:
-        start = self.mfq.min_offset
-        table: dict[QueueKey, int] = {}
-        if snapshot is not None and self.mfq.min_offset <= snapshot.commitlog_offset <= end:
-            start, table = snapshot.commitlog_offset, dict(snapshot.next_offsets)
-        elif snapshot is not None:
-            log.warning("queue offset snapshot at %d is outside the log [%d, %d]: rebuilding from the log",
-                        snapshot.commitlog_offset, self.mfq.min_offset, end)
-        replayed = replay_queue_offsets(self.mfq, start, end, table,
-                                        [(r.start, r.end) for r in self.quarantine.ranges])
-        for bad in self.quarantine.ranges:
-            self._keep_lost_queue_offset(bad, table)
-        log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
-        self.queue_table = table
-        self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
-
-    def _keep_lost_queue_offset(self, bad: QuarantinedRange, table: dict[QueueKey, int]) -> None:
-        """A quarantined record that was the last of its queue must not have its queue offset handed out
-        again: the indexer may hold a (voided) unit there, and a second record at that offset would be
-        skipped as already built. When the damage left the record's fields readable (a flipped body
-        byte: a CRC mismatch), its queue offset is kept used; otherwise a WARNING says it may be reused."""
-        mapped = self.mfq.find_by_offset(bad.start)
-        try:
-            if mapped is None:
-                raise RecordError("no file holds it")
-            record = decode_record(mapped.buffer, bad.start - mapped.file_from_offset)
-            if record.commitlog_offset != bad.start:
-                raise RecordError(f"it claims offset {record.commitlog_offset}")
-        except RecordError as exc:
-            log.warning("the queue of the record lost at quarantined offset %d is unknown (%s): if it was the "
-                        "last of its queue, its queue offset is handed out again", bad.start, exc)
-            return
-        if advances_queue(record.sys_flag):
-            key = (record.topic, record.queue_id)
-            table[key] = max(table.get(key, 0), record.queue_offset + 1)
-
-    def _discover_topics(self) -> None:
-        """Topics the store's data holds but topics.json lacks (a RocketMQ store, a lost file) join the
-        table, so reads of them route without a CreateTopic (``topic_discovery.py``)."""
-        found = discover_queue_nums(self.root, self.queue_table)
-        for config in self.topics.merge_discovered(found):
-            log.info("topic %s found in the store's data: %d queues", config.topic, config.write_queue_nums,
-                     extra={"topic": config.topic})
-
-    def _start_services(self) -> None:
+        """Start the commit and flush services and take puts (the log is recovered, its queue table loaded)."""
         cfg = self.config
         if self.sync_flush:
             self._group_commit = GroupCommitService(self.mfq, cfg.group_commit_gather_us)
@@ -348,45 +153,29 @@ class CommitLog:
                                            cfg.commit_commit_log_thorough_interval, flush)
             self._services.insert(0, commit)
             self._flush_service = commit
-        assert self._checkpoint is not None
-        self._state_service = StoreStateService(self, self._checkpoint)
-        self._services.append(self._state_service)
         for service in self._services:
             service.start()
+        self._running = True
 
     def shutdown(self) -> None:
-        """Clean stop: drain puts, commit and flush everything, write the checkpoint, remove abort."""
+        """Refuse puts once the ones in progress are done, stop the services (commit before flush), then
+        commit and flush everything written."""
         with self._put_lock:
             self._running = False
-        for service in self._services:  # commit before flush, flush before checkpoint
+        for service in self._services:
             service.stop()
         self._services = []
         while self.mfq.commit(0):
             pass
         self.mfq.flush_until(self.mfq.max_offset)
-        if self._checkpoint is not None:
-            if self.mfq.store_timestamp:
-                self._checkpoint.physic_msg_timestamp = self.mfq.store_timestamp
-            self._checkpoint.close()
-            self._checkpoint = None
-        self._save_queue_offsets(self.queue_offset_snapshot())
+
+    def close(self) -> None:
+        """Unmap the files and release the pool; waiting tails return."""
         self.mfq.shutdown()
         if self.pool is not None:
             self.pool.close()
         with self._new_data:
             self._new_data.notify_all()
-        self._abort.remove()
-        self._lock_file.release()
-        log.info("commitlog stopped cleanly at offset %d", self.max_offset)
-
-    @property
-    def writable(self) -> bool:
-        return self._running and not self.disk.full
-
-    @property
-    def disk_full(self) -> bool:
-        """Writes are refused because the disk is too full (``disk_guard.py``)."""
-        return self.disk.full
 
     # -- put ---------------------------------------------------------------------------------
     def put_message(self, msg: Message) -> PutMessageResult:
@@ -479,23 +268,12 @@ class CommitLog:
 
     def after_truncation(self, end: int, table: dict[QueueKey, int]) -> None:
         """A replica cut its log at ``end`` (``services/commitlog/ha/truncation.py``, under the put lock):
-        the queue table, its snapshot and the checkpoint's store time describe the log as it is now (a
-        restart finds no "missing" log), and a new incarnation makes the indexer drop what it built past
-        ``end``."""
-        assert self._checkpoint is not None
+        the queue table is the one rebuilt from the log as it is now, the store time unknown until the
+        next flush, and the store resets what describes the old log (``truncation_listener``)."""
         self.queue_table = table
-        self.mfq.store_timestamp = 0  # unknown until the next flush: 0 claims nothing
-        self._checkpoint.physic_msg_timestamp = 0
-        self._checkpoint.flush()
-        self._save_queue_offsets(QueueOffsetSnapshot(end, dict(table)))
-        self.recovered_offset = end
-        self.incarnation = uuid.uuid4().hex
-
-    def _live_queues(self) -> dict[QueueKey, int]:
-        """The queue table's queues of topics in the topic table (a deleted topic's queues keep their
-        next offsets here, but the indexer writes nothing more for them)."""
-        topics = self.topics
-        return {key: end for key, end in dict(self.queue_table).items() if topics.get(key[0]) is not None}
+        self.mfq.store_timestamp = 0  # 0 claims nothing
+        if self.truncation_listener is not None:
+            self.truncation_listener(end, table)
 
     def _queue_pages_started(self, encoded: Sequence[EncodedMessage]) -> int:
         """How many ConsumeQueue pages appending ``encoded`` starts (under the put lock)."""
@@ -762,58 +540,11 @@ class CommitLog:
             finally:
                 self._tail_waiters -= 1
 
-    # -- info and admin ----------------------------------------------------------------------
-    def stats(self) -> StoreStats:
-        usage = shutil.disk_usage(self.root)
-        committed = self.mfq.committed_where if self.pool_enabled else self.mfq.max_wrote_offset
-        return StoreStats(self.min_offset, self.max_offset, self.mfq.flushed_where, committed,
-                          len(self.mfq.files), usage.total, usage.used, self.recovered_offset)
 
     def queue_offset_snapshot(self) -> QueueOffsetSnapshot:
         with self._put_lock:
             return QueueOffsetSnapshot(self.mfq.max_wrote_offset, dict(self.queue_table))
 
-    def create_topic(self, config: TopicConfig) -> TopicConfig:
-        return self.topics.create(config)
-
-    def update_topic(self, config: TopicConfig) -> TopicConfig:
-        return self.topics.update(config)
-
-    def delete_topic(self, topic: str) -> int:
-        """Takes the topic out of the topic table; returns the max offset once it is out (every record of
-        the deleted topic lies below it). The queue table keeps the topic's next queue offsets: a topic
-        created again continues them, so no record written before or after can share a queue offset with
-        another, whatever order the indexer sees the deletion and the records in."""
-        self.topics.delete(topic)
-        with self._put_lock:
-            return self.mfq.max_wrote_offset
-
-    def clean_expired_files(self, disk_used_ratio: float) -> list[Path]:
-        """One round of RocketMQ's CleanCommitLogService at ``disk_used_ratio`` (``clean_commitlog.py``):
-        expired files at the ``deleteWhen`` hour or above ``diskMaxUsedSpaceRatio``, the oldest files
-        even if not expired above diskSpaceCleanForciblyRatio (each a WARNING naming the consumer
-        groups that lose messages; held instead under ``protectUnconsumedData``)."""
-        return [mapped.path for mapped in self.cleaner.run(disk_used_ratio)]
-
-    def flush_and_snapshot(self) -> None:
-        """Persist the queue offset table at a point the flushed log covers."""
-        snapshot = self.queue_offset_snapshot()
-        while self.mfq.commit(0):
-            pass
-        self.mfq.flush_until(snapshot.commitlog_offset)
-        if self.mfq.flushed_where >= snapshot.commitlog_offset:
-            self._save_queue_offsets(snapshot)
-
-    def _save_queue_offsets(self, snapshot: QueueOffsetSnapshot) -> None:
-        """On a full disk the previous snapshot stays: it is behind, never ahead, and start-up replays
-        the log from it, so a stop or a round on a full disk loses nothing."""
-        try:
-            self._queue_offset_store.save(snapshot)
-        except OSError as exc:
-            if not is_disk_full(exc):
-                raise
-            log.warning("queue offset snapshot at %d not saved, the disk is full (%s): the previous one stays",
-                        snapshot.commitlog_offset, exc)
 
 
 def _files_needed(encoded: Sequence[EncodedMessage], room: int, file_size: int) -> int:
@@ -826,38 +557,4 @@ def _files_needed(encoded: Sequence[EncodedMessage], room: int, file_size: int) 
             room = file_size
         room -= e.size
     return files
-
-
-class StoreStateService(ServiceThread):
-    """Every second: checkpoint the store time the flushed log covers, refresh the disk-full state.
-    Every ``flushCommitLogThoroughInterval``: persist the queue offset snapshot. Every
-    ``cleanResourceInterval``: delete expired files."""
-
-    name = "store-state"
-
-    def __init__(self, commit_log: CommitLog, checkpoint: StoreCheckpoint) -> None:
-        super().__init__()
-        self._log = commit_log
-        self._checkpoint = checkpoint
-        self._interval_s = commit_log.config.flush_interval_consume_queue / 1000
-        self._snapshot_interval_s = commit_log.config.flush_commit_log_thorough_interval / 1000
-        self._last_snapshot = time.monotonic()
-        self._clean_interval_s = commit_log.config.clean_resource_interval / 1000
-        self._last_clean = time.monotonic()
-
-    def run_once(self) -> None:
-        self._stopped.wait(self._interval_s)
-        if self.stopped:
-            return
-        stamp = self._log.mfq.store_timestamp
-        if stamp and stamp != self._checkpoint.physic_msg_timestamp:
-            self._checkpoint.physic_msg_timestamp = stamp
-            self._checkpoint.flush()
-        usage = self._log.disk.refresh()
-        if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
-            self._last_snapshot = time.monotonic()
-            self._log.flush_and_snapshot()
-        if time.monotonic() - self._last_clean >= self._clean_interval_s and usage is not None:
-            self._last_clean = time.monotonic()
-            self._log.clean_expired_files(usage.ratio)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from mqstore.v1 import commitlog_pb2, common_pb2
-from services.commitlog.commit_log import StoreStats
+from services.commitlog.message_store import StoreStats
 from services.commitlog.put_result import PutMessageResult, PutMessageStatus
 from services.server.peer import peer_address
 from services.store.formats.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_TYPE_MASK, Message

@@ -8,7 +8,7 @@ when it is created, so a burst between two checks can still run the disk out and
 creation (ENOSPC). Here:
 
 * the state is cached: the put path reads one field;
-* it is refreshed every second (the store-state thread) and right before a commitlog file is created;
+* it is refreshed every second (the clean-commitlog thread) and right before a commitlog file is created;
 * space is reserved only if it fits: in the free space, and without taking the disk past the
   ratio. Commitlog files are sparse, and their blocks are reserved (fallocate) a step
   (reserveAheadCommitLog) ahead of the write position, a new file's first step when it is created:
@@ -63,7 +63,7 @@ class DiskGuard:
         self._charged = 0
         self._mount: Path | None = None
         self.usage: DiskUsage | None = None
-        # The store-state thread, the allocator thread and a rolling put may update the state at once.
+        # The clean-commitlog thread, the allocator thread and a rolling put may update the state at once.
         self._lock = threading.Lock()
         # A roll waits for a file that did not fit: full until a refresh finds room for it.
         self._file_needed = False

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from mqstore.v1 import commitlog_pb2_grpc
 from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.ha_service import HAServiceError
 from services.commitlog.ha.replication import start_replication
+from services.commitlog.message_store import MessageStore
 from services.commitlog.ha.truncation import finish_interrupted_truncation
 from services.commitlog.recovery import MissingLogError
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
@@ -67,7 +67,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     address = listen or config.commitlog_listen
     settings = server_settings(config, address)
     use_blocking_executor(settings.max_workers)
-    engine = CommitLog(config, store)
+    engine = MessageStore(config, store)
     try:
         await asyncio.to_thread(finish_interrupted_truncation, Path(store), config)  # a replica killed mid-cut
         await asyncio.to_thread(engine.start)
@@ -80,7 +80,7 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     except MissingLogError:  # logged with what is missing and how to accept it
         return EXIT_MISSING_LOG
     try:  # before the servicer: it reads whether puts wait for followers
-        replication = await asyncio.to_thread(start_replication, engine, process.service_token)
+        replication = await asyncio.to_thread(start_replication, engine.commit_log, process.service_token)
     except HAServiceError as exc:
         log.error("bad settings: %s", exc, extra={"store": store})
         await asyncio.to_thread(engine.shutdown)

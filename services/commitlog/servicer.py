@@ -25,7 +25,6 @@ import grpc
 
 from mqstore.v1 import admin_pb2, commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.convert import (
     append_batch_response,
     append_blob_response,
@@ -37,6 +36,7 @@ from services.commitlog.convert import (
     topic_config_from_proto,
     topic_config_to_proto,
 )
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
 from services.server import tracing
@@ -107,7 +107,7 @@ class _MeteredEngine:
     """The engine's append calls with their metrics: one observation per engine call, never per
     message. Called on the loop or in worker threads (prometheus metrics are thread-safe)."""
 
-    def __init__(self, engine: CommitLog) -> None:
+    def __init__(self, engine: MessageStore) -> None:
         self._engine = engine
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:
@@ -146,7 +146,7 @@ class _GrowthWatch:
     and each growth wakes every waiter once (each then reads its own next chunk).
     """
 
-    def __init__(self, engine: CommitLog) -> None:
+    def __init__(self, engine: MessageStore) -> None:
         self._engine = engine
         self._loop: asyncio.AbstractEventLoop | None = None
         self._grown = asyncio.Event()
@@ -212,13 +212,13 @@ def _stream_failure(exc: StoreError, seq: int) -> CallFailed:
 
 
 class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: CommitLog, max_streams: int = MAX_STREAMS) -> None:
+    def __init__(self, engine: MessageStore, max_streams: int = MAX_STREAMS) -> None:
         """Create on the loop that will serve; :meth:`start` before serving, :meth:`close` after."""
         self.engine = engine
         self.stopping = False
         self._puts = _MeteredEngine(engine)
         # Puts that wait (a group-commit flush, SYNC_MASTER followers) run off the loop.
-        self._puts_wait_for_flush = engine.sync_flush or engine.wait_for_replicas is not None
+        self._puts_wait_for_flush = engine.commit_log.sync_flush or engine.commit_log.wait_for_replicas is not None
         # The batcher only calls put_each: the metered wrapper stands in for the engine.
         self._batcher = PutBatcher(self._puts)
         self._growth = _GrowthWatch(engine)
@@ -453,7 +453,7 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         engine, config = self.engine, self.engine.config
         info = store_info_to_proto(
             engine.stats(), flush_disk_type=config.flush_disk_type,
-            transient_store_pool_enable=engine.pool_enabled,
+            transient_store_pool_enable=engine.commit_log.pool_enabled,
             mapped_file_size=config.mapped_file_size_commit_log, store_root=str(engine.root.resolve()),
             incarnation=engine.incarnation, store_host=config.store_host,
             quarantined=engine.quarantine.ranges,

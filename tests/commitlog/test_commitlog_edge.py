@@ -45,7 +45,7 @@ class SlowFlushEngine:
     """Writes but never sees its group commit finish: every result is FLUSH_DISK_TIMEOUT."""
 
     config = SimpleNamespace(sync_flush_timeout=5000)
-    sync_flush = True
+    commit_log = SimpleNamespace(sync_flush=True)
     max_offset = 0
 
     def put_messages(self, messages: Sequence[Message]) -> list[PutMessageResult]:

@@ -15,7 +15,7 @@ import pytest
 
 from mqstore.v1 import commitlog_pb2 as pb
 from mqstore.v1 import common_pb2
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageError
 from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.formats.message import SCHEDULE_TOPIC, Message
@@ -28,13 +28,13 @@ THREE_LEVELS = "1s 5s 10s"
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> Iterator[CommitLog]:
+def log(tmp_path: Path) -> Iterator[MessageStore]:
     commit_log = make_log(tmp_path)
     yield commit_log
     commit_log.shutdown()
 
 
-def delayed(log: CommitLog, level: str, topic: str = "Later", queue_id: int = 1) -> tuple[int, dict[str, str]]:
+def delayed(log: MessageStore, level: str, topic: str = "Later", queue_id: int = 1) -> tuple[int, dict[str, str]]:
     """Put one DELAY message; the SCHEDULE_TOPIC_XXXX queue it went to and the stored properties."""
     result = log.put_message(Message(topic, queue_id, b"later", properties={"DELAY": level}))
     record = decode_record(log.read(result.commitlog_offset, result.wrote_bytes))
@@ -43,12 +43,12 @@ def delayed(log: CommitLog, level: str, topic: str = "Later", queue_id: int = 1)
     return result.queue_id, record.properties
 
 
-def test_every_default_level_has_its_queue(log: CommitLog) -> None:
+def test_every_default_level_has_its_queue(log: MessageStore) -> None:
     assert [delayed(log, str(level))[0] for level in range(1, 19)] == list(range(18))
     assert log.topics.get(SCHEDULE_TOPIC) == TopicConfig(SCHEDULE_TOPIC, 18, 18)
 
 
-def test_a_level_above_the_highest_is_lowered_to_it_as_rocketmq_does(log: CommitLog) -> None:
+def test_a_level_above_the_highest_is_lowered_to_it_as_rocketmq_does(log: MessageStore) -> None:
     queue_id, properties = delayed(log, "999")
     assert (queue_id, properties["DELAY"]) == (17, "18"), "stored as the level it is delivered at"
     assert delayed(log, "18")[1]["DELAY"] == "18"
@@ -67,7 +67,7 @@ def test_custom_levels_give_as_many_queues(tmp_path: Path) -> None:
         log.shutdown()
 
 
-def test_levels_zero_or_below_are_not_delayed(log: CommitLog) -> None:
+def test_levels_zero_or_below_are_not_delayed(log: MessageStore) -> None:
     for level in ("0", "-3"):
         result = log.put_message(Message("Now", 0, b"now", properties={"DELAY": level}))
         assert (result.topic, result.queue_id) == ("Now", 0)

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.topic_config import TopicConfigManager
 from services.indexer.indexer_store import IndexerStore
 from services.indexer.reput import ReputService
@@ -106,16 +106,16 @@ def test_a_failed_background_allocation_leaves_nothing_and_is_retried_when_the_r
 
 # -- the engine: watermark before ENOSPC, whole batches, resuming ---------------------------------------
 
-def make_log(root: Path, **overrides: Any) -> CommitLog:
+def make_log(root: Path, **overrides: Any) -> MessageStore:
     settings: dict[str, Any] = {"mapped_file_size_commit_log": FILE_SIZE, "max_message_size": 64 * 1024,
                                 "flush_interval_consume_queue": 100, "clean_resource_interval": 3_600_000}
     settings.update(overrides)
-    log = CommitLog(load_config(environ={}, **settings), root)
+    log = MessageStore(load_config(environ={}, **settings), root)
     log.start()
     return log
 
 
-def put_until_refused(log: CommitLog, batch: int = 8) -> DiskFullError:
+def put_until_refused(log: MessageStore, batch: int = 8) -> DiskFullError:
     for _ in range(10_000):
         try:
             log.put_messages([Message("Filled", 0, BODY)] * batch)
@@ -135,10 +135,10 @@ def test_the_watermark_refuses_writes_before_the_disk_runs_out(disk: Path) -> No
         st = os.statvfs(disk)
         assert st.f_bavail * st.f_frsize >= FILE_SIZE, "refused while there was still room: no ENOSPC"
         assert log.disk_full
-        before = log.max_offset, dict(log.queue_table)
+        before = log.max_offset, dict(log.commit_log.queue_table)
         with pytest.raises(DiskFullError):
             log.put_message(Message("Filled", 0, b"small"))
-        assert (log.max_offset, dict(log.queue_table)) == before
+        assert (log.max_offset, dict(log.commit_log.queue_table)) == before
     finally:
         log.shutdown()
 
@@ -147,14 +147,15 @@ def test_a_batch_whose_roll_cannot_get_a_file_is_refused_whole(disk: Path) -> No
     log = make_log(disk / "store", disk_space_warning_level_ratio=0.99)
     try:
         log.put_messages([Message("Whole", 0, BODY)] * 40)  # about 1.2 of the 2 MiB of file 0
-        log.mfq.prepare_next_files(1)  # file 1 is there (the background creation, finished)
+        log.commit_log.mfq.prepare_next_files(1)  # file 1 is there (the background creation, finished)
         fill(disk / "ballast", leave_bytes=FILE_SIZE // 2)  # but no room for file 2
-        before = log.max_offset, dict(log.queue_table), store_files(disk / "store" / "commitlog")
+        before = log.max_offset, dict(log.commit_log.queue_table), store_files(disk / "store" / "commitlog")
         # 3 MB: the rest of file 0, all of file 1, then file 2, which cannot be created.
         with pytest.raises(DiskFullError) as refused:
             log.put_messages([Message("Whole", 1, BODY)] * 100)
         assert_refusal(str(refused.value), disk)
-        assert (log.max_offset, dict(log.queue_table), store_files(disk / "store" / "commitlog")) == before, \
+        after = log.max_offset, dict(log.commit_log.queue_table), store_files(disk / "store" / "commitlog")
+        assert after == before, \
             "nothing of a refused batch may be written"
         (disk / "ballast").unlink()
         wait_until(lambda: not log.disk_full)
@@ -206,7 +207,7 @@ def test_a_stop_on_a_full_disk_is_clean_and_loses_nothing(disk: Path) -> None:
     (disk / "ballast").unlink()
     again = make_log(disk / "store")
     try:
-        assert again.queue_table[("Stop", 0)] == 10 and again.max_offset == results[-1].commitlog_offset + \
+        assert again.commit_log.queue_table[("Stop", 0)] == 10 and again.max_offset == results[-1].commitlog_offset + \
             results[-1].wrote_bytes
     finally:
         again.shutdown()
@@ -287,7 +288,7 @@ def test_a_put_that_starts_consumequeue_pages_the_disk_has_no_room_for_is_refuse
         assert_refusal(str(refused.value), disk)
         assert "the 1 new ConsumeQueue pages of these messages (4 KiB) do not fit next to the " in \
             str(refused.value), refused.value
-        assert [r.queue_offset for r in results] == [0, 0, 0] and ("Room", 3) not in log.queue_table
+        assert [r.queue_offset for r in results] == [0, 0, 0] and ("Room", 3) not in log.commit_log.queue_table
         log.disk.refresh()  # the indexer has written none of the 3 pages: each is counted, and the next one
         assert log.disk.headroom.queues == 4 and log.disk.headroom.consume_queue == 2 * PAGE + 3 * 2 * PAGE
         with pytest.raises(DiskFullError) as refused:

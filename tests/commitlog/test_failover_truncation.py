@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.epoch_file import EpochEntry, EpochFile, consistent_point
 from services.commitlog.ha.truncation import TRUNCATION_FILE, finish_interrupted_truncation, truncate_log
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageResult
 from services.store.config import MessageStoreConfig
 from services.store.errors import StoreError
@@ -33,17 +33,17 @@ TOPIC = "Cut"
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.ha.epoch_file import EpochFile
 from services.commitlog.ha.truncation import truncate_log
 from services.store.config import MessageStoreConfig
 root, cut, stop_at, file_size = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-engine = CommitLog(MessageStoreConfig(mapped_file_size_commit_log=file_size), root)
+engine = MessageStore(MessageStoreConfig(mapped_file_size_commit_log=file_size), root)
 engine.start()
 def step(name):
     if name == stop_at:
         os.kill(os.getpid(), signal.SIGKILL)
-truncate_log(engine, EpochFile(root), cut, step)
+truncate_log(engine.commit_log, EpochFile(root), cut, step)
 """
 
 
@@ -53,7 +53,7 @@ def _config(**overrides: object) -> MessageStoreConfig:
 
 def _fill(root: Path, count: int) -> list[PutMessageResult]:
     """``count`` messages over 3 queues (several files), a clean stop, epochs 1 and 2."""
-    engine = CommitLog(_config(), root)
+    engine = MessageStore(_config(), root)
     engine.start()
     try:
         results = [engine.put_message(Message(TOPIC, i % 3, f"message {i} ".encode() * 20)) for i in range(count)]
@@ -75,18 +75,18 @@ def _expected_table(results: list[PutMessageResult], cut: int) -> dict[tuple[str
 
 def _check_cut(root: Path, results: list[PutMessageResult], cut: int) -> None:
     """Nothing past ``cut`` is there, the queue table is the truncated log's, new puts go on from it."""
-    engine = CommitLog(_config(), root)
+    engine = MessageStore(_config(), root)
     engine.start()
     try:
         assert engine.max_offset == cut
         with pytest.raises(StoreError):
             engine.read(cut, 8)
-        mapped = engine.mfq.find_by_offset(cut - 1)
+        mapped = engine.commit_log.mfq.find_by_offset(cut - 1)
         assert mapped is not None
         assert not any(mapped.buffer[cut - mapped.file_from_offset:]), "stale bytes past the cut"
         assert not [p for p in (root / "commitlog").iterdir() if int(p.name) > cut]
         expected = _expected_table(results, cut)
-        assert {k: v for k, v in engine.queue_table.items() if k[0] == TOPIC} == expected
+        assert {k: v for k, v in engine.commit_log.queue_table.items() if k[0] == TOPIC} == expected
         for queue_id in range(3):
             put = engine.put_message(Message(TOPIC, queue_id, b"after the cut"))
             assert put.queue_offset == expected.get((TOPIC, queue_id), 0)
@@ -111,7 +111,7 @@ def test_10666_kill9_mid_truncation_leaves_nothing_valid_past_the_cut(tmp_path: 
         # accepts what its records call missing) finds nothing past the cut.
         plain = tmp_path / "plain"
         shutil.copytree(root, plain)
-        engine = CommitLog(_config(refuse_start_on_missing_log=False), plain)
+        engine = MessageStore(_config(refuse_start_on_missing_log=False), plain)
         engine.start()
         try:
             assert engine.max_offset == cut, "records past the cut read as valid after a kill -9"
@@ -126,21 +126,21 @@ def test_7689_queue_offsets_go_on_from_the_truncated_log_not_from_the_cut_record
     root = tmp_path / "store"
     results = _fill(root, 300)
     cut = results[200].commitlog_offset
-    engine = CommitLog(_config(), root)
+    engine = MessageStore(_config(), root)
     engine.start()
     try:
-        assert truncate_log(engine, EpochFile(root), cut) == results[-1].commitlog_offset + \
+        assert truncate_log(engine.commit_log, EpochFile(root), cut) == results[-1].commitlog_offset + \
             results[-1].wrote_bytes - cut
         expected = _expected_table(results, cut)
-        assert {k: v for k, v in engine.queue_table.items() if k[0] == TOPIC} == expected
+        assert {k: v for k, v in engine.commit_log.queue_table.items() if k[0] == TOPIC} == expected
         for queue_id in range(3):  # the cut records' queue offsets are the next ones, each used once
             assert engine.put_message(Message(TOPIC, queue_id, b"new")).queue_offset == expected[(TOPIC, queue_id)]
     finally:
         engine.shutdown()
-    engine = CommitLog(_config(), root)  # and a restart agrees
+    engine = MessageStore(_config(), root)  # and a restart agrees
     engine.start()
     try:
-        assert engine.queue_table[(TOPIC, 0)] == expected[(TOPIC, 0)] + 1
+        assert engine.commit_log.queue_table[(TOPIC, 0)] == expected[(TOPIC, 0)] + 1
     finally:
         engine.shutdown()
 

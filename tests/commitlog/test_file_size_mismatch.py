@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import MessageStoreConfig
 from services.store.formats.mapped_file_queue import FileSizeMismatchError, MappedFileQueue
 from services.store.formats.message import Message
@@ -20,7 +20,7 @@ KIB = 1024
 
 
 def _write_store(root: Path, file_size: int, count: int) -> None:
-    log = CommitLog(MessageStoreConfig(mapped_file_size_commit_log=file_size), root)
+    log = MessageStore(MessageStoreConfig(mapped_file_size_commit_log=file_size), root)
     log.start()
     try:
         for i in range(count):

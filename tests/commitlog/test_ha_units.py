@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY, generate_latest
 
-from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha import handshake
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.ha_metrics import bind_followers
 from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
+from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageStatus
 from services.store.config import ConfigError, load_config
 from services.store.errors import FailedPreconditionError
@@ -26,8 +26,8 @@ from services.store.formats.message import Message
 FILE_SIZE = 64 * 1024
 
 
-def _engine(root: Path, **overrides: object) -> CommitLog:
-    engine = CommitLog(load_config(environ={}, mapped_file_size_commit_log=FILE_SIZE, max_message_size=16 * 1024,
+def _engine(root: Path, **overrides: object) -> MessageStore:
+    engine = MessageStore(load_config(environ={}, mapped_file_size_commit_log=FILE_SIZE, max_message_size=16 * 1024,
                                    **overrides), root)
     engine.start()
     return engine
@@ -41,10 +41,10 @@ def test_a_follower_fed_in_arbitrary_cuts_holds_the_leaders_log_and_queue_table(
         for i in range(300):  # several files, each ending with a BLANK
             leader.put_messages([Message("T", i % 3, rng.randbytes(rng.randrange(1, 2000)), properties={"KEYS": str(i)})
                                  for _ in range(rng.randrange(1, 4))])
-        appender = ReplicaAppender(follower)
+        appender = ReplicaAppender(follower.commit_log)
         offset = 0
         while offset < leader.max_offset:  # as the leader streams: never across a file, cut anywhere
-            mapped = leader.mfq.find_by_offset(offset)
+            mapped = leader.commit_log.mfq.find_by_offset(offset)
             assert mapped is not None
             position = offset - mapped.file_from_offset
             size = min(rng.randrange(1, 5000), mapped.read_position - position)
@@ -52,10 +52,11 @@ def test_a_follower_fed_in_arbitrary_cuts_holds_the_leaders_log_and_queue_table(
             offset += size
             assert end <= offset and end == follower.max_offset
         assert follower.max_offset == leader.max_offset
-        assert [m.path.name for m in follower.mfq.files] == [m.path.name for m in leader.mfq.files]
-        for ours, theirs in zip(leader.mfq.files, follower.mfq.files, strict=True):
+        ours_files, theirs_files = leader.commit_log.mfq.files, follower.commit_log.mfq.files
+        assert [m.path.name for m in theirs_files] == [m.path.name for m in ours_files]
+        for ours, theirs in zip(ours_files, theirs_files, strict=True):
             assert ours.read(0, ours.read_position) == theirs.read(0, theirs.read_position)
-        assert follower.queue_table == leader.queue_table
+        assert follower.commit_log.queue_table == leader.commit_log.queue_table
         with pytest.raises(ReplicationError, match="expects"):
             appender.append(offset + 8, b"x" * 8)
     finally:
@@ -72,7 +73,7 @@ def test_whole_records_refuses_bytes_that_are_no_record() -> None:
 def test_a_slave_refuses_puts_naming_its_leader(tmp_path: Path) -> None:
     engine = _engine(tmp_path, broker_role="SLAVE", ha_master_address="10.0.0.9:10912")
     try:
-        engine.write_refusal = "a replica: send to the leader 10.0.0.9:10912"
+        engine.commit_log.write_refusal = "a replica: send to the leader 10.0.0.9:10912"
         with pytest.raises(FailedPreconditionError, match="10.0.0.9:10912"):
             engine.put_message(Message("T", 0, b"x"))
         assert engine.max_offset == 0
@@ -156,12 +157,12 @@ def test_the_ha_listener_refuses_a_busy_port_and_a_public_address_without_a_toke
         engine = _engine(tmp_path / "a", ha_listen_port=port)
         try:
             with pytest.raises(HAServiceError, match=f"127.0.0.1:{port}"):
-                HAService(engine, None).start()
+                HAService(engine.commit_log, None).start()
         finally:
             engine.shutdown()
     engine = _engine(tmp_path / "b", ha_listen_port=port, broker_ip="10.1.2.3")
     try:
         with pytest.raises(HAServiceError, match="MQSTORE_SERVICE_TOKEN"):
-            HAService(engine, None).start()
+            HAService(engine.commit_log, None).start()
     finally:
         engine.shutdown()

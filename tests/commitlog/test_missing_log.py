@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from services.commitlog import metrics
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import MissingLogError, RecoveryResult, find_missing_log
 from services.store.config import ASYNC_FLUSH, SYNC_FLUSH, MessageStoreConfig
 from services.store.formats.message import Message
@@ -30,7 +30,7 @@ FILE_SIZE = 64 * KIB
 
 def _write_store(root: Path, count: int, flush: str = SYNC_FLUSH) -> int:
     """``count`` messages, a clean stop; returns the end of the log."""
-    log = CommitLog(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=flush), root)
+    log = MessageStore(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=flush), root)
     log.start()
     try:
         for i in range(count):
@@ -83,7 +83,7 @@ def test_a_checkpoint_newer_than_every_record_refuses_the_start(tmp_path: Path) 
     (root / "config" / "queue_offsets.json.bak").unlink(missing_ok=True)
     for path in (root / "commitlog").iterdir():
         path.unlink()  # every name lost: only the checkpoint remembers that records were flushed
-    log = CommitLog(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE), root)
+    log = MessageStore(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE), root)
     with pytest.raises(MissingLogError, match="no record was found"):
         log.start()
     assert metrics.RECOVERY_MISSING_MS.collect()[0].samples[0].value > 0
@@ -96,13 +96,14 @@ def test_dispatched_but_unflushed_records_under_async_flush_are_a_warning(tmp_pa
     dispatch = root / "indexer" / "config" / "dispatch_checkpoint.json"
     dispatch.parent.mkdir(parents=True)
     dispatch.write_text(json.dumps({"version": 1, "reputOffset": end + 5000, "consumeQueueEnd": end + 5000}))
-    log = CommitLog(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=ASYNC_FLUSH), root)
+    log = MessageStore(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=ASYNC_FLUSH), root)
     log.start()
     log.shutdown()
     assert "the loss the flush policy allows (5000 bytes)" in caplog.text
     assert metrics.RECOVERY_MISSING_BYTES.labels("dispatched")._value.get() == 5000
     with pytest.raises(MissingLogError, match="indexer dispatched records up to offset"):
-        CommitLog(MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=SYNC_FLUSH), root).start()
+        config = MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=SYNC_FLUSH)
+        MessageStore(config, root).start()
 
 
 def test_what_counts_as_missing() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import REGISTRY
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.formats.checkpoint import StoreCheckpoint
 from tests.conftest import StoreFactory
 from tests.test_recovery import fixture_config, opened, put_many, small_config
@@ -106,7 +106,7 @@ def test_abnormal_recovery_names_the_damage(tmp_path: Path, caplog: pytest.LogCa
     caplog.set_level(logging.INFO)
     with opened(tmp_path, small_config(recover_corruption_mode="cut")) as log:
         assert not log.last_exit_ok and log.max_offset == cut
-        assert len(log.mfq.files) == 1  # the later files went with the cut
+        assert len(log.commit_log.mfq.files) == 1  # the later files went with the cut
         damage = log.recovery.damage
         assert damage is not None and damage.reason.startswith(reason)
         assert (damage.dropped_bytes, damage.intact_records) == (ends[-1] - cut, len(ends) - victim - 1)
@@ -150,7 +150,7 @@ def test_a_clean_end_of_the_log_stays_info(tmp_path: Path, caplog: pytest.LogCap
 def test_the_torn_fixture_store_warns(fixture_store: StoreFactory, caplog: pytest.LogCaptureFixture) -> None:
     """RocketMQ's own store with its last record cut to 64 bytes (tests/fixtures/README.md)."""
     caplog.set_level(logging.INFO)
-    log = CommitLog(fixture_config(), fixture_store("torn-raw"))
+    log = MessageStore(fixture_config(), fixture_store("torn-raw"))
     log.start()
     try:
         assert log.max_offset == 2033918

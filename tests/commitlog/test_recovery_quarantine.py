@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
 from services.store.errors import DataLossError
 from services.store.formats.message import Message
@@ -32,7 +32,7 @@ from tests.test_recovery import FIXTURE_FILE_SIZE, fixture_config, opened, small
 BODY = 84 + 4 + 10  # a byte inside a record's body: a CRC mismatch
 
 
-def tail_all(log: CommitLog, start: int = 0) -> tuple[list[int], list[tuple[int, int]]]:
+def tail_all(log: MessageStore, start: int = 0) -> tuple[list[int], list[tuple[int, int]]]:
     """Follow the Tail from ``start`` to the end: (record offsets, skips as (from, to))."""
     offsets: list[int] = []
     skips: list[tuple[int, int]] = []
@@ -77,7 +77,7 @@ def test_a_damaged_record_is_quarantined_and_the_records_after_it_stay(
             record = decode_record(log.read(ends[i - 1], ends[i] - ends[i - 1]))
             assert record.body == f"body-{i}".encode() * 20
         # The queue offsets continue after the last record of each queue.
-        assert log.queue_table == {("TopicT", q): len(range(q, len(ends), 4)) for q in range(4)}
+        assert log.commit_log.queue_table == {("TopicT", q): len(range(q, len(ends), 4)) for q in range(4)}
         # The Tail announces the skip; every other record is delivered, in order.
         offsets, skips = tail_all(log, ends[victim - 5])
         assert (bad_start, bad_end) in skips
@@ -203,5 +203,5 @@ def test_the_queue_offset_of_a_lost_last_record_of_its_queue_is_not_handed_out_a
         snapshot.unlink()
     with opened(tmp_path, small_config()) as log:
         assert [(r.start, r.end) for r in log.quarantine.ranges] == [(ends[victim - 1], ends[victim])]
-        assert log.queue_table[("TopicT", queue)] == len(range(queue, len(ends), 4))
+        assert log.commit_log.queue_table[("TopicT", queue)] == len(range(queue, len(ends), 4))
         assert log.put_message(Message("TopicT", queue, b"next")).queue_offset == len(range(queue, len(ends), 4))

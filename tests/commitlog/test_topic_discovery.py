@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.message import SCHEDULE_TOPIC, Message
 from services.store.rules.topics import TopicConfig
@@ -18,15 +18,15 @@ MIB = 1024 * 1024
 FIXTURE_TOPICS = {"TopicA": 4, "TopicB": 2, "Topic-Long-Name_with.chars": 1, SCHEDULE_TOPIC: 18}
 
 
-def started(root: Path, **overrides: Any) -> CommitLog:
+def started(root: Path, **overrides: Any) -> MessageStore:
     settings: dict[str, Any] = {"mapped_file_size_commit_log": MIB, "max_message_size": 4 * MIB}
     settings.update(overrides)
-    log = CommitLog(load_config(environ={}, **settings), root)
+    log = MessageStore(load_config(environ={}, **settings), root)
     log.start()
     return log
 
 
-def queue_nums(log: CommitLog) -> dict[str, int]:
+def queue_nums(log: MessageStore) -> dict[str, int]:
     for config in log.topics.list():
         assert config.read_queue_nums == config.write_queue_nums
     return {c.topic: c.write_queue_nums for c in log.topics.list()}

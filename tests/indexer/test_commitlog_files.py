@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mqstore.v1 import commitlog_pb2
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.indexer.commitlog_reader import CommitLogFiles, FileChunk, FilesMismatch
 from services.store.config import load_config
 from services.store.formats.message import Message
@@ -32,9 +32,9 @@ from tests.indexer.test_indexer_file_roll import (
 SMALL_FILE = 64 * 1024
 
 
-def make_log(root: Path, **overrides: Any) -> CommitLog:
+def make_log(root: Path, **overrides: Any) -> MessageStore:
     settings: dict[str, Any] = {"mapped_file_size_commit_log": SMALL_FILE, "max_message_size": 16 * 1024}
-    log = CommitLog(load_config(environ={}, **{**settings, **overrides}), root)
+    log = MessageStore(load_config(environ={}, **{**settings, **overrides}), root)
     log.start()
     return log
 
@@ -81,11 +81,11 @@ def test_nothing_past_the_readable_end_is_read(tmp_path: Path) -> None:
                    commit_commit_log_least_pages=1_000)
     try:
         results = log.put_messages(messages(5))
-        assert log.max_offset == 0 < log.mfq.max_wrote_offset  # written, not committed
+        assert log.max_offset == 0 < log.commit_log.mfq.max_wrote_offset  # written, not committed
         with CommitLogFiles(tmp_path / "commitlog", SMALL_FILE) as files:
             assert files.chunk(0, log.max_offset, 1 << 20) == FileChunk(0, b"", 0, 0)
-            log.mfq.commit(0)
-            assert log.max_offset == log.mfq.max_wrote_offset
+            log.commit_log.mfq.commit(0)
+            assert log.max_offset == log.commit_log.mfq.max_wrote_offset
             second_end = results[1].commitlog_offset + results[1].wrote_bytes
             chunk = files.chunk(0, second_end + 50, 1 << 20)  # the bound inside the third record
             assert (chunk.record_count, chunk.next_offset) == (2, second_end)

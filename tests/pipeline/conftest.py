@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.commitlog_walk import commitlog_file_name, list_commitlog_files
 from services.store.formats.message import Message
@@ -40,7 +40,7 @@ def write_mqstore(root: Path, count: int, file_size: int = 16 * 1024, seed: int 
     """A store written by mqstore's CommitLog: ``count`` messages over 3 topics, with keys, tags and
     bodies of 0..600 bytes, in ``file_size``-byte commitlog files. Returns the store root."""
     rng = random.Random(seed)
-    log = CommitLog(load_config(environ={}, mapped_file_size_commit_log=file_size), root)
+    log = MessageStore(load_config(environ={}, mapped_file_size_commit_log=file_size), root)
     log.start()
     try:
         for i in range(count):
@@ -82,7 +82,7 @@ def write_varied_store(root: Path, count: int, file_size: int = 64 * 1024, seed:
     puts: dict[int, PutRecord] = {}
 
     def put(first: int, last: int) -> None:
-        log = CommitLog(config, root)
+        log = MessageStore(config, root)
         log.start()
         try:
             for i in range(first, last):

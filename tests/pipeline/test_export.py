@@ -23,7 +23,7 @@ from pipeline.export import (
     records_batch,
     written_rows,
 )
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog
 from services.store.formats.message import (
@@ -182,7 +182,7 @@ def test_the_kafka_view_is_unique_by_topic_partition_and_offset(spark: SparkSess
     """PREPARED and ROLLBACK records take no queue offset (the record says 0): every one is exported,
     and the Kafka-shaped view leaves them out, so (topic, partition, offset) names one row."""
     store = tmp_path / "store"
-    log = CommitLog(load_config(environ={}, mapped_file_size_commit_log=64 * 1024), store)
+    log = MessageStore(load_config(environ={}, mapped_file_size_commit_log=64 * 1024), store)
     log.start()
     try:
         for i in range(12):

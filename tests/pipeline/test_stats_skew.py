@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from pipeline.stats import stats
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.message import Message
 
@@ -19,7 +19,7 @@ YEAR_MS = 365 * 86_400_000
 def write_skewed_store(root: Path) -> None:
     """200 messages born a few ms before they are stored, 10 from a producer whose clock is three
     years behind and 5 from one two days ahead."""
-    log = CommitLog(load_config(environ={}, mapped_file_size_commit_log=64 * 1024), root)
+    log = MessageStore(load_config(environ={}, mapped_file_size_commit_log=64 * 1024), root)
     log.start()
     try:
         for i in range(215):

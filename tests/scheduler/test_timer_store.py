@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.commitlog.commit_log import CommitLog
+from services.commitlog.message_store import MessageStore
 from services.store.formats.message import SCHEDULE_TOPIC, Message
 from services.store.formats.record import decode_record
 from services.store.formats.timer_files import UNIT_SIZE, TimerFiles
@@ -20,19 +20,19 @@ from tests.test_commitlog_engine import make_log
 
 
 @pytest.fixture
-def log(tmp_path: Path) -> Iterator[CommitLog]:
+def log(tmp_path: Path) -> Iterator[MessageStore]:
     commit_log = make_log(tmp_path)
     yield commit_log
     commit_log.shutdown()
 
 
-def _stored(log: CommitLog, message: Message) -> tuple[str, int, dict[str, str]]:
+def _stored(log: MessageStore, message: Message) -> tuple[str, int, dict[str, str]]:
     result = log.put_message(message)
     record = decode_record(log.read(result.commitlog_offset, result.wrote_bytes))
     return record.topic, record.queue_id, record.properties
 
 
-def test_a_timer_message_is_parked_with_rocketmq5_properties(log: CommitLog) -> None:
+def test_a_timer_message_is_parked_with_rocketmq5_properties(log: MessageStore) -> None:
     deliver = time.time_ns() // 1_000_000 + 60_000
     topic, queue_id, properties = _stored(log, Message("Later", 2, b"x", properties={"TIMER_DELIVER_MS": str(deliver)}))
     assert (topic, queue_id) == (TIMER_TOPIC, 0)
@@ -43,7 +43,7 @@ def test_a_timer_message_is_parked_with_rocketmq5_properties(log: CommitLog) -> 
     assert before + 30_000 <= int(relative["TIMER_OUT_MS"]) <= time.time_ns() // 1_000_000 + 30_000
 
 
-def test_delay_wins_over_timer_properties_and_due_messages_stay_put(log: CommitLog) -> None:
+def test_delay_wins_over_timer_properties_and_due_messages_stay_put(log: MessageStore) -> None:
     topic, queue_id, properties = _stored(log, Message("Later", 1, b"x", properties={"DELAY": "2",
                                                                                   "TIMER_DELAY_SEC": "30"}))
     assert (topic, queue_id) == (SCHEDULE_TOPIC, 1) and "TIMER_DELAY_SEC" not in properties
@@ -85,7 +85,7 @@ def test_recovery_undoes_units_taken_in_after_the_checkpoint(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("born_host", ["10.0.0.1:1", "[2001:db8::1]:9876"])
-def test_timer_out_ms_read_from_the_properties_alone_matches_the_decoded_record(log: CommitLog,
+def test_timer_out_ms_read_from_the_properties_alone_matches_the_decoded_record(log: MessageStore,
                                                                                 born_host: str) -> None:
     deliver = time.time_ns() // 1_000_000 + 90_000
     result = log.put_message(Message("Later", 1, b"body" * 50, born_host=born_host,
