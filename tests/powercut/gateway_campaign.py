@@ -313,6 +313,7 @@ def _check_sends(stub: gateway_pb2_grpc.MessagingServiceStub, sends: list[Sent],
     """Each send pulled at its queue offset; the last ``by_id`` sends (the ones acknowledged closest to the
     cut) also fetched by offset msg id and by UNIQ_KEY (from the index: two lookups each, so a sample)."""
     lost: list[str] = []
+    deadline = time.monotonic() + 30.0  # for the indexer to catch up, all queues together
     by_queue: dict[int, list[Sent]] = {}
     for s in sends:
         by_queue.setdefault(s.queue_id, []).append(s)
@@ -325,7 +326,7 @@ def _check_sends(stub: gateway_pb2_grpc.MessagingServiceStub, sends: list[Sent],
             return pulled if last in pulled else None
 
         try:
-            pulled = _retry(caught_up) or {}
+            pulled = _retry(caught_up, max(0.0, deadline - time.monotonic())) or {}
         except grpc.RpcError as exc:
             lost.append(f"pull of queue {queue_id}: {exc.code()} {exc.details()}")
             continue
@@ -333,7 +334,7 @@ def _check_sends(stub: gateway_pb2_grpc.MessagingServiceStub, sends: list[Sent],
             if s.queue_offset not in pulled or pulled[s.queue_offset].body != s.body:
                 lost.append(f"pull of queue {s.queue_id} offset {s.queue_offset}: "
                             f"{'none' if s.queue_offset not in pulled else 'another body'}")
-    for s in sends[-by_id:] if by_id else ():
+    for s in sends[-by_id:] if by_id and not lost else ():  # by id only once the pulls found everything
         for key, kind in ((s.offset_msg_id, "offset msg id"), (s.uniq_key, "UNIQ_KEY")):
             def view(key: str = key) -> bytes | None:
                 try:
