@@ -18,8 +18,8 @@ from mqstore.v1 import commitlog_pb2_grpc
 from services.commitlog import metrics
 from services.commitlog.ha.ha_service import HAServiceError
 from services.commitlog.ha.replication import start_replication
-from services.commitlog.message_store import MessageStore
 from services.commitlog.ha.truncation import finish_interrupted_truncation
+from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import MissingLogError
 from services.commitlog.servicer import MAX_BATCH_BYTES, SERVICE_NAME, CommitLogServicer
 from services.server.bootstrap import Bootstrap, ServiceProcess

@@ -44,7 +44,7 @@ ENV = {
     "MQSTORE_MAPPED_FILE_SIZE_CONSUME_QUEUE": str(300 * 20),
     "MQSTORE_MAX_HASH_SLOT_NUM": "500",
     "MQSTORE_MAX_INDEX_NUM": "2000",
-    # The store-state thread every 200 ms, a cleaning round in each.
+    # The clean-commitlog thread every 200 ms, a cleaning round in each.
     "MQSTORE_FLUSH_INTERVAL_CONSUME_QUEUE": "200",
     "MQSTORE_CLEAN_RESOURCE_INTERVAL": "200",
 }
