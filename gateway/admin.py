@@ -26,6 +26,7 @@ from gateway.resilience import BackendError
 from gateway.shard import CHANNEL_OPTIONS, ShardClient, call_backend
 from mqstore.v1 import admin_pb2, commitlog_pb2, groups_pb2, indexer_pb2, indexer_pb2_grpc
 from services.server.channels import aio_channel
+from services.server.etcd_client import EtcdError
 from services.store.errors import NotFoundError
 from services.store.rules.names import check_deletable_topic
 
@@ -128,6 +129,8 @@ class Admin:
         if isinstance(groups, BaseException):
             healthy = _note(status, "query", groups)
         status.topic_count, status.group_count = len(topic_names), len(group_names)
+        status.replicas.extend(await replica_statuses(shard, timeout))
+        healthy = healthy and all(r.role != UNREACHABLE for r in status.replicas)
         status.healthy = healthy and not status.disk_full
         return status, topic_names, group_names
 
@@ -156,6 +159,39 @@ class Admin:
             raise NotFoundError(f"topic {topic!r} does not exist on any shard: nothing to delete (mqstore topics "
                                 "list shows the topics)")
         return response
+
+
+async def replica_statuses(shard: ShardClient, timeout: float) -> list[admin_pb2.ReplicaStatus]:
+    """A replicated shard's replicas: role and epoch as etcd names them, in-sync membership from etcd's
+    ``inSync``, max offset from each commitlog's GetStoreInfo and the lag behind the leader's."""
+    leader = shard.leader
+    if leader is None:
+        return []
+    try:
+        in_sync = await asyncio.to_thread(leader.refresh_in_sync)
+    except EtcdError:
+        in_sync = leader.in_sync
+    copies = shard.copies
+    request, deadline = commitlog_pb2.GetStoreInfoRequest(), min(timeout, HEALTH_TIMEOUT_S)
+    infos = await asyncio.gather(*(call_backend(c.commitlog_what, c.commitlog.GetStoreInfo, request, deadline)
+                                   for c in copies), return_exceptions=True)
+    leader_name, epoch = leader.leader, leader.epoch
+    leader_max = next((i.max_offset for c, i in zip(copies, infos, strict=True)
+                       if c.name == leader_name and isinstance(i, commitlog_pb2.StoreInfo)), None)
+    statuses = []
+    for copy, info in zip(copies, infos, strict=True):
+        status = admin_pb2.ReplicaStatus(name=copy.name, commitlog=copy.commitlog_address, epoch=epoch,
+                                         in_sync=copy.name in in_sync)
+        if isinstance(info, commitlog_pb2.StoreInfo):
+            status.role = "LEADER" if copy.name == leader_name else "FOLLOWER"
+            status.max_offset = info.max_offset
+            status.lag_bytes = max(leader_max - info.max_offset, 0) if leader_max is not None else 0
+        elif isinstance(info, BackendError):
+            status.role, status.error = UNREACHABLE, str(info)
+        else:
+            raise info
+        statuses.append(status)
+    return statuses
 
 
 def _note(status: admin_pb2.ShardStatus, service: str, failure: BaseException) -> bool:

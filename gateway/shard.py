@@ -54,13 +54,14 @@ async def call_backend(what: str, call: Callable[..., Awaitable[T]], request: An
         raise backend_error(what, exc) from None
 
 
-class _Copy:
+class ReplicaCopy:
     """One copy of the shard's services (a replica, or the shard itself when it has one copy): its
     channels and stubs. ``calls`` names each stub method by where it sits, so a call made on one copy
     can be made again on another."""
 
     def __init__(self, shard: str, replica: ReplicaSettings) -> None:
         self.name = replica.name
+        self.commitlog_address = replica.commitlog
         self.commitlog_channel = aio_channel(replica.commitlog, CHANNEL_OPTIONS)
         self.query_channel = aio_channel(replica.query, CHANNEL_OPTIONS)
         self.scheduler_channel = aio_channel(replica.scheduler, CHANNEL_OPTIONS)
@@ -117,7 +118,7 @@ class ShardClient:
         self.settings = settings
         replicas = settings.replicas or (ReplicaSettings("", settings.commitlog, settings.query,
                                                          settings.scheduler_address, settings.indexer_address),)
-        self._copies = {r.name: _Copy(self.name, r) for r in replicas}
+        self._copies = {r.name: ReplicaCopy(self.name, r) for r in replicas}
         self._last = self._copies[replicas[0].name]
         self.leader = ShardLeader(settings.etcd, settings.broker_name) if settings.replicas else None
         self.store_host: str | None = None
@@ -128,12 +129,17 @@ class ShardClient:
         self.store_host_bytes: bytes | None = None
 
     @property
-    def _current(self) -> _Copy:
+    def _current(self) -> ReplicaCopy:
         """The leader's copy; between leaders the last one's (its calls fail and wait for the next)."""
         name = self.leader.leader if self.leader is not None else None
         if name is not None and name in self._copies:
             self._last = self._copies[name]
         return self._last
+
+    @property
+    def copies(self) -> list[ReplicaCopy]:
+        """Every copy of the shard (a replicated shard's replicas, in the settings' order)."""
+        return list(self._copies.values())
 
     @property
     def commitlog(self) -> commitlog_pb2_grpc.CommitLogServiceStub:
@@ -161,7 +167,7 @@ class ShardClient:
         for copy in self._copies.values():
             await copy.close()
 
-    def _made_on(self, call: Any) -> tuple[_Copy, tuple[str, str]] | None:
+    def _made_on(self, call: Any) -> tuple[ReplicaCopy, tuple[str, str]] | None:
         for copy in self._copies.values():
             where = copy.calls.get(id(call))
             if where is not None:
@@ -176,7 +182,8 @@ class ShardClient:
         except BackendError as exc:
             if self.leader is None or made is None or not not_appended(exc):
                 raise
-            return await self._on_next_leader(made[1], copy.name, request, timeout, exc)
+            again: T = await self._on_next_leader(made[1], copy.name, request, timeout, exc)
+            return again
 
     async def _on_next_leader(self, where: tuple[str, str], refused_by: str, request: Any, timeout: float,
                               first: BackendError) -> Any:
@@ -209,7 +216,8 @@ class ShardClient:
         except BackendError as exc:
             if self.leader is None or made is None or exc.code != grpc.StatusCode.UNAVAILABLE:
                 raise
-            return await self._on_in_sync(made[1], copy.name, request, timeout, exc)
+            elsewhere: T = await self._on_in_sync(made[1], copy.name, request, timeout, exc)
+            return elsewhere
 
     async def _on_in_sync(self, where: tuple[str, str], failed: str, request: Any, timeout: float,
                           first: BackendError) -> Any:

@@ -350,7 +350,7 @@ def _print_welcome(gateway: str, root: Path, replicas: int, ports: ReplicaPorts)
     print(f"""
 mqstore is up with {replicas} replicas. Gateway: {gateway} (store {root.resolve()}, etcd {ports.etcd})
   try:      mqstore send --gateway {gateway} --topic demo "hello, mqstore"
-            mqstore status --replicas --store {root}
+            mqstore status --gateway {gateway}    (each replica's role, epoch, offset, lag, in-sync)
   replica i: {root}/replica-<i>/, commitlog on 127.0.0.1:{ports.replica(0, 'commitlog')} + 10 i
   Ctrl-C stops every service cleanly (etcd last).
 """, flush=True)

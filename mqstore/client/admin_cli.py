@@ -3,14 +3,15 @@
 ``mqstore status`` is mqadmin's clusterList and brokerStatus in one table: a row per shard with its
 services' health, the commitlog's offsets, flush lag (written, not yet flushed), dispatch lag (the
 indexer's reput offset behind the commitlog's max), disk use against the watermarks where cleaning
-starts early and writes are refused, and topic and group counts. It exits 1 when anything is down or
-a disk refuses writes, so scripts and probes can use it as it is.
+starts early and writes are refused, and topic and group counts; a replicated shard adds a row per
+replica: its role and epoch as etcd names them, max offset, lag behind the leader, in-sync membership.
+It exits 1 when anything is down or a disk refuses writes, so scripts and probes can use it as it is.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -82,7 +83,15 @@ def _status(args: argparse.Namespace, client_of: ClientFactory) -> int:
         printer.table(("shard", *SERVICES, "min_offset", "max_offset", "flush_lag", "dispatch_lag", "disk_used",
                        "clean_at", "refuse_at", "topics", "groups"),
                       [_row(shard) for shard in status["shards"]], empty="no shards")
+        replicas: list[Sequence[Any]] = [
+            [shard["name"], r["name"], r["role"], r["epoch"], r["max_offset"], r["lag_bytes"],
+             "yes" if r["in_sync"] else "no"] for shard in status["shards"] for r in shard["replicas"]]
+        if replicas:  # a replicated shard (mqstore up --replicas): who leads, who is in sync, how far behind
+            printer.table(("shard", "replica", "role", "epoch", "max_offset", "lag", "in_sync"), replicas)
         for shard in status["shards"]:
+            for replica in shard["replicas"]:
+                if replica["error"]:
+                    printer.note(f"{shard['name']} {replica['name']} ({replica['commitlog']}): {replica['error']}")
             for service in shard["services"]:
                 if service["error"]:
                     printer.note(f"{shard['name']} {service['name']} ({service['address']}): {service['error']}")

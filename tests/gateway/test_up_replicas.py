@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from bench.services import free_port_block
-from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from mqstore.v1 import admin_pb2, common_pb2, gateway_pb2, query_pb2
 from services.server.etcd_client import EtcdClient
 from services.server.shard_keys import ShardKeys, read_shard
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
@@ -37,7 +37,8 @@ class Ack:
     queue_id: int
     queue_offset: int
     offset_msg_id: str
-    at: float
+    sent_at: float  # when the send began
+    acked_at: float
 
 
 @pytest.fixture
@@ -98,6 +99,7 @@ class Producer(threading.Thread):
         while not self.stopped.is_set():
             body = f"m-{i}".encode()
             i += 1
+            sent_at = time.monotonic()
             try:
                 sent = self.up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=TOPIC, body=body)),
                                          timeout=15)
@@ -105,7 +107,8 @@ class Producer(threading.Thread):
                 self.refused += 1
                 time.sleep(0.05)
                 continue
-            self.acks.append(Ack(body, sent.queue_id, sent.queue_offset, sent.offset_msg_id, time.monotonic()))
+            self.acks.append(Ack(body, sent.queue_id, sent.queue_offset, sent.offset_msg_id, sent_at,
+                                 time.monotonic()))
 
     def wait_acks(self, count: int, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -114,35 +117,42 @@ class Producer(threading.Thread):
             time.sleep(0.05)
 
 
-def _leader(etcd: str, broker_name: str = "broker-a") -> str:
+def _leader(etcd: str, broker_name: str = "broker-a") -> tuple[str, int]:
+    """The replica etcd names leader, and its epoch."""
     client = EtcdClient(etcd)
     try:
         view = read_shard(client, ShardKeys(broker_name))
     finally:
         client.close()
     assert view.leader is not None, "etcd names no leader"
-    return view.leader.replica
+    return view.leader.replica, view.leader.epoch
 
 
 def test_a_killed_leader_is_followed_by_the_gateway_and_nothing_acknowledged_is_lost(
         replicated: UpProcess) -> None:
     up = replicated
-    leader = _leader(f"127.0.0.1:{up.base_port + 1}")
+    leader, epoch = _leader(f"127.0.0.1:{up.base_port + 1}")
     producer = Producer(up)
     producer.start()
     producer.wait_acks(20, 20)
-    killed_at = time.monotonic()
-    before = len(producer.acks)
     os.kill(_commitlog_pid(up.store, leader), signal.SIGKILL)
-    producer.wait_acks(before + 1, 30)
-    resumed = next(a.at for a in producer.acks[before:]) - killed_at
+    killed_at = time.monotonic()
+    deadline = killed_at + 30
+    while not (after := [a for a in producer.acks[-5:] if a.sent_at > killed_at]):
+        assert time.monotonic() < deadline, "no send acknowledged within 30 s of the leader's death"
+        time.sleep(0.02)
+    resumed = after[0].acked_at - killed_at
     print(f"\nleader {leader} SIGKILLed: first acknowledged send through the same gateway after {resumed:.2f} s "
           f"({producer.refused} sends refused meanwhile)")
     producer.wait_acks(len(producer.acks) + 20, 20)
     producer.stopped.set()
     producer.join(20)
     assert resumed < RESUME_WITHIN_S, f"sends resumed {resumed:.2f} s after the leader died"
-    assert _leader(f"127.0.0.1:{up.base_port + 1}") != leader
+    # The next epoch's leader: another member, or the killed one itself, restarted by the runner and
+    # still a member of the in-sync set, when it campaigned first.
+    new_leader, new_epoch = _leader(f"127.0.0.1:{up.base_port + 1}")
+    assert new_epoch > epoch
+    _assert_status(up, new_leader, new_epoch)
 
     offsets = [(a.queue_id, a.queue_offset) for a in producer.acks]
     assert len(set(offsets)) == len(offsets), "a queue offset was acknowledged twice"
@@ -153,3 +163,14 @@ def test_a_killed_leader_is_followed_by_the_gateway_and_nothing_acknowledged_is_
         assert [m.body for m in pulled.messages[:1]] == [ack.body], f"pull at {ack.queue_id}/{ack.queue_offset}"
         got = up.stub.GetMessage(query_pb2.ViewMessageRequest(msg_id=ack.offset_msg_id), timeout=10)
         assert got.message.body == ack.body, f"get by offset msg id {ack.offset_msg_id}"
+
+
+def _assert_status(up: UpProcess, leader: str, epoch: int) -> None:
+    """``mqstore status`` (GetClusterStatus): each replica's role and epoch as etcd says, its offset and
+    lag, and in-sync membership; the new leader leads a later epoch than the first."""
+    shard = up.stub.GetClusterStatus(admin_pb2.GetClusterStatusRequest(), timeout=10).shards[0]
+    replicas = {r.name: r for r in shard.replicas}
+    assert sorted(replicas) == [f"replica-{i}" for i in range(REPLICAS)], shard
+    assert [n for n, r in replicas.items() if r.role == "LEADER"] == [leader], shard
+    assert replicas[leader].epoch == epoch and replicas[leader].in_sync and replicas[leader].lag_bytes == 0
+    assert replicas[leader].max_offset == shard.max_offset > 0
