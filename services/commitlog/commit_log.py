@@ -49,6 +49,7 @@ from services.store.formats.record import (
     encode_blank,
 )
 from services.store.formats.transient_store_pool import TransientStorePool
+from services.store.invariants import broken
 from services.store.rules.names import check_topic_name
 from services.store.rules.timer_message import TIMER_TOPIC
 from services.store.rules.topics import PERM_WRITE
@@ -378,16 +379,27 @@ class CommitLog:
             self.mfq.reserve_for_append(mapped, total)  # blocks for every byte, before the first is written
         buffer = mapped.append_buffer()
         base = mapped.file_from_offset
+        log_end = base + pos  # where the next record must start, or past (a roll)
         for record, size, topic, queue_id, timestamp_pos, _, takes_queue_offset in encoded:
             end = pos + size
             if end > limit:
                 mapped.wrote_position = pos
                 mapped = self._roll(mapped, store_timestamp)
                 buffer, base, pos, end = mapped.append_buffer(), mapped.file_from_offset, 0, size
+                if end > limit:
+                    broken("a record never crosses a file end", f"a {size}-byte record does not fit in a "
+                           f"{mapped.file_size}-byte file with the {END_FILE_MIN_BLANK_LENGTH} bytes of its BLANK")
             commitlog_offset = base + pos
+            if commitlog_offset < log_end:
+                broken("commitlog offsets increase", f"a record at offset {commitlog_offset} would overwrite the "
+                       f"log below its end {log_end}")
+            log_end = commitlog_offset + size
             if takes_queue_offset:
                 key = (topic, queue_id)
                 queue_offset = table.get(key, 0)
+                if queue_offset < 0:
+                    broken("the queue offset assigned is the queue table's next", f"{topic} queue {queue_id} "
+                           f"would get queue offset {queue_offset}")
                 table[key] = queue_offset + 1
                 started += starts_page(queue_offset, units)
             else:

@@ -51,8 +51,9 @@ from services.store.formats.consumer_offsets_file import offsets_file_candidates
 from services.store.formats.index_file import index_file_size
 from services.store.formats.message import Message, parse_delay_levels
 from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
-from services.store.formats.record import RecordError, decode_record
+from services.store.formats.record import SIZE_AND_MAGIC, RecordError, decode_record
 from services.store.formats.store_layout import INDEXER_DIR
+from services.store.invariants import broken
 from services.store.rules.topics import TopicConfig
 from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
@@ -138,6 +139,7 @@ class MessageStore:
                                                self._delay_levels_ms, quarantine, recorded_end)
         end = self.recovery.end
         accepted_loss = self._check_missing_log(recorded_end)
+        self._check_cut(recorded_end, accepted_loss)
         self.quarantine.reconcile(self.recovery.quarantined, mfq.min_offset, end)
         for bad in self.quarantine.ranges:
             log.warning("commitlog offsets %s are QUARANTINED: reads of them answer DATA_LOSS", bad.describe())
@@ -188,6 +190,34 @@ class MessageStore:
         self._checkpoint.physic_msg_timestamp = self.recovery.last_timestamp
         self._checkpoint.flush()
         return True
+
+    def _check_cut(self, recorded_end: int | None, accepted_loss: bool) -> None:
+        """Recovery's cut, before anything is truncated: at a record boundary (a file's start, or the end
+        of the last record the walk found) within the mapped files, and never below the end the store
+        recorded as durable unless the missing-log check refused to start (it raised) or the loss was
+        accepted (refuseStartOnMissingLog off)."""
+        result, mfq = self.recovery, self.commit_log.mfq
+        end, files = result.end, mfq.files
+        low, high = (files[0].file_from_offset, files[-1].file_tail_offset) if files else (0, 0)
+        if not low <= end <= high:
+            broken("recovery cuts within the mapped files", f"the cut at offset {end} is outside the files' "
+                   f"[{low}, {high}]")
+        if end % self.config.mapped_file_size_commit_log and self._last_record_end() != end:
+            broken("recovery cuts at a record boundary", f"the cut at offset {end} is not the end of the last "
+                   f"record found (at offset {result.last_record_offset}, ending at {self._last_record_end()})")
+        explained = end + (result.damage.dropped_bytes if result.damage is not None else 0)
+        if recorded_end is not None and recorded_end > explained and not accepted_loss:
+            broken("recovery never cuts below the durable end without the refusal path",
+                   f"the cut at offset {end} is below {recorded_end}, where the queue-offset snapshot says the "
+                   "log was durable, and the missing-log check neither refused nor accepted it")
+
+    def _last_record_end(self) -> int:
+        """Where the last record recovery found ends (-1: it found none)."""
+        offset = self.recovery.last_record_offset
+        mapped = self.commit_log.mfq.find_by_offset(offset) if offset >= 0 else None
+        if mapped is None:
+            return -1
+        return offset + SIZE_AND_MAGIC.unpack_from(mapped.buffer, offset - mapped.file_from_offset)[0]
 
     def _report_flush_loss(self) -> None:
         """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: a WARNING and gauges say what

@@ -70,6 +70,8 @@ class RecoveryResult:
     quarantined: tuple[QuarantinedRange, ...] = ()
     #: STORETIMESTAMP of the last valid record the walk found (0: none)
     last_timestamp: int = 0
+    #: commitlog offset of the last valid record the walk found (-1: none)
+    last_record_offset: int = -1
 
     @property
     def scanned_bytes(self) -> int:
@@ -204,7 +206,8 @@ def _walk(files: Sequence[MappedFile], index: int, check_crc: bool, delay_levels
                     end, damage.reason, damage.dropped_bytes, end + damage.dropped_bytes,
                     damage.intact_records, records, start)
     last_timestamp = _store_timestamp(*last_record) if last_record is not None else 0
-    return RecoveryResult(end, start, records, damage, tuple(quarantined), last_timestamp)
+    last_offset = last_record[0].file_from_offset + last_record[1] if last_record is not None else -1
+    return RecoveryResult(end, start, records, damage, tuple(quarantined), last_timestamp, last_offset)
 
 
 def _resynchronise(files: Sequence[MappedFile], index: int, pos: int, check_crc: bool,

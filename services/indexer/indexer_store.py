@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
 from services.store.config import MessageStoreConfig
 from services.store.formats.checkpoint import StoreCheckpoint
@@ -29,6 +31,7 @@ from services.store.formats.dispatch_columns import DispatchColumns
 from services.store.formats.index_service import IndexRewind, IndexService, IndexStateMismatch, QueryOffsetResult
 from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.formats.record import DispatchRequest
+from services.store.invariants import broken
 from services.store.service_thread import LeastPages, ServiceThread
 from services.store.store_root import AbortFile, StoreLock, remove_durably, write_atomically
 
@@ -202,6 +205,7 @@ class IndexerStore:
         columns = DispatchColumns(requests)  # read once, shared by the ConsumeQueues and the index
         with self._lock:
             if requests:
+                _check_dispatch_order(columns, self.reput_offset, next_offset)
                 self.consume_queues.dispatch_columns(columns)
                 if self.index is not None:
                     self.index.build_index_columns(columns)
@@ -382,3 +386,23 @@ class IndexerFlushService(ServiceThread):
     def run_once(self) -> None:
         self._stopped.wait(self._interval_s)
         self._store.flush(self._least_pages.now())
+
+
+def _check_dispatch_order(columns: DispatchColumns, reput_offset: int, next_offset: int) -> None:
+    """The reput's contract with the files it builds: a chunk's records start at or past the reput
+    offset, each past the end of the one before, and the next reput offset is at or past their end.
+    A ConsumeQueue skips a unit it believes built already, so a record dispatched out of order would be
+    lost from its queue silently."""
+    offsets = columns.commitlog_offset
+    ends = offsets + columns.msg_size
+    invariant = "dispatched commitlog offsets increase"
+    if offsets[0] < reput_offset:
+        broken(invariant, f"a chunk's first record is at offset {offsets[0]}, below the reput offset {reput_offset}")
+    if offsets.size > 1:
+        behind = np.flatnonzero(offsets[1:] < ends[:-1])
+        if behind.size:
+            i = int(behind[0]) + 1
+            broken(invariant, f"the record at offset {offsets[i]} starts before the end {ends[i - 1]} of the one "
+                   "dispatched before it")
+    if next_offset < ends[-1]:
+        broken(invariant, f"the next reput offset {next_offset} is below the end {ends[-1]} of the chunk dispatched")

@@ -40,6 +40,7 @@ from services.store.formats.mapped_file import OS_PAGE_SIZE, MappedFile
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.formats.record import DispatchRequest
+from services.store.invariants import broken
 from services.store.store_root import make_dirs
 
 log = logging.getLogger(__name__)
@@ -390,8 +391,18 @@ class ConsumeQueue:
             if index >= end:
                 break
             mapped = self._file_for(first_cq + index - start)
+            self._check_unit_position(mapped, first_cq + index - start)
         self.max_physic_offset = last_end
         return True
+
+    def _check_unit_position(self, mapped: MappedFile, cq_offset: int) -> None:
+        """The unit of queue offset ``cq_offset`` goes at byte ``cq_offset * 20`` of the queue, nowhere else:
+        a pull reads it there."""
+        position = mapped.file_from_offset + mapped.wrote_position
+        if position != cq_offset * CQ_STORE_UNIT_SIZE:
+            broken("ConsumeQueue units are written at their queue offset",
+                   f"{self.topic}/{self.queue_id}: the unit of queue offset {cq_offset} would go to byte {position}, "
+                   f"the place of queue offset {position / CQ_STORE_UNIT_SIZE:g}")
 
     def void_units(self, start: int, end: int) -> int:
         """Turn the units pointing into commitlog [start, end) (a range the commitlog quarantined: their
