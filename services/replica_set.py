@@ -15,7 +15,8 @@ scheduler, each replica's readers and commitlog, and etcd last.
 
 Ports, from the base port B (default: gateway 9876, etcd 9970 and 9971, replica i at 9901 + 10 i): the
 gateway at B, etcd's client and peer ports at B+1 and B+2, replica i's commitlog, indexer, query,
-scheduler and HA listener at B + 10 (i+1) + 0..4.
+scheduler and HA listener at B + 10 (i+1) + 0..4. Metrics from the metrics base port M (default 9910):
+the gateway's workers at M+1..., replica i's services at M + 90 + 10 i + 0..3.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ log = logging.getLogger("services.replica_set")
 DEFAULT_GATEWAY_PORT = 9876
 DEFAULT_ETCD_PORT = 9970
 DEFAULT_REPLICA_BASE = 9891  # replica i at 9901 + 10 i, as B + 10 (i+1) with B = 9891
-MAX_REPLICAS = 9
+MAX_REPLICAS = 5  # the default ports of replica 6 on would meet etcd's (9970)
 ETCD_READY_S = 30.0
 #: The leader lease's TTL unless MQSTORE_HA_LEASE_TTL_SECONDS says otherwise: a dead leader's lease
 #: lapses, and the next leader is named, within it (the commitlog's default, 5 s, is for a network).
@@ -65,6 +66,9 @@ LEASE_TTL_S = "3"
 #: in-sync set at its first report past the handshake: 4.9.8's 5 s heartbeat would hold every write).
 LOCAL_DEFAULTS = {"MQSTORE_HA_LEASE_TTL_SECONDS": LEASE_TTL_S, "MQSTORE_HA_SEND_HEARTBEAT_INTERVAL": "500"}
 SERVICES = ("commitlog", "indexer", "query", "scheduler")
+#: Replica i's services serve /metrics from metrics base + 90 + 10 i (default 10000 + 10 i ...): clear of
+#: the gateway's workers (metrics base + 1 ...) and of the replicas' own default ports (9901 ... 9945).
+REPLICA_METRICS_OFFSET = 90
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,7 @@ def replica_specs(root: Path, config_file: str | None, ports: ReplicaPorts, i: i
         if spec.name == "gateway":
             continue
         metrics = None if metrics_base_port is None else \
-            metrics_base_port + 10 * (i + 1) + SERVICES.index(spec.name)
+            metrics_base_port + REPLICA_METRICS_OFFSET + 10 * i + SERVICES.index(spec.name)
         specs[spec.name] = dataclasses.replace(spec, name=f"{spec.name} {replica_name(i)}", env=env,
                                                metrics_port=metrics)
     return specs

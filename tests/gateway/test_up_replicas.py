@@ -72,15 +72,16 @@ def _kill_etcd(up: UpProcess) -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
-def _commitlog_pid(store: Path, replica: str) -> int:
-    """The pid of ``replica``'s commitlog (a child of the runner, found by its command line)."""
-    wanted = f"commitlog\0--store\0{store / replica}\0".encode()
+def _pid(store: Path, replica: str, service: str = "commitlog") -> int:
+    """The pid of ``replica``'s ``service`` (a child of the runner, found by its command line)."""
+    root = store / replica if service == "commitlog" else store / replica / service
+    wanted = f"{service}\0--store\0{root}\0".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             with contextlib.suppress(OSError):
                 if wanted in (entry / "cmdline").read_bytes():
                     return int(entry.name)
-    raise AssertionError(f"no commitlog process of {replica}")
+    raise AssertionError(f"no {service} process of {replica}")
 
 
 class Producer(threading.Thread):
@@ -135,7 +136,7 @@ def test_a_killed_leader_is_followed_by_the_gateway_and_nothing_acknowledged_is_
     producer = Producer(up)
     producer.start()
     producer.wait_acks(20, 20)
-    os.kill(_commitlog_pid(up.store, leader), signal.SIGKILL)
+    os.kill(_pid(up.store, leader), signal.SIGKILL)
     killed_at = time.monotonic()
     deadline = killed_at + 30
     while not (after := [a for a in producer.acks[-5:] if a.sent_at > killed_at]):
@@ -154,9 +155,17 @@ def test_a_killed_leader_is_followed_by_the_gateway_and_nothing_acknowledged_is_
     assert new_epoch > epoch
     _assert_status(up, new_leader, new_epoch)
 
+    # The leader's query service dies: reads go to an in-sync follower's (slaveReadEnable).
+    os.kill(_pid(up.store, new_leader, "query"), signal.SIGKILL)
+    _assert_readable(up, producer.acks[-3:])
+    _assert_readable(up, producer.acks)
+
     offsets = [(a.queue_id, a.queue_offset) for a in producer.acks]
     assert len(set(offsets)) == len(offsets), "a queue offset was acknowledged twice"
-    for ack in producer.acks:
+
+
+def _assert_readable(up: UpProcess, acks: list[Ack]) -> None:
+    for ack in acks:
         pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=TOPIC, queue_id=ack.queue_id,
                                                            queue_offset=ack.queue_offset, max_messages=1,
                                                            long_poll_ms=5000), timeout=10)
