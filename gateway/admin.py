@@ -38,27 +38,38 @@ HEALTH_TIMEOUT_S = 2.0
 
 class ShardAdmin:
     """The channels status and deletion need beyond :class:`ShardClient`'s: the indexer, and a health
-    stub per service."""
+    stub per service; for a replicated shard, those of the replica that leads now."""
 
     def __init__(self, shard: ShardClient) -> None:
         self.shard = shard
-        settings = shard.settings
-        self.addresses = {"commitlog": settings.commitlog, "indexer": settings.indexer_address,
-                          "query": settings.query, "scheduler": settings.scheduler_address}
-        self._indexer_channel = aio_channel(settings.indexer_address, CHANNEL_OPTIONS)
-        self._channels = {**shard.channels, "indexer": self._indexer_channel}
-        self.indexer = indexer_pb2_grpc.IndexerServiceStub(self._indexer_channel)
-        self._indexer_what = f"the indexer of {shard.name} ({settings.indexer_address})"
+        self._indexer_channels = {c.name: aio_channel(c.indexer_address, CHANNEL_OPTIONS) for c in shard.copies}
+        self._indexers = {name: indexer_pb2_grpc.IndexerServiceStub(channel)
+                          for name, channel in self._indexer_channels.items()}
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        copy = self.shard.current
+        return {"commitlog": copy.commitlog_address, "indexer": copy.indexer_address, "query": copy.query_address,
+                "scheduler": copy.scheduler_address}
+
+    @property
+    def indexer(self) -> indexer_pb2_grpc.IndexerServiceStub:
+        return self._indexers[self.shard.current.name]
 
     async def close(self) -> None:
-        await self._indexer_channel.close(None)  # the others are the shard client's
+        for channel in self._indexer_channels.values():  # the others are the shard client's
+            await channel.close(None)
 
     async def on_indexer(self, call: Any, request: Any, timeout: float) -> Any:
-        return await call_backend(self._indexer_what, call, request, timeout)
+        copy = self.shard.current
+        of = f" {copy.name}" if copy.name else ""
+        return await call_backend(f"the indexer of {self.shard.name}{of} ({copy.indexer_address})", call, request,
+                                  timeout)
 
     async def health(self, name: str, timeout: float) -> admin_pb2.ServiceStatus:
         status = admin_pb2.ServiceStatus(name=name, address=self.addresses[name])
-        stub = health_pb2_grpc.HealthStub(self._channels[name])
+        channels = {**self.shard.channels, "indexer": self._indexer_channels[self.shard.current.name]}
+        stub = health_pb2_grpc.HealthStub(channels[name])
         try:
             answer = await stub.Check(health_pb2.HealthCheckRequest(), timeout=min(timeout, HEALTH_TIMEOUT_S))
         except grpc.aio.AioRpcError as exc:

@@ -61,7 +61,8 @@ class ReplicaCopy:
 
     def __init__(self, shard: str, replica: ReplicaSettings) -> None:
         self.name = replica.name
-        self.commitlog_address = replica.commitlog
+        self.commitlog_address, self.query_address = replica.commitlog, replica.query
+        self.scheduler_address, self.indexer_address = replica.scheduler, replica.indexer
         self.commitlog_channel = aio_channel(replica.commitlog, CHANNEL_OPTIONS)
         self.query_channel = aio_channel(replica.query, CHANNEL_OPTIONS)
         self.scheduler_channel = aio_channel(replica.scheduler, CHANNEL_OPTIONS)
@@ -129,7 +130,7 @@ class ShardClient:
         self.store_host_bytes: bytes | None = None
 
     @property
-    def _current(self) -> ReplicaCopy:
+    def current(self) -> ReplicaCopy:
         """The leader's copy; between leaders the last one's (its calls fail and wait for the next)."""
         name = self.leader.leader if self.leader is not None else None
         if name is not None and name in self._copies:
@@ -143,23 +144,23 @@ class ShardClient:
 
     @property
     def commitlog(self) -> commitlog_pb2_grpc.CommitLogServiceStub:
-        return self._current.commitlog
+        return self.current.commitlog
 
     @property
     def query(self) -> query_pb2_grpc.QueryServiceStub:
-        return self._current.query
+        return self.current.query
 
     @property
     def transactions(self) -> scheduler_pb2_grpc.TransactionServiceStub:
-        return self._current.transactions
+        return self.current.transactions
 
     @property
     def append_batch_bytes(self) -> Any:
-        return self._current.append_batch_bytes
+        return self.current.append_batch_bytes
 
     @property
     def pull_bytes(self) -> Any:
-        return self._current.pull_bytes
+        return self.current.pull_bytes
 
     async def close(self) -> None:
         if self.leader is not None:
@@ -176,7 +177,7 @@ class ShardClient:
 
     async def on_commitlog(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
         made = self._made_on(call)
-        copy = made[0] if made is not None else self._current
+        copy = made[0] if made is not None else self.current
         try:
             return await call_backend(copy.commitlog_what, call, request, timeout)
         except BackendError as exc:
@@ -210,7 +211,7 @@ class ShardClient:
 
     async def on_query(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
         made = self._made_on(call)
-        copy = made[0] if made is not None else self._current
+        copy = made[0] if made is not None else self.current
         try:
             return await call_backend(copy.query_what, call, request, timeout)
         except BackendError as exc:
@@ -239,12 +240,12 @@ class ShardClient:
         raise first
 
     async def on_scheduler(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
-        return await call_backend(self._current.scheduler_what, call, request, timeout)
+        return await call_backend(self.current.scheduler_what, call, request, timeout)
 
     @property
     def channels(self) -> dict[str, grpc.aio.Channel]:
         """The shard's open channels by service (``mqstore status`` health-checks over them)."""
-        copy = self._current
+        copy = self.current
         return {"commitlog": copy.commitlog_channel, "query": copy.query_channel,
                 "scheduler": copy.scheduler_channel}
 

@@ -183,3 +183,5 @@ def _assert_status(up: UpProcess, leader: str, epoch: int) -> None:
     assert [n for n, r in replicas.items() if r.role == "LEADER"] == [leader], shard
     assert replicas[leader].epoch == epoch and replicas[leader].in_sync and replicas[leader].lag_bytes == 0
     assert replicas[leader].max_offset == shard.max_offset > 0
+    # The shard's services row is the leader's.
+    assert {s.name: s.address for s in shard.services}["commitlog"] == replicas[leader].commitlog
