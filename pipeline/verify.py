@@ -45,7 +45,7 @@ MAX_SAMPLES = 100
 _UNIT = struct.Struct(">qiq")  # commitlog offset, size, tags code: a ConsumeQueue unit
 _FILE_NAME = re.compile(r"[0-9]{20}")
 PROBLEM_SCHEMA = "check STRING, offset BIGINT, detail STRING"
-CQ_SCHEMA = "topic STRING, queue_id INT, cq_offset BIGINT, phy_offset BIGINT, size INT, tags_code BIGINT"
+CQ_SCHEMA = "topic STRING, queue_id INT, queue_offset BIGINT, phy_offset BIGINT, size INT, tags_code BIGINT"
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def list_queues(consumequeue: Path) -> list[QueueFiles]:
 
 def queue_units(queue: QueueFiles, file_size: int
                 ) -> Iterator[tuple[str, int, int, int, int, int] | tuple[str, int, str]]:
-    """(topic, queue id, cq offset, commitlog offset, size, tags code) of every unit up to the end of the
+    """(topic, queue id, queue offset, commitlog offset, size, tags code) of every unit up to the end of the
     queue's data, then (topic, queue id, problem) for anything wrong: a file that is not
     ``file_size`` (mappedFileSizeConsumeQueue) bytes, a missing file, or valid units after the end of the
     data (a hole). Filler units (fillPreBlank) are skipped."""
@@ -107,18 +107,18 @@ def queue_units(queue: QueueFiles, file_size: int
                 f"(expected byte offset {previous_end})"
         previous_end = start + len(data)
         for index, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(data[:len(data) - len(data) % 20])):
-            cq_offset = (start + index * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
+            queue_offset = (start + index * CQ_STORE_UNIT_SIZE) // CQ_STORE_UNIT_SIZE
             if not is_valid_unit(offset, size):
                 if ended_at is None:
-                    ended_at = cq_offset
+                    ended_at = queue_offset
                 continue
             if data[index * 20:index * 20 + 20] == BLANK_UNIT:
                 continue
             if ended_at is not None:
-                yield queue.topic, queue.queue_id, f"unit {cq_offset} is valid after the queue's data ended at " \
+                yield queue.topic, queue.queue_id, f"unit {queue_offset} is valid after the queue's data ended at " \
                     f"{ended_at}: the queue has a hole"
                 ended_at = None
-            yield queue.topic, queue.queue_id, cq_offset, offset, size, tags_code
+            yield queue.topic, queue.queue_id, queue_offset, offset, size, tags_code
 
 
 def reachable_entries(path: str, hash_slot_num: int, index_num: int) -> Iterator[tuple[int, int]]:
@@ -194,12 +194,12 @@ def verify(spark: SparkSession, store: str | Path | StoreInput | VerifyInputs, s
     u = units.alias("u")
     joined = u.join(r, F.col("u.phy_offset") == F.col("r.commitlog_offset"), "left")
     problems.append(_problems(joined.where(F.col("r.commitlog_offset").isNull()), "cq-unit-without-record",
-                              "u.phy_offset", "concat(u.topic, '/', u.queue_id, ' unit ', u.cq_offset, "
+                              "u.phy_offset", "concat(u.topic, '/', u.queue_id, ' unit ', u.queue_offset, "
                                               "' points at no record')"))
     mismatch = ("r.commitlog_offset is not null and (r.topic != u.topic or r.queue_id != u.queue_id or "
-                "r.queue_offset != u.cq_offset or r.store_size != u.size or r.tags_code != u.tags_code)")
+                "r.queue_offset != u.queue_offset or r.store_size != u.size or r.tags_code != u.tags_code)")
     problems.append(_problems(joined.where(mismatch), "cq-unit-mismatch", "u.phy_offset",
-                              "concat(u.topic, '/', u.queue_id, ' unit ', u.cq_offset, ' (size ', u.size, "
+                              "concat(u.topic, '/', u.queue_id, ' unit ', u.queue_offset, ' (size ', u.size, "
                               "', tags ', u.tags_code, ') but the record is ', r.topic, '/', r.queue_id, "
                               "' offset ', r.queue_offset, ' (size ', r.store_size, ', tags ', r.tags_code, ')')"))
     tx = F.col("sys_flag").bitwiseAND(TRANSACTION_TYPE_MASK)

@@ -254,7 +254,7 @@ class ReputService:
             self.lag.commitlog_incarnation = info.incarnation
             self.lag.commitlog_max_offset = info.max_offset
             quarantined = [(r.start_offset, r.end_offset) for r in info.quarantined_ranges]
-            # A queue whose record was lost in one gets filler units for its cq offset (ConsumeQueue.put_batch).
+            # A queue whose record was lost in one gets filler units for its queue offset (ConsumeQueue.put_batch).
             self._store.consume_queues.lost_ranges = tuple(quarantined)
             if quarantined:  # units built before the damage was found must not point at it
                 self._store.consume_queues.void_units(quarantined)

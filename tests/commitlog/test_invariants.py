@@ -97,9 +97,9 @@ def test_consume_queue_units_go_only_at_their_queue_offset(tmp_path: Path, monke
     queue = ConsumeQueue(tmp_path, "T", 0, CQ_STORE_UNIT_SIZE * 4)
     file_for = queue._file_for
 
-    def misplaced(cq_offset: int) -> MappedFile:
-        mapped = file_for(cq_offset)
-        if cq_offset == 4:  # the second file, but written past its first unit's place
+    def misplaced(queue_offset: int) -> MappedFile:
+        mapped = file_for(queue_offset)
+        if queue_offset == 4:  # the second file, but written past its first unit's place
             mapped.wrote_position = CQ_STORE_UNIT_SIZE
         return mapped
 

@@ -2,7 +2,7 @@
 
 A queue lives in ``consumequeue/{topic}/{queueId}/`` as fixed-size files named by the 20-digit byte
 offset of their first unit. A unit is 20 big-endian bytes: commitlog offset (8), message size (4),
-tags code (8); unit *k* (queue offset / cq offset *k*) sits at byte ``20*k`` of the queue's stream.
+tags code (8); unit *k* (queue offset *k*) sits at byte ``20*k`` of the queue's stream.
 Files are created zero-filled and on demand (no successor is made for a full file until the next
 unit arrives). RocketMQ's validity rule for a unit is ``commitlog offset >= 0 and size > 0``; the
 first invalid unit ends a queue's data on recovery.
@@ -64,7 +64,7 @@ _ZERO_UNIT = bytes(CQ_STORE_UNIT_SIZE)
 # Recovery scans files in chunks, so a mostly empty 6 MB file is not read (page-faulted) in full.
 _SCAN_CHUNK = CQ_STORE_UNIT_SIZE * 4096
 
-#: (commitlog offset, size, tags code, cq offset): what the dispatcher puts.
+#: (commitlog offset, size, tags code, queue offset): what the dispatcher puts.
 Unit = tuple[int, int, int, int]
 #: store_time_of(commitlog offset, size) -> the record's store timestamp, negative when unreadable
 #: (RocketMQ's CommitLog.pickupStoreTimestamp).
@@ -144,7 +144,7 @@ def offset_in_file_by_time(buffer: bytes | mmap.mmap, file_from_offset: int, rea
                            min_logic_offset: int, timestamp: int, store_time_of: StoreTimeOf,
                            min_physic_offset: int = 0) -> int:
     """getOffsetInQueueByTime's search of one file (its units below ``read_position``): binary search
-    by the records' store time, the cq offset of the nearest unit (a tie goes to the earlier one), 0
+    by the records' store time, the queue offset of the nearest unit (a tie goes to the earlier one), 0
     for an unreadable record. Shared by the indexer and the query service's read-only file reader."""
     low = max(min_logic_offset - file_from_offset, 0)
     high = read_position - CQ_STORE_UNIT_SIZE
@@ -217,17 +217,17 @@ class ConsumeQueue:
 
     @property
     def max_offset_in_queue(self) -> int:
-        """The next cq offset to be written (number of units, counting from 0)."""
+        """The next queue offset to be written (number of units, counting from 0)."""
         return self.mapped_file_queue.max_offset // CQ_STORE_UNIT_SIZE
 
     @property
     def message_total_in_queue(self) -> int:
         return self.max_offset_in_queue - self.min_offset_in_queue
 
-    def roll_next_file(self, index: int) -> int:
-        """The first cq offset of the file after the one holding ``index`` (a reader skipping a hole)."""
+    def roll_next_file(self, queue_offset: int) -> int:
+        """The first queue offset of the file after the one holding ``queue_offset`` (a reader skipping a hole)."""
         units_per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
-        return index + units_per_file - index % units_per_file
+        return queue_offset + units_per_file - queue_offset % units_per_file
 
     # -- load and recovery ---------------------------------------------------------------------
     def load(self) -> None:
@@ -316,9 +316,9 @@ class ConsumeQueue:
 
     # -- writing -------------------------------------------------------------------------------
     def put_message_position_info(self, commitlog_offset: int, size: int, tags_code: int,
-                                  cq_offset: int, store_timestamp: int = 0) -> bool:
+                                  queue_offset: int, store_timestamp: int = 0) -> bool:
         """Put one unit (RocketMQ's putMessagePositionInfo). True when written or already there."""
-        self.put_batch(((commitlog_offset, size, tags_code, cq_offset),), (store_timestamp,))
+        self.put_batch(((commitlog_offset, size, tags_code, queue_offset),), (store_timestamp,))
         return True
 
     def put_batch(self, units: Sequence[Unit], store_timestamps: Sequence[int] | None = None,
@@ -327,34 +327,34 @@ class ConsumeQueue:
         consecutive units in a file. Returns how many were written. ``store_timestamps`` (one per
         unit, 0 for unknown) are the records' store times, for the files' mtimes.
 
-        - a unit ending at or below ``max_physic_offset``, or whose cq offset lies below the write
+        - a unit ending at or below ``max_physic_offset``, or whose queue offset lies below the write
           position, was written before: skipped (re-dispatch changes nothing);
-        - a queue's first file that starts past cq offset 0 gets filler units before the first one;
-        - a gap (cq offset past the write position) is logged as an error and the unit is still
+        - a queue's first file that starts past queue offset 0 gets filler units before the first one;
+        - a gap (queue offset past the write position) is logged as an error and the unit is still
           appended at the write position, as RocketMQ does; except when one of the ``lost`` commitlog
           ranges (quarantined by the commitlog's recovery: their records are gone) lies between the
-          queue's last unit and this one: the gap is the lost records' cq offsets, filled with filler
-          units (a pull skips them) so the later units keep their own cq offsets.
+          queue's last unit and this one: the gap is the lost records' queue offsets, filled with filler
+          units (a pull skips them) so the later units keep their own queue offsets.
         """
         written = skipped = 0
         index, count = 0, len(units)
         while index < count:
-            commitlog_offset, size, _tags, cq_offset = units[index]
+            commitlog_offset, size, _tags, queue_offset = units[index]
             if commitlog_offset + size <= self.max_physic_offset:
                 skipped += 1
                 index += 1
                 continue
-            mapped = self._file_for(cq_offset)
-            expected = cq_offset * CQ_STORE_UNIT_SIZE
+            mapped = self._file_for(queue_offset)
+            expected = queue_offset * CQ_STORE_UNIT_SIZE
             current = mapped.file_from_offset + mapped.wrote_position
-            if cq_offset != 0 and expected < current:
+            if queue_offset != 0 and expected < current:
                 skipped += 1
                 index += 1
                 continue
-            if cq_offset != 0 and expected > current and self._lost_before(lost, commitlog_offset):
+            if queue_offset != 0 and expected > current and self._lost_before(lost, commitlog_offset):
                 self._fill_gap((expected - current) // CQ_STORE_UNIT_SIZE, current)
                 continue  # this unit again, now at its place
-            if cq_offset != 0 and expected != current:
+            if queue_offset != 0 and expected != current:
                 log.error("[BUG]logic queue order maybe wrong, expectLogicOffset: %d currentLogicOffset: %d "
                           "Topic: %s QID: %d Diff: %d", expected, current, self.topic, self.queue_id,
                           expected - current)
@@ -370,16 +370,16 @@ class ConsumeQueue:
                      self.topic, self.queue_id, skipped)
         return written
 
-    def put_packed(self, data: bytes | memoryview, start: int, end: int, first_cq: int, last_end: int,
+    def put_packed(self, data: bytes | memoryview, start: int, end: int, first_queue_offset: int, last_end: int,
                    store_timestamps: Sequence[int] | np.ndarray) -> bool:
         """Append units ``start:end`` of ``data`` (packed 20-byte units) when they go right at the
-        write position: the caller checked that their cq offsets are consecutive from ``first_cq``,
+        write position: the caller checked that their queue offsets are consecutive from ``first_queue_offset``,
         that each ends past the one before, and that the first ends past max_physic_offset. False,
-        writing nothing, when the write position is not at ``first_cq`` (then put_batch's rules
+        writing nothing, when the write position is not at ``first_queue_offset`` (then put_batch's rules
         apply). ``last_end`` is the last unit's commitlog offset + size; ``store_timestamps`` are
         indexed like ``data``'s units."""
-        mapped = self._file_for(first_cq)
-        if first_cq * CQ_STORE_UNIT_SIZE != mapped.file_from_offset + mapped.wrote_position:
+        mapped = self._file_for(first_queue_offset)
+        if first_queue_offset * CQ_STORE_UNIT_SIZE != mapped.file_from_offset + mapped.wrote_position:
             return False
         index = start
         while True:
@@ -390,19 +390,19 @@ class ConsumeQueue:
             index = run_end
             if index >= end:
                 break
-            mapped = self._file_for(first_cq + index - start)
-            self._check_unit_position(mapped, first_cq + index - start)
+            mapped = self._file_for(first_queue_offset + index - start)
+            self._check_unit_position(mapped, first_queue_offset + index - start)
         self.max_physic_offset = last_end
         return True
 
-    def _check_unit_position(self, mapped: MappedFile, cq_offset: int) -> None:
-        """The unit of queue offset ``cq_offset`` goes at byte ``cq_offset * 20`` of the queue, nowhere else:
-        a pull reads it there."""
+    def _check_unit_position(self, mapped: MappedFile, queue_offset: int) -> None:
+        """The unit of ``queue_offset`` goes at byte ``queue_offset * 20`` of the queue, nowhere else: a
+        pull reads it there."""
         position = mapped.file_from_offset + mapped.wrote_position
-        if position != cq_offset * CQ_STORE_UNIT_SIZE:
+        if position != queue_offset * CQ_STORE_UNIT_SIZE:
             broken("ConsumeQueue units are written at their queue offset",
-                   f"{self.topic}/{self.queue_id}: the unit of queue offset {cq_offset} would go to byte {position}, "
-                   f"the place of queue offset {position / CQ_STORE_UNIT_SIZE:g}")
+                   f"{self.topic}/{self.queue_id}: the unit of queue offset {queue_offset} would go to byte "
+                   f"{position}, the place of queue offset {position / CQ_STORE_UNIT_SIZE:g}")
 
     def void_units(self, start: int, end: int) -> int:
         """Turn the units pointing into commitlog [start, end) (a range the commitlog quarantined: their
@@ -450,15 +450,15 @@ class ConsumeQueue:
     @staticmethod
     def _run_end(units: Sequence[Unit], start: int, room: int) -> int:
         """End of the run from ``start`` that the unit-by-unit rules would append back to back:
-        consecutive cq offsets, each unit ending past the previous one, within the file's room."""
+        consecutive queue offsets, each unit ending past the previous one, within the file's room."""
         limit = min(len(units), start + room)
         end = start + 1
-        previous_offset, previous_size, _, previous_cq = units[start]
+        previous_offset, previous_size, _, previous_queue_offset = units[start]
         while end < limit:
-            offset, size, _, cq_offset = units[end]
-            if cq_offset != previous_cq + 1 or offset + size <= previous_offset + previous_size:
+            offset, size, _, queue_offset = units[end]
+            if queue_offset != previous_queue_offset + 1 or offset + size <= previous_offset + previous_size:
                 break
-            previous_offset, previous_size, previous_cq = offset, size, cq_offset
+            previous_offset, previous_size, previous_queue_offset = offset, size, queue_offset
             end += 1
         return end
 
@@ -499,18 +499,18 @@ class ConsumeQueue:
         if last is not None and self._last_page[0] == last.file_from_offset and self._last_page_store_time > 0:
             stamp_store_time(last.path, self._last_page_store_time)
 
-    def _file_for(self, cq_offset: int) -> MappedFile:
+    def _file_for(self, queue_offset: int) -> MappedFile:
         """The file to append to (getLastMappedFile(expectLogicOffset)), created on demand; the
-        queue's very first file is pre-filled with blanks up to ``cq_offset`` (fillPreBlank)."""
+        queue's very first file is pre-filled with blanks up to ``queue_offset`` (fillPreBlank)."""
         queue = self.mapped_file_queue
         last = queue.last_file()
         if last is not None and not last.is_full:
             return last
         first_in_queue = last is None
         make_dirs(self.store_path)
-        expected = cq_offset * CQ_STORE_UNIT_SIZE
+        expected = queue_offset * CQ_STORE_UNIT_SIZE
         mapped = queue.last_file_for_append(expected)
-        if first_in_queue and cq_offset != 0 and mapped.wrote_position == 0:
+        if first_in_queue and queue_offset != 0 and mapped.wrote_position == 0:
             self.min_logic_offset = expected
             queue.flushed_where = queue.committed_where = expected
             blanks = (expected % self.mapped_file_size) // CQ_STORE_UNIT_SIZE
@@ -538,11 +538,11 @@ class ConsumeQueue:
         return moved
 
     # -- reading -------------------------------------------------------------------------------
-    def get_index_buffer(self, start_index: int) -> bytes | None:
-        """The units from ``start_index`` to the end of the readable part of its file (RocketMQ's
+    def get_index_buffer(self, start_queue_offset: int) -> bytes | None:
+        """The units from ``start_queue_offset`` to the end of the readable part of its file (RocketMQ's
         getIndexBuffer); None below the min logic offset or past the data."""
-        offset = start_index * CQ_STORE_UNIT_SIZE
-        if start_index < 0 or offset < self.min_logic_offset:
+        offset = start_queue_offset * CQ_STORE_UNIT_SIZE
+        if start_queue_offset < 0 or offset < self.min_logic_offset:
             return None
         mapped = self.mapped_file_queue.find_by_offset(offset)
         if mapped is None:
@@ -553,27 +553,27 @@ class ConsumeQueue:
             return None
         return mapped.read(position, readable - position)
 
-    def get_units(self, start_cq_offset: int, max_count: int) -> list[Unit]:
-        """Up to ``max_count`` units from ``start_cq_offset`` on, across files, as
-        (commitlog offset, size, tags code, cq offset); empty below the min offset or past the end."""
+    def get_units(self, start_queue_offset: int, max_count: int) -> list[Unit]:
+        """Up to ``max_count`` units from ``start_queue_offset`` on, across files, as
+        (commitlog offset, size, tags code, queue offset); empty below the min offset or past the end."""
         units: list[Unit] = []
-        cq_offset = start_cq_offset
+        queue_offset = start_queue_offset
         while len(units) < max_count:
-            buffer = self.get_index_buffer(cq_offset)
+            buffer = self.get_index_buffer(queue_offset)
             if buffer is None:
                 break
             wanted = min(max_count - len(units), len(buffer) // CQ_STORE_UNIT_SIZE)
             view = memoryview(buffer)[:wanted * CQ_STORE_UNIT_SIZE]
-            units.extend((offset, size, tags_code, cq_offset + i)
+            units.extend((offset, size, tags_code, queue_offset + i)
                          for i, (offset, size, tags_code) in enumerate(_UNIT.iter_unpack(view)))
-            cq_offset += wanted
+            queue_offset += wanted
         return units
 
     def get_offset_in_queue_by_time(self, timestamp: int, store_time_of: StoreTimeOf,
                                     min_physic_offset: int = 0) -> int:
         """RocketMQ 4.9.8's getOffsetInQueueByTime: take the first file whose mtime (ms) is at or
         after ``timestamp`` (else the last file), then binary-search it by the records' store time
-        and return the cq offset of the nearest unit (a tie goes to the earlier one). 0 for an empty
+        and return the queue offset of the nearest unit (a tie goes to the earlier one). 0 for an empty
         queue or an unreadable record. ``min_physic_offset`` is the commitlog's min offset."""
         mapped = self._file_by_time(timestamp)
         if mapped is None or mapped.read_position <= 0:
@@ -771,7 +771,7 @@ class ConsumeQueueStore:
         if not queues:
             return 0
         offsets, sizes = columns.commitlog_offset[rows], columns.msg_size[rows]
-        tags_codes, cq_offsets = columns.tags_code[rows], columns.queue_offset[rows]
+        tags_codes, queue_offsets = columns.tags_code[rows], columns.queue_offset[rows]
         timestamps = columns.store_timestamp[rows]
         ends = offsets + sizes
         packed = np.empty(rows.size, dtype=_UNIT_DTYPE)
@@ -779,20 +779,20 @@ class ConsumeQueueStore:
         data = memoryview(packed.tobytes())
         # links between neighbours that break a run; counted so that a queue's share is a subtraction
         broken = np.zeros(rows.size, dtype=np.int64)
-        np.cumsum((cq_offsets[1:] != cq_offsets[:-1] + 1) | (ends[1:] <= ends[:-1]), out=broken[1:])
+        np.cumsum((queue_offsets[1:] != queue_offsets[:-1] + 1) | (ends[1:] <= ends[:-1]), out=broken[1:])
         starts, lasts = bounds[:-1], [end - 1 for end in bounds[1:]]
-        first_cq, first_end = cq_offsets[starts].tolist(), ends[starts].tolist()
+        first_queue_offset, first_end = queue_offsets[starts].tolist(), ends[starts].tolist()
         last_end, breaks = ends[lasts].tolist(), (broken[lasts] - broken[starts]).tolist()
         written = 0
         for i, (topic, queue_id) in enumerate(queues):
             queue = self.find_or_create(topic, queue_id)
             start, end = starts[i], bounds[i + 1]
             if breaks[i] == 0 and first_end[i] > queue.max_physic_offset \
-                    and queue.put_packed(data, start, end, first_cq[i], last_end[i], timestamps):
+                    and queue.put_packed(data, start, end, first_queue_offset[i], last_end[i], timestamps):
                 written += end - start
                 continue
             units = list(zip(offsets[start:end].tolist(), sizes[start:end].tolist(), tags_codes[start:end].tolist(),
-                             cq_offsets[start:end].tolist(), strict=True))
+                             queue_offsets[start:end].tolist(), strict=True))
             written += queue.put_batch(units, timestamps[start:end].tolist(), self.lost_ranges)
         self.logics_msg_timestamp = int(columns.store_timestamp[int(rows.max())])
         return written

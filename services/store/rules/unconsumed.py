@@ -141,9 +141,9 @@ class QueueUnits:
             os.close(fd)
         self._fds.clear()
 
-    def _unit(self, index: int) -> tuple[int, int]:
-        """(commitlog offset, size) of unit ``index`` (its queue offset)."""
-        position = index * CQ_STORE_UNIT_SIZE
+    def _unit(self, queue_offset: int) -> tuple[int, int]:
+        """(commitlog offset, size) of the unit of ``queue_offset``."""
+        position = queue_offset * CQ_STORE_UNIT_SIZE
         start = position - position % self._file_size
         data = os.pread(self._fds[start], _OFFSET_AND_SIZE.size, position - start)
         if len(data) < _OFFSET_AND_SIZE.size:

@@ -43,14 +43,14 @@ class QueueDir:
 class CqUnit:
     topic: str
     queue_id: int
-    cq_offset: int
+    queue_offset: int
     commitlog_offset: int
     size: int
     tags_code: int
 
     def row(self) -> dict[str, Any]:
         """The fixture dump's ``cq`` row, keys in its order."""
-        return {"type": "cq", "topic": self.topic, "queueId": self.queue_id, "cqOffset": self.cq_offset,
+        return {"type": "cq", "topic": self.topic, "queueId": self.queue_id, "cqOffset": self.queue_offset,
                 "phyOffset": self.commitlog_offset, "size": self.size, "tagsCode": self.tags_code}
 
 
@@ -148,7 +148,7 @@ def _table_line(values: tuple[str, ...]) -> str:
 def _line(unit: CqUnit, as_json: bool, json_names: str = SNAKE_CASE) -> str:
     if as_json:
         return json_line(unit.row(), json_names)
-    return _table_line((unit.topic, str(unit.queue_id), str(unit.cq_offset), str(unit.commitlog_offset),
+    return _table_line((unit.topic, str(unit.queue_id), str(unit.queue_offset), str(unit.commitlog_offset),
                         str(unit.size), str(unit.tags_code)))
 
 
