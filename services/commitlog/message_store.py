@@ -217,7 +217,8 @@ class MessageStore:
         mapped = self.commit_log.mfq.find_by_offset(offset) if offset >= 0 else None
         if mapped is None:
             return -1
-        return offset + SIZE_AND_MAGIC.unpack_from(mapped.buffer, offset - mapped.file_from_offset)[0]
+        size: int = SIZE_AND_MAGIC.unpack_from(mapped.buffer, offset - mapped.file_from_offset)[0]
+        return offset + size
 
     def _report_flush_loss(self) -> None:
         """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: a WARNING and gauges say what
