@@ -7,14 +7,14 @@
 The store is written once through the engine (``put_messages`` batches, ASYNC_FLUSH) under
 <repo>/.bench-tmp and stopped cleanly, so every file but the last is full. Then, per rep:
 
-* ``normal``: a clean restart: ``CommitLog.start()`` (normal recovery walks the last three files).
+* ``normal``: a clean restart: ``MessageStore.start()`` (normal recovery walks the last three files).
 * ``abnormal``: the abort file is put back and the checkpoint zeroed (stale: the walk starts at the
   first file), with the queue offset snapshot kept: the restart after a crash.
 * ``abnormal-no-snapshot``: the same without ``config/queue_offsets.json``: the queue offset table is
   rebuilt from the whole log as well (also timed alone: ``queue table rebuild s``).
 
 Each rep times the recovery walk alone (``recover_normally``/``recover_abnormally`` on a freshly
-loaded MappedFileQueue) and the whole ``CommitLog.start()`` (mapping, walk, truncation, queue offset
+loaded MappedFileQueue) and the whole ``MessageStore.start()`` (mapping, walk, truncation, queue offset
 table, services). The figure to compare with the target (2 s per GiB scanned) is ``s/GiB``: the
 walk's time divided by the bytes it walked. The page cache is warm unless ``--drop-caches``.
 """
