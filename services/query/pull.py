@@ -24,8 +24,8 @@ from services.query.errors import DataLossError
 from services.query.store_view import StoreView
 from services.query.stored_message import StoredMessage, checked_raw, stored_message
 from services.store.errors import OutOfRangeError, UnavailableError
-from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE
 from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
+from services.store.formats.consume_queue import roll_next_file
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import Subscription
 
@@ -80,12 +80,6 @@ def offset_status(offset: int, min_offset: int, max_offset: int) -> tuple[GetMes
         # 4.9.8 sends a consumer that overshot an untrimmed queue back to 0, otherwise to the end.
         return GetMessageStatus.OFFSET_OVERFLOW_BADLY, 0 if min_offset == 0 else max_offset
     return None
-
-
-def roll_next_file(offset: int, mapped_file_size_consume_queue: int) -> int:
-    """ConsumeQueue.rollNextFile: the first queue offset of the file after the one holding ``offset``."""
-    units_per_file = mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE
-    return offset + units_per_file - offset % units_per_file
 
 
 def select_units(units: Sequence[QueueUnit], subscription: Subscription, max_messages: int, max_bytes: int,

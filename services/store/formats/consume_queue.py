@@ -177,6 +177,12 @@ def offset_in_file_by_time(buffer: bytes | mmap.mmap, file_from_offset: int, rea
     return _java_div(file_from_offset + position, CQ_STORE_UNIT_SIZE)
 
 
+
+def roll_next_file(queue_offset: int, mapped_file_size_consume_queue: int) -> int:
+    """ConsumeQueue.rollNextFile: the first queue offset of the file after the one holding ``queue_offset``."""
+    units_per_file = mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE
+    return queue_offset + units_per_file - queue_offset % units_per_file
+
 class ConsumeQueue:
     """One queue of one topic (RocketMQ's ConsumeQueue, without the ConsumeQueueExt)."""
 
@@ -226,8 +232,7 @@ class ConsumeQueue:
 
     def roll_next_file(self, queue_offset: int) -> int:
         """The first queue offset of the file after the one holding ``queue_offset`` (a reader skipping a hole)."""
-        units_per_file = self.mapped_file_size // CQ_STORE_UNIT_SIZE
-        return queue_offset + units_per_file - queue_offset % units_per_file
+        return roll_next_file(queue_offset, self.mapped_file_size)
 
     # -- load and recovery ---------------------------------------------------------------------
     def load(self) -> None:
