@@ -153,8 +153,10 @@ bench-peers: $(GENERATED)
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
-# then every index and export compared with every other. SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small,
-# or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES), SOAK_SEED=N repeats a run's random choices.
+# then every index and export compared with every other, and each round the damaged-copy check (a
+# quarantined record). SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small, or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES),
+# SOAK_SEED=N repeats a run's random choices. Each pipeline job is its own `mqstore pipeline` process here;
+# make test's one short round (tests/soak/test_differential_soak.py) runs them in the suite's Spark session.
 .PHONY: soak
 soak: $(GENERATED) java
 	$(PY) -m tests.soak.soak

@@ -15,11 +15,14 @@ from collections.abc import Callable, Iterator
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.geometry import BOTH, GeometryPreset, drop_preallocated_files, geometry_id
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures" / "rocketmq-store"
 
@@ -157,3 +160,16 @@ def store_geometry(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[G
     ``@pytest.mark.parametrize("store_geometry", [SMALL], indirect=True)``."""
     yield request.param
     drop_preallocated_files(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """One local Spark session for the whole run (a JVM takes ~8 s to start, and its first jobs warm it
+    up): the pipeline's tests and the differential soak's jobs share it."""
+    pytest.importorskip("pyspark")
+    from pipeline.session import get_session
+
+    session = get_session("local[2]", "mqstore-pipeline-tests", {"spark.sql.shuffle.partitions": "4",
+                                                                  "spark.driver.memory": "2g"})
+    yield session
+    session.stop()

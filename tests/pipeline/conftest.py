@@ -1,13 +1,12 @@
-"""Pipeline fixtures: one local Spark session for the whole run (it takes ~8 s to start), and small
-stores written by mqstore's own commitlog engine."""
+"""Pipeline fixtures: small stores written by mqstore's own commitlog engine (the one local Spark
+session of the whole run, shared with the differential soak, is tests/conftest.py's ``spark``)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -18,22 +17,9 @@ from services.store.formats.message import Message
 from services.store.formats.record import encode_blank
 from tests.pipeline.services_store import ServicesStore, write_services_store
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
 pytest.importorskip("pyspark")
 
 MqstoreFactory = Callable[..., Path]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    from pipeline.session import get_session
-
-    session = get_session("local[2]", "mqstore-pipeline-tests", {"spark.sql.shuffle.partitions": "4",
-                                                                  "spark.driver.memory": "2g"})
-    yield session
-    session.stop()
 
 
 def write_mqstore(root: Path, count: int, file_size: int = 16 * 1024, seed: int = 7) -> Path:

@@ -12,7 +12,8 @@ the online indexer, which built its unit before, voids it; a fresh indexer and `
 build after it; the three ConsumeQueues must be identical (a filler unit at the lost record's queue
 offset) and the index entries too, the online indexer's less those it put for the lost record.
 
-``tests/soak/test_differential_soak.py`` runs one short round in the small geometry. ``make soak``
+``tests/soak/test_differential_soak.py`` runs one short round in the small geometry, its pipeline
+jobs in the suite's Spark session (``SoakOptions.spark``). ``make soak``
 runs this module: rounds on one growing store for ``SOAK_MINUTES`` (default 60) in the default
 geometry (or ``SOAK_GEOMETRY=small``, or ``CL_BYTES,CQ_UNITS,SLOTS,ENTRIES``), printing every
 divergence; the exit code is 1 when there was one. ``SOAK_SEED`` repeats a run's random choices.
@@ -21,6 +22,7 @@ divergence; the exit code is 1 when there was one. ``SOAK_SEED`` repeats a run's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -31,9 +33,12 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from services.runner import ChildSpec
 from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
@@ -63,6 +68,9 @@ from tests.soak.workload import (
     wait_caught_up,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 #: The checks of a round, in the order a report lists them.
 CHECKS = ("workload", "caught-up", "clean-stop", "lookup-offset-id", "lookup-uniq-key", "lookup-key", "pull",
           "fresh-indexer", "consumequeue", "index", "export", "acknowledged", "verify", "corrupted-record")
@@ -83,6 +91,11 @@ class SoakOptions:
     catch_up_timeout_s: float = 60.0
     pipeline_timeout_s: float = 600.0
     spark_master: str = "local[2]"
+    #: None: each pipeline job is its own ``mqstore pipeline`` process, as an operator runs it (``make
+    #: soak``). A session: the jobs go through the same command line in this process, one after another,
+    #: in that session (the suite's shared one: a JVM and Python workers started for each job were most
+    #: of a short round's time).
+    spark: SparkSession | None = None
     #: Start the round on a log that ends with a hand-built file BLANK from its first byte.
     blank_file: bool = True
 
@@ -160,26 +173,21 @@ def offline_checks(system: SoakSystem, work: Path, options: SoakOptions, ledger:
         path = work / name
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     mark = time.monotonic()
-    master = ["--master", options.spark_master]
     jobs = {
-        "reindex": start_pipeline(work, geometry, "reindex", str(root), "--output", str(work / "reindex"),
-                                  *geometry.reindex_args(), *master),
-        "export": start_pipeline(work, geometry, "export", str(root), str(export), *master),
-        "verify": start_pipeline(work, geometry, "verify", str(root), "--report", str(work / "verify-report.json"),
-                                 *master),
+        "reindex": [str(root), "--output", str(work / "reindex"), *geometry.reindex_args()],
+        "export": [str(root), str(export)],
+        "verify": [str(root), "--report", str(work / "verify-report.json")],
     }
     fresh = work / "fresh-indexer"
-    try:
+
+    def fresh_indexer() -> str | None:
         problem = rebuild_with_fresh_indexer(system, fresh, options.catch_up_timeout_s * 3)
-        if problem:
-            findings.add("fresh-indexer", problem)
         timings["fresh-indexer"] = time.monotonic() - mark
-        outputs = {name: finish_pipeline(work, name, proc, options.pipeline_timeout_s) for name, proc in jobs.items()}
-    finally:
-        for proc in jobs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        return problem
+
+    problem, outputs = run_pipeline_jobs(work, options, jobs, beside=fresh_indexer)
+    if problem:
+        findings.add("fresh-indexer", problem)
     timings["pipeline"] = time.monotonic() - mark
     log(f"  offline rebuilds done in {timings['pipeline']:.0f}s; comparing")
     for job, check in (("reindex", "consumequeue"), ("reindex", "index"), ("export", "export")):
@@ -238,19 +246,13 @@ def corrupted_record_checks(system: SoakSystem, work: Path, options: SoakOptions
         codes = copy.stop_all()
         if stuck or any(codes.values()):
             return [*problems, f"online indexer on the copy: {stuck or codes}\n{copy.logs_tail('indexer')}"]
-        reindex = start_pipeline(copy_dir, options.geometry, "reindex", str(root), "--output",
-                                 str(copy_dir / "reindex"), *options.geometry.reindex_args(),
-                                 "--master", options.spark_master)
-        try:
-            problem = rebuild_with_fresh_indexer(copy, copy_dir / "fresh", options.catch_up_timeout_s * 3)
-            failure = finish_pipeline(copy_dir, "reindex", reindex, options.pipeline_timeout_s)
-        finally:
-            if reindex.poll() is None:
-                reindex.kill()
-                reindex.wait()
+        problem, failures = run_pipeline_jobs(
+            copy_dir, options, {"reindex": [str(root), "--output", str(copy_dir / "reindex"),
+                                            *options.geometry.reindex_args()]},
+            beside=lambda: rebuild_with_fresh_indexer(copy, copy_dir / "fresh", options.catch_up_timeout_s * 3))
     finally:
         copy.kill_all()
-    problems.extend(p for p in (problem, failure) if p)
+    problems.extend(p for p in (problem, failures["reindex"]) if p)
     online = root / "indexer"
     problems.extend(compare_consume_queues("online indexer", online / "consumequeue",
                                            "pipeline reindex", copy_dir / "reindex" / "consumequeue"))
@@ -294,6 +296,43 @@ def flip_byte(commitlog: Path, offset: int, file_size: int) -> None:
         f.write(bytes([byte ^ 0xFF]))
 
 
+def run_pipeline_jobs(work: Path, options: SoakOptions, jobs: dict[str, list[str]],
+                      beside: Callable[[], str | None]) -> tuple[str | None, dict[str, str | None]]:
+    """``mqstore pipeline JOB ARGS... --master ...`` for each of ``jobs`` (job -> ARGS) while ``beside()``
+    runs. Returns what ``beside`` returned and, by job, None when the job exited 0, else what it said.
+    In their own processes side by side, or in ``options.spark`` one after another (see SoakOptions)."""
+    master = ["--master", options.spark_master]
+    if options.spark is None:
+        procs = {job: start_pipeline(work, options.geometry, job, *args, *master) for job, args in jobs.items()}
+        try:
+            outcome = beside()
+            return outcome, {job: finish_pipeline(work, job, proc, options.pipeline_timeout_s)
+                             for job, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    with ThreadPoolExecutor(1, thread_name_prefix="soak-beside") as pool:
+        running = pool.submit(beside)
+        failures = {job: run_pipeline_in_session(work, options.geometry, job, *args, *master)
+                    for job, args in jobs.items()}
+        return running.result(), failures
+
+
+def run_pipeline_in_session(work: Path, geometry: GeometryPreset, job: str, *args: str) -> str | None:
+    """``mqstore pipeline JOB ARGS`` through the command line's own entry point in this process (it takes
+    the active Spark session), the store's settings in a ``--config`` file, its output in the job's log."""
+    from pipeline.cli import main
+
+    settings = work / "pipeline-settings.yaml"
+    settings.write_text(yaml.safe_dump(geometry.settings()))
+    log = work / f"pipeline-{job}.log"
+    with open(log, "w") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = main([job, *args, "--config", str(settings)])
+    return None if code == 0 else pipeline_failure(work, job, f"exited with {code}")
+
+
 def start_pipeline(work: Path, geometry: GeometryPreset, job: str, *args: str) -> subprocess.Popen[bytes]:
     """``mqstore pipeline JOB ARGS...`` with the store's settings in the environment, as the services had."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MQSTORE_")} | geometry.env()
@@ -311,8 +350,11 @@ def finish_pipeline(work: Path, job: str, proc: subprocess.Popen[bytes], timeout
         proc.kill()
         proc.wait()
         code, outcome = -9, f"did not finish in {timeout_s:.0f}s"
-    if code == 0:
-        return None
+    return None if code == 0 else pipeline_failure(work, job, outcome)
+
+
+def pipeline_failure(work: Path, job: str, outcome: str) -> str:
+    """A failed job's outcome and the last lines it wrote (Spark's warnings left out)."""
     lines = [line for line in (work / f"pipeline-{job}.log").read_text(errors="replace").splitlines()
              if "WARN" not in line and "log level" not in line.lower()]
     return f"mqstore pipeline {job} {outcome}: " + "\n".join(lines[-12:])

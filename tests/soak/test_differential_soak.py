@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +24,9 @@ from pipeline.export import BATCH_ROWS
 from tests.geometry import SMALL
 from tests.soak.soak import RoundOutcome, SoakOptions, run_round
 from tests.soak.workload import Ledger
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 #: The round takes about 3 minutes on 2 idle cores; the limit leaves room for a busy machine.
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
@@ -34,12 +38,14 @@ GEOMETRY = dataclasses.replace(SMALL, name="small-1MiB", commitlog_file_size=102
 
 
 @pytest.fixture(scope="module")
-def soak(tmp_path_factory: pytest.TempPathFactory) -> RoundOutcome:
+def soak(tmp_path_factory: pytest.TempPathFactory, spark: SparkSession) -> RoundOutcome:
+    """The round, its pipeline jobs run in the suite's Spark session (``make soak`` runs each in its own
+    process)."""
     seed = int(os.environ.get("SOAK_SEED", "0")) or random.randrange(1, 2**31)
     print(f"\nsoak seed {seed} (SOAK_SEED={seed} repeats it)")
     work = tmp_path_factory.mktemp("soak")
     options = SoakOptions(GEOMETRY, seed, workload_s=40.0, min_files=MIN_COMMITLOG_FILES, kills_per_service=2,
-                          pipeline_timeout_s=300.0)
+                          pipeline_timeout_s=300.0, spark=spark)
     outcome = run_round(work / "store", work, options, Ledger(), run_id=1)
     print(outcome.stats)
     return outcome
