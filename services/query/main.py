@@ -158,7 +158,8 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
     servicer = QueryServicer(Puller(indexer, commitlog, store, watcher, cq_file_size),
                              MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
-                             options.max_long_poll_ms, pops=pops)
+                             options.max_long_poll_ms, pops=pops,
+                             sync_offset_commits=config.consumer_offset_commit_sync)
     address = options.listen or DEFAULT_LISTEN
     settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS,
                               max_receive_message_bytes=MIB).as_internal()

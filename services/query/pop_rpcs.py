@@ -21,6 +21,9 @@ class PopRpcs:
     def _check_running(self) -> None:
         """QueryServicer's: UNAVAILABLE while stopping."""
 
+    async def _offset_commit_durable(self) -> None:
+        """QueryServicer's: under syncConsumerOffsetCommit, the committed offsets are on disk."""
+
     @rpc
     async def PopMessage(self, request: query_pb2.PopMessageRequest, context: Any) -> query_pb2.PopMessageResponse:
         self._check_running()
@@ -40,6 +43,7 @@ class PopRpcs:
     async def AckPopped(self, request: query_pb2.AckPoppedRequest, context: Any) -> query_pb2.AckPoppedResponse:
         self._check_running()
         committed = await self._pop.ack(_ref(request.ref))
+        await self._offset_commit_durable()
         return query_pb2.AckPoppedResponse(committed_offset=committed)
 
     @rpc

@@ -43,7 +43,8 @@ Context = grpc.aio.ServicerContext[object, object]
 class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  # type: ignore[misc]
     def __init__(self, puller: Puller, lookup: MessageLookup, offsets: QueueOffsets,
                  consumer_offsets: ConsumerOffsetTable, max_long_poll_ms: int,
-                 members: GroupMembers | None = None, pops: PopCheckpointTable | None = None) -> None:
+                 members: GroupMembers | None = None, pops: PopCheckpointTable | None = None,
+                 sync_offset_commits: bool = False) -> None:
         self._puller = puller
         self._lookup = lookup
         self._offsets = offsets
@@ -52,6 +53,7 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         pops = pops if pops is not None else PopCheckpointTable(consumer_offsets.path.parent)
         self._pop = PopService(pops, consumer_offsets, puller, offsets)
         self._max_long_poll_ms = max_long_poll_ms
+        self._sync_offset_commits = sync_offset_commits
         self._stopping = False
 
     def begin_shutdown(self) -> None:
@@ -129,8 +131,20 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         check_offset("offset", request.offset)
         await self._check_committable(request.topic, request.queue_id, request.offset)
         self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
+        await self._offset_commit_durable()
         metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
+
+    async def _offset_commit_durable(self) -> None:
+        """With syncConsumerOffsetCommit (SYNC_FLUSH), wait until the offsets committed so far are on disk,
+        so an answered commit survives a power cut; else the periodic write keeps them."""
+        if not self._sync_offset_commits:
+            return
+        try:
+            await self._consumer_offsets.durable()
+        except OSError as exc:
+            raise UnavailableError(f"the consumer offset is set but could not be made durable ({exc}): commit "
+                                   "it again") from exc
 
     async def _check_committable(self, topic: str, queue_id: int, offset: int) -> None:
         """A group consumes at most up to the queue's max offset (the next one to be written): an offset

@@ -5,10 +5,16 @@ Writes run on a worker thread every persist interval and on the stop path; a ver
 changes, so a write records which version it saved, and a change made while it ran keeps the table
 dirty for the next interval. One write at a time: the periodic writer may still be in its thread
 when the stop path writes.
+
+A table whose changes must be durable when answered (consumer offsets under SYNC_FLUSH) awaits
+``durable()`` after a change: a group commit. One write runs at a time and holds every change made
+before its snapshot; callers arriving while it runs wait for the next one, which covers them all,
+so a burst of commits costs two writes, not one fsync each, and the loop never blocks on the fsync.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -25,6 +31,7 @@ class StateFile(ABC, Generic[Snapshot]):
         self._version = 0
         self._persisted_version = 0
         self._write_lock = threading.Lock()
+        self._group_write: asyncio.Future[None] | None = None
 
     @property
     def dirty(self) -> bool:
@@ -52,6 +59,23 @@ class StateFile(ABC, Generic[Snapshot]):
         with self._write_lock:
             write_atomically(self.path, data, keep_backup=True)
             self._persisted_version = max(self._persisted_version, version)
+
+    async def durable(self) -> None:
+        """Return once a write holding every change made so far is durable (OSError if one failed).
+
+        The write runs on a worker thread and is shielded: a caller that is cancelled leaves it to
+        finish for the others waiting on it."""
+        target = self._version
+        while self._persisted_version < target:
+            if self._group_write is None:
+                self._group_write = asyncio.ensure_future(self._write_group())
+            await asyncio.shield(self._group_write)
+
+    async def _write_group(self) -> None:
+        try:
+            await asyncio.to_thread(self.write, self.snapshot())
+        finally:
+            self._group_write = None
 
     def persist(self) -> None:
         """Write now if changed (the stop path: no loop, no thread)."""

@@ -90,6 +90,11 @@ class MessageStoreConfig:
     # start (the files are left untouched for a look) until an operator accepts the loss by starting
     # once with this off (services/commitlog/recovery.py find_missing_log; docs/operations.md).
     refuse_start_on_missing_log: bool = True
+    # Not in RocketMQ (whose consumer offsets are written every flushConsumerOffsetInterval whatever the
+    # flush mode): "auto" answers a consumer offset commit only once a write holding it is durable when
+    # flushDiskType is SYNC_FLUSH (one write for every commit waiting, services/query/state_file.py),
+    # "true" always, "false" never (the periodic write only: a power cut can roll an offset back).
+    sync_consumer_offset_commit: str = "auto"
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
     # RocketMQ 5's timerMaxDelaySec: how far ahead a timer message (TIMER_DELIVER_MS) may be (7 days).
     timer_max_delay_sec: int = 7 * 24 * 3600
@@ -153,12 +158,22 @@ class MessageStoreConfig:
         return f"[{self.broker_ip}]:{self.listen_port}" if ":" in self.broker_ip else \
             f"{self.broker_ip}:{self.listen_port}"
 
+    @property
+    def consumer_offset_commit_sync(self) -> bool:
+        """Whether a consumer offset commit is answered only once it is durable (syncConsumerOffsetCommit)."""
+        if self.sync_consumer_offset_commit == "auto":
+            return self.flush_disk_type == SYNC_FLUSH
+        return self.sync_consumer_offset_commit == "true"
+
     def validate(self) -> None:
         if self.flush_disk_type not in (ASYNC_FLUSH, SYNC_FLUSH):
             raise ConfigError(f"flushDiskType must be {ASYNC_FLUSH} or {SYNC_FLUSH}, not {self.flush_disk_type!r}")
         if self.recover_corruption_mode not in ("quarantine", "cut"):
             raise ConfigError("recoverCorruptionMode must be quarantine or cut, not "
                               f"{self.recover_corruption_mode!r}")
+        if self.sync_consumer_offset_commit not in ("auto", "true", "false"):
+            raise ConfigError("syncConsumerOffsetCommit must be auto (sync under SYNC_FLUSH), true or false, not "
+                              f"{self.sync_consumer_offset_commit!r}")
         self._validate_replication()
         if self.mapped_file_size_commit_log < 4096:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
