@@ -1,8 +1,10 @@
 """Consumer offsets: RocketMQ's ConsumerOffsetManager, kept in ``config/consumerOffset.json``.
 
 The table lives in memory and is written whole, atomically (temp file, fsync, rename; the previous
-file kept as ``.bak``), every persist interval when it changed and at a clean stop. A kill -9 loses
-at most the commits of the last interval (5 s by default, RocketMQ's flushConsumerOffsetInterval).
+file kept as ``.bak``), every persist interval when it changed and at a clean stop. A kill -9 or a
+power cut loses at most the commits of the last interval (5 s by default, RocketMQ's
+flushConsumerOffsetInterval), unless commits wait for ``durable()`` (syncConsumerOffsetCommit, on
+under SYNC_FLUSH): then an answered commit is on disk.
 The file has RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 12}}}``, with the queue ids
 quoted (RocketMQ's fastjson writes them bare, which is not JSON); its format is in
 ``services/store/formats/consumer_offsets_file.py``, which the commitlog service reads it with.
