@@ -26,9 +26,10 @@ from mqstore.client.consumer import DEFAULT_LONG_POLL_MS, PullConsumer
 from mqstore.client.dead_letters import list_dead_letters, resend_dead_letter, show_dead_letter
 from mqstore.client.errors import MqstoreError
 from mqstore.client.groups import describe_groups
+from mqstore.client.limits import MAX_BATCH_MESSAGES
 from mqstore.client.models import PERM_READ, PERM_WRITE, Message, OutgoingMessage, SendReceipt, perm_text
 from mqstore.client.output import MAX_CELL, Printer, cell, format_record, timestamp
-from mqstore.client.producer import MAX_BATCH, Producer
+from mqstore.client.producer import Producer
 from mqstore.client.progress import Progress
 from mqstore.client.transaction_producer import TransactionProducer, TransactionState
 
@@ -275,8 +276,8 @@ def _add_send(commands: Subcommands) -> None:
                            "with a warning, as RocketMQ does); for any other time use a timer property: "
                            "-p TIMER_DELAY_SEC=N, or -p TIMER_DELIVER_MS=<epoch ms> (docs/scheduling.md)")
     send.add_argument("--batch", type=positive, metavar="N",
-                      help=f"send N messages per SendBatch call, each call to one queue (at most {MAX_BATCH}); "
-                           "default: pipelined on one SendStream")
+                      help=f"send N messages per SendBatch call, each call to one queue "
+                           f"(at most {MAX_BATCH_MESSAGES}); default: pipelined on one SendStream")
     send.add_argument("--transaction", choices=("commit", "rollback", "unknown"),
                       help="send each message as a transaction (a half), then end it so; unknown leaves it to be "
                            "checked with --producer-group's producers (docs/transactions.md)")
@@ -397,8 +398,8 @@ def _send(args: argparse.Namespace) -> int:
         raise UsageError("give the message text, or --file PATH (- reads stdin)")
     if args.queue is not None and args.sharding_key:
         raise UsageError("give --queue or --sharding-key, not both")
-    if args.batch is not None and args.batch > MAX_BATCH:
-        raise UsageError(f"--batch is at most {MAX_BATCH}")
+    if args.batch is not None and args.batch > MAX_BATCH_MESSAGES:
+        raise UsageError(f"--batch is at most {MAX_BATCH_MESSAGES}")
     template = dict(tags=args.tags, keys=args.keys, properties=dict(args.property) or None)
     printer = Printer(args.json)
     if args.transaction is not None:

@@ -24,6 +24,7 @@ import grpc
 from mqstore.client import tracing
 from mqstore.client.connection import Connection, Endpoint, Tls
 from mqstore.client.errors import InvalidArgumentError, MqstoreError, NotFoundError, PermissionDeniedError
+from mqstore.client.limits import MAX_PULL_MESSAGES
 from mqstore.client.models import Message, TopicRoute
 from mqstore.client.offsets import start_offsets
 from mqstore.client.rebalance import (
@@ -40,7 +41,6 @@ from mqstore.v1 import gateway_pb2, query_pb2
 #: How long one pull waits for messages by default; the query service allows up to 15 s.
 DEFAULT_LONG_POLL_MS = 10_000
 DEFAULT_BATCH = 32
-MAX_BATCH = 1024
 DEFAULT_COMMIT_INTERVAL_S = 5.0
 #: Deadline of a pull beyond its long poll (the gateway's own backend timeout is 5 s).
 PULL_MARGIN_S = 10.0
@@ -229,8 +229,8 @@ class PullOptions:
                    long_poll_ms: int, batch_size: int, max_bytes: int, auto_commit: bool, commit_interval_s: float,
                    from_latest: bool, start_offsets: Mapping[int, int] | None, timeout: float | None,
                    raw_records: bool = True) -> None:
-        if not 1 <= batch_size <= MAX_BATCH:
-            raise ValueError(f"batch_size must be within 1..{MAX_BATCH}")
+        if not 1 <= batch_size <= MAX_PULL_MESSAGES:
+            raise ValueError(f"batch_size must be within 1..{MAX_PULL_MESSAGES}")
         if long_poll_ms < 0:
             raise ValueError("long_poll_ms must not be negative")
         self.group = group

@@ -12,11 +12,10 @@ from mqstore.client import tracing
 from mqstore.client.batch_encoder import UNIQ_KEY, UNIQ_KEYS, encode_entry, properties_bytes
 from mqstore.client.connection import MIB, Endpoint
 from mqstore.client.errors import MqstoreError, from_rpc_error
+from mqstore.client.limits import MAX_BATCH_MESSAGES
 from mqstore.client.models import PROPERTY_SHARDING_KEY, Keys, OutgoingMessage, SendReceipt, _put_status, encode_body
 from mqstore.v1 import gateway_pb2
 
-#: The gateway's limit of messages per SendBatch.
-MAX_BATCH = 1024
 #: Batches are also cut by size, far below the gateway's 65 MiB receive limit.
 MAX_BATCH_BYTES = 16 * MIB
 
@@ -67,7 +66,7 @@ def batch_chunks(topic: str, messages: Iterable[Item], tags: str | None = None, 
             wire_properties.setdefault(PROPERTY_SHARDING_KEY, sharding_key)
         uniq_key = wire_properties.get(UNIQ_KEY) or wire_properties.setdefault(UNIQ_KEY, UNIQ_KEYS.next())
         entry = encode_entry(encode_body(message.body), message.flag, properties_bytes(wire_properties))
-        if parts and (len(parts) >= MAX_BATCH or size + len(entry) > MAX_BATCH_BYTES):
+        if parts and (len(parts) >= MAX_BATCH_MESSAGES or size + len(entry) > MAX_BATCH_BYTES):
             yield BatchChunk(topic, b"".join(parts), uniq_keys)
             parts, uniq_keys, size = [], [], 0
         parts.append(entry)

@@ -22,6 +22,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+#: The most messages one batch carries (a SendBatch, an AppendBatch, a RocketMQ 5 receive), from the API.
+from mqstore.client.limits import MAX_BATCH_MESSAGES as MAX_BATCH_MESSAGES
 from services.store.errors import InvalidArgumentError
 from services.store.formats.message import (
     COMPRESSED_FLAG,
@@ -39,9 +41,6 @@ PROPERTIES_LENGTH = struct.Struct(">h")
 ENTRY_OVERHEAD = HEAD.size + PROPERTIES_LENGTH.size
 #: The int16 properties length.
 MAX_PROPERTIES_BYTES = 32767
-#: The most messages one batch carries: a SendBatch to the gateway, an AppendBatch to the commitlog, a
-#: RocketMQ 5 receive.
-MAX_BATCH_MESSAGES = 1024
 _PAIR = NAME_VALUE_SEPARATOR.encode()
 _ITEM = PROPERTY_SEPARATOR.encode()
 _UNIQ = _ITEM + PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode() + _PAIR

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mqstore.client.limits import MAX_PULL_MESSAGES
 from services.store.errors import InvalidArgumentError
 from services.store.rules.names import check_offset, check_queue
 from services.store.rules.subscription import Subscription
@@ -13,7 +14,7 @@ from services.store.rules.subscription import Subscription
 KIB = 1024
 MIB = 1024 * KIB
 DEFAULT_MAX_MESSAGES = 32
-MAX_MESSAGES = 1024
+MAX_MESSAGES = MAX_PULL_MESSAGES
 # maxTransferBytesOnMessageInMemory.
 DEFAULT_MAX_BYTES = 256 * KIB
 MAX_BYTES = 32 * MIB
