@@ -10,8 +10,8 @@ service process dies in the same instant) and the next processes, imported ahead
 fifth cycle also cuts while the restarted services recover. After each restart, what was acknowledged
 before the cut is looked for: every send pulled at its queue offset and fetched by offset msg id and
 UNIQ_KEY, no queue offset acknowledged to two messages, the topics with their queue counts, the
-consumer offset (a commit older than the query service's persist interval must have survived; a newer
-one may roll back to an earlier acknowledged value, never past the last). At the end every delayed,
+consumer offset (exactly the last acknowledged commit: under SYNC_FLUSH a commit is answered once it
+is durable; only a commit the cut left unanswered may have been kept instead). At the end every delayed,
 timer and committed transactional message is delivered exactly once, no rolled-back one is, and
 ``pipeline verify`` checks the stopped store.
 
@@ -53,10 +53,8 @@ TX = "PowerCutTx"
 GROUP = "powercut-consumers"
 TX_GROUP = "powercut-tx"
 PRODUCERS = 2
-OFFSET_PERSIST_MS = 200
-#: A commit this much older than its cut was written by the query service (persist interval plus slack
-#: for a loaded machine); a newer one may be lost at the cut, as RocketMQ's periodic offset flush allows.
-OFFSET_DURABLE_AFTER_S = 2.0
+#: RocketMQ's default: under SYNC_FLUSH the commit path, not this periodic write, must make offsets durable.
+OFFSET_PERSIST_MS = 5000
 ENV = {**SMALL.env(), "MQSTORE_FLUSH_DISK_TYPE": "SYNC_FLUSH", "MQSTORE_MAX_MESSAGE_SIZE": str(16 * 1024),
        "MQSTORE_DEFAULT_TOPIC_QUEUE_NUMS": str(QUEUES), "MQSTORE_LOG_LEVEL": "WARNING"}
 SERVICES = ("commitlog", "indexer", "query", "scheduler")
@@ -82,8 +80,7 @@ class Acked:
 
     sends: list[Sent] = field(default_factory=list)
     topics: dict[str, int] = field(default_factory=dict)  # topic -> queues
-    offsets: list[tuple[int, float]] = field(default_factory=list)  # (committed offset, when acknowledged)
-    cuts: list[float] = field(default_factory=list)  # when each cut came (time.monotonic())
+    offsets: list[tuple[int, bool]] = field(default_factory=list)  # (offset committed, whether answered)
     delayed: list[bytes] = field(default_factory=list)  # delay-level and timer bodies (delivered later)
     timed: list[bytes] = field(default_factory=list)
     committed: list[bytes] = field(default_factory=list)
@@ -267,9 +264,10 @@ def _side_work(stub: gateway_pb2_grpc.MessagingServiceStub, cycle: int, acked: A
         acked.topics[topic] = queues
     with contextlib.suppress(grpc.RpcError, ValueError):
         offset = cycle * 10 + rng.randrange(10)
+        acked.offsets.append((offset, False))
         stub.CommitOffset(query_pb2.UpdateConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC, queue_id=0,
                                                                 offset=offset), timeout=5)
-        acked.offsets.append((offset, time.monotonic()))
+        acked.offsets[-1] = (offset, True)
     delayed = f"delayed-{cycle}".encode()
     if _send(stub, DELAYED, delayed, DELAY="1") is not None:
         acked.delayed.append(delayed)
@@ -365,24 +363,24 @@ def _check_state(stub: gateway_pb2_grpc.MessagingServiceStub, acked: Acked) -> l
             now = stub.QueryOffset(query_pb2.QueryConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC,
                                                                         queue_id=0), timeout=10).offset
         except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.NOT_FOUND:  # no commit kept (allowed while none was durable)
+            if exc.code() != grpc.StatusCode.NOT_FOUND:  # no commit kept (only while none was answered)
                 raise
             now = -1
         allowed = _allowed_offsets(acked)
-        if now not in allowed and not (now < 0 and min(allowed) == acked.offsets[0][0]):
-            wrong.append(f"consumer offset {now} after a cut: the acknowledged commits allow {sorted(allowed)[:4]}")
+        if now not in allowed:
+            wrong.append(f"consumer offset {now} after a cut: the commits allow only {sorted(allowed)[:4]} (the "
+                         "last acknowledged, or one sent after it that the cut left unanswered)")
     return wrong
 
 
 def _allowed_offsets(acked: Acked) -> set[int]:
-    """The consumer offsets the query service may hold after the cuts: the last commit that came
-    OFFSET_DURABLE_AFTER_S before the cut after it was persisted, and any later commit may have been."""
-    first = 0
-    for i, (_, at) in enumerate(acked.offsets):
-        next_cut = next((cut for cut in acked.cuts if cut > at), None)
-        if next_cut is not None and next_cut - at >= OFFSET_DURABLE_AFTER_S:
-            first = i
-    return {offset for offset, _ in acked.offsets[first:]}
+    """The consumer offsets the query service may hold after the cuts: under SYNC_FLUSH exactly the last
+    acknowledged commit (-1: none at all, while none was), or a later one whose answer the cut
+    prevented (it may have been written before the power went)."""
+    answered = [i for i, (_, ok) in enumerate(acked.offsets) if ok]
+    last = answered[-1] if answered else -1
+    kept = {acked.offsets[last][0]} if answered else {-1}
+    return kept | {offset for offset, _ in acked.offsets[last + 1:]}
 
 
 def _owners(sends: list[Sent]) -> list[str]:
@@ -446,7 +444,6 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
             services.release()
             if cycle % 5 == 0:  # a cut while the services recover (truncating, creating files, dispatching)
                 time.sleep(rng.uniform(0.0, 1.0))
-                acked.cuts.append(time.monotonic())
                 fs.cut(services.kill)
                 result.cuts_starting += 1
                 fs.start()
@@ -472,7 +469,6 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
                 thread.start()
             time.sleep(rng.uniform(0.1, 0.6))
             cut_at = time.monotonic()
-            acked.cuts.append(cut_at)
             fs.cut(services.kill)
             result.cut_s.append(time.monotonic() - cut_at)
             stop.set()
