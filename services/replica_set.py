@@ -26,13 +26,11 @@ import dataclasses
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 import yaml
 
@@ -40,6 +38,7 @@ from services.runner import (
     START_TIMEOUT_S,
     ChildSpec,
     PortTakenError,
+    StopRequest,
     _Child,
     _stop,
     child_specs,
@@ -255,16 +254,9 @@ def run_replicated(store: str, config_file: str | None, replicas: int, base_port
         log.error("%s", exc)
         return 2
     root = Path(store)
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root)
     ports = ReplicaPorts.of(base_port)
-    stop_requested = False
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop_requested = StopRequest()
     try:
         etcd = start_etcd(root / "etcd" / "data", ports)
     except (ConfigError, subprocess.CalledProcessError, OSError) as exc:
@@ -279,17 +271,17 @@ def run_replicated(store: str, config_file: str | None, replicas: int, base_port
     gateway = _gateway_spec(root, config_file, ports, replicas, broker_name, auth_file, metrics_base_port,
                             gateway_workers)
     failure = _start_all(children, [spec for specs in per_replica for name, spec in specs.items()
-                                    if name != "scheduler"], lambda: stop_requested)
-    if failure is None and not stop_requested:
-        failure = _wait_for_leader(scheduler, lambda: stop_requested)
-    if failure is None and not stop_requested:
-        failure = _start_all(children, [gateway], lambda: stop_requested)
-    if failure is None and not stop_requested:
+                                    if name != "scheduler"], stop_requested)
+    if failure is None and not stop_requested():
+        failure = _wait_for_leader(scheduler, stop_requested)
+    if failure is None and not stop_requested():
+        failure = _start_all(children, [gateway], stop_requested)
+    if failure is None and not stop_requested():
         _print_welcome(gateway.listen, root, replicas, ports)
-    while failure is None and not stop_requested:
+    while failure is None and not stop_requested():
         for child in children:
             failure = child.supervise()
-            if failure is not None or stop_requested:
+            if failure is not None or stop_requested():
                 break
         failure = failure or scheduler.follow()
         time.sleep(0.2)

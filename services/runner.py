@@ -234,32 +234,25 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
     make_dirs(root)
     addresses = Addresses.of(config_file, base_port)
     children: list[_Child] = []
-    stop_requested = False
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop_requested = StopRequest()
     failure = None
     for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port, gateway_workers):
         child = _Child(spec)
         children.append(child)
         failure = child.start_serving()
-        if stop_requested:
+        if stop_requested():
             break
         if failure is None and child.proc is not None and child.proc.poll() is not None:
             failure = f"{spec.name} exited with {exit_reason(child.proc.returncode)} before it served"
         if failure is not None:
             break
         log.info("%s is SERVING on %s", spec.name, spec.listen)
-    if failure is None and not stop_requested:
+    if failure is None and not stop_requested():
         _print_welcome(addresses.gateway, root, metrics_base_port, gateway_workers or 1)
-    while failure is None and not stop_requested:
+    while failure is None and not stop_requested():
         for child in children:
             failure = child.supervise()
-            if failure is not None or stop_requested:
+            if failure is not None or stop_requested():
                 break
         time.sleep(0.2)
     exit_code = 0
@@ -270,6 +263,22 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
         code = _stop(child)
         exit_code = exit_code or code
     return exit_code
+
+
+class StopRequest:
+    """SIGTERM or SIGINT asked a supervisor (``mqstore up``) to stop; called, it says whether one did. The
+    supervisor checks it between its steps and then stops its children in reverse order."""
+
+    def __init__(self) -> None:
+        self._requested = False
+        signal.signal(signal.SIGTERM, self._request)
+        signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum: int, frame: FrameType | None) -> None:
+        self._requested = True
+
+    def __call__(self) -> bool:
+        return self._requested
 
 
 def _stop(child: _Child) -> int:
