@@ -166,3 +166,12 @@ class NatsServer(PeerServer):
 
     def command(self) -> list[str]:
         return [server_binary("nats-server") or "nats-server", "-c", str(self.config), "-js"]
+
+
+class FloorServer(PeerServer):
+    """The bare grpc.aio echo (bench/peer_floor.py) in a process of its own, on this interpreter."""
+
+    name = "grpc.aio echo"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bench.peer_floor", "--port", str(self.port)]

@@ -19,6 +19,9 @@ What it does, in order:
 4. NATS JetStream: a private ``nats-server -js`` with a file-storage stream (bench/peer_nats.py).
 5. The engine in-process append (bench/append_engine.py, single and batch 64) and the crash recovery
    of a 2 GiB commitlog (bench/recovery.py, abnormal), each as a child process.
+6. The floor of the stack: a bare grpc.aio echo server (bench/peer_floor.py), unary at 1, 2x16 and
+   2x32 calls in flight and streaming (64 KiB frames, 16 unanswered, 2 streams); every row is also
+   printed against it (per-call rows: p50 as a multiple, rate as a fraction; streamed rows: rate).
 
 Every server is ours: started on free loopback ports with data dirs under .bench-tmp/peers-*, and
 stopped by PID at the end, on failure and on Ctrl-C or SIGTERM. Clients are separate (spawned)
@@ -44,8 +47,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.peer_servers import NatsServer, RedisServer, ensure_installed, server_version
-from bench.peer_table import GROUPS, Measure, Row, issue_rows, render, select, to_json
+from bench.peer_servers import FloorServer, NatsServer, RedisServer, ensure_installed, server_version
+from bench.peer_table import FLOOR_CASES, GROUPS, Measure, Row, issue_rows, render, select, to_json
 from bench.report import progress
 from bench.workload import REPO, TOPIC, print_machine, scratch_dir
 
@@ -83,6 +86,8 @@ class Run:
             for system in ("mqstore", "redis", "nats"):
                 if got.get(system):
                     setattr(row, system, Measure.median(got[system]))
+            if row.floor_case and (floor := self.measures.get(f"floor:{row.floor_case}", {}).get("floor")):
+                row.floor = Measure.median(floor)
             row.notes = self.notes.get(row.key, [])
         return self.rows
 
@@ -162,6 +167,10 @@ def mqstore_produce(run: Run) -> None:
                                 2, "SendStream, window 512, 2 streams"))
     if run.want("send-latency"):
         async_cases.append(("send-latency", gateway.Case("send 1x1", "send", "unary", 1, 1), 1, "Send, one at a time"))
+    if run.want("send-n"):
+        c = run.args.concurrency
+        async_cases.append(("send-n", gateway.Case(f"send 2x{c}", "send", "unary", 2, c), 2,
+                            f"Send, 2x{c} in flight"))
     sync_cases: list[tuple[str, Any, int, str]] = []
     if run.want("durable-batch64"):
         if blob:
@@ -283,7 +292,7 @@ def redis_rows(run: Run, scratch: Path) -> None:
     from bench.peer_runner import Job
 
     a = run.args
-    if run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency",
+    if run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency", "send-n",
                 "pull", "get-1", "get-n", "time"):
         with RedisServer(scratch / "redis-everysec", "everysec") as server:
             progress(f"redis: {server.target} (pid {server.pid}, appendfsync everysec)")
@@ -295,7 +304,10 @@ def redis_rows(run: Run, scratch: Path) -> None:
                     break
             _copy_peer(run, "redis", "produce-batch256", ("produce-batch64", "produce-stream"))
             _run_jobs(run, "redis", [("send-latency", Job("redis", "xadd", server.target, a.duration, 1, 1,
-                                                          mode="XADD one at a time"), 1)], [server.pid])
+                                                          mode="XADD one at a time"), 1),
+                                     ("send-n", Job("redis", "xadd", server.target, a.duration, a.concurrency, 1,
+                                                    mode=f"XADD one at a time, 2x{a.concurrency}"), 2)],
+                      [server.pid])
             if run.want("pull", "get-1", "get-n", "time"):
                 peer_redis.flush(server.target)
                 loaded = peer_redis.preload(server.target, a.preload)
@@ -329,8 +341,8 @@ def nats_rows(run: Run, scratch: Path) -> None:
     from bench.peer_runner import Job
 
     a = run.args
-    if not run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency", "durable-batch64",
-                    "durable-send", "pull", "get-1", "get-n", "time"):
+    if not run.want("produce-batch256", "produce-batch64", "produce-stream", "send-latency", "send-n",
+                    "durable-batch64", "durable-send", "pull", "get-1", "get-n", "time"):
         return
     with NatsServer(scratch / "nats") as server:
         progress(f"nats: {server.target} (pid {server.pid}, JetStream, file storage)")
@@ -343,7 +355,9 @@ def nats_rows(run: Run, scratch: Path) -> None:
                 break
         _copy_peer(run, "nats", "produce-batch256", ("produce-batch64", "produce-stream"))
         _run_jobs(run, "nats", [("send-latency", Job("nats", "publish", server.target, a.duration, 1,
-                                                     mode="sync publish, one at a time"), 1)], pids)
+                                                     mode="sync publish, one at a time"), 1),
+                                ("send-n", Job("nats", "publish", server.target, a.duration, a.concurrency,
+                                               mode=f"sync publish, 2x{a.concurrency}"), 2)], pids)
         _run_jobs(run, "nats", [
             ("durable-batch64", Job("nats", "publish-async", server.target, a.duration, 32, 64,
                                     mode="async publish, 64 per ack wait, 64 producers"), 2),
@@ -377,6 +391,38 @@ def _copy_peer(run: Run, system: str, source: str, targets: Sequence[str]) -> No
                 if target in run.wanted and target != key:
                     run.measures.setdefault(target, {})[system] = list(got)
             return
+
+
+def floor_rows(run: Run, scratch: Path) -> None:
+    """The bare grpc.aio echo at each shape a selected row stands against (bench/peer_floor.py)."""
+    from bench.peer_runner import Job, run_job
+    from bench.report import wait_quiet
+
+    wanted = {row.floor_case for row in run.rows if row.floor_case}
+    if not wanted:
+        return
+    a = run.args
+    with FloorServer(scratch / "floor") as server:
+        progress(f"floor: grpc.aio echo on {server.target} (pid {server.pid})")
+        target, d, c = server.target, a.duration, a.concurrency
+        jobs = {
+            "unary-1": (Job("floor", "unary", target, d, 1, 1, mode="unary echo of 1 KiB, one in flight"), 1),
+            "unary-n": (Job("floor", "unary", target, d, c, 1, mode=f"unary echo of 1 KiB, 2x{c} in flight"), 2),
+            "unary-64": (Job("floor", "unary", target, d, 32, 1, mode="unary echo of 1 KiB, 2x32 in flight"), 2),
+            "stream": (Job("floor", "stream", target, d, 1, 64, data=(16,),
+                           mode="streaming echo, 64 x 1 KiB frames, 16 unanswered, 2 streams"), 2),
+        }
+        for case in FLOOR_CASES:
+            if case not in wanted:
+                continue
+            job, procs = jobs[case]
+            for _ in range(a.reps):
+                if a.wait_quiet > 0:
+                    wait_quiet(a.wait_quiet)
+                measure, extra = run_job(job, procs, [server.pid])
+                if extra["errors"]:
+                    progress(f"warning: floor {case}: errors, first: {extra['errors'][0]}")
+                run.add(f"floor:{case}", "floor", measure)
 
 
 # -- engine and recovery (child processes of their own benchmarks) ---------------------------------------
@@ -510,6 +556,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
             ("mqstore reads", lambda: mqstore_reads(run), ("pull", "get", "key", "time")),
             ("redis", lambda: redis_rows(run, scratch), ("produce", "durable", "latency", "pull", "get", "time")),
             ("nats", lambda: nats_rows(run, scratch), ("produce", "durable", "latency", "pull", "get", "time")),
+            ("floor", lambda: floor_rows(run, scratch), ("floor",)),
             ("engine", lambda: engine_rows(run), ("engine",)),
             ("recovery", lambda: recovery_rows(run), ("recovery",)),
         ]
@@ -523,8 +570,9 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
                     if row.group in groups:
                         run.note(row.key, f"{name} failed: {str(exc).splitlines()[0][:200] if str(exc) else repr(exc)}")
     filled = run.filled()
-    print(f"\n### mqstore vs Redis Streams vs NATS JetStream (issue 10), {time.monotonic() - started:.0f} s run, "
-          f"{'medians of ' if args.reps > 1 else ''}{args.reps} rep(s) of {args.duration:g} s\n")
+    print(f"\n### mqstore vs Redis Streams vs NATS JetStream vs the grpc.aio floor, "
+          f"{time.monotonic() - started:.0f} s run, {'medians of ' if args.reps > 1 else ''}{args.reps} rep(s) "
+          f"of {args.duration:g} s\n")
     print(render(filled), flush=True)
     if args.json:
         print(to_json(filled, {k: v for k, v in vars(args).items() if k != "json"}), flush=True)

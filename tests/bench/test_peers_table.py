@@ -67,7 +67,7 @@ def test_median_of_reps() -> None:
 
 def test_issue_rows_and_only() -> None:
     rows = issue_rows()
-    assert len({r.key for r in rows}) == len(rows) == 15
+    assert len({r.key for r in rows}) == len(rows) == 19
     assert [r.key for r in select(rows, "get,recovery")] == ["get-1", "get-n", "recovery"]
     assert [r.key for r in select(rows, "key-1")] == ["key-1"]
     assert select(rows, None) == rows
@@ -81,9 +81,40 @@ def test_render_and_json() -> None:
     rows[0].redis = Measure(rate=400_000)
     rows[0].notes.append("a note")
     text = render(rows)
-    assert "| pull / read a range | 300k/s [Pull 1024, raw_records] | 400k/s | — | 0.75× | — |" in text
+    assert "| pull / read a range | 300k/s [Pull 1024, raw_records] | 400k/s | — | — | 0.75× | — | — |" in text
     assert "**met**" in text and "- pull / read a range: a note" in text
     assert '"met": true' in to_json(rows, {"quick": True})
+
+
+def test_per_call_rows_stand_against_the_unary_floor_at_the_same_calls_in_flight() -> None:
+    rows = {r.key: r for r in issue_rows()}
+    assert rows["get-1"].floor_case == rows["send-latency"].floor_case == rows["key-1"].floor_case == "unary-1"
+    assert {rows[k].floor_case for k in ("get-n", "key-n", "time", "send-n")} == {"unary-n"}
+    assert {rows[k].floor_case for k in ("produce-batch256", "produce-stream", "durable-batch64", "pull")} == {"stream"}
+    get = rows["get-1"]
+    get.floor = Measure(rate=5000, p50_ms=0.2, p99_ms=0.3)
+    get.mqstore = Measure(rate=4000, p50_ms=0.25, p99_ms=0.5)
+    assert get.vs_floor() == pytest.approx((1.25, 0.8))
+    assert get.verdict() == (True, "")
+    get.mqstore = Measure(rate=1000, p50_ms=0.3, p99_ms=0.5)
+    met, why = get.verdict()
+    assert not met and "p50 1.5× floor" in why and "0.20× floor rate" in why
+    get.floor = None
+    assert get.verdict() == (None, "no floor figure")
+
+
+def test_floor_rows_show_the_floor_and_have_no_verdict() -> None:
+    rows = select(issue_rows(), "floor,get-1")
+    floor = next(r for r in rows if r.key == "floor-unary")
+    floor.floor = Measure(rate=5000, p50_ms=0.19, p99_ms=0.31, mode="unary echo")
+    get = next(r for r in rows if r.key == "get-1")
+    get.floor, get.mqstore = floor.floor, Measure(rate=1000, p50_ms=0.95, p99_ms=1.5, mode="GetMessage")
+    assert floor.verdict() == (None, "the floor")
+    text = render(rows)
+    assert ("| floor: bare grpc.aio unary echo, 1 KiB each way, one in flight | — | — | — "
+            "| p50 0.19 / p99 0.31 ms") in text
+    assert "| 5.0× p50 |" in text
+    assert '"p50VsFloor": 5.0' in to_json(rows, {})
 
 
 def test_cli_parses_and_quick_shrinks(capsys: pytest.CaptureFixture[str]) -> None:
