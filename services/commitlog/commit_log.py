@@ -131,6 +131,9 @@ class CommitLog:
         # followers hold its end offset (raises UnavailableError otherwise); a follower refuses every
         # put with this reason (FAILED_PRECONDITION naming its leader).
         self.wait_for_replicas: Callable[[int], None] | None = None
+        #: A leader under etcd leadership: raises unless its lease is surely alive. Checked before a put
+        #: that waits for nothing (waitStoreMsgOK false) is answered: a lapsed leader answers no put.
+        self.ack_fence: Callable[[], None] | None = None
         self.write_refusal: str | None = None
         #: The store's part of a replica's truncation (its checkpoint, snapshot and incarnation).
         self.truncation_listener: Callable[[int, dict[QueueKey, int]], None] | None = None
@@ -255,6 +258,8 @@ class CommitLog:
                 self._new_data.notify_all()
         if self._group_commit is not None or self._wake_flush_service or self.wait_for_replicas is not None:
             self._handle_flush(encoded, results)
+        if self.ack_fence is not None and not any(e.wait_store_msg_ok for e in encoded):
+            self.ack_fence()
         return results
 
     def append_replica_data(self, write: Callable[[], None]) -> None:

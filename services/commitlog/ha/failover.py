@@ -44,7 +44,8 @@ class EtcdReplication:
         self._client = EtcdClient(cfg.etcd_endpoint)
         self._epochs = EpochFile(engine.root)
         self.leadership = ShardLeadership(self._client, cfg.broker_name, self.replica,
-                                          f"{cfg.broker_ip}:{cfg.ha_listen_port}", cfg.ha_lease_ttl_seconds,
+                                          cfg.ha_advertised_address or f"{cfg.broker_ip}:{cfg.ha_listen_port}",
+                                          cfg.ha_lease_ttl_seconds,
                                           on_lost=self._refuse_writes)
         self.acks: InSyncAcks | None = None
         self._service: HAService | None = None
@@ -53,6 +54,7 @@ class EtcdReplication:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ha-etcd", daemon=True)
         self._refuse_writes("no leader is known yet")
+        engine.ack_fence = self.leadership.fence  # the waiting puts' fence is in wait_for_replicas
 
     def start(self) -> None:
         self._thread.start()
