@@ -1,11 +1,17 @@
 """``export``: commitlog -> Parquet, one row per message, partitioned by topic and store date.
 
 Workers decode their split into Arrow record batches, column by column (pipeline/columnar.py: no
-per-record Python objects for the common record layout, so no row objects cross into the JVM) and
-Spark writes them. Incremental: a state file remembers where the last export ended, and a rerun
-starts there (``--from-offset`` overrides it). The schema is in docs/pipeline.md.
+per-record Python objects for the common record layout) and write the Parquet files themselves with
+pyarrow (:func:`write_split`): the JVM only schedules splits and collects file names, because turning
+Arrow batches into Spark rows and encoding Parquet there cost several times the decode. Each task
+commits its files atomically (a temporary name per attempt, fsync, rename to a name fixed by the split),
+so a killed task leaves no partial file and a retried one writes its rows once. Outputs that are not
+local paths (``hdfs://``, ``s3a://``) are written by Spark from the same batches.
 
-Every record is written exactly once, or the export fails: Spark writes the run into a staging
+Incremental: a state file remembers where the last export ended, and a rerun starts there
+(``--from-offset`` overrides it). The schema is in docs/pipeline.md.
+
+Every record is written exactly once, or the export fails: the run is written into a staging
 directory (``OUT/_mqstore_export_staging-<run>``, which Parquet readers skip), the driver reads the
 written Parquet back and compares its rows (count, distinct commitlog offsets, their sum) with what
 the tasks decoded, and only then moves the files into ``OUT``. The state file names a run that is
@@ -23,15 +29,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from mqstore.client.compression import consumer_body
 from pipeline.columnar import export_batches
@@ -44,6 +55,7 @@ from pipeline.scan import (
     no_conversion,
     splits_frame,
     splits_of_batches,
+    splits_rdd,
     summary_accumulator,
 )
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE, Split
@@ -51,7 +63,7 @@ from services.store.formats.geometry import GeometryOptions, add_geometry_argume
 from services.store.formats.message import COMPRESSED_FLAG, KEY_SEPARATOR, MessageRecord
 from services.store.formats.message_id import make_message_id
 from services.store.formats.record import body_crc
-from services.store.store_root import write_atomically
+from services.store.store_root import fsync_dir, make_dirs, write_atomically
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -197,6 +209,145 @@ def _decoder(decompress: bool, accumulator: Accumulator[ScanSummary], batch_rows
             yield from export_batches(split, decompress, summary, batch_rows, SCHEMA, slow_rows)
             accumulator.add(summary)
     return decode
+
+
+#: Test hook: a worker whose environment sets this exits (``os._exit``) once it has written this many
+#: bytes of a temporary Parquet file, as a task killed mid-write would (tests/pipeline/test_export_files.py).
+CRASH_AFTER_BYTES_ENV = "MQSTORE_EXPORT_CRASH_AFTER_BYTES"
+#: Columns whose values repeat (worth Parquet's dictionary encoding); bodies and ids are left plain,
+#: where a dictionary attempt only costs CPU.
+DICTIONARY_COLUMNS = ("topic", "uniq_key", "keys", "tags", "properties", "born_host", "store_host", "key")
+#: Characters Spark escapes (%XX) in a partition directory's value (ExternalCatalogUtils.escapePathName),
+#: so the worker-written directories are the ones Spark's own writer made and its reader unescapes.
+_SPARK_ESCAPED = frozenset([chr(c) for c in range(1, 32)] + list('"#%\'*/:=?\\\x7f{[]^'))
+#: What Spark names the directory of a null or empty partition value.
+_HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_EPOCH = date(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class SplitFiles:
+    """What one task wrote: its split's tally (and problems) and its committed files, by path
+    relative to the staging directory, with their rows."""
+
+    summary: ScanSummary
+    files: tuple[tuple[str, int], ...]
+
+
+def partition_value(value: str) -> str:
+    """A partition directory's value as Spark writes it: special characters as %XX."""
+    if not value:
+        return _HIVE_DEFAULT_PARTITION
+    return "".join(f"%{ord(c):02X}" if c in _SPARK_ESCAPED else c for c in value)
+
+
+def file_table(rows: pa.Table) -> pa.Table:
+    """The columns a Parquet file holds, in Spark's order: the record's (partition columns left to the
+    directory names), then :data:`KAFKA_COLUMNS`."""
+    columns = [rows[name] for name in SCHEMA.names if name not in PARTITION_COLUMNS]
+    names = [name for name in SCHEMA.names if name not in PARTITION_COLUMNS]
+    key = pc.map_lookup(rows["properties"], "KEYS", "first")
+    return pa.Table.from_arrays([*columns, rows["store_timestamp"], key], names=[*names, "timestamp", "key"])
+
+
+def partitions(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
+    """(``topic=.../store_date=...`` directory, its rows in commitlog order) for each partition."""
+    topics = pc.dictionary_encode(rows["topic"]).combine_chunks()
+    days = rows["store_date"].cast(pa.int32()).to_numpy().astype(np.int64)
+    group = topics.indices.to_numpy().astype(np.int64) << 32 | (days - days.min())
+    keys, first, inverse = np.unique(group, return_index=True, return_inverse=True)
+    names = topics.dictionary.to_pylist()
+    for k in range(keys.size):
+        row = int(first[k])
+        day = _EPOCH + timedelta(days=int(days[row]))
+        directory = f"topic={partition_value(names[topics.indices[row].as_py()])}/store_date={day.isoformat()}"
+        yield directory, rows if keys.size == 1 else rows.take(pa.array(np.flatnonzero(inverse == k)))
+
+
+class _CrashingSink:
+    """A file that ends the process after ``limit`` bytes (:data:`CRASH_AFTER_BYTES_ENV`)."""
+
+    def __init__(self, handle: BinaryIO, limit: int) -> None:
+        self.handle, self.limit, self.written = handle, limit, 0
+
+    @property
+    def closed(self) -> bool:
+        return self.handle.closed
+
+    def write(self, data: bytes) -> int:
+        room = self.limit - self.written
+        if len(data) >= room:
+            self.handle.write(bytes(data)[:room])
+            self.handle.flush()
+            os._exit(17)
+        self.written += len(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _attempt_id() -> str:
+    """This task attempt's id (Spark's, unique per attempt in the application), and the process's."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return f"{context.taskAttemptId() if context is not None else uuid.uuid4().hex}-{os.getpid()}"
+
+
+def commit_file(path: Path, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` so that it is there whole or not at all: a temporary name of this
+    attempt (dot-prefixed, which Parquet readers and the driver's move skip), fsync, rename, fsync
+    the directory. Another attempt of the same split writes the same rows under the same name."""
+    make_dirs(path.parent)
+    temp = path.with_name(f".{path.name}.{_attempt_id()}.tmp")
+    crash_after = int(os.environ.get(CRASH_AFTER_BYTES_ENV, "0") or 0)
+    try:
+        with open(temp, "wb") as handle:
+            sink = _CrashingSink(handle, crash_after) if crash_after > 0 else handle
+            pq.write_table(table, sink, compression="snappy", use_dictionary=list(DICTIONARY_COLUMNS),
+                           row_group_size=1 << 20)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+
+
+def split_file_name(split: Split, run: str) -> str:
+    """The file a split's rows of one partition go to: fixed by the run and the split, so every attempt
+    of the task writes the same names (Spark's ``part-NNNNN-<job uuid>.c000`` shape)."""
+    return f"part-{split.index:05d}-{run}.c000.snappy.parquet"
+
+
+def write_split(split: Split, staging: str, run: str, decompress: bool, batch_rows: int = BATCH_ROWS) -> SplitFiles:
+    """The task: decode a split (columnar) and commit one Parquet file per partition it has rows of."""
+    summary = ScanSummary()
+    batches = list(export_batches(split, decompress, summary, batch_rows, SCHEMA,
+                                  partial(records_batch, decompress=decompress)))
+    files: list[tuple[str, int]] = []
+    if batches:
+        rows = pa.Table.from_batches(batches, SCHEMA)
+        for directory, part in partitions(rows):
+            relative = f"{directory}/{split_file_name(split, run)}"
+            commit_file(Path(staging) / relative, file_table(part))
+            files.append((relative, part.num_rows))
+    return SplitFiles(summary, tuple(files))
+
+
+def write_in_workers(spark: SparkSession, splits: list[Split], staging: Path, run: str, decompress: bool,
+                     batch_rows: int) -> ScanSummary:
+    """Every split written by its task into ``staging`` (a local directory every worker sees); the
+    merged summary of what they decoded."""
+    make_dirs(staging)
+    written = splits_rdd(spark, splits).map(
+        partial(write_split, staging=str(staging), run=run, decompress=decompress, batch_rows=batch_rows)).collect()
+    summary = ScanSummary()
+    for task in written:
+        summary.merge(task.summary)
+    return summary
 
 
 class ExportError(JobError):
@@ -395,11 +546,17 @@ def export(spark: SparkSession, store: str | Path | StoreInput, output: str, *, 
     staging = _child(output, run)
     out_files = _HadoopFiles(spark, output)
     accumulator = summary_accumulator(spark)
+    local_output = parse_location(output, remote_file_uris=False).local
     try:
-        frame = splits_frame(spark, splits).mapInArrow(_decoder(decompress, accumulator, batch_rows), SPARK_SCHEMA)
-        frame = with_kafka_columns(frame)
-        frame.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
-        summary = accumulator.value
+        if local_output is not None:
+            summary = write_in_workers(spark, splits, local_output / run, run.removeprefix(STAGING_PREFIX),
+                                       decompress, batch_rows)
+        else:
+            frame = splits_frame(spark, splits).mapInArrow(_decoder(decompress, accumulator, batch_rows),
+                                                           SPARK_SCHEMA)
+            frame = with_kafka_columns(frame)
+            frame.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
+            summary = accumulator.value
         written = written_rows(spark, staging)
         check_written(written, summary)
     except BaseException:
