@@ -6,6 +6,10 @@ event loop reads them without locks: ``leader`` (the replica name etcd holds, No
 and ``in_sync`` (the members of ``inSync`` as last read, the replicas a read may fall back to while
 the leader cannot be reached, RocketMQ's ``slaveReadEnable``). A broken stream (etcd restarted, a
 compaction) is answered by reading the keys again and watching from there: no change is missed.
+
+A replica that does not lead refuses a write before appending it, with a NOT_LEADER detail naming the
+leader it follows (:func:`not_leader`): the write may then go to the next leader. The detail decides,
+never the refusal's words.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ import logging
 import threading
 import time
 
+import grpc
+
+from gateway.resilience import BackendError
 from services.server.etcd_client import EtcdClient, EtcdError
-from services.server.shard_keys import LeaderRecord, ShardKeys, read_shard
+from services.server.shard_keys import NOT_LEADER_REASON, LeaderRecord, NotLeader, ShardKeys, read_shard
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +31,15 @@ log = logging.getLogger(__name__)
 REWATCH_S = 0.5
 #: How often a waiter looks at the leader the watch thread keeps.
 POLL_S = 0.02
+
+
+def not_leader(exc: BackendError) -> NotLeader | None:
+    """The follower's refusal a failed write carries (FAILED_PRECONDITION with a NOT_LEADER detail):
+    nothing was appended, the next leader may take it. None for any other failure."""
+    reason = exc.reason
+    if exc.code != grpc.StatusCode.FAILED_PRECONDITION or reason is None or reason.reason != NOT_LEADER_REASON:
+        return None
+    return NotLeader.of_metadata(reason.metadata)
 
 
 class ShardLeader:

@@ -24,7 +24,7 @@ from typing import TypeVar
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from services.server.status import RefusedMessage, refused_message
+from services.server.status import ErrorReason, RefusedMessage, error_reason, refused_message
 
 T = TypeVar("T")
 
@@ -43,6 +43,8 @@ class BackendError(Exception):
     not_applied: bool = False
     # The message of the batch sent that the backend refused, from the status's detail (None: no one message).
     refused: RefusedMessage | None = None
+    # The backend's machine-readable reason from the status's detail (a follower's NOT_LEADER refusal).
+    reason: ErrorReason | None = None
 
     def __str__(self) -> str:
         return f"{self.code.name}: {self.details}"
@@ -63,7 +65,7 @@ def backend_error(what: str, exc: grpc.aio.AioRpcError) -> BackendError:
             # Not "busy": backing off does not help, space on that disk (or consumers, see the details) does.
             return BackendError(code, f"{what} refused the write because its disk is full ({details})", not_applied)
         return BackendError(code, f"{what} is busy ({details}); back off and retry", not_applied)
-    return BackendError(code, details, refused=refused_message(exc))
+    return BackendError(code, details, refused=refused_message(exc), reason=error_reason(exc))
 
 
 def _retryable_read(exc: BaseException) -> bool:

@@ -16,13 +16,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gateway.leader import ShardLeader
+from gateway.leader import ShardLeader, not_leader
 from gateway.resilience import BackendError, backend_error
 from gateway.settings import ReplicaSettings, ShardSettings
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 from services.server.channels import aio_channel
 from services.server.etcd_client import EtcdError
-from services.server.shard_keys import NOT_LEADER_REFUSAL
 from services.store.formats.socket_address import AddressError, encode_address
 
 MIB = 1024 * 1024
@@ -103,7 +102,7 @@ def not_appended(exc: BackendError) -> bool:
     leader (refused under the put lock, before any byte is written). Anything else (a timeout, a lost
     connection, SYNC_MASTER's refusal after the append) may have stored the message."""
     if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
-        return NOT_LEADER_REFUSAL in exc.details
+        return not_leader(exc) is not None
     return exc.code == grpc.StatusCode.UNAVAILABLE and exc.not_applied
 
 

@@ -6,6 +6,7 @@ are serialised by the put lock; reads and tails run concurrently with them.
 
 from __future__ import annotations
 
+import copy
 import logging
 import struct
 import threading
@@ -24,7 +25,6 @@ from services.server import tracing
 from services.store.config import SYNC_FLUSH, MessageStoreConfig
 from services.store.errors import (
     DataLossError,
-    FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     OutOfRangeError,
@@ -134,7 +134,8 @@ class CommitLog:
         #: A leader under etcd leadership: raises unless its lease is surely alive. Checked before a put
         #: that waits for nothing (waitStoreMsgOK false) is answered: a lapsed leader answers no put.
         self.ack_fence: Callable[[], None] | None = None
-        self.write_refusal: str | None = None
+        #: Raised (a copy: each refusal its own traceback) at every put of a replica that takes none.
+        self.write_refusal: StoreError | None = None
         #: The store's part of a replica's truncation (its checkpoint, snapshot and incarnation).
         self.truncation_listener: Callable[[int, dict[QueueKey, int]], None] | None = None
 
@@ -236,7 +237,7 @@ class CommitLog:
     def _put_encoded(self, encoded: list[EncodedMessage], new_topics: set[str]) -> list[PutMessageResult]:
         """``new_topics``: topics of these (valid) messages that did not exist when they were checked."""
         if self.write_refusal is not None:
-            raise FailedPreconditionError(self.write_refusal)
+            raise copy.copy(self.write_refusal)
         if new_topics or self._begin_time_in_lock:  # else the check under the lock is the first and only one
             self.disk.check_writable()  # before anything is written, topics.json included
             for topic in new_topics:

@@ -10,6 +10,7 @@ Under ``/mqstore/shards/<shard>/`` (``<shard>`` is the replicas' ``brokerName``)
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.server.etcd_client import EtcdClient, Value
@@ -18,6 +19,9 @@ KEY_ROOT = "/mqstore/shards/"
 #: How a replica that does not lead refuses a write (FAILED_PRECONDITION, before anything is appended):
 #: whoever follows the leader may send such a write again to the next leader.
 NOT_LEADER_REFUSAL = "is not the leader of shard"
+#: The refusal's reason (its status detail, an ErrorInfo with a :class:`NotLeader`'s metadata): callers
+#: decide by it, never by the words.
+NOT_LEADER_REASON = "NOT_LEADER"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +58,29 @@ class LeaderRecord:
     def decode(cls, data: bytes) -> LeaderRecord:
         doc = json.loads(data)
         return cls(str(doc["replica"]), str(doc["haAddress"]), int(doc["epoch"]))
+
+
+@dataclass(frozen=True, slots=True)
+class NotLeader:
+    """A replica's refusal of a write because it does not lead its shard: who refused, and the leader it
+    follows (``leader`` "" and ``epoch`` 0 while it knows none; ``leader_address`` is the leader's HA
+    address)."""
+
+    shard: str
+    replica: str
+    leader: str = ""
+    leader_address: str = ""
+    epoch: int = 0
+
+    def metadata(self) -> dict[str, str]:
+        return {"shard": self.shard, "replica": self.replica, "leader": self.leader,
+                "leaderAddress": self.leader_address, "epoch": str(self.epoch)}
+
+    @classmethod
+    def of_metadata(cls, metadata: Mapping[str, str]) -> NotLeader:
+        epoch = metadata.get("epoch", "0")
+        return cls(metadata.get("shard", ""), metadata.get("replica", ""), metadata.get("leader", ""),
+                   metadata.get("leaderAddress", ""), int(epoch) if epoch.isdigit() else 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,9 @@ call with its status, never with ``context.abort()`` (see :func:`fail_call`).
 An error about one message of a batch also travels as a structured detail of the status (a
 ``google.rpc.Status`` in the ``grpc-status-details-bin`` trailer, holding a ``google.rpc.ErrorInfo``
 whose metadata name the message's position): the caller that batched messages of its own (the
-gateway) maps the error back to its message from the detail, never from the text.
+gateway) maps the error back to its message from the detail, never from the text. So does an error
+with a machine-readable reason (``StoreError.because``: a follower's NOT_LEADER refusal), whose detail is
+an ErrorInfo with that reason and the error's facts as metadata.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -71,44 +73,78 @@ class RefusedMessage:
     error: str
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorReason:
+    """A failed call's machine-readable reason (an ErrorInfo of ERROR_DOMAIN) and its metadata."""
+
+    reason: str
+    metadata: Mapping[str, str]
+
+
 def refused_message_of(exc: StoreError) -> RefusedMessage | None:
     if exc.batch_index is None:
         return None
     return RefusedMessage(exc.batch_index, exc.message_error)
 
 
-def status_trailer(code: grpc.StatusCode, details: str,
-                   refused: RefusedMessage | None) -> Sequence[tuple[str, str | bytes]]:
-    """The trailing metadata carrying ``refused`` as the status's detail (nothing without one)."""
-    if refused is None:
+def error_reason_of(exc: StoreError) -> ErrorReason | None:
+    return ErrorReason(exc.reason, exc.reason_metadata) if exc.reason else None
+
+
+def status_trailer(code: grpc.StatusCode, details: str, refused: RefusedMessage | None,
+                   reason: ErrorReason | None = None) -> Sequence[tuple[str, str | bytes]]:
+    """The trailing metadata carrying ``refused`` and ``reason`` as the status's details (nothing
+    without either)."""
+    infos = []
+    if refused is not None:
+        infos.append(error_details_pb2.ErrorInfo(reason=REFUSED_MESSAGE_REASON, domain=ERROR_DOMAIN, metadata={
+            _INDEX_KEY: str(refused.index), _MESSAGE_ERROR_KEY: refused.error}))
+    if reason is not None:
+        infos.append(error_details_pb2.ErrorInfo(reason=reason.reason, domain=ERROR_DOMAIN,
+                                                 metadata=dict(reason.metadata)))
+    if not infos:
         return ()
-    info = error_details_pb2.ErrorInfo(reason=REFUSED_MESSAGE_REASON, domain=ERROR_DOMAIN, metadata={
-        _INDEX_KEY: str(refused.index), _MESSAGE_ERROR_KEY: refused.error})
     status = status_pb2.Status(code=code.value[0], message=details)
-    status.details.add().Pack(info)
+    for info in infos:
+        status.details.add().Pack(info)
     return tuple(rpc_status.to_status(status).trailing_metadata)
 
 
-def refused_message(call: grpc.aio.AioRpcError | grpc.RpcError) -> RefusedMessage | None:
-    """The message of a batch a failed call's status detail names, if it names one."""
+def _error_infos(call: grpc.aio.AioRpcError | grpc.RpcError) -> Iterator[error_details_pb2.ErrorInfo]:
+    """The ErrorInfo details of ERROR_DOMAIN a failed call's status carries."""
     try:
         # It reads only code(), details() and trailing_metadata(), which an AioRpcError has too.
         status = rpc_status.from_call(call)  # type: ignore[arg-type]
     except ValueError:  # a detail that disagrees with its status is none
-        return None
+        return
     if status is None:
-        return None
-    info = error_details_pb2.ErrorInfo()
+        return
     for detail in status.details:
-        if detail.Unpack(info) and info.domain == ERROR_DOMAIN and info.reason == REFUSED_MESSAGE_REASON:
-            index = info.metadata.get(_INDEX_KEY, "")
-            if index.isdigit():
-                return RefusedMessage(int(index), info.metadata.get(_MESSAGE_ERROR_KEY, ""))
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.domain == ERROR_DOMAIN:
+            yield info
+
+
+def refused_message(call: grpc.aio.AioRpcError | grpc.RpcError) -> RefusedMessage | None:
+    """The message of a batch a failed call's status detail names, if it names one."""
+    for info in _error_infos(call):
+        index = info.metadata.get(_INDEX_KEY, "")
+        if info.reason == REFUSED_MESSAGE_REASON and index.isdigit():
+            return RefusedMessage(int(index), info.metadata.get(_MESSAGE_ERROR_KEY, ""))
+    return None
+
+
+def error_reason(call: grpc.aio.AioRpcError | grpc.RpcError) -> ErrorReason | None:
+    """The machine-readable reason a failed call's status detail gives, if any (not a batch's refused
+    message, which :func:`refused_message` reads)."""
+    for info in _error_infos(call):
+        if info.reason != REFUSED_MESSAGE_REASON:
+            return ErrorReason(info.reason, dict(info.metadata))
     return None
 
 
 def fail_call(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode, details: str,
-              refused: RefusedMessage | None = None) -> None:
+              refused: RefusedMessage | None = None, reason: ErrorReason | None = None) -> None:
     """End a ``grpc.aio`` call with ``code`` and ``details`` when its handler returns (a unary
     handler's answer is then discarded, a streaming one ends after what it already sent).
 
@@ -120,17 +156,19 @@ def fail_call(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode
     """
     context.set_code(code)
     context.set_details(details)
-    if refused is not None:
-        context.set_trailing_metadata(status_trailer(code, details, refused))
+    if refused is not None or reason is not None:
+        context.set_trailing_metadata(status_trailer(code, details, refused, reason))
 
 
 @dataclass(frozen=True, slots=True)
 class CallStatus:
-    """How a failed call ends: its code, its details, and the refused message of a batch if any."""
+    """How a failed call ends: its code, its details, the refused message of a batch and the error's
+    machine-readable reason if any."""
 
     code: grpc.StatusCode
     details: str
     refused: RefusedMessage | None = None
+    reason: ErrorReason | None = None
 
 
 class CallFailed(Exception):
@@ -148,7 +186,7 @@ def store_status(exc: Exception, code_of: Callable[[StoreError], grpc.StatusCode
     if isinstance(exc, CallFailed):
         return exc.status
     if isinstance(exc, StoreError):
-        return CallStatus(code_of(exc), str(exc), refused_message_of(exc))
+        return CallStatus(code_of(exc), str(exc), refused_message_of(exc), error_reason_of(exc))
     return None
 
 
@@ -193,7 +231,7 @@ class RpcEdge:
             return False
         if self._observe is not None:
             self._observe(name, status.code, time.perf_counter() - started)
-        fail_call(context, status.code, status.details, status.refused)
+        fail_call(context, status.code, status.details, status.refused, status.reason)
         return True
 
     def _ended(self, name: str, started: float) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Self
 
 
@@ -23,6 +25,10 @@ class StoreError(Exception):
     batch_index: int | None = None
     #: The error's text without the message's position (set with ``batch_index``).
     message_error: str = ""
+    #: What kind of refusal this is, for a caller to decide by (google.rpc.ErrorInfo's ``reason``; ""
+    #: for none), and its facts by name (ErrorInfo's ``metadata``), never parsed out of the text.
+    reason: str = ""
+    reason_metadata: Mapping[str, str] = MappingProxyType({})
 
     @classmethod
     def of_message(cls, index: int | None, detail: str) -> Self:
@@ -30,6 +36,11 @@ class StoreError(Exception):
         if index is None:
             return cls(detail)
         return cls(batch_position(index) + detail).at_position(index, detail)
+
+    def because(self, reason: str, metadata: Mapping[str, str]) -> Self:
+        """Gives this error a machine-readable ``reason`` with its ``metadata`` (sent as a status detail)."""
+        self.reason, self.reason_metadata = reason, MappingProxyType(dict(metadata))
+        return self
 
     def at_position(self, index: int | None, message_error: str) -> Self:
         """Marks this error as being about message ``index`` of a batch (nothing if None)."""

@@ -73,7 +73,7 @@ def test_whole_records_refuses_bytes_that_are_no_record() -> None:
 def test_a_slave_refuses_puts_naming_its_leader(tmp_path: Path) -> None:
     engine = _engine(tmp_path, broker_role="SLAVE", ha_master_address="10.0.0.9:10912")
     try:
-        engine.commit_log.write_refusal = "a replica: send to the leader 10.0.0.9:10912"
+        engine.commit_log.write_refusal = FailedPreconditionError("a replica: send to the leader 10.0.0.9:10912")
         with pytest.raises(FailedPreconditionError, match="10.0.0.9:10912"):
             engine.put_message(Message("T", 0, b"x"))
         assert engine.max_offset == 0

@@ -22,8 +22,16 @@ from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.in_sync import InSyncAcks
 from services.commitlog.ha.leadership import ShardLeadership
 from services.server.etcd_client import EtcdClient, EtcdError
-from services.server.shard_keys import NOT_LEADER_REFUSAL, LeaderRecord, ShardKeys, read_shard
+from services.server.shard_keys import (
+    NOT_LEADER_REASON,
+    NOT_LEADER_REFUSAL,
+    LeaderRecord,
+    NotLeader,
+    ShardKeys,
+    read_shard,
+)
 from services.store.config import SYNC_MASTER
+from services.store.errors import FailedPreconditionError
 
 log = logging.getLogger(__name__)
 #: How often the loop reads the shard's keys (a campaign or a change of leader is seen this fast).
@@ -33,6 +41,15 @@ POLL_S = 0.5
 def replica_name(engine: CommitLog) -> str:
     cfg = engine.config
     return cfg.ha_replica_name or f"{cfg.broker_ip}:{cfg.ha_listen_port}"
+
+
+def not_leader_refusal(shard: str, replica: str, why: str, leader: LeaderRecord | None) -> FailedPreconditionError:
+    """The error a replica that does not lead refuses a write with, before appending anything: its
+    NOT_LEADER reason names the leader it follows, so whoever follows the leader may send it there."""
+    refusal = NotLeader(shard, replica) if leader is None else \
+        NotLeader(shard, replica, leader.replica, leader.ha_address, leader.epoch)
+    return FailedPreconditionError(f"replica {replica} {NOT_LEADER_REFUSAL} {shard} ({why}): send to the leader "
+                                   "etcd names").because(NOT_LEADER_REASON, refusal.metadata())
 
 
 class EtcdReplication:
@@ -59,10 +76,8 @@ class EtcdReplication:
     def start(self) -> None:
         self._thread.start()
 
-    def _refuse_writes(self, why: str) -> None:
-        shard = self._engine.config.broker_name
-        self._engine.write_refusal = (f"replica {self.replica} {NOT_LEADER_REFUSAL} {shard} ({why}): send to "
-                                      "the leader etcd names")
+    def _refuse_writes(self, why: str, leader: LeaderRecord | None = None) -> None:
+        self._engine.write_refusal = not_leader_refusal(self._engine.config.broker_name, self.replica, why, leader)
 
     def _run(self) -> None:
         while not self._stopped.wait(POLL_S):
@@ -115,7 +130,7 @@ class EtcdReplication:
 
     def _follow(self, leader: LeaderRecord) -> None:
         self._stop_following()
-        self._refuse_writes(f"replica {leader.replica} at {leader.ha_address} leads epoch {leader.epoch}")
+        self._refuse_writes(f"replica {leader.replica} at {leader.ha_address} leads epoch {leader.epoch}", leader)
         client = HAClient(self._engine, self._token, leader.ha_address, leader.epoch, self._epochs, self.replica)
         client.start()
         self._follower, self._following = client, leader

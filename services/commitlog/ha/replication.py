@@ -15,6 +15,7 @@ from services.commitlog.ha.failover import EtcdReplication
 from services.commitlog.ha.ha_client import HAClient
 from services.commitlog.ha.ha_service import HAService
 from services.store.config import SLAVE
+from services.store.errors import FailedPreconditionError
 
 
 @dataclass(slots=True)
@@ -40,8 +41,9 @@ def start_replication(engine: CommitLog, token: str | None) -> Replication:
         etcd.start()
         return Replication(etcd=etcd)
     if cfg.broker_role == SLAVE:
-        engine.write_refusal = (f"this commitlog service is a replica (brokerRole SLAVE) of shard {cfg.broker_name}: "
-                                f"it takes no writes; send to the leader, whose HA address is {cfg.ha_master_address}")
+        engine.write_refusal = FailedPreconditionError(
+            f"this commitlog service is a replica (brokerRole SLAVE) of shard {cfg.broker_name}: it takes no "
+            f"writes; send to the leader, whose HA address is {cfg.ha_master_address}")
         client = HAClient(engine, token)
         client.start()
         return Replication(client=client)
