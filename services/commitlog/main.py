@@ -17,7 +17,7 @@ from pathlib import Path
 from mqstore.v1 import commitlog_pb2_grpc
 from services.commitlog import metrics
 from services.commitlog.ha.ha_service import HAServiceError
-from services.commitlog.ha.replication import start_replication
+from services.commitlog.ha.replication import report_readiness, start_replication
 from services.commitlog.ha.truncation import finish_interrupted_truncation
 from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import MissingLogError
@@ -99,6 +99,11 @@ async def _serve(store: str, config_file: str | None, listen: str | None) -> int
     bound = await start_aio_service(server, process.metrics_port, stopped)
     if bound is None:
         return EXIT_BAD_SETTINGS
+    readiness = asyncio.create_task(report_readiness(server.health, replication))
     log.info("commitlog service listening on %s, store %s", bound, store,
              extra={"listen": bound, "store": str(Path(store).resolve()), "incarnation": engine.incarnation})
-    return await serve_aio_until_signal(server, signals, on_stopping=servicer.begin_shutdown, on_stopped=stopped)
+    try:
+        return await serve_aio_until_signal(server, signals, on_stopping=servicer.begin_shutdown,
+                                            on_stopped=stopped)
+    finally:
+        readiness.cancel()

@@ -146,9 +146,10 @@ def test_followers_lag_is_exported_when_scraped() -> None:
     transfer.acknowledge(transfer.add("10.0.0.7:4000"), 600)
     bind_followers(transfer, lambda: 1000)
     text = generate_latest(REGISTRY).decode()
-    assert 'mqstore_commitlog_ha_follower_lag_bytes{follower="10.0.0.7:4000"} 400.0' in text
-    assert "mqstore_commitlog_ha_connected_followers 1.0" in text
-    assert "mqstore_commitlog_ha_followers_needed 1.0" in text
+    assert ('mqstore_commitlog_ha_follower_lag_bytes{follower="10.0.0.7:4000",replica="10.0.0.7:4000",'
+            'shard="shard-x"} 400.0') in text
+    assert 'mqstore_commitlog_ha_connected_followers{shard="shard-x"} 1.0' in text
+    assert 'mqstore_commitlog_ha_followers_needed{shard="shard-x"} 1.0' in text
 
 
 def test_the_ha_listener_refuses_a_busy_port_and_a_public_address_without_a_token(tmp_path: Path) -> None:

@@ -39,8 +39,7 @@ POLL_S = 0.5
 
 
 def replica_name(engine: CommitLog) -> str:
-    cfg = engine.config
-    return cfg.ha_replica_name or f"{cfg.broker_ip}:{cfg.ha_listen_port}"
+    return ha_metrics.replica_name(engine.config)
 
 
 def not_leader_refusal(shard: str, replica: str, why: str, leader: LeaderRecord | None) -> FailedPreconditionError:
@@ -68,6 +67,7 @@ class EtcdReplication:
         self._service: HAService | None = None
         self._follower: HAClient | None = None
         self._following: LeaderRecord | None = None
+        self._member = False  # a member of the in-sync set etcd names, at the last read
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ha-etcd", daemon=True)
         self._refuse_writes("no leader is known yet")
@@ -94,12 +94,17 @@ class EtcdReplication:
         if self._service is not None:  # the lease lapsed: writes are refused already
             self._stop_leading()
         view = read_shard(self._client, ShardKeys(self._engine.config.broker_name))
+        self._member = view.in_sync is not None and self.replica in view.in_sync.members
         if view.leader is None:
             epoch = self.leadership.campaign()
             if epoch is not None:
                 self._lead(epoch)
         elif view.leader.replica != self.replica and view.leader != self._following:
             self._follow(view.leader)
+
+    def ready(self) -> bool:
+        """The leader, or a follower of the named leader that etcd lists in the in-sync set."""
+        return self.leadership.is_leader() or (self._member and self._following is not None)
 
     def _lead(self, epoch: int) -> None:
         self._stop_following()
@@ -113,9 +118,10 @@ class EtcdReplication:
         engine.wait_for_replicas = acks.wait_for_replicas if engine.config.broker_role == SYNC_MASTER \
             else lambda end: self.leadership.fence()
         engine.write_refusal = None
-        ha_metrics.EPOCH.set(epoch)
-        ha_metrics.LEADERSHIPS.inc()
-        ha_metrics.IN_SYNC_REPLICAS.set(1)
+        labels = ha_metrics.replica_labels(engine.config)
+        ha_metrics.EPOCH.labels(*labels).set(epoch)
+        ha_metrics.LEADERSHIPS.labels(*labels).inc()
+        ha_metrics.IN_SYNC_REPLICAS.labels(*labels).set(1)
 
     def _on_report(self, replica: str, offset: int) -> None:
         acks = self.acks
@@ -134,8 +140,9 @@ class EtcdReplication:
         client = HAClient(self._engine, self._token, leader.ha_address, leader.epoch, self._epochs, self.replica)
         client.start()
         self._follower, self._following = client, leader
-        ha_metrics.EPOCH.set(leader.epoch)
-        ha_metrics.IN_SYNC_REPLICAS.set(0)
+        labels = ha_metrics.replica_labels(self._engine.config)
+        ha_metrics.EPOCH.labels(*labels).set(leader.epoch)
+        ha_metrics.IN_SYNC_REPLICAS.labels(*labels).set(0)
         log.info("shard %s: following %s (epoch %d)", self._engine.config.broker_name, leader.replica, leader.epoch)
 
     def _stop_following(self) -> None:

@@ -14,6 +14,7 @@ What "hold" means is the follower's: it reports the offset it has written (ASYNC
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from services.commitlog.put_result import PutMessageStatus
 from services.store.errors import UnavailableError
 
+log = logging.getLogger(__name__)
 #: Followers that left, kept to be named in a refusal.
 DEPARTED_KEPT = 4
 
@@ -43,6 +45,15 @@ class Follower:
     acked_offset: int = -1  # the last offset it reported; -1 before its first report
     connected_at: float = field(default_factory=time.monotonic)
     left_at: float = 0.0  # when its connection closed (0: connected)
+    # Its lag in time (ha_metrics.py): the leader's max offset at its previous report, and when it last
+    # reported holding that much; whether it is lagging (behind for longer than haSendTimeout) as last logged.
+    target: int = 0
+    caught_up_at: float = field(default_factory=time.monotonic)
+    lagging: bool = False
+
+    def lag_s(self, leader_max: int) -> float:
+        """Seconds since it last held everything the leader had at its previous report (0: it holds all)."""
+        return 0.0 if self.acked_offset >= leader_max else time.monotonic() - self.caught_up_at
 
     def describe(self, leader_max: int) -> str:
         state = f"disconnected {time.monotonic() - self.left_at:.1f} s ago, " if self.left_at else ""
@@ -68,7 +79,7 @@ class GroupTransfer:
 
     # -- the followers' side ----------------------------------------------------------------
     def add(self, address: str, replica: str = "") -> Follower:
-        follower = Follower(address, replica)
+        follower = Follower(address, replica, target=self._leader_max())
         with self._cond:
             self._followers.append(follower)
         return follower
@@ -85,6 +96,18 @@ class GroupTransfer:
         with self._cond:
             follower.acked_offset = offset
             self._cond.notify_all()
+        now, leader_max = time.monotonic(), self._leader_max()
+        if offset >= follower.target:
+            follower.caught_up_at = now
+        follower.target = leader_max
+        lag_s = 0.0 if offset >= leader_max else now - follower.caught_up_at
+        if (lag_s > self._timeout_s) != follower.lagging:
+            follower.lagging = not follower.lagging
+            log.warning("shard %s: follower %s %s: %d bytes behind, last caught up %.0f ms ago (haSendTimeout %.0f ms)",
+                        self.shard, follower.replica or follower.address,
+                        "is LAGGING" if follower.lagging else "caught up again", max(0, leader_max - offset),
+                        lag_s * 1000, self._timeout_s * 1000,
+                        extra={"shard": self.shard, "follower": follower.replica or follower.address})
 
     @property
     def followers(self) -> list[Follower]:

@@ -1,9 +1,15 @@
 """Replication's Prometheus metrics, exported by the commitlog process that replicates.
 
-The leader's followers (offset, lag, how many in sync) are read from its GroupTransfer when scraped:
-nothing on the put path. Counters count what happened: refused handshakes, puts SYNC_MASTER could
-not acknowledge (by 4.9.8's status), and a follower's appends. Under etcd leadership: the epoch, the
-in-sync set's size, leaderships taken and bytes truncated.
+The leader's followers (offset, lag in bytes and in time, how many connected) are read from its
+GroupTransfer when scraped: nothing on the put path. Counters count what happened: refused handshakes,
+puts SYNC_MASTER could not acknowledge (by 4.9.8's status), and a follower's appends. Under etcd
+leadership: the epoch, the in-sync set's size, leaderships taken (first elections and failovers) and
+bytes truncated, each labelled with the ``shard`` (brokerName) and this ``replica`` (haReplicaName).
+
+A follower's lag in time is Kafka's replica lag time (``replica.lag.time.max.ms``): how long ago the
+follower last held everything the leader had when it reported the time before (0 while it holds the
+leader's whole log). A byte lag alone cannot tell a follower that keeps up with a burst from one that
+stopped: this one grows only while the follower does not catch up.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ from prometheus_client.registry import Collector
 
 from services.commitlog.ha.group_transfer import GroupTransfer
 from services.server.metrics import Counter, Gauge
+from services.store.config import MessageStoreConfig
+
+#: The labels of a replica's own metrics: its shard (brokerName) and its name in the in-sync set.
+REPLICA_LABELS = ["shard", "replica"]
 
 REFUSED_CONNECTIONS = Counter("mqstore_commitlog_ha_refused_connections",
                               "HA connections closed at the handshake (wrong token, shard or epoch, or none)")
@@ -24,13 +34,26 @@ UNREPLICATED_PUTS = Counter("mqstore_commitlog_ha_unreplicated_puts",
                             ["status"])
 REPLICATED_BYTES = Counter("mqstore_commitlog_ha_replicated_bytes",
                            "Bytes a follower appended from its leader's stream")
-EPOCH = Gauge("mqstore_commitlog_ha_epoch", "The epoch this replica leads or follows (etcd leadership; 0: none)")
+EPOCH = Gauge("mqstore_commitlog_ha_epoch", "The epoch this replica leads or follows (etcd leadership; 0: none)",
+              REPLICA_LABELS)
 IN_SYNC_REPLICAS = Gauge("mqstore_commitlog_ha_in_sync_replicas",
-                         "Members of the shard's in-sync set in etcd, the leader included (set by the leader)")
+                         "Members of the shard's in-sync set in etcd, the leader included (set by the leader; "
+                         "0 on a follower)", REPLICA_LABELS)
 LEADERSHIPS = Counter("mqstore_commitlog_ha_leaderships",
-                      "Times this replica took its shard through etcd (a first election or a failover)")
+                      "Times this replica took its shard through etcd (a first election or a failover)",
+                      REPLICA_LABELS)
 TRUNCATED_BYTES = Counter("mqstore_commitlog_ha_truncated_bytes",
-                          "Bytes of a divergent, never acknowledged suffix cut from this replica's log")
+                          "Bytes of a divergent, never acknowledged suffix cut from this replica's log",
+                          REPLICA_LABELS)
+
+
+def replica_name(config: MessageStoreConfig) -> str:
+    """This replica's name in its shard's in-sync set (and the ``replica`` label of its metrics)."""
+    return config.ha_replica_name or f"{config.broker_ip}:{config.ha_listen_port}"
+
+
+def replica_labels(config: MessageStoreConfig) -> tuple[str, str]:
+    return config.broker_name, replica_name(config)
 
 
 class FollowersCollector(Collector):
@@ -41,18 +64,30 @@ class FollowersCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         leader_max = self._leader_max()
         followers = self._transfer.followers
+        shard = self._transfer.shard
+        labels = ["shard", "replica", "follower"]
         lag = GaugeMetricFamily("mqstore_commitlog_ha_follower_lag_bytes",
                                 "How far each connected follower's reported offset is behind the leader's max "
-                                "offset", labels=["follower"])
+                                "offset", labels=labels)
+        lag_time = GaugeMetricFamily("mqstore_commitlog_ha_follower_lag_seconds",
+                                     "How long ago each connected follower last held everything the leader had at "
+                                     "its previous report (0: it holds the leader's whole log)", labels=labels)
         for follower in followers:
             if follower.acked_offset >= 0:
-                lag.add_metric([follower.address], max(0, leader_max - follower.acked_offset))
+                values = [shard, follower.replica or follower.address, follower.address]
+                lag.add_metric(values, max(0, leader_max - follower.acked_offset))
+                lag_time.add_metric(values, follower.lag_s(leader_max))
         yield lag
-        yield GaugeMetricFamily("mqstore_commitlog_ha_connected_followers",
-                                "Followers connected past the handshake", value=len(followers))
-        yield GaugeMetricFamily("mqstore_commitlog_ha_followers_needed",
-                                "Followers a SYNC_MASTER put needs (minInSyncReplicas less the leader)",
-                                value=self._transfer.followers_needed)
+        yield lag_time
+        connected = GaugeMetricFamily("mqstore_commitlog_ha_connected_followers",
+                                      "Followers connected past the handshake", labels=["shard"])
+        connected.add_metric([shard], len(followers))
+        yield connected
+        needed = GaugeMetricFamily("mqstore_commitlog_ha_followers_needed",
+                                   "Followers a SYNC_MASTER put needs (minInSyncReplicas less the leader)",
+                                   labels=["shard"])
+        needed.add_metric([shard], self._transfer.followers_needed)
+        yield needed
 
 
 _collector: FollowersCollector | None = None

@@ -112,7 +112,7 @@ class InSyncAcks:
                                      f"({exc}): the message is NOT acknowledged") from None
             with self._lock:
                 self._members = smaller
-            ha_metrics.IN_SYNC_REPLICAS.set(len(smaller))
+            ha_metrics.IN_SYNC_REPLICAS.labels(self._transfer.shard, self._me).set(len(smaller))
         log.warning("shard %s: %s left the in-sync set (gone, or behind for haSendTimeout): now %s",
                     self._transfer.shard, sorted(drop), sorted(smaller), extra={"shard": self._transfer.shard})
         self._transfer.notify()
@@ -140,8 +140,8 @@ class InSyncAcks:
             with self._lock:
                 self._members = larger
                 self._joining.discard(replica)
-            ha_metrics.IN_SYNC_REPLICAS.set(len(larger))
-        log.info("shard %s: %s joined the in-sync set at offset %d: now %s", self._transfer.shard, replica, offset,
+            ha_metrics.IN_SYNC_REPLICAS.labels(self._transfer.shard, self._me).set(len(larger))
+        log.warning("shard %s: %s joined the in-sync set at offset %d: now %s", self._transfer.shard, replica, offset,
                  sorted(larger), extra={"shard": self._transfer.shard})
         self._transfer.notify()
 

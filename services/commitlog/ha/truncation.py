@@ -28,7 +28,7 @@ from pathlib import Path
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.epoch_file import EpochFile
-from services.commitlog.ha.ha_metrics import TRUNCATED_BYTES
+from services.commitlog.ha.ha_metrics import TRUNCATED_BYTES, replica_labels
 from services.commitlog.topic_queue_table import QueueKey, replay_queue_offsets
 from services.store.config import MessageStoreConfig
 from services.store.formats.checkpoint import StoreCheckpoint
@@ -69,7 +69,7 @@ def truncate_log(engine: CommitLog, epochs: EpochFile, cut: int, step: StepHook 
 
     engine.append_replica_data(under_put_lock)
     if cut_bytes:
-        TRUNCATED_BYTES.inc(cut_bytes)
+        TRUNCATED_BYTES.labels(*replica_labels(engine.config)).inc(cut_bytes)
         log.warning("commitlog TRUNCATED to offset %d: %d bytes past the point this replica's log shares with "
                     "its leader were never acknowledged and are gone", cut, cut_bytes, extra={"offset": cut})
     return cut_bytes
