@@ -144,11 +144,11 @@ def _properties(data: np.ndarray, raw: bytes, starts: np.ndarray, ends: np.ndarr
     first = np.where(k < name_seps.size, name_seps[np.minimum(k, max(name_seps.size - 1, 0))], -1) \
         if name_seps.size else np.full(item_starts.size, -1)
     keep = (first >= 0) & (first < item_ends) & (first > item_starts) & (item_ends > first + 1)
+    bad = _bad_text_rows(raw, item_starts[~keep], item_ends[~keep], item_record[~keep], rows)
     item_starts, item_ends, first, item_record = item_starts[keep], item_ends[keep], first[keep], item_record[keep]
     names = ranges(raw, item_starts, first, pa.string())
     values = ranges(raw, first + 1, item_ends, pa.string())
     counts = np.bincount(item_record, minlength=rows)
-    bad = np.zeros(rows, dtype=np.bool_)
     if item_record.size:
         # A name twice in one record: the last value wins in a dict, at the first one's place.
         encoded = pc.dictionary_encode(names)
@@ -157,6 +157,19 @@ def _properties(data: np.ndarray, raw: bytes, starts: np.ndarray, ends: np.ndarr
         if distinct.size != pair.size:
             bad[distinct[counts_of_pair > 1] // len(encoded.dictionary)] = True
     return Properties(counts, item_record, names, values, bad)
+
+
+def _bad_text_rows(raw: bytes, starts: np.ndarray, ends: np.ndarray, record: np.ndarray, rows: int) -> np.ndarray:
+    """Rows with an item that is dropped (no separator, empty name or value) yet not UTF-8: the
+    per-record decoder decodes the properties string whole and refuses such a record, so the fast path
+    must hand it over. Non-empty dropped items are rare (a trailing separator leaves an empty one)."""
+    bad = np.zeros(rows, dtype=np.bool_)
+    for at in np.flatnonzero(ends > starts).tolist():
+        try:
+            raw[int(starts[at]):int(ends[at])].decode("utf-8")
+        except UnicodeDecodeError:
+            bad[record[at]] = True
+    return bad
 
 
 def keys_lists(keys: Column) -> Column:

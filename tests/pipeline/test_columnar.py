@@ -149,6 +149,24 @@ def test_common_records_take_the_fast_path(tmp_path: Path) -> None:
     assert columnar.equals(reference)
 
 
+def test_bad_utf8_in_a_dropped_property_item_makes_the_record_bad(tmp_path: Path) -> None:
+    """The properties string is decoded as a whole: bad UTF-8 in an item RocketMQ drops (no name/value
+    separator, an empty name) still makes the record undecodable, in both decoders."""
+    props = [b"TAGS\x01a\x02\xfe\xff\x02KEYS\x01k", b"\x01\xfe\x02TAGS\x01b", b"TAGS\x01c\x02", b"TAGS\x01d"]
+    specs = [{"topic": b"Orders", "properties": p, "body": b"x", "sys_flag": 0,
+              "born_host": encode_address("10.0.0.1:4000"), "store_host": encode_address("127.0.0.1:10911"),
+              "queue_id": 0, "flag": 0, "born_timestamp": 1, "store_timestamp": 2, "crc_ok": True, "v2": False}
+             for p in props]
+    commitlog = write_commitlog(tmp_path / "commitlog", specs, None)
+    reference, columnar, old, new = decode_both(commitlog, FILE_SIZE, False)
+    assert reference.column("tags").to_pylist() == ["c", "d"] and len(old.bad_records) == 2
+    assert columnar.equals(reference) and new.bad_records == old.bad_records
+    splits = plan_splits(commitlog, FILE_SIZE, files=list_commitlog_files(commitlog, FILE_SIZE))
+    old_facts, new_facts = ScanSummary(), ScanSummary()
+    assert record_facts(splits[0], new_facts).equals(record_facts_per_record(splits[0], old_facts))
+    assert new_facts.bad_records == old_facts.bad_records
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(specs=st.lists(records(), min_size=1, max_size=40), torn=st.one_of(st.none(), st.integers(0, 39)),
        split_size=st.sampled_from([300, 4096, FILE_SIZE]))
