@@ -4,16 +4,21 @@ a follower starts lagging (behind for longer than haSendTimeout) and when it cat
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
+from pathlib import Path
 
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.commitlog.ha import ha_metrics
 from services.commitlog.ha.group_transfer import GroupTransfer
 from services.store.config import load_config
 
+DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "mqstore-dashboard.json"
 TIMEOUT_S = 0.2
 LABELS = {"shard": "shard-m", "replica": "replica-1", "follower": "10.0.0.1:1"}
 
@@ -56,3 +61,24 @@ def test_a_replicas_own_metrics_are_labelled_by_shard_and_replica() -> None:
     assert REGISTRY.get_sample_value("mqstore_commitlog_ha_epoch", {"shard": "shard-m", "replica": "replica-2"}) == 7
     assert REGISTRY.get_sample_value("mqstore_commitlog_ha_truncated_bytes_total",
                                      {"shard": "shard-m", "replica": "replica-2"}) == 64
+
+
+def test_the_dashboards_replication_row_shows_series_a_replica_exports_in_their_units() -> None:
+    transfer = GroupTransfer("shard-d", lambda: 10, followers_needed=1, timeout_s=TIMEOUT_S, fallbehind_max=1 << 30)
+    ha_metrics.bind_followers(transfer, lambda: 10)
+    transfer.acknowledge(transfer.add("10.0.0.2:1", "replica-d1"), 5)
+    ha_metrics.declare_replica(load_config(environ={}, broker_name="shard-d", ha_replica_name="replica-d0"))
+    exported = {s.name for f in text_string_to_metric_families(generate_latest(REGISTRY).decode()) for s in f.samples}
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    panels = [p for p in dashboard["panels"] if any("mqstore_commitlog_ha_" in t["expr"] for t in p.get("targets", []))]
+    shown = set()
+    for panel in panels:
+        names = {n for t in panel["targets"] for n in re.findall(r"\bmqstore_commitlog_ha_[a-z_]+", t["expr"])}
+        assert names <= exported, f"{panel['title']}: not exported: {sorted(names - exported)}"
+        units = {"bytes" if n.endswith(("_bytes", "_bytes_total")) else "s" if n.endswith("_seconds") else "short"
+                 for n in names}
+        assert units == {panel["fieldConfig"]["defaults"]["unit"]}, panel["title"]
+        shown |= names
+    assert shown >= {"mqstore_commitlog_ha_follower_lag_bytes", "mqstore_commitlog_ha_follower_lag_seconds",
+                     "mqstore_commitlog_ha_in_sync_replicas", "mqstore_commitlog_ha_epoch",
+                     "mqstore_commitlog_ha_leaderships_total", "mqstore_commitlog_ha_truncated_bytes_total"}

@@ -72,6 +72,7 @@ class EtcdReplication:
         self._thread = threading.Thread(target=self._run, name="ha-etcd", daemon=True)
         self._refuse_writes("no leader is known yet")
         engine.ack_fence = self.leadership.fence  # the waiting puts' fence is in wait_for_replicas
+        ha_metrics.declare_replica(cfg)
 
     def start(self) -> None:
         self._thread.start()

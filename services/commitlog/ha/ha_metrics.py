@@ -57,14 +57,21 @@ def replica_labels(config: MessageStoreConfig) -> tuple[str, str]:
 
 
 class FollowersCollector(Collector):
-    def __init__(self, transfer: GroupTransfer, leader_max: Callable[[], int]) -> None:
-        self._transfer = transfer
-        self._leader_max = leader_max
+    """The followers of the leader bound last (none before: the families are exported empty, so a
+    rule or dashboard names a series every commitlog process declares)."""
+
+    def __init__(self) -> None:
+        self._transfer: GroupTransfer | None = None
+        self._leader_max: Callable[[], int] = lambda: 0
+
+    def bind(self, transfer: GroupTransfer, leader_max: Callable[[], int]) -> None:
+        self._transfer, self._leader_max = transfer, leader_max
 
     def collect(self) -> Iterator[Metric]:
+        transfer = self._transfer
         leader_max = self._leader_max()
-        followers = self._transfer.followers
-        shard = self._transfer.shard
+        followers = transfer.followers if transfer is not None else []
+        shard = transfer.shard if transfer is not None else ""
         labels = ["shard", "replica", "follower"]
         lag = GaugeMetricFamily("mqstore_commitlog_ha_follower_lag_bytes",
                                 "How far each connected follower's reported offset is behind the leader's max "
@@ -81,24 +88,32 @@ class FollowersCollector(Collector):
         yield lag_time
         connected = GaugeMetricFamily("mqstore_commitlog_ha_connected_followers",
                                       "Followers connected past the handshake", labels=["shard"])
-        connected.add_metric([shard], len(followers))
-        yield connected
         needed = GaugeMetricFamily("mqstore_commitlog_ha_followers_needed",
                                    "Followers a SYNC_MASTER put needs (minInSyncReplicas less the leader)",
                                    labels=["shard"])
-        needed.add_metric([shard], self._transfer.followers_needed)
+        if transfer is not None:
+            connected.add_metric([shard], len(followers))
+            needed.add_metric([shard], transfer.followers_needed)
+        yield connected
         yield needed
 
 
-_collector: FollowersCollector | None = None
+_FOLLOWERS = FollowersCollector()
+REGISTRY.register(_FOLLOWERS)
 
 
 def bind_followers(transfer: GroupTransfer, leader_max: Callable[[], int]) -> None:
     """Expose one leader's followers (replacing an earlier leader's in this process)."""
-    global _collector
-    if _collector is not None:
-        REGISTRY.unregister(_collector)
-    _collector = FollowersCollector(transfer, leader_max)
-    REGISTRY.register(_collector)
+    _FOLLOWERS.bind(transfer, leader_max)
+
+
+def declare_replica(config: MessageStoreConfig) -> None:
+    """Export this replica's series at their start values before anything happens, so the first
+    leadership or truncation is an increase a rule can see (not a series born at 1)."""
+    labels = replica_labels(config)
+    EPOCH.labels(*labels)
+    IN_SYNC_REPLICAS.labels(*labels)
+    LEADERSHIPS.labels(*labels)
+    TRUNCATED_BYTES.labels(*labels)
 
 
