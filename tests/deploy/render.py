@@ -24,8 +24,8 @@ import yaml
 REPO = Path(__file__).parents[2]
 K8S = REPO / "deploy" / "k8s"
 #: Every kustomization a user may apply, relative to deploy/k8s.
-KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/prod")
-OVERLAYS = ("overlays/dev", "overlays/prod")
+KUSTOMIZATIONS = ("base", "overlays/dev", "overlays/prod", "overlays/replicated")
+OVERLAYS = ("overlays/dev", "overlays/prod", "overlays/replicated")
 
 #: Sample contents for the files an overlay's secretGenerator reads and git does not hold.
 SAMPLE_SECRETS = {
