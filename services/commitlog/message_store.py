@@ -27,6 +27,7 @@ from services.commitlog.recovery import (
     MissingLogError,
     RecoveryResult,
     consumed_beyond,
+    describe_unclean_async_stop,
     find_flush_loss,
     find_missing_log,
     read_dispatch_witness,
@@ -221,8 +222,9 @@ class MessageStore:
         return offset + size
 
     def _report_flush_loss(self) -> None:
-        """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: a WARNING and gauges say what
-        every durable witness shows of it (the checkpoint, the dispatch checkpoint, consumer offsets)."""
+        """Under ASYNC_FLUSH an unclean stop loses what was not yet flushed: after every one a WARNING names
+        the range that may be lost (:func:`describe_unclean_async_stop`) and a counter counts it; gauges say
+        what every durable witness shows of it (the checkpoint, the dispatch checkpoint, consumer offsets)."""
         assert self._checkpoint is not None
         try:
             offsets = read_offset_table(offsets_file_candidates(self.root)[0])
@@ -232,8 +234,8 @@ class MessageStore:
                                read_dispatch_witness(self.root / INDEXER_DIR / "config" / "dispatch_checkpoint.json"),
                                consumed_beyond(offsets, self.commit_log.queue_table))
         metrics.observe_flush_loss(loss)
-        if loss is not None:
-            log.warning("recovery under ASYNC_FLUSH after an unclean stop: %s", loss.describe())
+        log.warning("recovery under ASYNC_FLUSH after an unclean stop: %s",
+                    describe_unclean_async_stop(self.recovery, self.config.flush_interval_commit_log, loss))
 
     def _restore_queue_table(self, end: int, snapshot: QueueOffsetSnapshot | None) -> None:
         mfq = self.commit_log.mfq

@@ -78,6 +78,13 @@ RECOVERY_FLUSH_LOSS_MESSAGES = Gauge(
     "mqstore_commitlog_recovery_flush_loss_messages",
     "Under ASYNC_FLUSH, after an unclean stop: messages consumer groups had consumed past the recovered end of "
     "their queues (consumer offsets beyond the log)")
+RECOVERY_UNCLEAN_ASYNC = Counter(
+    "mqstore_commitlog_recovery_unclean_async",
+    "Recoveries after an unclean stop under ASYNC_FLUSH: each may have lost the appends of the last "
+    "flushIntervalCommitLog (stored after mqstore_commitlog_recovery_end_store_timestamp_ms)")
+RECOVERY_END_STORE_TIMESTAMP = Gauge(
+    "mqstore_commitlog_recovery_end_store_timestamp_ms",
+    "Store time (ms since the epoch) of the newest record the last start-up's recovery found, 0 for none")
 RECOVERY_DROPPED_RECORDS = Gauge(
     "mqstore_commitlog_recovery_dropped_records",
     "Intact records the last recovery found after a damaged record and dropped with it (0: none, or a torn tail)")
@@ -164,11 +171,15 @@ class _Recovery(Protocol):
     @property
     def damage(self) -> _Damage | None: ...
 
+    @property
+    def last_timestamp(self) -> int: ...
+
 
 def observe_recovery(result: _Recovery, elapsed_s: float) -> None:
     """Record what a start-up's recovery walked and what it cut off."""
     RECOVERY_SECONDS.set(elapsed_s)
     RECOVERY_SCANNED_BYTES.set(result.scanned_bytes)
+    RECOVERY_END_STORE_TIMESTAMP.set(result.last_timestamp)
     damage = result.damage
     RECOVERY_DROPPED_BYTES.set(damage.dropped_bytes if damage is not None else 0)
     RECOVERY_DROPPED_RECORDS.set(damage.intact_records if damage is not None else 0)
@@ -204,7 +215,9 @@ class _FlushLoss(Protocol):
 
 
 def observe_flush_loss(loss: _FlushLoss | None) -> None:
-    """Record what a start-up's witnesses show the flush policy lost (all 0: nothing)."""
+    """Record an unclean stop under ASYNC_FLUSH and what its witnesses show the flush policy lost (all 0:
+    nothing)."""
+    RECOVERY_UNCLEAN_ASYNC.inc()
     RECOVERY_FLUSH_LOSS_BYTES.set(loss.lost_bytes if loss else 0)
     RECOVERY_FLUSH_LOSS_MS.set(loss.lost_ms if loss else 0)
     RECOVERY_FLUSH_LOSS_MESSAGES.set(loss.lost_messages if loss else 0)

@@ -37,6 +37,7 @@ import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from services.store.formats.checkpoint import RECOVERY_SAFETY_MARGIN_MS, StoreCheckpoint
@@ -366,9 +367,25 @@ class FlushLoss:
         return sum(committed - end for _, _, _, committed, end in self.consumed)
 
     def describe(self) -> str:
-        return (f"appends stored after {self.last_timestamp} (the newest record found; the log ends at offset "
-                f"{self.end}) that were not flushed are lost: at least {self.lost_bytes} bytes, {self.lost_ms} ms "
-                f"of store time and {self.lost_messages} consumed messages, as " + "; ".join(self.witnesses))
+        return (f"durable witnesses show at least {self.lost_bytes} bytes, {self.lost_ms} ms of store time and "
+                f"{self.lost_messages} consumed messages of it: " + "; ".join(self.witnesses))
+
+
+def describe_unclean_async_stop(result: RecoveryResult, flush_interval_ms: int, loss: FlushLoss | None) -> str:
+    """What an unclean stop under ASYNC_FLUSH may have taken, said after every one: appends are
+    acknowledged from the page cache and the flush service makes each durable within
+    ``flushIntervalCommitLog`` (services/commitlog/flush.py), so the messages stored after the newest
+    record found, and only those, may be gone. The stop's own time is not recorded anywhere durable,
+    so the range is named by where the log ends and the store time of its newest record; ``loss`` adds
+    what durable witnesses prove was there (a lower bound: most losses leave no witness)."""
+    if result.last_timestamp:
+        stored = datetime.fromtimestamp(result.last_timestamp / 1000, tz=UTC).isoformat(timespec="milliseconds")
+        since = f"messages stored after {result.last_timestamp} ({stored}; the log ends at offset {result.end})"
+    else:
+        since = f"messages stored since the log's start (it holds no record; the log ends at offset {result.end})"
+    text = (f"{since}, at most flushIntervalCommitLog ({flush_interval_ms} ms) before the stop, were acknowledged "
+            "from the page cache and may not have been flushed: they are lost")
+    return text if loss is None else f"{text}; {loss.describe()}"
 
 
 def find_flush_loss(result: RecoveryResult, checkpoint_timestamp: int, dispatched: tuple[int, int] | None,
