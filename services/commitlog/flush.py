@@ -10,17 +10,34 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 
 from services.commitlog.metrics import FLUSH_LATENCY
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.service_thread import LeastPages, ServiceThread
 
 log = logging.getLogger(__name__)
+#: A round this close to its deadline is the deadline's (a timed wait may return a little early).
+_EARLY_S = 0.001
 
 
 class FlushRealTimeService(ServiceThread):
-    """ASYNC_FLUSH: flush every ``flushIntervalCommitLog`` ms once ``flushCommitLogLeastPages`` are
-    dirty, and everything every ``flushCommitLogThoroughInterval`` ms."""
+    """ASYNC_FLUSH: an append acknowledged from the page cache is durable at most
+    ``flushIntervalCommitLog`` ms later.
+
+    RocketMQ's FlushRealTimeService sleeps the interval, then flushes one file once
+    ``flushCommitLogLeastPages`` are dirty: an append made just after a flush began waits the sleep,
+    the earlier flush's own time and its own flush's time, one in the next file waits a round more,
+    and one below the page threshold waits up to ``flushCommitLogThoroughInterval``. Here the rounds
+    run at a fixed rate instead, each one due ``flushIntervalCommitLog`` after the previous round
+    began, started early by the longest of the last rounds' flush times (:class:`FlushDeadline`),
+    and a round covers everything acknowledged when it begins: pending pool bytes are committed
+    first, then every file up to that offset is flushed (past a roll too), whatever the page
+    threshold. So an append is durable by the end of the first round that begins after it, within
+    one interval while a flush takes no longer than the recent ones. ``flushCommitLogLeastPages``
+    applies to early rounds: a commit's wakeup when ``flushCommitLogTimed`` is off flushes ahead of
+    the deadline only when that many pages wait.
+    """
 
     name = "flush-commitlog"
 
@@ -28,22 +45,61 @@ class FlushRealTimeService(ServiceThread):
                  thorough_interval_ms: int, timed: bool) -> None:
         super().__init__()
         self._mfq = mfq
-        self._interval_s = interval_ms / 1000
+        self._deadline = FlushDeadline(interval_ms / 1000)
         self._least_pages = LeastPages(least_pages, thorough_interval_ms)
         self._timed = timed
 
     def run_once(self) -> None:
-        least = self._least_pages.now()
+        wait_s = self._deadline.wait_s()
         if self._timed:
-            self._stopped.wait(self._interval_s)
+            self._stopped.wait(wait_s)
         else:
-            self.wait_for_running(self._interval_s)
+            self.wait_for_running(wait_s)
+        if self.stopped:
+            return
+        if self._deadline.wait_s() > _EARLY_S:  # a commit's wakeup ahead of the deadline
+            self._flush_if_enough(self._least_pages.now())
+            return
+        started = time.monotonic()
+        before = self._mfq.flushed_where
+        while self._mfq.commit(0):  # everything acknowledged so far: pool bytes not yet in their file too
+            pass
+        self._mfq.flush_until(self._mfq.max_offset)
+        took = time.monotonic() - started
+        self._deadline.flushed(started, took)
+        if self._mfq.flushed_where != before:
+            FLUSH_LATENCY.observe(took)
+
+    def _flush_if_enough(self, least_pages: int) -> None:
+        """An early round: flush once ``least_pages`` wait; the deadline stays (pool bytes may wait)."""
         started = time.perf_counter()
-        if self._mfq.flush(least):
+        if self._mfq.flush(least_pages):
+            self._mfq.flush_until(self._mfq.max_offset)
             FLUSH_LATENCY.observe(time.perf_counter() - started)
 
     def on_stop(self) -> None:
         self._mfq.flush_until(self._mfq.max_offset)
+
+
+class FlushDeadline:
+    """When the next ASYNC_FLUSH round must begin so that whatever the last one did not cover is
+    durable within ``interval_s``: the last round's start plus the interval, less the longest flush
+    of the last ``window`` rounds (a round takes about as long as the recent ones; a flush that takes
+    longer than the interval leaves no wait at all, and the bound is then the flush time)."""
+
+    def __init__(self, interval_s: float, window: int = 8) -> None:
+        self._interval_s = interval_s
+        self._took: deque[float] = deque(maxlen=window)
+        self._last_start = time.monotonic()
+
+    def wait_s(self) -> float:
+        lead = max(self._took, default=0.0)
+        return max(0.0, self._last_start + self._interval_s - lead - time.monotonic())
+
+    def flushed(self, started: float, took_s: float) -> None:
+        """A round that began at ``started`` (monotonic) covered everything written before then."""
+        self._last_start = started
+        self._took.append(took_s)
 
 
 class CommitRealTimeService(ServiceThread):

@@ -7,12 +7,14 @@ the lost range and gauges export it, so the loss is bounded, measured and logged
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
 from services.commitlog import metrics
+from services.commitlog.flush import FlushDeadline, FlushRealTimeService
 from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import RecoveryResult, find_flush_loss
 from services.store.config import ASYNC_FLUSH, MessageStoreConfig
@@ -99,3 +101,33 @@ def test_every_unclean_stop_under_async_flush_names_the_range_that_may_be_lost(
     assert _sample("mqstore_commitlog_recovery_end_store_timestamp_ms") == newest
 
 
+
+def test_one_flush_round_covers_everything_written_before_it(tmp_path: Path) -> None:
+    """An ASYNC_FLUSH round makes durable all that was written when it began: every file past a roll,
+    and a tail below flushCommitLogLeastPages (not left to flushCommitLogThoroughInterval, 10 s), so an
+    append waits at most one round."""
+    config = MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=ASYNC_FLUSH,
+                                flush_interval_commit_log=60_000)  # the store's own service stays out of it
+    log = MessageStore(config, tmp_path / "store")
+    log.start()
+    try:
+        for _ in range(3 * FILE_SIZE // 1024):  # three files' worth, then a tail of one small record
+            log.put_message(Message("Flushed", 0, bytes(900)))
+        log.put_message(Message("Flushed", 0, b"the last one"))
+        mfq = log.commit_log.mfq
+        assert len(mfq.files) >= 3 and mfq.flushed_where == 0
+        round_ = FlushRealTimeService(mfq, interval_ms=0, least_pages=4, thorough_interval_ms=10_000, timed=True)
+        round_.run_once()
+        assert mfq.flushed_where == log.max_offset, f"one round flushed to {mfq.flushed_where} of {log.max_offset}"
+    finally:
+        log.shutdown()
+
+
+def test_the_next_round_starts_early_by_the_longest_recent_flush() -> None:
+    deadline = FlushDeadline(0.5)
+    started = time.monotonic()
+    deadline.flushed(started, 0.12)
+    deadline.flushed(started, 0.05)
+    assert 0.3 < deadline.wait_s() <= 0.5 - 0.12  # due 0.5 s after the round began, less 0.12 s
+    deadline.flushed(started - 1, 0.9)  # flushes longer than the interval: the next round is due at once
+    assert deadline.wait_s() == 0
