@@ -414,6 +414,11 @@ class MessageStore:
                         snapshot.commitlog_offset, exc)
 
 
+#: How often the checkpoint service looks for the first flushed record of a start (then it waits
+#: flushIntervalConsumeQueue between rounds, as RocketMQ's FlushConsumeQueueService).
+FIRST_CHECKPOINT_POLL_S = 0.02
+
+
 class CheckpointService(ServiceThread):
     """Every ``flushIntervalConsumeQueue``: checkpoint the store time the flushed log covers (RocketMQ's
     FlushConsumeQueueService writes physicMsgTimestamp on the same round). Every
@@ -428,15 +433,21 @@ class CheckpointService(ServiceThread):
         self._interval_s = store.config.flush_interval_consume_queue / 1000
         self._snapshot_interval_s = store.config.flush_commit_log_thorough_interval / 1000
         self._last_snapshot = time.monotonic()
+        self._checkpointed = False
 
     def run_once(self) -> None:
-        self._stopped.wait(self._interval_s)
+        # Until this start's first flushed record is checkpointed, look every FIRST_CHECKPOINT_POLL_S:
+        # a log lost soon after a start (a power cut on a file system that dropped its bytes or its
+        # file's name) must leave durable word that flushed records existed, or the missing-log check
+        # has nothing to go by and the next start serves the empty log without a word.
+        self._stopped.wait(self._interval_s if self._checkpointed else min(self._interval_s, FIRST_CHECKPOINT_POLL_S))
         if self.stopped:
             return
         stamp = self._store.commit_log.mfq.store_timestamp
         if stamp and stamp != self._checkpoint.physic_msg_timestamp:
             self._checkpoint.physic_msg_timestamp = stamp
             self._checkpoint.flush()
+            self._checkpointed = True
         if time.monotonic() - self._last_snapshot >= self._snapshot_interval_s:
             self._last_snapshot = time.monotonic()
             self._store.flush_and_snapshot()

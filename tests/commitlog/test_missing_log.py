@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,31 @@ def test_what_counts_as_missing() -> None:
     torn = RecoveryResult(end=1000, start=0, records=10, last_timestamp=50_000,
                           damage=Damage(offset=1000, reason="torn", dropped_bytes=700, intact_records=0))
     assert find_missing_log(torn, 60_000, 1500, None) is None  # recovery's own cut, already reported
+
+
+@pytest.mark.parametrize("lost", ["bytes", "name"])
+def test_a_log_lost_right_after_the_start_refuses_the_next_start(tmp_path: Path, lost: str) -> None:
+    """The power goes out a moment after the first acknowledged appends, well before the checkpoint
+    service's round (flushIntervalConsumeQueue), on a file system that dropped the log's bytes or its
+    file's name: the checkpoint must already say that flushed records existed, or the next start
+    serves an empty log without a word."""
+    config = MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=SYNC_FLUSH,
+                                flush_interval_consume_queue=30_000)
+    root, cut = tmp_path / "store", tmp_path / "cut"
+    live = MessageStore(config, root)
+    live.start()
+    try:
+        for i in range(5):
+            live.put_message(Message("Lost", 0, f"message {i} ".encode() * 60))
+        time.sleep(0.5)
+        shutil.copytree(root, cut)  # what the disk holds at the cut, the log's own loss aside
+    finally:
+        live.shutdown()
+    for path in (cut / "commitlog").iterdir():
+        if lost == "name":
+            path.unlink()
+        else:
+            path.write_bytes(bytes(path.stat().st_size))
+
+    with pytest.raises(MissingLogError, match="the checkpoint says records stored up to"):
+        MessageStore(config, cut).start()
