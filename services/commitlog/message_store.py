@@ -21,6 +21,7 @@ from services.commitlog import metrics
 from services.commitlog.clean_commitlog import CleanCommitLogService, CommitLogCleaner
 from services.commitlog.commit_log import CommitLog, TailChunk
 from services.commitlog.disk_guard import DiskGuard
+from services.commitlog.ha.metadata_apply import TopicChangeLog
 from services.commitlog.indexer_headroom import IndexerHeadroom
 from services.commitlog.put_result import PutMessageResult
 from services.commitlog.recovery import (
@@ -55,6 +56,7 @@ from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, Quar
 from services.store.formats.record import SIZE_AND_MAGIC, RecordError, decode_record
 from services.store.formats.store_layout import INDEXER_DIR
 from services.store.invariants import broken
+from services.store.metadata_log import METADATA_TOPIC, replicates_metadata
 from services.store.rules.topics import TopicConfig
 from services.store.service_thread import ServiceThread
 from services.store.store_root import AbortFile, StoreLock
@@ -99,6 +101,8 @@ class MessageStore:
         self.quarantine = QuarantineTable(self.root)
         self.commit_log = CommitLog(config, self.root, self.topics, self.disk, self.quarantine, reserve_step)
         self.commit_log.truncation_listener = self._after_truncation
+        if replicates_metadata(config):
+            self.topics.log_change = TopicChangeLog(self.commit_log)
         self.cleaner = CommitLogCleaner(config, self.commit_log.mfq, self.disk, self.root)
         self._queue_offset_store = QueueOffsetStore(self.root / "config" / "queue_offsets.json")
         self.incarnation = ""
@@ -156,6 +160,8 @@ class MessageStore:
         if accepted_loss:  # the evidence now describes the log as it is: the next start finds nothing missing
             self._save_queue_offsets(self.commit_log.queue_offset_snapshot())
         self._discover_topics()
+        if self.topics.log_change is not None:  # before a change is logged under the table's lock
+            self.topics.get_or_create(METADATA_TOPIC)
         self._abort.create()
         self.incarnation = uuid.uuid4().hex
         self._start_services()

@@ -36,6 +36,7 @@ from services.commitlog.convert import (
     topic_config_from_proto,
     topic_config_to_proto,
 )
+from services.commitlog.ha.metadata_apply import metadata_flow_message
 from services.commitlog.message_store import MessageStore
 from services.commitlog.put_batcher import PutBatcher
 from services.commitlog.put_result import PutMessageError, PutMessageResult, PutMessageStatus
@@ -49,7 +50,7 @@ from services.store.errors import (
     StoreError,
     UnavailableError,
 )
-from services.store.formats.message import Message
+from services.store.formats.message import PROPERTY_TAGS, Message
 from services.store.rules.batch_codec import MAX_BATCH_MESSAGES
 from services.store.rules.names import check_deletable_topic
 
@@ -274,8 +275,12 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
     async def Append(self, request: commitlog_pb2.AppendRequest, context: Context) -> commitlog_pb2.AppendResult:
         if not request.HasField("message"):
             raise InvalidArgumentError("AppendRequest.message is missing: set the message to append")
-        message = message_from_proto(request.message, context.peer(), request.group_flow,
-                                     request.transaction_flow, request.scheduled_delivery)
+        if request.metadata_flow:
+            pb = request.message
+            message = metadata_flow_message(pb.topic, pb.queue_id, pb.properties.get(PROPERTY_TAGS), pb.body)
+        else:
+            message = message_from_proto(request.message, context.peer(), request.group_flow,
+                                         request.transaction_flow, request.scheduled_delivery)
         if tracing.ENABLED and self._puts_wait_for_flush:
             result = await self._put_one_traced(message)
         else:

@@ -6,6 +6,11 @@ level, as RocketMQ's broker creates it), and discovery at start (topics the stor
 holds, see ``topic_discovery.py``). DeleteTopic takes one out; its name is then kept in the file's
 ``deleted`` list so that discovery at the next start does not bring it back from the records the
 commitlog still holds (they expire as usual). Creating the topic again takes the name off that list.
+
+On a replicated shard, ``log_change`` appends each CreateTopic/UpdateTopic/DeleteTopic to the log
+(``services/store/metadata_log.py``) under the table's lock, before the table changes; a
+follower applies what its leader logged with :meth:`apply`. Auto-creation is not logged: a follower
+creates the topic the same way when the topic's first record reaches it.
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ from __future__ import annotations
 import builtins
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 
 from services.store.disk_space import disk_full_error, is_disk_full
-from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from services.store.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, StoreError
 from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.metadata_log import TopicChange
 from services.store.rules.names import MAX_QUEUE_NUMS, is_system_topic
 from services.store.rules.topics import TopicConfig, check_topic_config
 from services.store.rules.transaction_records import TRANSACTION_TOPIC_QUEUES, TRANSACTION_TOPICS
@@ -37,6 +43,10 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         #: Topics deleted since the data of which discovery must not re-add (see the module docstring).
         self._deleted: frozenset[str] = frozenset()
+        #: Set on a replicated shard: writes the change to the log. Raises if it was not written (the
+        #: table is left as it is); returns the error to answer with after applying it when it was
+        #: written but not acknowledged (SYNC_MASTER's followers lack it: they get it as they catch up).
+        self.log_change: Callable[[TopicChange], StoreError | None] | None = None
 
     def load(self) -> None:
         source = self.path if self.path.exists() else self.path.with_name(self.path.name + ".bak")
@@ -65,7 +75,10 @@ class TopicConfigManager:
         with self._lock:
             if config.topic in self._topics:
                 raise AlreadyExistsError(f"topic {config.topic!r} exists: use UpdateTopic to change it")
+            unacknowledged = self._log(TopicChange(config.topic, config))
             self._put(config)
+        if unacknowledged is not None:
+            raise unacknowledged
         return config
 
     def update(self, config: TopicConfig) -> TopicConfig:
@@ -74,7 +87,10 @@ class TopicConfigManager:
         with self._lock:
             if config.topic not in self._topics:
                 raise NotFoundError(f"topic {config.topic!r} does not exist: create it first")
+            unacknowledged = self._log(TopicChange(config.topic, config))
             self._put(config)
+        if unacknowledged is not None:
+            raise unacknowledged
         return config
 
     def delete(self, topic: str) -> TopicConfig:
@@ -87,9 +103,25 @@ class TopicConfigManager:
             found = self._topics.get(topic)
             if found is None:
                 raise NotFoundError(f"topic {topic!r} does not exist: nothing to delete")
-            topics = {name: c for name, c in self._topics.items() if name != topic}
-            self._write(topics, self._deleted | {topic})
+            unacknowledged = self._log(TopicChange(topic, None))
+            self._drop(topic)
+        if unacknowledged is not None:
+            raise unacknowledged
         return found
+
+    def apply(self, change: TopicChange) -> None:
+        """A change the leader logged (no checks: the leader made them); applying it again is harmless."""
+        with self._lock:
+            if change.config is not None:
+                self._put(change.config)
+            elif change.topic in self._topics or change.topic not in self._deleted:
+                self._drop(change.topic)
+
+    def _log(self, change: TopicChange) -> StoreError | None:
+        return None if self.log_change is None else self.log_change(change)
+
+    def _drop(self, topic: str) -> None:
+        self._write({name: c for name, c in self._topics.items() if name != topic}, self._deleted | {topic})
 
     def is_deleted(self, topic: str) -> bool:
         return topic in self._deleted

@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 import grpc
 
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, indexer_pb2, indexer_pb2_grpc
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
 from services.server.channels import aio_channel
-from services.store.errors import DataLossError, OutOfRangeError, StoreError, UnavailableError
+from services.store.errors import DataLossError, FailedPreconditionError, OutOfRangeError, StoreError, UnavailableError
+from services.store.metadata_log import OffsetChange, metadata_message
 
 MIB = 1024 * 1024
 CALL_TIMEOUT_S = 5.0
@@ -205,6 +206,22 @@ class CommitLogClient:
             raise self._error(exc) from None
         return StoreInfo(info.min_offset, info.max_offset, info.mapped_file_size, info.store_host, info.incarnation,
                          tuple((r.start_offset, r.end_offset) for r in info.quarantined_ranges))
+
+    async def append_metadata(self, change: OffsetChange) -> int:
+        """Log a consumer offset change (a replicated shard's, offset_log.py); returns its queue offset in
+        the metadata topic. A follower's FAILED_PRECONDITION (naming the leader) and SYNC_MASTER's
+        UNAVAILABLE (the followers lack it) come back with the commitlog's own words."""
+        message = metadata_message(change)
+        request = commitlog_pb2.AppendRequest(metadata_flow=True, message=common_pb2.Message(
+            topic=message.topic, queue_id=message.queue_id, body=message.body, properties=message.properties,
+            born_timestamp=message.born_timestamp))
+        try:
+            result = await self._stub.Append(request, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise FailedPreconditionError(exc.details() or "") from None
+            raise self._error(exc) from None
+        return int(result.queue_offset)
 
     async def read(self, offset: int, size: int) -> bytes:
         """OutOfRangeError when the range is not (or no longer) in the log."""

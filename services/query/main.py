@@ -35,6 +35,7 @@ from services.query.consumer_offsets import ConsumerOffsetTable, OffsetFileError
 from services.query.lag import LagMonitor, lag_settings_from_env
 from services.query.local_files import LocalCommitLog, LocalIndexer
 from services.query.lookup import MessageLookup
+from services.query.offset_log import OffsetLog
 from services.query.pop_checkpoints import PopCheckpointTable
 from services.query.pull import Puller
 from services.query.queue_offset_lookup import QueueOffsets
@@ -52,6 +53,7 @@ from services.server.grpc_server import (
 )
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.store.config import ConfigError, MessageStoreConfig, load_config
+from services.store.metadata_log import replicates_metadata
 from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS
 from services.store.store_root import StoreLock, StoreLockedError
 
@@ -156,10 +158,12 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     store = StoreView(commitlog)
     watcher = ArrivalWatcher(indexer)
     query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
-    servicer = QueryServicer(Puller(indexer, commitlog, store, watcher, cq_file_size),
-                             MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog), offsets,
-                             options.max_long_poll_ms, pops=pops,
+    puller = Puller(indexer, commitlog, store, watcher, cq_file_size)
+    servicer = QueryServicer(puller, MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog),
+                             offsets, options.max_long_poll_ms, pops=pops,
                              sync_offset_commits=config.consumer_offset_commit_sync)
+    if replicates_metadata(config):
+        servicer.offset_log = OffsetLog(offsets, commitlog, indexer, puller)
     address = options.listen or DEFAULT_LISTEN
     settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS,
                               max_receive_message_bytes=MIB).as_internal()
@@ -172,6 +176,8 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     lag = LagMonitor(indexer, commitlog, offsets, max_series)
     REGISTRY.register(lag)
     background = [persister, asyncio.create_task(lag.run(lag_interval_s), name="consumer-lag")]
+    if servicer.offset_log is not None:
+        background.append(asyncio.create_task(servicer.offset_log.run(), name="apply-offset-log"))
     if isinstance(commitlog, LocalCommitLog):
         background.append(asyncio.create_task(store.keep_fresh(STORE_VIEW_REFRESH_S), name="refresh-store-view"))
 

@@ -24,6 +24,7 @@ from services.query.convert import (
 from services.query.edge import rpc
 from services.query.group_rpcs import GroupRpcs
 from services.query.lookup import MessageLookup
+from services.query.offset_log import OffsetLog
 from services.query.pop import PopService
 from services.query.pop_checkpoints import PopCheckpointTable
 from services.query.pop_rpcs import PopRpcs
@@ -31,6 +32,7 @@ from services.query.pull import Puller
 from services.query.queue_offset_lookup import QueueOffsets
 from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
 from services.store.formats.message_id import message_id_kind
+from services.store.metadata_log import OffsetChange
 from services.store.rules.names import check_group, check_offset, check_queue
 
 SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
@@ -49,6 +51,8 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         self._lookup = lookup
         self._offsets = offsets
         self._consumer_offsets = consumer_offsets
+        #: Set on a replicated shard: commits go through the log (services/query/offset_log.py).
+        self.offset_log: OffsetLog | None = None
         self._members = members if members is not None else GroupMembers()
         pops = pops if pops is not None else PopCheckpointTable(consumer_offsets.path.parent)
         self._pop = PopService(pops, consumer_offsets, puller, offsets)
@@ -130,7 +134,11 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         check_queue(request.topic, request.queue_id)
         check_offset("offset", request.offset)
         await self._check_committable(request.topic, request.queue_id, request.offset)
-        self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
+        if self.offset_log is None:
+            self._consumer_offsets.commit(request.consumer_group, request.topic, request.queue_id, request.offset)
+        else:  # a replicated shard: through the log, offset_log.py
+            await self.offset_log.commit(OffsetChange(request.consumer_group, request.topic, request.queue_id,
+                                                      request.offset))
         await self._offset_commit_durable()
         metrics.OFFSET_COMMITS.inc()
         return query_pb2.UpdateConsumerOffsetResponse()
@@ -161,6 +169,8 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         self._check_running()
         check_group(request.consumer_group)
         check_queue(request.topic, request.queue_id)
+        if self.offset_log is not None:
+            await self.offset_log.caught_up()
         offset = self._consumer_offsets.query(request.consumer_group, request.topic, request.queue_id)
         if offset is None:
             raise NotFoundError(f"group {request.consumer_group!r} has committed no offset for "

@@ -14,6 +14,7 @@ import struct
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.ha_metrics import REPLICATED_BYTES
+from services.commitlog.ha.metadata_apply import apply_replicated
 from services.commitlog.topic_queue_table import replay_queue_offsets
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
@@ -101,6 +102,7 @@ class ReplicaAppender:
             records = bytes(self._pending[:complete])
             del self._pending[:complete]
             stamp = _store_timestamp(records, last) if last >= 0 else 0
+            apply_replicated(self._engine.topics, records)  # before the log holds them: metadata_apply.py
             self._engine.append_replica_data(lambda: self._write(start, records, stamp))
             self._pending_start = start + complete
             REPLICATED_BYTES.inc(complete)

@@ -1,0 +1,95 @@
+"""The commitlog service's part of metadata replication (``services/store/metadata_log.py``):
+the leader logs each topic change before its table takes it; a follower applies the topic changes,
+and the auto-creations, of the records its leader streams to it.
+
+A follower applies a batch of records before they enter its log, so a crash in between leaves the
+table ahead of the log, never behind it: the follower reports only what its log holds, so the leader
+sends those records again and the (idempotent) changes are applied again.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from services.commitlog.commit_log import CommitLog
+from services.commitlog.ha.group_transfer import ReplicaAckError
+from services.commitlog.topic_config import TopicConfigManager
+from services.store.errors import InvalidArgumentError, StoreError
+from services.store.formats.message import PROPERTY_TAGS, Message
+from services.store.formats.record import BLANK_MAGIC_CODE, SIZE_AND_MAGIC, RecordError, decode_record
+from services.store.metadata_log import (
+    METADATA_QUEUE_ID,
+    METADATA_TOPIC,
+    OFFSET_TAG,
+    OffsetChange,
+    TopicChange,
+    metadata_message,
+    parse_change,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TopicChangeLog:
+    """``TopicConfigManager.log_change`` on a replicated shard's leader: the change as a record of the
+    metadata topic, through the put path (a follower's log refuses it, naming the leader; SYNC_MASTER
+    answers once the in-sync followers hold it)."""
+
+    def __init__(self, commit_log: CommitLog) -> None:
+        self._commit_log = commit_log
+
+    def __call__(self, change: TopicChange) -> StoreError | None:
+        try:
+            self._commit_log.put_messages([metadata_message(change)])
+        except ReplicaAckError as exc:  # in the leader's log: the table follows the log
+            return exc
+        return None
+
+
+def apply_replicated(topics: TopicConfigManager, records: bytes) -> None:
+    """Apply the topic changes among ``records`` (whole records of the leader's log, BLANKs included)
+    and create, as the leader's put path did, the topics whose first record this is."""
+    pos, end = 0, len(records)
+    while pos < end:
+        size, magic = SIZE_AND_MAGIC.unpack_from(records, pos)
+        if magic == BLANK_MAGIC_CODE:
+            pos += size
+            continue
+        try:
+            record = decode_record(records, pos)
+        except RecordError as exc:  # the appender refuses such bytes itself; nothing to apply
+            log.error("a replicated record at %d of a batch cannot be decoded: %s", pos, exc)
+            return
+        pos += size
+        if record.topic == METADATA_TOPIC:
+            _apply_change(topics, record.properties.get(PROPERTY_TAGS), record.body, record.commitlog_offset)
+        if topics.get(record.topic) is None:
+            topics.get_or_create(record.topic)
+
+
+def _apply_change(topics: TopicConfigManager, tags: str | None, body: bytes, offset: int) -> None:
+    try:
+        change = parse_change(tags, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("metadata record at commitlog offset %d is not a change (%s): skipped", offset, exc)
+        return
+    if isinstance(change, TopicChange):  # consumer offsets are the query service's to apply
+        topics.apply(change)
+        log.info("replicated topic change at commitlog offset %d: %s", offset, change)
+
+
+def metadata_flow_message(topic: str, queue_id: int, tags: str | None, body: bytes) -> Message:
+    """An Append with ``metadata_flow``: a consumer offset change of the shard's query service, the one
+    kind of change another service logs (a topic change must come through CreateTopic, UpdateTopic
+    or DeleteTopic, which apply it to this service's table too)."""
+    if topic != METADATA_TOPIC or queue_id != METADATA_QUEUE_ID or tags != OFFSET_TAG:
+        raise InvalidArgumentError(f"a metadata_flow Append carries a consumer offset change: topic {METADATA_TOPIC} "
+                                   f"queue {METADATA_QUEUE_ID} with TAGS {OFFSET_TAG!r}, not {topic!r} queue "
+                                   f"{queue_id} with TAGS {tags!r}")
+    try:
+        change = parse_change(tags, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"a metadata_flow Append's body is not a consumer offset change ({exc}): send "
+                                   '{"group", "topic", "queueId", "offset"}') from None
+    assert isinstance(change, OffsetChange)
+    return metadata_message(change)

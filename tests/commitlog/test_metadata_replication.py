@@ -1,0 +1,130 @@
+"""Metadata replicated as it changes: ``mqstore up --replicas 3`` (etcd, three replicas, the gateway).
+
+A topic created and consumer offsets committed through the gateway are held by every replica before
+the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the topic with its queue
+counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
+on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
+the leader, as it refuses sends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2, query_pb2_grpc
+from services.replica_set import ReplicaPorts
+from tests.gateway.system_process import UpProcess
+from tests.gateway.test_up_replicas import REPLICAS, _leader, _pid, replicated  # noqa: F401 - the fixture
+
+TOPIC = "created-on-the-leader"
+GROUP = "resumes-exactly"
+QUEUES = 5
+COMMITTED = {0: 3, 2: 7, 4: 1}
+
+
+def _commitlog(up: UpProcess, i: int) -> commitlog_pb2_grpc.CommitLogServiceStub:
+    channel = grpc.insecure_channel(f"127.0.0.1:{ReplicaPorts.of(up.base_port).replica(i, 'commitlog')}")
+    return commitlog_pb2_grpc.CommitLogServiceStub(channel)
+
+
+def _query(up: UpProcess, i: int) -> query_pb2_grpc.QueryServiceStub:
+    channel = grpc.insecure_channel(f"127.0.0.1:{ReplicaPorts.of(up.base_port).replica(i, 'query')}")
+    return query_pb2_grpc.QueryServiceStub(channel)
+
+
+def _topics(up: UpProcess, i: int) -> dict[str, tuple[int, int]]:
+    listed = _commitlog(up, i).ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=5, wait_for_ready=True)
+    return {t.topic: (t.read_queue_nums, t.write_queue_nums) for t in listed.topics}
+
+
+def _offsets(up: UpProcess, i: int | None) -> dict[int, int]:
+    """The group's committed offsets as replica ``i``'s query service has them (None: the gateway's)."""
+    found = {}
+    for queue_id in COMMITTED:
+        request = query_pb2.QueryConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC, queue_id=queue_id)
+        if i is None:
+            found[queue_id] = up.stub.QueryOffset(request, timeout=10).offset
+        else:
+            found[queue_id] = _query(up, i).QueryConsumerOffset(request, timeout=10, wait_for_ready=True).offset
+    return found
+
+
+def _create_topic(up: UpProcess) -> None:
+    """Through the gateway; the replica etcd names may refuse it for a moment after its campaign, until
+    it has taken the leadership itself (FAILED_PRECONDITION: nothing was written)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            up.stub.CreateTopic(commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(
+                topic=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6)), timeout=15)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _wait_dispatched(up: UpProcess, queue_id: int, count: int) -> None:
+    """A commit past what the indexer has dispatched is refused (OUT_OF_RANGE): wait for the queue."""
+    deadline = time.monotonic() + 10
+    request = query_pb2.GetQueueOffsetRangeRequest(topic=TOPIC, queue_id=queue_id)
+    while up.stub.GetQueueOffsets(request, timeout=10).max_offset < count:
+        assert time.monotonic() < deadline, f"queue {queue_id} not dispatched within 10 s"
+        time.sleep(0.02)
+
+
+def _replica_index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProcess) -> None:  # noqa: F811
+    up = replicated
+    etcd = f"127.0.0.1:{up.base_port + 1}"
+    leader, epoch = _leader(etcd)
+    _create_topic(up)
+    for queue_id in range(QUEUES):
+        for i in range(8):
+            up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=TOPIC, body=b"m%d" % i),
+                                                 queue_id=queue_id), timeout=15)
+    for queue_id, offset in COMMITTED.items():
+        _wait_dispatched(up, queue_id, 8)
+        up.stub.CommitOffset(query_pb2.UpdateConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC,
+                                                                   queue_id=queue_id, offset=offset), timeout=15)
+
+    # Acknowledged means held: every follower has both before the leader dies.
+    for i in range(REPLICAS):
+        assert _topics(up, i).get(TOPIC) == (QUEUES, QUEUES), f"replica-{i} lacks the topic"
+        assert _offsets(up, i) == COMMITTED, f"replica-{i}'s consumer offsets"
+
+    follower = next(i for i in range(REPLICAS) if f"replica-{i}" != leader)
+    with pytest.raises(grpc.RpcError) as refused:
+        _commitlog(up, follower).CreateTopic(commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(
+            topic="on-a-follower", read_queue_nums=1, write_queue_nums=1, perm=6)), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "is not the leader of shard" in (refused.value.details() or ""), refused.value.details()
+    with pytest.raises(grpc.RpcError) as refused:
+        _query(up, follower).UpdateConsumerOffset(query_pb2.UpdateConsumerOffsetRequest(
+            consumer_group=GROUP, topic=TOPIC, queue_id=0, offset=5), timeout=10)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert "is not the leader of shard" in (refused.value.details() or ""), refused.value.details()
+
+    os.kill(_pid(up.store, leader), signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            new_leader, new_epoch = _leader(etcd)
+            if new_epoch > epoch:
+                break
+        except AssertionError:
+            pass
+        assert time.monotonic() < deadline, "no next leader within 30 s"
+        time.sleep(0.1)
+    new = _replica_index(new_leader)
+    assert _topics(up, new).get(TOPIC) == (QUEUES, QUEUES), f"the new leader {new_leader} lacks the topic"
+    assert _offsets(up, new) == COMMITTED, f"the new leader {new_leader}'s consumer offsets"
+    assert _offsets(up, None) == COMMITTED, "the group resumes at its commits through the gateway"
