@@ -4,7 +4,8 @@
 # HA check runs (docs/replication.md, "A real RocketMQ 4.9.8").
 #
 # Source, first found: $ROCKETMQ_SRC (a checkout of 4.9.8), $ROCKETMQ_GIT_DIR (a git directory that
-# has the tag), else a shallow clone of the tag from GitHub. The tag must be the released commit.
+# has the tag), else the tag fetched (depth 1) from $ROCKETMQ_URL, by default GitHub. The tag must be
+# the released commit.
 # Output: build/rocketmq498/{classes,classpath}; a second run with unchanged inputs does nothing.
 set -euo pipefail
 
@@ -42,8 +43,11 @@ if [ ! -f "$src/.commit" ] || [ "$(cat "$src/.commit")" != "$COMMIT" ]; then
         git_dir=${ROCKETMQ_GIT_DIR:-}
         if [ -z "$git_dir" ]; then
             git_dir="$OUT/rocketmq.git"
-            [ -d "$git_dir" ] || git clone --quiet --bare --depth 1 --branch "$TAG" \
-                https://github.com/apache/rocketmq.git "$git_dir"
+            if ! git --git-dir="$git_dir" rev-parse --quiet --verify "$TAG^{commit}" >/dev/null 2>&1; then
+                git init --quiet --bare "$git_dir"
+                git --git-dir="$git_dir" fetch --quiet --depth 1 "${ROCKETMQ_URL:-https://github.com/apache/rocketmq.git}" \
+                    "refs/tags/$TAG:refs/tags/$TAG"
+            fi
         fi
         found=$(git --git-dir="$git_dir" rev-parse "$TAG^{commit}")
         [ "$found" = "$COMMIT" ] || { echo "$TAG is $found in $git_dir, not $COMMIT" >&2; exit 1; }
@@ -66,9 +70,12 @@ sourcepath="$HERE/stubs"
 for m in $MODULES; do sourcepath="$sourcepath:$src/$m/src/main/java"; done
 start=$(date +%s)
 # -sourcepath compiles only what RocketMQ498Ha reaches; stubs/ comes first, so it wins.
-javac -nowarn -encoding UTF-8 --add-exports java.base/sun.nio.ch=ALL-UNNAMED -d "$OUT/classes" \
-    -cp "$classpath" -sourcepath "$sourcepath" "$HERE/RocketMQ498Ha.java" 2>&1 | grep -v '^Note:' || true
-[ -f "$OUT/classes/RocketMQ498Ha.class" ] || { echo "javac failed" >&2; exit 1; }
+# javac's output (warnings on 4.9.8's use of sun.nio.ch.DirectBuffer) is shown only when it fails.
+if ! javac -nowarn -encoding UTF-8 --add-exports java.base/sun.nio.ch=ALL-UNNAMED -d "$OUT/classes" \
+    -cp "$classpath" -sourcepath "$sourcepath" "$HERE/RocketMQ498Ha.java" >"$OUT/javac.log" 2>&1; then
+    cat "$OUT/javac.log" >&2
+    exit 1
+fi
 echo "$OUT/classes:$classpath" > "$OUT/classpath"
 echo "$stamp" > "$OUT/classes/.stamp"
 echo "compiled $(find "$OUT/classes" -name '*.class' | wc -l) classes in $(( $(date +%s) - start )) s"
