@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
 _OFFSETS = struct.Struct(">qq")  # QUEUEOFFSET, PHYSICALOFFSET: adjacent in the record
+_SEAL = SIZE_AND_MAGIC.size  # a record's TOTALSIZE and MAGICCODE, written after the rest of it
 MAX_READ_BYTES = 64 * 1024 * 1024
 _PENDING = StoreError("placeholder for a message not yet appended")
 PUT_OK = PutMessageStatus.PUT_OK
@@ -410,9 +411,14 @@ class CommitLog:
                 started += starts_page(queue_offset, units)
             else:
                 queue_offset = 0
-            buffer[pos:end] = record
+            # TOTALSIZE and MAGICCODE go in last. An fdatasync syncs every dirty page of the file, those of
+            # a record still being written too, in file order: a record a power cut leaves with its first
+            # bytes is whole (offsets and store time filled in); one caught earlier starts with zeros, the
+            # end of the log. (Filled in after the copy, a record could survive with STORETIMESTAMP 0.)
+            buffer[pos + _SEAL:end] = memoryview(record)[_SEAL:]
             pack_offsets(buffer, pos + QUEUE_OFFSET_POS, queue_offset, commitlog_offset)
             pack_i64(buffer, pos + timestamp_pos, store_timestamp)
+            buffer[pos:pos + _SEAL] = record[:_SEAL]
             append_result(PutMessageResult(PUT_OK, commitlog_offset, size, queue_offset, store_timestamp,
                                            store_host, topic, queue_id))
             pos = end

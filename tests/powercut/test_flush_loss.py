@@ -7,17 +7,18 @@ the lost range and gauges export it, so the loss is bounded, measured and logged
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
-from services.commitlog import metrics
+from services.commitlog import commit_log, metrics
 from services.commitlog.flush import FlushDeadline, FlushRealTimeService
 from services.commitlog.message_store import MessageStore
 from services.commitlog.recovery import RecoveryResult, find_flush_loss
-from services.store.config import ASYNC_FLUSH, MessageStoreConfig
+from services.store.config import ASYNC_FLUSH, SYNC_FLUSH, MessageStoreConfig
 from services.store.formats.message import Message
 from services.store.store_root import ABORT_FILE
 
@@ -131,3 +132,51 @@ def test_the_next_round_starts_early_by_the_longest_recent_flush() -> None:
     assert 0.3 < deadline.wait_s() <= 0.5 - 0.12  # due 0.5 s after the round began, less 0.12 s
     deadline.flushed(started - 1, 0.9)  # flushes longer than the interval: the next round is due at once
     assert deadline.wait_s() == 0
+
+
+class _CaptureAtStoreTime:
+    """Stands in for the put path's STORETIMESTAMP packer: the first time it is armed, copies the store
+    as the disk would hold it had an fdatasync (which syncs every dirty page of the file, also those of
+    a record still being written) run at that instant and the power gone right after."""
+
+    def __init__(self, root: Path, copy: Path) -> None:
+        self._struct = commit_log._I64
+        self._root, self._copy = root, copy
+        self.armed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._struct, name)
+
+    def pack_into(self, buffer: bytearray, offset: int, value: int) -> None:
+        if self.armed and not self._copy.exists():
+            shutil.copytree(self._root, self._copy)
+        self._struct.pack_into(buffer, offset, value)
+
+
+def test_a_record_caught_by_a_flush_while_it_is_written_is_whole_or_absent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flush that catches a record before its offsets and store time are filled in must leave either
+    the whole record or none of it: a record at its own offset with STORETIMESTAMP 0 reads as the newest
+    record, stored at time 0, and the next start, finding the checkpoint "newer" than every record,
+    refuses as if the log had been lost."""
+    config = MessageStoreConfig(mapped_file_size_commit_log=FILE_SIZE, flush_disk_type=SYNC_FLUSH)
+    root, cut = tmp_path / "store", tmp_path / "cut"
+    capture = _CaptureAtStoreTime(root, cut)
+    monkeypatch.setattr(commit_log, "_I64", capture)
+    live = MessageStore(config, root)
+    live.start()
+    try:
+        for i in range(5):
+            newest = live.put_message(Message("Torn", 0, f"message {i} ".encode() * 60)).store_timestamp
+        time.sleep(0.3)  # the checkpoint holds a flushed record's store time
+        capture.armed = True
+        live.put_message(Message("Torn", 0, b"caught while written " * 300))
+    finally:
+        live.shutdown()
+
+    recovered = MessageStore(config, cut)
+    recovered.start()
+    try:
+        assert recovered.recovery.last_timestamp == newest, recovered.recovery
+    finally:
+        recovered.shutdown()
