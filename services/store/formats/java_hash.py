@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import sys
 from array import array
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 _UTF16 = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 
@@ -75,16 +77,20 @@ def index_key_hash_fast(key: str) -> int:
 # Horner's rule is a recurrence, but 31 is odd and so has an inverse modulo 2**32: with
 # G[p] = sum(u[q] * 31**-(q+1) for q < p), a plain prefix sum, the hash of the units [a, b) is
 # 31**b * (G[b] - G[a]) (all mod 2**32). One multiply and one cumsum per UTF-16 unit of a whole batch,
-# then a few operations per string, whatever the strings' lengths.
+# then a few operations per string, whatever the strings' lengths. numpy is imported by these functions
+# alone: the scalar form above is all the gateway ever calls, and importing numpy would add a tenth of a
+# second to each of its starts.
 
 _INV31 = pow(31, -1, 1 << 32)
-_powers: tuple[np.ndarray, np.ndarray] = (np.ones(1, np.uint32), np.ones(1, np.uint32))
+_powers: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def _power_tables(length: int) -> tuple[np.ndarray, np.ndarray]:
     """(31**k, 31**-k) mod 2**32 as uint32 for k in 0 .. at least ``length``, grown on demand."""
+    import numpy as np
+
     global _powers
-    if _powers[0].size <= length:
+    if _powers is None or _powers[0].size <= length:
         size = max(1 << 16, 1 << length.bit_length())
         tables = []
         for base in (31, _INV31):
@@ -97,12 +103,16 @@ def _power_tables(length: int) -> tuple[np.ndarray, np.ndarray]:
 
 def utf16_units(text: str) -> np.ndarray:
     """The UTF-16 code units Java's String holds for ``text`` (lone surrogates kept), as uint16."""
+    import numpy as np
+
     return np.frombuffer(text.encode(_UTF16, "surrogatepass"), dtype=np.uint16)
 
 
 def segment_hashes_u32(units: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """``String.hashCode`` (unsigned 32-bit) of each ``units[starts[i]:ends[i]]``, computed for all
     segments at once (see above). ``units`` are UTF-16 code units."""
+    import numpy as np
+
     power, inverse = _power_tables(units.size + 1)
     prefix = np.zeros(units.size + 1, dtype=np.uint32)
     np.cumsum(units.astype(np.uint32) * inverse[1:units.size + 1], dtype=np.uint32, out=prefix[1:])
@@ -112,6 +122,8 @@ def segment_hashes_u32(units: np.ndarray, starts: np.ndarray, ends: np.ndarray) 
 
 def combine_u32(prefix_hash: np.ndarray | int, suffix_hash: np.ndarray, suffix_length: np.ndarray) -> np.ndarray:
     """The hash of prefix + suffix from the two hashes: ``prefix * 31**len(suffix) + suffix`` mod 2**32."""
+    import numpy as np
+
     power = _power_tables(int(suffix_length.max(initial=0)))[0]
     combined: np.ndarray = np.asarray(prefix_hash, dtype=np.uint32) * power[suffix_length] + suffix_hash
     return combined
@@ -119,6 +131,8 @@ def combine_u32(prefix_hash: np.ndarray | int, suffix_hash: np.ndarray, suffix_l
 
 def abs_java_ints(u32: np.ndarray) -> np.ndarray:
     """:func:`abs_java_int` of each value, as int64."""
+    import numpy as np
+
     wide = u32.astype(np.int64)
     result: np.ndarray = np.where(wide < 0x8000_0000, wide, (0x1_0000_0000 - wide) & 0x7FFF_FFFF)
     return result
