@@ -20,7 +20,8 @@ import org.apache.rocketmq.store.stats.BrokerStatsManager;
  *
  * <pre>
  *   java RocketMQ498Ha SLAVE|ASYNC_MASTER|SYNC_MASTER STORE_DIR FILE_SIZE HA_PORT|MASTER_HOST:PORT
- *   put N     put N messages (topic HaTopic, queues 0..3); answers "put STATUS=COUNT ..."
+ *   put N [B] put N messages (topic HaTopic, queues 0..3), bodies of B bytes or of 650 to 1,560;
+ *             answers "put STATUS=COUNT ..."
  *   max       answers "max MAX_PHY_OFFSET"
  *   queues    answers "queues COUNT": the messages the store's own dispatch put in HaTopic's ConsumeQueues
  *   slaves    answers "slaves COUNT": the slave connections on this master's HA port
@@ -72,9 +73,10 @@ public final class RocketMQ498Ha {
             String[] words = line.trim().split(" ");
             if (words[0].equals("put")) {
                 int count = Integer.parseInt(words[1]);
+                int bodyBytes = words.length > 2 ? Integer.parseInt(words[2]) : 0;
                 Map<String, Integer> statuses = new TreeMap<>();
                 for (int i = 0; i < count; i++, sent++) {
-                    PutMessageResult result = store.putMessage(message(sent));
+                    PutMessageResult result = store.putMessage(message(sent, bodyBytes));
                     statuses.merge(result.getPutMessageStatus().name(), 1, Integer::sum);
                 }
                 StringBuilder answer = new StringBuilder("put");
@@ -102,12 +104,13 @@ public final class RocketMQ498Ha {
     }
 
     /** As 4.9.8's own store tests build one: keys, tags, born and store hosts, the properties string. */
-    private static MessageExtBrokerInner message(long i) {
+    private static MessageExtBrokerInner message(long i, int bodyBytes) {
         MessageExtBrokerInner msg = new MessageExtBrokerInner();
         msg.setTopic(TOPIC);
         msg.setTags("TagA");
         msg.setKeys("k" + i);
-        msg.setBody(("java-498-" + i + "-").repeat(50 + (int) (i % 70)).getBytes(StandardCharsets.UTF_8));
+        String body = ("java-498-" + i + "-").repeat(bodyBytes > 0 ? bodyBytes : 50 + (int) (i % 70));
+        msg.setBody((bodyBytes > 0 ? body.substring(0, bodyBytes) : body).getBytes(StandardCharsets.UTF_8));
         msg.setQueueId((int) (i % QUEUES));
         msg.setSysFlag(0);
         msg.setBornTimestamp(System.currentTimeMillis());
