@@ -36,9 +36,16 @@ import grpc
 
 from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, ReputKey, message_timeup, reput_key
-from services.store.formats.delay_offsets_file import DelayOffsetTable, read_delay_progress, write_delay_offsets
+from services.store.formats.delay_offsets_file import (
+    DelayOffsetTable,
+    DelayProgress,
+    delay_progress_bytes,
+    parse_delay_progress,
+    read_delay_progress,
+)
 from services.store.formats.message import (
     PROPERTY_DELAY_TIME_LEVEL,
     SCHEDULE_TOPIC,
@@ -47,6 +54,7 @@ from services.store.formats.message import (
 from services.store.formats.parked_record import ParkedRecord
 from services.store.formats.record import real_destination
 from services.store.rules.timer_message import PROPERTY_TIMER_OUT_MS
+from services.store.store_root import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +90,18 @@ class DelayScheduler(DeliveryLoop):
         self._levels: list[_Level] = []
         self._queues: dict[int, _Level] = {}
         self._level_counters: dict[int, DeliveryMetrics] = {}
+        #: Set on a replicated shard: the file also goes to the log, and a start takes the log's copy.
+        self.replicated: ReplicatedStateFile | None = None
+        self._document = b""
 
     # -- the table -----------------------------------------------------------------------------
     def load(self) -> None:
         """Read delayOffset.json (ValueError when it and its .bak are unreadable)."""
-        table, self._scan_from = read_delay_progress(self.offsets_path)
-        self._written_at_ms = written_at_ms(self.offsets_path)
+        self._take(read_delay_progress(self.offsets_path), written_at_ms(self.offsets_path))
+
+    def _take(self, progress: DelayProgress, written_at: int | None) -> None:
+        table, self._scan_from = progress
+        self._written_at_ms = written_at
         self._levels = [_Level(level, table.get(level, 0)) for level in range(1, len(self.delay_levels_ms) + 1)]
         kept = {level: offset for level, offset in table.items() if level > len(self.delay_levels_ms)}
         if kept:
@@ -100,7 +114,39 @@ class DelayScheduler(DeliveryLoop):
         return {**self._beyond, **{lv.level: lv.offset for lv in self._levels}}
 
     def _snapshot(self) -> partial[None]:
-        return partial(write_delay_offsets, self.offsets_path, self.table(), self._scan_from)
+        self._document = delay_progress_bytes(self.table(), self._scan_from)
+        return partial(write_atomically, self.offsets_path, self._document, keep_backup=True)
+
+    async def _write(self) -> None:
+        await super()._write()
+        if self.replicated is not None:
+            await self.replicated.log(self._document)
+
+    async def _recover(self) -> None:
+        if self.replicated is not None:
+            await self._adopt_replicated()
+        await super()._recover()
+
+    async def _adopt_replicated(self) -> None:
+        """Start from the newest copy of the file in this replica's log (replicated_state.py)."""
+        assert self.replicated is not None
+        await self._dispatched(await self._commitlog.log_end())
+        latest = await self.replicated.latest()
+        if latest is None:
+            log.info("the log holds no copy of %s: starting from this replica's file", self.offsets_path.name)
+            return
+        content, stored_ms = latest
+        try:
+            progress = parse_delay_progress(content)
+        except ValueError as exc:
+            log.error("the log's newest copy of %s does not read (%s): starting from this replica's file",
+                      self.offsets_path.name, exc)
+            return
+        self._take(progress, stored_ms)
+        self._dirty = True
+        await self._refresh_bounds()
+        log.info("delay progress taken from the log's copy of %s stored at %d: %s, re-puts looked for from %s",
+                 self.offsets_path.name, stored_ms, dict(progress.table), progress.scan_from)
 
     def _arrived(self, topic: str, queue_id: int, max_offset: int) -> bool:
         level = self._queues.get(queue_id) if topic == SCHEDULE_TOPIC else None

@@ -23,6 +23,7 @@ from pathlib import Path
 from services.scheduler import DEFAULT_LISTEN
 from services.scheduler.delivery import DelayScheduler
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduleFiles
 from services.scheduler.timer_delivery import TimerScheduler
 from services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
@@ -42,6 +43,7 @@ from services.store.config import ConfigError, load_config
 from services.store.formats.delay_offsets_file import FILE_NAME
 from services.store.formats.message import parse_delay_levels
 from services.store.formats.store_layout import INDEXER_DIR
+from services.store.metadata_log import replicates_metadata
 from services.store.store_root import StoreLock, StoreLockedError
 
 log = logging.getLogger("services.scheduler")
@@ -100,6 +102,8 @@ async def _serve(options: SchedulerOptions) -> int:
         commitlog = CommitLogPeer(options.commitlog or config.commitlog_listen)
         scheduler = DelayScheduler(levels, root / "config" / FILE_NAME, files, indexer, commitlog,
                                    options.persist_interval_ms / 1000)
+        if replicates_metadata(config):
+            scheduler.replicated = ReplicatedStateFile(FILE_NAME, files, indexer, commitlog)
         # Timer messages (services/scheduler/timer_delivery.py): rmq_sys_wheel_timer, state under ROOT/timer.
         timers = TimerScheduler(root, files, indexer, commitlog, options.persist_interval_ms / 1000,
                                 config.timer_max_delay_sec)

@@ -114,6 +114,12 @@ class CommitLogPeer:
                 results.append(commitlog_pb2.AppendResult(status=commitlog_pb2.PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL))
         return results
 
+    async def append_metadata(self, message: Message) -> None:
+        """A replicated shard's metadata record (``metadata_flow``: services/store/metadata_log.py).
+        AioRpcError when it was not acknowledged."""
+        request = commitlog_pb2.AppendRequest(message=message_to_proto(message), metadata_flow=True)
+        await self._stub.Append(request, timeout=CALL_TIMEOUT_S)
+
     async def log_end(self) -> int:
         """The commitlog's max offset: the records below it are whole in the files, and an append sent
         after the answer lies at or past it."""

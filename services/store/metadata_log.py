@@ -8,7 +8,8 @@ order, and SYNC_MASTER acknowledges it under the same in-sync rule; a follower's
 writes, so a follower refuses metadata changes with the same FAILED_PRECONDITION naming the leader.
 Each replica's owning service applies the records it holds: the commitlog service its topic table
 (as the leader's stream arrives), the query service its consumer offsets (from the topic's
-ConsumeQueue, as its indexer dispatches). So a promoted follower serves exactly what was replicated.
+ConsumeQueue, as its indexer dispatches), the scheduler its progress file when it starts on a
+replica. So a promoted follower serves exactly what was replicated.
 
 A change is a full value, never a delta: applying a record twice, or replaying from any earlier
 point, ends in the same state.
@@ -29,6 +30,7 @@ METADATA_QUEUE_ID = 0
 #: Tags (``TAGS``) by kind, so a reader can skip the kinds it does not own without parsing bodies.
 TOPIC_TAG = "topic"
 OFFSET_TAG = "offset"
+STATE_FILE_TAG = "stateFile"
 
 
 def replicates_metadata(config: MessageStoreConfig) -> bool:
@@ -54,7 +56,19 @@ class OffsetChange:
     offset: int
 
 
-def metadata_message(change: TopicChange | OffsetChange) -> Message:
+@dataclass(frozen=True, slots=True)
+class StateFileChange:
+    """A whole progress file of the scheduler (``delayOffset.json``): the one a promoted leader's
+    scheduler starts from (it then counts the re-puts the log holds past the file's scan offset)."""
+
+    name: str
+    content: bytes
+
+
+Change = TopicChange | OffsetChange | StateFileChange
+
+
+def metadata_message(change: Change) -> Message:
     """The message that carries ``change`` (the put path assigns its offsets)."""
     if isinstance(change, TopicChange):
         tag = TOPIC_TAG
@@ -64,14 +78,17 @@ def metadata_message(change: TopicChange | OffsetChange) -> Message:
         else:
             body.update(readQueueNums=change.config.read_queue_nums, writeQueueNums=change.config.write_queue_nums,
                         perm=change.config.perm)
-    else:
+    elif isinstance(change, OffsetChange):
         tag = OFFSET_TAG
         body = {"group": change.group, "topic": change.topic, "queueId": change.queue_id, "offset": change.offset}
+    else:
+        tag = STATE_FILE_TAG
+        body = {"file": change.name, "content": change.content.decode()}
     return Message(topic=METADATA_TOPIC, queue_id=METADATA_QUEUE_ID, body=json.dumps(body).encode(),
                    properties={PROPERTY_TAGS: tag}, born_timestamp=int(time.time() * 1000))
 
 
-def parse_change(tags: str | None, body: bytes) -> TopicChange | OffsetChange | None:
+def parse_change(tags: str | None, body: bytes) -> Change | None:
     """The change a metadata record carries; None for a kind this version does not know (skipped,
     so an older replica follows a newer leader). Raises ValueError for a body that is not one."""
     fields = json.loads(body)
@@ -83,4 +100,6 @@ def parse_change(tags: str | None, body: bytes) -> TopicChange | OffsetChange | 
                                               int(fields["perm"])))
     if tags == OFFSET_TAG:
         return OffsetChange(str(fields["group"]), str(fields["topic"]), int(fields["queueId"]), int(fields["offset"]))
+    if tags == STATE_FILE_TAG:
+        return StateFileChange(str(fields["file"]), str(fields["content"]).encode())
     return None

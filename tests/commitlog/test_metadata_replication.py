@@ -4,7 +4,8 @@ A topic created and consumer offsets committed through the gateway are held by e
 the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the topic with its queue
 counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
 on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
-the leader, as it refuses sends.
+the leader, as it refuses sends. The scheduler, moved to the new leader, delivers each delay-level
+message once: not again those the old leader delivered.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tests.gateway.system_process import UpProcess
 from tests.gateway.test_up_replicas import REPLICAS, _leader, _pid, replicated  # noqa: F401 - the fixture
 
 TOPIC = "created-on-the-leader"
+DELAYED = "delayed-once"
 GROUP = "resumes-exactly"
 QUEUES = 5
 COMMITTED = {0: 3, 2: 7, 4: 1}
@@ -54,19 +56,39 @@ def _offsets(up: UpProcess, i: int | None) -> dict[int, int]:
     return found
 
 
-def _create_topic(up: UpProcess) -> None:
+def _create_topic(up: UpProcess, topic: str, queues: int) -> None:
     """Through the gateway; the replica etcd names may refuse it for a moment after its campaign, until
     it has taken the leadership itself (FAILED_PRECONDITION: nothing was written)."""
     deadline = time.monotonic() + 15
     while True:
         try:
             up.stub.CreateTopic(commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(
-                topic=TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6)), timeout=15)
+                topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6)), timeout=15)
             return
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _send_delayed(up: UpProcess, bodies: list[bytes]) -> None:
+    """Delay level 1 (1 s), into DELAYED's one queue."""
+    for body in bodies:
+        up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=DELAYED, body=body,
+                                                                        properties={"DELAY": "1"})), timeout=15)
+
+
+def _delivered(up: UpProcess) -> list[bytes]:
+    pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=DELAYED, queue_id=0, queue_offset=0, max_messages=64),
+                          timeout=10)
+    return [m.body for m in pulled.messages]
+
+
+def _wait_delivered(up: UpProcess, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(_delivered(up)) < count:
+        assert time.monotonic() < deadline, f"{count} delayed messages not delivered within 30 s: {_delivered(up)}"
+        time.sleep(0.2)
 
 
 def _wait_dispatched(up: UpProcess, queue_id: int, count: int) -> None:
@@ -86,7 +108,8 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     up = replicated
     etcd = f"127.0.0.1:{up.base_port + 1}"
     leader, epoch = _leader(etcd)
-    _create_topic(up)
+    _create_topic(up, TOPIC, QUEUES)
+    _create_topic(up, DELAYED, 1)
     for queue_id in range(QUEUES):
         for i in range(8):
             up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=TOPIC, body=b"m%d" % i),
@@ -95,6 +118,9 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
         _wait_dispatched(up, queue_id, 8)
         up.stub.CommitOffset(query_pb2.UpdateConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC,
                                                                    queue_id=queue_id, offset=offset), timeout=15)
+
+    _send_delayed(up, [b"before-%d" % i for i in range(5)])
+    _wait_delivered(up, 5)
 
     # Acknowledged means held: every follower has both before the leader dies.
     for i in range(REPLICAS):
@@ -128,3 +154,11 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     assert _topics(up, new).get(TOPIC) == (QUEUES, QUEUES), f"the new leader {new_leader} lacks the topic"
     assert _offsets(up, new) == COMMITTED, f"the new leader {new_leader}'s consumer offsets"
     assert _offsets(up, None) == COMMITTED, "the group resumes at its commits through the gateway"
+
+    # The scheduler moves to the new leader: what was delivered is not delivered again, what is due
+    # now is delivered once.
+    _send_delayed(up, [b"after-%d" % i for i in range(2)])
+    _wait_delivered(up, 7)
+    time.sleep(2)
+    bodies = _delivered(up)
+    assert sorted(bodies) == sorted([b"before-%d" % i for i in range(5)] + [b"after-0", b"after-1"]), bodies

@@ -63,7 +63,12 @@ def read_delay_offsets(path: Path) -> DelayOffsetTable:
 def write_delay_offsets(path: Path, table: DelayOffsetTable, scan_from: int | None = None) -> None:
     """Atomically, its folder created durably by write_atomically (a plain mkdir here would make that a
     no-op, and a power cut would take the folder's name and the file with it: every delay delivered again)."""
+    write_atomically(path, delay_progress_bytes(table, scan_from), keep_backup=True)
+
+
+def delay_progress_bytes(table: DelayOffsetTable, scan_from: int | None = None) -> bytes:
+    """The file's bytes for ``table`` and ``scan_from``."""
     document: dict[str, object] = {"offsetTable": {str(level): offset for level, offset in sorted(table.items())}}
     if scan_from is not None:
         document[SCAN_FROM_KEY] = scan_from
-    write_atomically(path, json.dumps(document, indent=4).encode(), keep_backup=True)
+    return json.dumps(document, indent=4).encode()
