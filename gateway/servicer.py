@@ -836,18 +836,24 @@ class MessagingServicer:
         timeout = self._timeout(context)
         request = commitlog_pb2.TopicRequest(topic=config)
         existing = 0
-        for shard in self.shards:
-            if shard.name in skip:
-                existing += 1
-                continue
-            try:
-                await self.retry.read(functools.partial(shard.on_commitlog, shard.commitlog.CreateTopic, request,
-                                                        timeout))
-            except BackendError as exc:
-                if exc.code != grpc.StatusCode.ALREADY_EXISTS:
-                    raise
-                existing += 1
-        self.routes.invalidate()
+        created: list[tuple[ShardClient, common_pb2.TopicConfig]] = []
+        try:
+            for shard in self.shards:
+                if shard.name in skip:
+                    existing += 1
+                    continue
+                try:
+                    created.append((shard, await self.retry.read(functools.partial(
+                        shard.on_commitlog, shard.commitlog.CreateTopic, request, timeout))))
+                except BackendError as exc:
+                    if exc.code != grpc.StatusCode.ALREADY_EXISTS:
+                        raise
+                    existing += 1
+        finally:
+            if existing == 0 and len(created) == len(self.shards):
+                self.routes.changed(config.topic, created)  # every shard answered with its config
+            else:
+                self.routes.invalidate()  # some shards had it (with their own counts) or one failed
         if existing == len(self.shards) and not tolerate_existing:
             raise BackendError(grpc.StatusCode.ALREADY_EXISTS,
                                f"topic {config.topic!r} already exists: use UpdateTopic to change it")
@@ -872,18 +878,28 @@ class MessagingServicer:
         route = await self._route(request.topic.topic)
         timeout = self._timeout(context)
         updated = request.topic
-        for shard in dict.fromkeys(q.shard for q in route.queues):
-            updated = await self.retry.read(
-                functools.partial(shard.on_commitlog, shard.commitlog.UpdateTopic, request, timeout))
-        self.routes.invalidate()
+        answers: list[tuple[ShardClient, common_pb2.TopicConfig]] = []
+        try:
+            for shard in dict.fromkeys(q.shard for q in route.queues):
+                updated = await self.retry.read(
+                    functools.partial(shard.on_commitlog, shard.commitlog.UpdateTopic, request, timeout))
+                answers.append((shard, updated))
+        except BaseException:
+            self.routes.invalidate()
+            raise
+        self.routes.changed(request.topic.topic, answers)
         return updated
 
     @unary
     async def DeleteTopic(self, request: admin_pb2.DeleteTopicRequest,
                           context: Context) -> admin_pb2.DeleteTopicResponse:
         self.tokens.authorize(self._principal(context), Action.ADMIN, request.topic)
-        response = await self.admin.delete_topic(request.topic, self._timeout(context))
-        self.routes.invalidate()
+        try:
+            response = await self.admin.delete_topic(request.topic, self._timeout(context))
+        except BaseException:
+            self.routes.invalidate()
+            raise
+        self.routes.changed(request.topic, ())
         return response
 
     @unary

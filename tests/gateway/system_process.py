@@ -29,7 +29,7 @@ class UpProcess:
     """``mqstore up``: ``.gateway`` (address), ``.channel``, ``.stub`` (MessagingService), ``.addresses``."""
 
     def __init__(self, store: Path, base_port: int, metrics_base_port: int, proc: subprocess.Popen[bytes],
-                 log_path: Path) -> None:
+                 log_path: Path, log_start: int = 0) -> None:
         self.store = store
         self.base_port = base_port
         self.metrics_base_port = metrics_base_port
@@ -39,6 +39,9 @@ class UpProcess:
         self.query = f"127.0.0.1:{base_port + 3}"
         self.proc = proc
         self.log_path = log_path
+        #: Where this start's lines begin: a restart on the same store appends to the same log, whose
+        #: earlier "mqstore is up" must not count as this start's.
+        self.log_start = log_start
         self.channel = grpc.insecure_channel(self.gateway, options=CHANNEL_OPTIONS)
         self.stub = gateway_pb2_grpc.MessagingServiceStub(self.channel)
 
@@ -59,7 +62,7 @@ class UpProcess:
 
     def wait_up(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while "mqstore is up" not in self.logs():
+        while "mqstore is up" not in self.logs()[self.log_start:]:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"mqstore up exited with {self.proc.returncode}:\n{self.logs()[-5000:]}")
             if time.monotonic() > deadline:
@@ -111,12 +114,13 @@ def start_up(store: Path, env_overrides: Mapping[str, str] | None = None, extra_
     base_port = free_port_block(5)  # gateway, commitlog, indexer, query, scheduler
     metrics_base_port = free_port_block(7, avoid=range(base_port, base_port + 5))
     log_path = store.parent / f"{store.name}-up.log"
+    log_start = len(log_path.read_text(errors="replace")) if log_path.exists() else 0
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             [*mqstore_command(), "up", "--store", str(store), "--base-port", str(base_port),
              "--metrics-base-port", str(metrics_base_port), *(extra_args or [])],
             env=commitlog_env(env_overrides), stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
-    handle = UpProcess(store, base_port, metrics_base_port, proc, log_path)
+    handle = UpProcess(store, base_port, metrics_base_port, proc, log_path, log_start)
     try:
         handle.wait_up(timeout_s)
     except BaseException:
