@@ -40,7 +40,11 @@ class RocketMQ498Store:
                 ["java", *JAVA_OPTIONS, "-cp", CLASSPATH_FILE.read_text().strip(), "RocketMQ498Ha", role,
                  str(store_dir), str(file_size), ha],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
-        assert self._line() == "ready", self.logs()
+        try:
+            assert self._line() == "ready", self.logs()
+        except BaseException:
+            self.kill()
+            raise
 
     def _line(self) -> str:
         assert self.proc.stdout is not None

@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.v1 import commitlog_pb2
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from tests.commitlog.commitlog_process import StartCommitLog, free_port
 from tests.commitlog.replicas import AUTH, BASE_ENV, FILE_SIZE, follower_env, max_offset, message
 from tests.commitlog.rocketmq498_process import RocketMQ498Store, missing_reason
@@ -69,7 +69,7 @@ class MqstoreSender:
     """Batches to an mqstore SYNC_MASTER; counts every message written (an UNAVAILABLE SLAVE_NOT_AVAILABLE
     put is written on the leader, only not acknowledged)."""
 
-    def __init__(self, leader_stub: object) -> None:
+    def __init__(self, leader_stub: commitlog_pb2_grpc.CommitLogServiceStub) -> None:
         self.stub = leader_stub
         self.sent = 0
 
@@ -78,15 +78,14 @@ class MqstoreSender:
         for msg in batch if body_bytes else []:
             msg.body = msg.body * (body_bytes // len(msg.body) + 1)
         self.sent += size
-        self.stub.AppendBatch(commitlog_pb2.AppendBatchRequest(messages=batch),  # type: ignore[attr-defined]
-                              timeout=30, metadata=AUTH)
+        self.stub.AppendBatch(commitlog_pb2.AppendBatchRequest(messages=batch), timeout=30, metadata=AUTH)
 
     def unreplicated(self, leader_end: Callable[[], int], end: int) -> None:
         """With no follower: every batch is written and answered SLAVE_NOT_AVAILABLE."""
         while leader_end() < end:
             with pytest.raises(grpc.RpcError) as exc:
                 self._batch(50)
-            assert "SLAVE_NOT_AVAILABLE" in str(exc.value.details())  # type: ignore[attr-defined]
+            assert "SLAVE_NOT_AVAILABLE" in str(exc.value.details())
 
     def regardless(self, stop: threading.Event) -> None:
         """Batches until ``stop``, whatever the answers (the follower is killed meanwhile: UNAVAILABLE)."""
