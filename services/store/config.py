@@ -151,6 +151,9 @@ class MessageStoreConfig:
     etcd_endpoint: str = ""
     ha_replica_name: str = ""
     ha_lease_ttl_seconds: int = 5
+    # Not in RocketMQ: the host:port followers dial, written into etcd's leader key (default
+    # brokerIP1:haListenPort); set it when followers reach this replica through a proxy, NAT or Service.
+    ha_advertised_address: str = ""
 
     @property
     def store_host(self) -> str:
@@ -194,6 +197,8 @@ class MessageStoreConfig:
             raise ConfigError("brokerRole SLAVE needs haMasterAddress: the leader's HA listener, host:port")
         if self.ha_master_address:
             split_host_port(self.ha_master_address)
+        if self.ha_advertised_address and not _is_host_port(self.ha_advertised_address):
+            raise ConfigError(f"haAdvertisedAddress {self.ha_advertised_address!r} must look like host:port")
         if self.etcd_endpoint:
             split_host_port(self.etcd_endpoint)
             if self.ha_listen_port <= 0 or self.broker_role == SLAVE:
@@ -213,6 +218,14 @@ class MessageStoreConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(MessageStoreConfig)}
+
+
+def _is_host_port(address: str) -> bool:
+    try:
+        split_host_port(address)
+    except ConfigError:
+        return False
+    return True
 
 
 def split_host_port(address: str) -> tuple[str, int]:
