@@ -116,11 +116,13 @@ soak-scheduler: $(GENERATED)
 # The replication fault campaign at length (not in CI; tests/commitlog/test_replication.py kills a follower
 # once in the suite): followers of a SYNC_MASTER leader killed and restarted under producers for
 # SOAK_MINUTES (default 10), every stop point compared byte for byte; then as long again, leaders of
-# three replicas on a local etcd killed and restarted (tests/commitlog/test_failover_soak.py).
+# three replicas on a local etcd killed and restarted (tests/commitlog/test_failover_soak.py); then as
+# long again, the partition campaign's random faults (tests/commitlog/test_partition_campaign.py: kills of
+# leader, follower and etcd, a wiped leader, partitions through the tests' proxies). SOAK_SEED=N repeats one.
 .PHONY: soak-ha
 soak-ha: $(GENERATED) etcd
 	SOAK_HA_MINUTES=$${SOAK_MINUTES:-10} $(PY) -m pytest tests/commitlog/test_replication_soak.py \
-		tests/commitlog/test_failover_soak.py -q -s
+		tests/commitlog/test_failover_soak.py tests/commitlog/test_partition_campaign.py -q -s --timeout 0
 
 # The plain 4.9.8 HA wire in both directions against RocketMQ 4.9.8 itself (not in CI: it clones the tag
 # from GitHub unless ROCKETMQ_GIT_DIR or ROCKETMQ_SRC names a copy): tools/rocketmq498/build.sh compiles

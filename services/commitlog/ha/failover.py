@@ -97,7 +97,7 @@ class EtcdReplication:
         view = read_shard(self._client, ShardKeys(self._engine.config.broker_name))
         self._member = view.in_sync is not None and self.replica in view.in_sync.members
         if view.leader is None:
-            epoch = self.leadership.campaign()
+            epoch = self.leadership.campaign(self._epochs.last_epoch)
             if epoch is not None:
                 self._lead(epoch)
         elif view.leader.replica != self.replica and view.leader != self._following:

@@ -45,6 +45,10 @@ LEADERSHIPS = Counter("mqstore_commitlog_ha_leaderships",
 TRUNCATED_BYTES = Counter("mqstore_commitlog_ha_truncated_bytes",
                           "Bytes of a divergent, never acknowledged suffix cut from this replica's log",
                           REPLICA_LABELS)
+ASYNC_LOST_RANGE = Gauge("mqstore_commitlog_ha_async_lost_range",
+                         "The commitlog offsets (bound start, end) of the last suffix this ASYNC_MASTER replica cut "
+                         "on returning as a follower: puts it acknowledged alone, lost with the failover",
+                         [*REPLICA_LABELS, "bound"])
 
 
 def replica_name(config: MessageStoreConfig) -> str:

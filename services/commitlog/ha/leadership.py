@@ -61,9 +61,14 @@ class ShardLeadership:
         self._keeper: threading.Thread | None = None
 
     # -- campaigning -------------------------------------------------------------------------
-    def campaign(self) -> int | None:
+    def campaign(self, last_epoch: int | None = None) -> int | None:
         """Try to become the leader: the new epoch, or None when there is a leader already or this
-        replica is not in the in-sync set (only a member may be promoted)."""
+        replica is not in the in-sync set (only a member may be promoted).
+
+        ``last_epoch`` is the last epoch in this replica's epoch file (None: the caller keeps none). A
+        member's file holds the in-sync set's epoch (it took the leader's entries before it joined); one
+        that lacks it lost its store (a machine replaced, a disk wiped) under a name still listed, and
+        leading its short log would cut acknowledged records from every follower: it is not promoted."""
         view = read_shard(self.client, self.keys)
         if view.leader is not None:
             return None
@@ -71,6 +76,12 @@ class ShardLeadership:
             log.warning("shard %s has no leader, but replica %s is not in its in-sync set %s: it may not be "
                         "promoted (it may lack acknowledged records)", self.keys.shard, self.replica,
                         sorted(view.in_sync.members), extra={"shard": self.keys.shard})
+            return None
+        if view.in_sync is not None and last_epoch is not None and last_epoch < view.in_sync.epoch:
+            log.warning("shard %s has no leader; replica %s is listed in its in-sync set of epoch %d but its epoch "
+                        "file ends at epoch %d (its store was lost): it may not be promoted, it waits for a "
+                        "member that kept its log", self.keys.shard, self.replica, view.in_sync.epoch, last_epoch,
+                        extra={"shard": self.keys.shard})
             return None
         epoch = view.epoch + 1
         sent = time.monotonic()

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.epoch_file import EpochFile
-from services.commitlog.ha.ha_metrics import TRUNCATED_BYTES, replica_labels
+from services.commitlog.ha.ha_metrics import ASYNC_LOST_RANGE, TRUNCATED_BYTES, replica_labels
 from services.commitlog.topic_queue_table import QueueKey, replay_queue_offsets
-from services.store.config import MessageStoreConfig
+from services.store.config import SYNC_MASTER, MessageStoreConfig
 from services.store.formats.checkpoint import StoreCheckpoint
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.store_root import StoreLock, read_with_backup, remove_durably, write_atomically
@@ -70,9 +70,25 @@ def truncate_log(engine: CommitLog, epochs: EpochFile, cut: int, step: StepHook 
     engine.append_replica_data(under_put_lock)
     if cut_bytes:
         TRUNCATED_BYTES.labels(*replica_labels(engine.config)).inc(cut_bytes)
+        _report_cut(engine.config, cut, cut_bytes)
+    return cut_bytes
+
+
+def _report_cut(config: MessageStoreConfig, cut: int, cut_bytes: int) -> None:
+    """A SYNC_MASTER replica never acknowledged what it cuts; an ASYNC_MASTER one acknowledged its puts
+    before any follower held them, so its cut suffix may hold acknowledged messages: a loss bounded
+    by the replication lag at the failover, reported with its range, never silent."""
+    if config.broker_role == SYNC_MASTER:
         log.warning("commitlog TRUNCATED to offset %d: %d bytes past the point this replica's log shares with "
                     "its leader were never acknowledged and are gone", cut, cut_bytes, extra={"offset": cut})
-    return cut_bytes
+        return
+    labels = replica_labels(config)
+    ASYNC_LOST_RANGE.labels(*labels, "start").set(cut)
+    ASYNC_LOST_RANGE.labels(*labels, "end").set(cut + cut_bytes)
+    log.warning("commitlog TRUNCATED to offset %d: ASYNC_MASTER messages in [%d, %d) (%d bytes) may have been "
+                "acknowledged before any follower held them and are LOST (the replication lag at the failover; "
+                "SYNC_MASTER never acknowledges a put a follower lacks)", cut, cut, cut + cut_bytes, cut_bytes,
+                extra={"offset": cut, "lost_end": cut + cut_bytes})
 
 
 def rebuild_queue_table(mfq: MappedFileQueue, end: int) -> dict[QueueKey, int]:
