@@ -14,8 +14,8 @@ import struct
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.ha_metrics import REPLICATED_BYTES
-from services.commitlog.ha.metadata_apply import apply_replicated
-from services.commitlog.topic_queue_table import replay_queue_offsets
+from services.commitlog.ha.metadata_apply import apply_replicated, create_missing_topics
+from services.commitlog.topic_queue_table import QueueKey, replay_queue_offsets
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -102,15 +102,18 @@ class ReplicaAppender:
             records = bytes(self._pending[:complete])
             del self._pending[:complete]
             stamp = _store_timestamp(records, last) if last >= 0 else 0
-            apply_replicated(self._engine.topics, records)  # before the log holds them: metadata_apply.py
-            self._engine.append_replica_data(lambda: self._write(start, records, stamp))
+            ordered = apply_replicated(self._engine.topics, records)  # before the log holds them
+            touched: dict[QueueKey, int] = {}
+            self._engine.append_replica_data(lambda: self._write(start, records, stamp, touched))
+            if not ordered:
+                create_missing_topics(self._engine.topics, {key[0] for key in touched})
             self._pending_start = start + complete
             REPLICATED_BYTES.inc(complete)
         return self.log_end
 
-    def _write(self, start: int, records: bytes, store_timestamp: int) -> None:
+    def _write(self, start: int, records: bytes, store_timestamp: int, touched: dict[QueueKey, int]) -> None:
         """Under the put lock: copy into the files (rolling at their ends), then advance the queue
-        table over the new records, as a leader's put does."""
+        table over the new records, as a leader's put does (``touched``: the queues they advanced)."""
         mfq = self._engine.mfq
         offset, view = start, memoryview(records)
         while view:
@@ -123,7 +126,10 @@ class ReplicaAppender:
             if store_timestamp and take == len(view):
                 mapped.store_timestamp = store_timestamp
             view, offset = view[take:], offset + take
-        replay_queue_offsets(mfq, start, start + len(records), self._engine.queue_table)
+        try:
+            replay_queue_offsets(mfq, start, start + len(records), touched)
+        finally:
+            self._engine.queue_table.update(touched)
 
 
 def _store_timestamp(records: bytes, pos: int) -> int:
