@@ -14,7 +14,15 @@ from pyspark.accumulators import AccumulatorParam
 
 from pipeline.fs import RemoteFile, list_remote_commitlog, parse_location
 from pipeline.progress import Progress
-from pipeline.split_reader import Gap, MappedSplit, Split, iter_record_positions, plan_splits, scan_split
+from pipeline.split_reader import (
+    Gap,
+    MappedSplit,
+    Split,
+    iter_record_positions,
+    plan_splits,
+    scan_split,
+    without_zero_tail,
+)
 from services.store.formats.commitlog_walk import CommitLogFile, list_commitlog_files
 from services.store.formats.geometry import COMMITLOG_FILE_SIZE, GeometryOptions, StoreGeometry
 from services.store.formats.message import MessageRecord
@@ -80,6 +88,8 @@ class StoreInput:
 
     def plan(self, split_size: int, from_offset: int = 0) -> list[Split]:
         splits = plan_splits(self.layout.commitlog, split_size, from_offset, self.commitlog_files())
+        if self.remote is None:
+            splits = without_zero_tail(splits)
         Progress.expect(sum(split.end - split.start for split in splits), len(splits))
         if self.remote is None:
             return splits

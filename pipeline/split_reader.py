@@ -17,7 +17,9 @@ hole) or corrupt bytes. Workers only need this module and ``services.store`` (st
 
 from __future__ import annotations
 
+import errno
 import mmap
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -109,6 +111,62 @@ def plan_splits(commitlog_dir: str | Path, split_size: int = DEFAULT_SPLIT_SIZE,
             splits.append(Split(len(splits), str(file.path), file.start_offset, file.size, position, end))
             position = end
     return splits
+
+
+def without_zero_tail(splits: list[Split]) -> list[Split]:
+    """``splits`` (a plan of local files) up to the one holding the last non-zero byte of the
+    commitlog. What lies after it (a preallocated file's unused tail, a wholly unused next file) holds
+    no record and no hole, yet each split there would be a task that maps and compares zeros; the
+    splits kept are a prefix of the plan, so every record is read by the same task as before."""
+    ends: dict[str, int] = {}
+    kept = len(splits)
+    while kept:
+        split = splits[kept - 1]
+        if split.path not in ends:
+            ends[split.path] = data_end(split.path, split.file_size)
+        if split.start < ends[split.path]:
+            break
+        kept -= 1
+    return splits[:kept]
+
+
+def data_end(path: str | Path, size: int) -> int:
+    """The position after the last non-zero byte among the file's first ``size`` bytes (0: none).
+    Only the file's data extents are read, from the end: the holes of a sparse file (how RocketMQ and
+    mqstore preallocate) cost nothing."""
+    with open(path, "rb") as handle:
+        extents = _data_extents(handle.fileno(), size)
+        if not extents:
+            return 0
+        with mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+            for start, end in reversed(extents):
+                while end > start:
+                    chunk_start = max(end - _ZERO_CHUNK, start)
+                    chunk = mapped[chunk_start:end]
+                    if chunk != _ZEROS[:len(chunk)]:
+                        return chunk_start + len(chunk.rstrip(b"\0"))
+                    end = chunk_start
+    return 0
+
+
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges of the file that may hold data (SEEK_DATA/SEEK_HOLE); the whole file
+    where the file system cannot tell."""
+    extents: list[tuple[int, int]] = []
+    position = 0
+    try:
+        while position < size:
+            start = os.lseek(fd, position, os.SEEK_DATA)
+            if start >= size:
+                break
+            position = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            extents.append((start, position))
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: only a hole is left
+            return [(0, size)] if size else []
+    except AttributeError:  # no SEEK_DATA on this platform
+        return [(0, size)] if size else []
+    return extents
 
 
 class MappedSplit:

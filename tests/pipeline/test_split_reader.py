@@ -104,3 +104,25 @@ def test_plan_from_offset_skips_earlier_files(pristine_store: StoreFactory) -> N
     splits = plan_splits(commitlog, 300_000, from_offset=1_048_576 + 10)
     assert splits[0].offset == 1_048_576 + 10
     assert all(s.end - s.start <= 300_000 for s in splits)
+
+
+@pytest.mark.parametrize(("name", "split_size"), [("normal-raw", 65536), ("crash-raw", 65536), ("crash-raw", 1 << 20)])
+def test_no_split_is_planned_in_the_zeros_after_the_last_record(pristine_store: StoreFactory, name: str,
+                                                                split_size: int) -> None:
+    """A preallocated file's unused tail and a wholly unused next file hold nothing, yet each split
+    there would be a task: the plan stops at the split holding the last non-zero byte."""
+    from pipeline.scan import StoreInput
+
+    commitlog = pristine_store(name) / "commitlog"
+    expected, _ = walk(commitlog)
+    last = next(e for e in reversed(list(iter_commitlog(commitlog))) if isinstance(e, RecordEntry))
+    data_end = last.offset + last.size
+    splits = StoreInput.open(commitlog).plan(split_size)
+    assert splits[-1].offset < data_end <= splits[-1].file_offset + splits[-1].end
+    assert [s.index for s in splits] == list(range(len(splits)))
+    assert splits == plan_splits(commitlog, split_size)[:len(splits)]  # the same tasks for the data
+    offsets: list[int] = []
+    for split in splits:
+        with MappedSplit(split) as view:
+            offsets += [split.file_offset + p for p in iter_record_positions(view, scan_split(view, split).runs)]
+    assert offsets == expected
