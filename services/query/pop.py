@@ -14,11 +14,13 @@ import logging
 
 from services.query.consumer_offsets import ConsumerOffsetTable
 from services.query.errors import FailedPreconditionError
+from services.query.offset_log import OffsetLog
 from services.query.pop_checkpoints import InFlight, Key, PopCheckpointTable, PopQueue, now_ms
 from services.query.pull import GetMessageStatus, Puller
 from services.query.queue_offset_lookup import QueueOffsets
 from services.query.stored_message import StoredMessage
 from services.store.errors import InvalidArgumentError, NotFoundError
+from services.store.metadata_log import OffsetChange
 from services.store.rules.names import check_group, check_queue
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import parse_subscription
@@ -80,6 +82,8 @@ class PopService:
         self._offsets = offsets
         self._puller = puller
         self._queue_offsets = queue_offsets
+        #: Set on a replicated shard: the offsets pops move go through the log.
+        self.offset_log: OffsetLog | None = None
 
     async def pop(self, group: str, topic: str, queue_id: int, max_messages: int, invisible_ms: int,
                   subscription: str, max_attempts: int) -> PopResult:
@@ -100,7 +104,7 @@ class PopService:
                 query = PullQuery.checked(topic, queue_id, q.pop_offset, min(max_messages - len(out), PULL_BATCH), 0,
                                           filtered, 0, 0)
                 blocked = await self._hand_out_new(query, q, invisible_ms, out)
-            self._sync_offset(group, topic, queue_id, q)
+            await self._sync_offset(group, topic, queue_id, q)
             if out or before != (q.pop_offset, len(q.inflight)):
                 self.table.changed()  # an empty look (a waiting consumer's) writes nothing
             return PopResult(out, q.pop_offset, blocked, q.next_visible_ms(max_attempts))
@@ -147,7 +151,7 @@ class PopService:
         async with q.lock:
             self._entry(ref, q)
             del q.inflight[ref.offset]
-            self._sync_offset(ref.group, ref.topic, ref.queue_id, q)
+            await self._sync_offset(ref.group, ref.topic, ref.queue_id, q)
             self.table.changed()
             return q.committed
 
@@ -189,7 +193,7 @@ class PopService:
                     entry.visible_at_ms = now_ms() + claim_ms
                     out.append(Claimed(Ref(group, topic, queue_id, offset, entry.version), message.msg_id,
                                        entry.attempts, message.reconsume_times))
-                self._sync_offset(group, topic, queue_id, q)
+                await self._sync_offset(group, topic, queue_id, q)
                 self.table.changed()
         return out
 
@@ -237,10 +241,15 @@ class PopService:
         q.inflight.clear()
         q.pop_offset = q.committed = stored
 
-    def _sync_offset(self, group: str, topic: str, queue_id: int, q: PopQueue) -> None:
+    async def _sync_offset(self, group: str, topic: str, queue_id: int, q: PopQueue) -> None:
+        """Under the queue's lock. On a replicated shard the offset goes through the log (offset_log.py):
+        the table has it once this returns, so a pop's ``_follow_offset`` never takes it for a reset."""
         lowest = q.lowest
         if lowest != q.committed:
-            self._offsets.commit(group, topic, queue_id, lowest)
+            if self.offset_log is None:
+                self._offsets.commit(group, topic, queue_id, lowest)
+            else:
+                await self.offset_log.commit(OffsetChange(group, topic, queue_id, lowest))
             q.committed = lowest
 
     async def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:

@@ -60,6 +60,10 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
         self._sync_offset_commits = sync_offset_commits
         self._stopping = False
 
+    def replicate_offsets(self, offset_log: OffsetLog) -> None:
+        """A replicated shard: commits and the offsets pops move go through the log (offset_log.py)."""
+        self.offset_log = self._pop.offset_log = offset_log
+
     def begin_shutdown(self) -> None:
         """New calls fail UNAVAILABLE; waiting long polls are released by the arrival watcher's stop."""
         self._stopping = True

@@ -4,8 +4,8 @@ A topic created and consumer offsets committed through the gateway are held by e
 the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the topic with its queue
 counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
 on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
-the leader, as it refuses sends. The scheduler, moved to the new leader, delivers each delay-level
-message once: not again those the old leader delivered.
+the leader, as it refuses sends. A pop group's acknowledged offset survives too. The scheduler, moved
+to the new leader, delivers each delay-level message once: not again those the old leader delivered.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.gateway.test_up_replicas import REPLICAS, _leader, _pid, replicated  
 TOPIC = "created-on-the-leader"
 DELAYED = "delayed-once"
 GROUP = "resumes-exactly"
+POP_GROUP = "pops-and-acks"
 QUEUES = 5
 COMMITTED = {0: 3, 2: 7, 4: 1}
 
@@ -69,6 +70,21 @@ def _create_topic(up: UpProcess, topic: str, queues: int) -> None:
             if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _pop_and_ack(up: UpProcess, replica: int, queue_id: int, count: int) -> int:
+    """Pop ``count`` messages of TOPIC's queue on ``replica``'s query service and ack each; returns the
+    group's offset after the last ack."""
+    query = _query(up, replica)
+    popped = query.PopMessage(query_pb2.PopMessageRequest(consumer_group=POP_GROUP, topic=TOPIC, queue_id=queue_id,
+                                                          max_messages=count, invisible_ms=60_000), timeout=10)
+    assert len(popped.messages) == count, popped
+    committed = -1
+    for m in popped.messages:
+        ref = query_pb2.PoppedRef(consumer_group=POP_GROUP, topic=TOPIC, queue_id=queue_id,
+                                  queue_offset=m.message.queue_offset, version=m.version)
+        committed = query.AckPopped(query_pb2.AckPoppedRequest(ref=ref), timeout=10).committed_offset
+    return int(committed)
 
 
 def _send_delayed(up: UpProcess, bodies: list[bytes]) -> None:
@@ -119,6 +135,7 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
         up.stub.CommitOffset(query_pb2.UpdateConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC,
                                                                    queue_id=queue_id, offset=offset), timeout=15)
 
+    popped_to = _pop_and_ack(up, _replica_index(leader), queue_id=1, count=3)
     _send_delayed(up, [b"before-%d" % i for i in range(5)])
     _wait_delivered(up, 5)
 
@@ -154,6 +171,9 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     assert _topics(up, new).get(TOPIC) == (QUEUES, QUEUES), f"the new leader {new_leader} lacks the topic"
     assert _offsets(up, new) == COMMITTED, f"the new leader {new_leader}'s consumer offsets"
     assert _offsets(up, None) == COMMITTED, "the group resumes at its commits through the gateway"
+    popped = _query(up, new).QueryConsumerOffset(query_pb2.QueryConsumerOffsetRequest(
+        consumer_group=POP_GROUP, topic=TOPIC, queue_id=1), timeout=10).offset
+    assert popped == popped_to == 3, "the pop group's acknowledged offset"
 
     # The scheduler moves to the new leader: what was delivered is not delivered again, what is due
     # now is delivered once.
