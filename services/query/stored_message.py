@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from mqstore.client.compression import consumer_body
 from services.query.errors import DataLossError
@@ -234,3 +237,53 @@ def _msg_id(store_raw: bytes, commitlog_offset: int) -> str:
             _host_hex.clear()
         prefix = _host_hex[store_raw] = store_raw.hex().upper()
     return f"{prefix}{commitlog_offset & 0xFFFF_FFFF_FFFF_FFFF:016X}"
+
+
+def checked_run(run: bytes, units: Sequence[tuple[int, int, int, int]], topic: bytes, queue_id: int) -> bool:
+    """:func:`checked_raw` (without tags) for the records of ``units`` (ConsumeQueue units: queue offset,
+    commitlog offset, size, tags code) when they lie back to back in ``run``, which starts at the first
+    one's commitlog offset: the fixed fields of all of them are compared at once (numpy gathers each
+    field's bytes from every record), then each body's CRC and each properties' ASCII are checked in
+    one tight loop of C calls. False when the units are not contiguous, or any record is not the common
+    layout or fails a check: the caller then checks record by record, which finds the first bad one
+    and says what is wrong with it."""
+    if not units:
+        return False
+    table = np.array(units, np.int64)
+    queue_offsets, commitlog_offsets, size = table[:, 0], table[:, 1], table[:, 2]
+    at = commitlog_offsets - commitlog_offsets[0]
+    end = at + size
+    if int(size.min()) < _RAW_CHECK.size + 3 + len(topic) or int(end[-1]) != len(run) or \
+            not bool((at[1:] == end[:-1]).all()):
+        return False
+    u8 = np.frombuffer(run, np.uint8)
+
+    def field(position: int, width: int, kind: str) -> Any:
+        return u8[(at + position)[:, None] + np.arange(width)].view(kind).ravel()
+
+    body_length = field(84, 4, ">i4").astype(np.int64)
+    topic_end = at + _RAW_CHECK.size + body_length + 1 + len(topic)
+    if not (bool((field(0, 4, ">i4") == size).all())
+            and bool((field(4, 4, ">u4") == MESSAGE_MAGIC_CODE).all())
+            and bool((field(12, 4, ">i4") == queue_id).all())
+            and bool((field(20, 8, ">i8") == queue_offsets).all())
+            and bool((field(28, 8, ">i8") == commitlog_offsets).all())
+            and not bool((field(36, 4, ">i4") & _V6_BITS).any())
+            and bool((body_length >= 0).all()) and bool((topic_end + 2 <= end).all())):
+        return False
+    topic_length_at = topic_end - len(topic) - 1
+    if not bool((u8[topic_length_at] == len(topic)).all()) or \
+            not bool((u8[topic_length_at[:, None] + 1 + np.arange(len(topic))] ==
+                      np.frombuffer(topic, np.uint8)).all()):
+        return False
+    properties_length = (u8[topic_end].astype(np.int64) << 8) | u8[topic_end + 1]
+    if bool((u8[topic_end] & 0x80).any()) or not bool((topic_end + 2 + properties_length == end).all()):
+        return False
+    view, crc32, mask = memoryview(run), zlib.crc32, _CRC_MASK
+    body_start = (at + _RAW_CHECK.size).tolist()
+    for start, stop, crc, properties_start, record_end in zip(
+            body_start, (at + _RAW_CHECK.size + body_length).tolist(), field(8, 4, ">i4").tolist(),
+            (topic_end + 2).tolist(), end.tolist(), strict=True):
+        if crc32(view[start:stop]) & mask != crc or not run[properties_start:record_end].isascii():
+            return False
+    return True

@@ -24,7 +24,7 @@ from services.query.backends import QueueUnit
 from services.query.convert import add_messages
 from services.query.errors import DataLossError
 from services.query.pull import Selection, _collect, _collect_raw
-from services.query.stored_message import StoredMessage, checked_raw, stored_message
+from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message
 from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
@@ -251,3 +251,52 @@ def test_client_decoder_fails_only_with_data_loss(flips: list[tuple[int, int]], 
         blob[index % len(blob)] ^= value
     with contextlib.suppress(ClientDataLossError):
         decode_records(bytes(blob[:len(blob) - cut]))
+
+
+def run_of(units: Sequence[QueueUnit], records: Sequence[bytes]) -> bool:
+    """checked_run over the records laid back to back, as the units place them."""
+    return checked_run(b"".join(records), units, TOPIC.encode(), QUEUE)
+
+
+COMMON = ["plain", "empty body", "no properties", "other tag", "zlib", "lz4 type", "flagged not zlib", "odd properties"]
+
+
+def test_a_run_of_common_records_is_checked_at_once() -> None:
+    units, records = store_of([GOOD[name] for name in COMMON] * 3)
+    assert run_of(units, records)
+    for rare in ("utf8", "ipv6 born", "ipv6 store", "v2 magic"):  # checked record by record instead
+        units, records = store_of([GOOD["plain"], GOOD[rare], GOOD["plain"]])
+        assert not run_of(units, records)
+
+
+@pytest.mark.parametrize("where", [0, 2])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_record_fails_the_run_check(damage: str, where: int) -> None:
+    units, records = store_of([lambda q, o: record(q, o, b"y" * 40, properties={"TAGS": "TagA"})] * 4)
+    records[where] = DAMAGE[damage](records[where])
+    if len(records[where]) != units[where].size:  # the log holds the record's bytes: the unit keeps its size
+        units[where] = units[where]._replace(size=len(records[where]))
+        for i in range(where + 1, len(units)):
+            units[i] = units[i]._replace(commitlog_offset=units[i - 1].commitlog_offset + units[i - 1].size)
+    assert not run_of(units, records)
+
+
+@pytest.mark.parametrize("where", [0, 1])
+def test_a_unit_of_another_place_fails_the_run_check(where: int) -> None:
+    units, records = store_of([GOOD["plain"]] * 3)
+    for bad in (units[where]._replace(queue_offset=9), units[where]._replace(commitlog_offset=1)):
+        assert not run_of([*units[:where], bad, *units[where + 1:]], records)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=3))
+def test_the_run_check_passes_only_what_the_record_check_passes(flips: list[tuple[int, int]]) -> None:
+    units, records = store_of([GOOD[name] for name in COMMON])
+    blob = bytearray(b"".join(records))
+    for index, value in flips:
+        blob[index % len(blob)] ^= value
+    base = units[0].commitlog_offset
+    damaged = [bytes(blob[u.commitlog_offset - base:u.commitlog_offset - base + u.size]) for u in units]
+    if run_of(units, damaged):  # a flipped FLAG or timestamp is no damage a check can see
+        query = PullQuery.checked(TOPIC, QUEUE, 0, 1024, 0, parse_subscription("*"), 0, 0)
+        assert _collect_raw(query, Selection(units, len(units), 0), damaged, 0) == (damaged, len(units))
