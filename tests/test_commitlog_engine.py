@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -86,7 +87,10 @@ def test_unknown_topic_without_auto_create_is_not_found(tmp_path: Path) -> None:
             log.put_message(Message("Yes", 0, b"x"))
     finally:
         log.shutdown()
-    assert (tmp_path / "config" / "topics.json.bak").exists()
+    # A clean stop folds the table's journal into topics.json: what was acknowledged, in one file.
+    assert json.loads((tmp_path / "config" / "topics.json").read_bytes())["topics"] == {
+        "Yes": {"read_queue_nums": 4, "write_queue_nums": 4, "perm": 4}}
+    assert (tmp_path / "config" / "topics.json.journal").read_bytes() == b""
 
 
 @pytest.mark.parametrize("store_geometry", [SMALL], ids=geometry_id, indirect=True)

@@ -55,6 +55,7 @@ from services.store.formats.message import Message, parse_delay_levels
 from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
 from services.store.formats.record import SIZE_AND_MAGIC, RecordError, decode_record
 from services.store.formats.store_layout import INDEXER_DIR
+from services.store.formats.topics_file import FILE_NAME as TOPICS_FILE
 from services.store.invariants import broken
 from services.store.metadata_log import METADATA_TOPIC, replicates_metadata
 from services.store.rules.topics import TopicConfig
@@ -96,7 +97,7 @@ class MessageStore:
                            config.mapped_file_size_commit_log)
         self.disk = DiskGuard(self.root / "commitlog", config.disk_space_warning_level_ratio,
                               reserve_step, headroom)
-        self.topics = TopicConfigManager(self.root / "config" / "topics.json", config.default_topic_queue_nums,
+        self.topics = TopicConfigManager(self.root / "config" / TOPICS_FILE, config.default_topic_queue_nums,
                                          len(self._delay_levels_ms))
         self.quarantine = QuarantineTable(self.root)
         self.commit_log = CommitLog(config, self.root, self.topics, self.disk, self.quarantine, reserve_step)
@@ -316,6 +317,7 @@ class MessageStore:
             self._checkpoint = None
         self._save_queue_offsets(self.commit_log.queue_offset_snapshot())
         self.commit_log.close()
+        self.topics.close()
         self._abort.remove()
         self._lock_file.release()
         log.info("commitlog stopped cleanly at offset %d", self.max_offset)

@@ -27,6 +27,8 @@ from services.store.errors import DiskFullError
 from services.store.formats.mapped_file_queue import MappedFileQueue
 from services.store.formats.message import Message
 from services.store.formats.record import DispatchRequest, parse_dispatch_requests
+from services.store.formats.table_journal import encode_entry, journal_path
+from services.store.formats.topics_file import put_entry
 from services.store.formats.transient_store_pool import TransientStorePool
 from services.store.rules.topics import TopicConfig
 from tests.commitlog.commitlog_process import StartCommitLog
@@ -217,19 +219,25 @@ def test_a_topics_json_write_that_meets_enospc_fails_cleanly(disk: Path) -> None
     """The race the watermark cannot see: the disk fills between the check and the write."""
     path = disk / "config" / "topics.json"
     topics = TopicConfigManager(path)
-    topics.create(TopicConfig("Before", 1, 1))
-    written = path.read_bytes()
+    journal = journal_path(path)  # a change is one entry appended to the table's journal
+    block = os.statvfs(disk).f_bsize
+    entry = len(encode_entry(put_entry("After", {"read_queue_nums": 1, "write_queue_nums": 1, "perm": 6})))
+    before = 0
+    while before == 0 or block - journal.stat().st_size % block >= entry:  # the next entry needs a new block
+        topics.create(TopicConfig(f"Before{before}", 1, 1))
+        before += 1
+    written = journal.read_bytes()
     fill(disk / "ballast", leave_bytes=0)
     with pytest.raises(DiskFullError) as refused:
         topics.create(TopicConfig("After", 1, 1))
     assert_refusal(str(refused.value), disk)
-    assert path.read_bytes() == written and sorted(p.name for p in path.parent.iterdir()) == ["topics.json"]
+    assert journal.read_bytes() == written and sorted(p.name for p in path.parent.iterdir()) == [journal.name]
     assert topics.get("After") is None
     (disk / "ballast").unlink()
     topics.create(TopicConfig("After", 1, 1))
     reloaded = TopicConfigManager(path)
     reloaded.load()
-    assert [c.topic for c in reloaded.list()] == ["After", "Before"]
+    assert [c.topic for c in reloaded.list()] == ["After", *sorted(f"Before{i}" for i in range(before))]
 
 
 # -- the commitlog service: RESOURCE_EXHAUSTED over gRPC, no traceback, resuming --------------------------

@@ -15,6 +15,7 @@ import pytest
 from bench.services import free_port_block
 from mqstore.v1 import admin_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, indexer_pb2_grpc, query_pb2
 from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.formats.topics_file import read_topics
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
 from tests.gateway.system_process import UpProcess, start_up
 from tests.geometry import SMALL
@@ -123,8 +124,8 @@ def test_topics_delete_removes_config_and_consume_queues_and_a_new_send_recreate
     assert not cq_dir.exists()
     listed = mqstore(admin_up, "topics", "list", "--json")
     assert topic not in listed.stdout
-    topics_file = json.loads((admin_up.store / "config" / "topics.json").read_text())
-    assert topic not in topics_file["topics"] and topic in topics_file["deleted"]
+    stored = read_topics(admin_up.store / "config" / "topics.json")  # the snapshot and its journal
+    assert topic not in stored.topics and topic in stored.deleted
     with pytest.raises(grpc.RpcError) as pulled:
         admin_up.stub.Pull(query_pb2.PullMessageRequest(topic=topic, queue_id=2, queue_offset=0), timeout=10)
     assert pulled.value.code() == grpc.StatusCode.NOT_FOUND
@@ -137,7 +138,7 @@ def test_topics_delete_removes_config_and_consume_queues_and_a_new_send_recreate
     assert new[0].queue_offset == old[-1].queue_offset + 1
     bodies = [m.body for m in pull_all(admin_up, topic, 2, new[-1].queue_offset + 1)]
     assert bodies == [b"new-%d" % i for i in range(5)]
-    assert topic not in json.loads((admin_up.store / "config" / "topics.json").read_text()).get("deleted", [])
+    assert topic not in read_topics(admin_up.store / "config" / "topics.json").deleted
 
 
 @pytest.mark.parametrize("topic", [SCHEDULE_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "TBW102"])

@@ -4,7 +4,6 @@ indexer address, and the client's plain dicts."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from services.indexer.topic_deletion import delete_topic
 from services.store.errors import InvalidArgumentError, NotFoundError
 from services.store.formats.message import SCHEDULE_TOPIC
 from services.store.formats.record import DispatchRequest
+from services.store.formats.topics_file import read_topics
 from services.store.rules.topics import TopicConfig
 from tests.geometry import SMALL
 
@@ -40,7 +40,7 @@ def test_a_deleted_topic_is_tombstoned_against_discovery_until_it_is_created_aga
     assert reloaded.merge_discovered({"Gone": 4, "Other": 2}) == [TopicConfig("Other", 2, 2)]
     assert reloaded.get("Gone") is None
     reloaded.get_or_create("Gone")  # a first send creates it again: off the list
-    assert not reloaded.is_deleted("Gone") and "deleted" not in json.loads(path.read_text())
+    assert not reloaded.is_deleted("Gone") and "Gone" not in read_topics(path).deleted  # as stored
 
 
 def _records(topic: str, count: int, start_offset: int = 0, first_queue_offset: int = 0) -> list[DispatchRequest]:

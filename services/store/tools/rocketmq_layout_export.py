@@ -34,11 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.store.errors import StoreError
 from services.store.formats.checkpoint import StoreCheckpoint, read_checkpoint
 from services.store.formats.commitlog_walk import CommitLogError, list_commitlog_files
 from services.store.formats.delay_offsets_file import FILE_NAME, read_delay_offsets
 from services.store.formats.index_file import IndexFileError
 from services.store.formats.message import SCHEDULE_TOPIC
+from services.store.formats.topics_file import FILE_NAME as TOPICS_FILE
+from services.store.formats.topics_file import read_topics
 from services.store.rules.transaction_records import CHECK_OFFSETS_FILE, check_consumer_offsets
 from services.store.store_root import ABORT_FILE, LOCK_FILE, fsync_dir
 from services.store.tools.inspect_index import infer_geometry
@@ -50,7 +53,6 @@ CONSUME_QUEUE_DIR = "consumequeue"
 INDEX_DIR = "index"
 CONFIG_DIR = "config"
 CHECKPOINT_FILE = "checkpoint"
-TOPICS_FILE = "topics.json"
 CONSUMER_OFFSET_FILE = "consumerOffset.json"
 DELAY_OFFSET_FILE = FILE_NAME  # delayOffset.json
 #: the scheduler's root inside an mqstore store (``mqstore up``)
@@ -371,10 +373,10 @@ def _write_topics(source: Path, target: Path) -> int:
     """TopicConfigManager's file: TopicConfigSerializeWrapper as fastjson writes it (fields sorted by
     name, tab-indented). SCHEDULE_TOPIC_XXXX is left out: the broker declares it itself, with its 18
     queues, and a config read from the file would replace that."""
-    table = _read_json(source, "topics", TOPICS_FILE)
-    topics = table.get("topics", {}) if table is not None else {}
-    if not isinstance(topics, dict):
-        raise ExportError(f"{source}: \"topics\" is not an object; repair it or restore its .bak")
+    try:
+        topics = read_topics(source).topics  # the snapshot and the changes journalled since
+    except (ValueError, KeyError, TypeError, StoreError) as exc:
+        raise ExportError(f"the topics in {source}: {exc}; repair or restore {TOPICS_FILE}") from None
     config: dict[str, dict[str, Any]] = {}
     for name, fields in sorted(topics.items()):
         if name == SCHEDULE_TOPIC:
