@@ -3,11 +3,12 @@
 Layout under the store root: the commitlog service owns the root itself (``commitlog/``,
 ``checkpoint``, ``config/``...), the indexer owns ``indexer/``, the query service ``query/``, the
 scheduler ``scheduler/`` (its ``config/delayOffset.json``); the gateway keeps nothing on disk. Each
-child is started once the one before reports SERVING on the standard health service (the indexer
+child starts once the one before reports SERVING on the standard health service (the indexer
 tails the commitlog, the query service reads both, the gateway fronts them all; the scheduler, last,
-follows the indexer and appends to the commitlog). A signal stops the services in reverse start
-order (readers before the writer), each cleanly, so no abort file is left and the next ``up``
-reuses the data.
+follows the indexer and appends to the commitlog); the processes are all started at once, held while
+they import their modules (services/held_start.py), so that those imports overlap. A signal stops
+the services in reverse start order (readers before the writer), each cleanly, so no abort file is
+left and the next ``up`` reuses the data.
 
 A child's health answer names the instance ``up`` started it as (``MQSTORE_INSTANCE_ID``), so a second
 ``up`` whose ports another system holds fails at the first one, naming it, instead of taking the other
@@ -18,6 +19,7 @@ more than ``RestartPolicy.max_restarts`` times within its window stops the syste
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -162,8 +164,11 @@ class _Child:
     instance: str = ""
     restarts: RestartPolicy = field(default_factory=RestartPolicy)
     restart_at: float | None = None
+    #: started by services/held_start.py and not released yet
+    held: bool = False
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self, held: bool = False) -> subprocess.Popen[bytes]:
+        """Start the child; ``held``: it imports its modules, then waits for :meth:`release`."""
         spec = self.spec
         self.instance = uuid.uuid4().hex
         env = dict(os.environ)
@@ -173,14 +178,27 @@ class _Child:
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
         # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
         # once, in order (a second signal would make a child skip its clean shutdown).
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", *spec.args],
-                                     start_new_session=True, env=env)
+        entry = "services.held_start" if held else "services.cli"
+        self.proc = subprocess.Popen([sys.executable, "-m", entry, *spec.args], start_new_session=True, env=env,
+                                     stdin=subprocess.PIPE if held else None)
+        self.held = held
         log.info("started %s (pid %d) on %s", spec.name, self.proc.pid, spec.listen)
         return self.proc
 
+    def release(self, go: bool = True) -> None:
+        """Let a held child start (``go``), or end it before it starts."""
+        if self.held and self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):  # it exited meanwhile: seen by the caller's poll
+                if go:
+                    self.proc.stdin.write(b"go\n")
+                self.proc.stdin.close()
+        self.held = False
+
     def start_serving(self) -> str | None:
-        """Start the child and wait until it serves; why it does not (None: serving, or it exited)."""
-        proc = self.start()
+        """Start the child (release it, if it is held) and wait until it serves; why it does not (None:
+        serving, or it exited)."""
+        proc = self.proc if self.held and self.proc is not None else self.start()
+        self.release()
         try:
             if wait_serving(self.spec.listen, proc, START_TIMEOUT_S, self.instance):
                 return None
@@ -233,12 +251,15 @@ def run(store: str, config_file: str | None, base_port: int | None = None, auth_
     root = Path(store)
     make_dirs(root)
     addresses = Addresses.of(config_file, base_port)
-    children: list[_Child] = []
+    # Every child is started at once, held (their imports overlap), and released once the one before serves.
+    children = [_Child(spec) for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port,
+                                                     gateway_workers)]
     stop_requested = StopRequest()
+    for child in children:
+        child.start(held=True)
     failure = None
-    for spec in child_specs(root, config_file, addresses, auth_file, metrics_base_port, gateway_workers):
-        child = _Child(spec)
-        children.append(child)
+    for child in children:
+        spec = child.spec
         failure = child.start_serving()
         if stop_requested():
             break
@@ -286,6 +307,9 @@ def _stop(child: _Child) -> int:
     proc, name = child.proc, child.spec.name
     if proc is None or proc.poll() is not None:
         return 0
+    if child.held:  # never released: the end of its input ends it
+        child.release(go=False)
+        return proc.wait(STOP_TIMEOUT_S)
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(STOP_TIMEOUT_S)
