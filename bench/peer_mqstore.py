@@ -5,8 +5,9 @@ this module adds what the peer table needs beyond them, all through the gateway'
 
 * ``pull``: Pull of ``batch`` (1024) messages from a random offset of a queue, wrapping at its end.
   When the generated code has ``PullMessageRequest.raw_records`` the pull asks for the stored record
-  bytes (``PullMessageResponse.records`` + ``record_count``), decodes them into messages with the client
-  library (as hiredis parses XRANGE's entries) and checks their count and size; otherwise
+  bytes (``PullMessageResponse.records`` + ``record_count``), reads them with the client library's lazy
+  view (``PulledRecords``, as hiredis parses XRANGE's entries) and checks their count and each body's
+  size (which checks its CRC); otherwise
   it decodes the answer's header only (as bench/gateway.py's ``pull raw``), every 64th in full.
 * ``get``: GetMessage by an offset msg id of the preloaded messages (kind OFFSET), body size checked.
 * ``key``: QueryByKey of a random key of the ~1M keys indexed (bench/query.py's key layout).
@@ -40,7 +41,7 @@ from bench.gateway import (
 from bench.peer_runner import Job, Tally
 from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
 from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
-from mqstore.client.records import decode_records
+from mqstore.client.record_view import PulledRecords
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
 
 MIB = 1024 * 1024
@@ -103,7 +104,7 @@ def count_acked(answer: bytes, batch: int, tally: Tally) -> None:
 
 def pull_mode() -> str:
     if raw_pull_available():
-        return "Pull 1024, raw_records decoded by mqstore_client"
+        return "Pull 1024, raw_records read by mqstore_client's lazy view"
     return "Pull 1024, decoded (header only)"
 
 
@@ -213,10 +214,11 @@ class MqstoreSession:
                 response: Any = full(answer)
                 status, next_offset = response.status, response.next_begin_offset
                 got = next_offset - offset
-                # Decoded into messages by the client library, as hiredis parses XRANGE's entries.
-                messages = decode_records(response.records, queue_id) if status == FOUND else []
-                if status == FOUND and (len(messages) != got or any(len(m.body) != BODY_SIZE for m in messages)):
-                    raise RuntimeError(f"queue {queue_id} at {offset}: {len(messages)} records in "
+                # Read by the client library's lazy view, as a consumer that checks each body's length
+                # would (each body CRC-checked when read), as hiredis parses XRANGE's entries.
+                pulled = PulledRecords(response.records, queue_id) if status == FOUND else ()
+                if status == FOUND and (len(pulled) != got or any(len(m.body) != BODY_SIZE for m in pulled)):
+                    raise RuntimeError(f"queue {queue_id} at {offset}: {len(pulled)} records in "
                                        f"{len(response.records)} B, the next offset says {got}")
             else:
                 head: Any = header(answer)

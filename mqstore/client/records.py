@@ -29,7 +29,7 @@ import ipaddress
 import struct
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from mqstore.client.compression import COMPRESSED_FLAG, consumer_body
 from mqstore.client.errors import DataLossError
@@ -61,64 +61,112 @@ def decode_records(data: bytes, queue_id: int | None = None) -> list[Message]:
     """Every record of a raw pull answer, in order. ``queue_id``: the queue id the pull named (a
     record holds its shard's queue id, which the gateway's route may number differently); None keeps
     the record's. Raises DataLossError for bytes that are not whole records or a body that does not
-    match its CRC."""
+    match its CRC. :class:`~mqstore.client.record_view.PulledRecords` reads the same bytes lazily."""
     messages: list[Message] = []
     append = messages.append
     end = len(data)
     pos = 0
     while pos < end:
-        if end - pos < _MIN_RECORD:
-            raise DataLossError("DATA_LOSS", f"raw records at byte {pos}: {end - pos} bytes left, too few for a record")
-        head = _HEADS[data[pos + _SYSFLAG_LOW_BYTE] & _V6_BITS]
-        try:
-            (size, magic, crc, record_queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
-             born_raw, store_timestamp, store_raw, reconsume_times, _, body_length) = head.unpack_from(data, pos)
-        except struct.error:
-            raise _malformed(pos, f"{end - pos} bytes left, too few for the fixed fields") from None
-        record_end = pos + size
-        body_start = pos + head.size
-        body_end = body_start + body_length
-        if size < _MIN_RECORD or record_end > end or body_length < 0 or body_end >= record_end:
-            raise _malformed(pos, f"total size {size}, body length {body_length}, {end - pos} bytes left")
-        if magic == MESSAGE_MAGIC_CODE:
-            topic_start = body_end + 1
-            topic_end = topic_start + data[body_end]
-        elif magic == MESSAGE_MAGIC_CODE_V2:
-            topic_start = body_end + 2
-            topic_end = topic_start + ((data[body_end] << 8) | data[body_end + 1])
-        else:
-            raise _malformed(pos, f"magic code {magic:#x} is not a message's")
-        properties_start = topic_end + 2
-        if properties_start > record_end:
-            raise _malformed(pos, "the topic runs past the record's end")
-        properties_length = (data[topic_end] << 8) | data[topic_end + 1]
-        if properties_start + properties_length != record_end:
-            raise _malformed(pos, f"fields add up to {properties_start + properties_length - pos} bytes, "
-                                  f"total size says {size}")
-        body = data[body_start:body_end]
-        if zlib.crc32(body) & _CRC_MASK != crc:
-            raise DataLossError("DATA_LOSS", f"the record at commitlog offset {commitlog_offset} (queue offset "
-                                             f"{queue_offset}): its body does not match its CRC {crc}")
-        raw_topic = data[topic_start:topic_end]
-        try:
-            topic = _topics.get(raw_topic) or _topic(raw_topic)
-            properties = _properties(data[properties_start:record_end].decode()) if properties_length else {}
-        except UnicodeDecodeError as exc:
-            raise _malformed(pos, f"topic or properties are not UTF-8 ({exc})") from None
-        compressed = False
-        if sys_flag & COMPRESSED_FLAG:
-            body, compressed = consumer_body(body, sys_flag)
-        uniq_key = properties.get(PROPERTY_UNIQ_KEY, "")
-        offset_msg_id = _offset_msg_id(store_raw, commitlog_offset)
-        keys = properties.get(PROPERTY_KEYS)
-        append(_message(
-            topic, record_queue_id if queue_id is None else queue_id, queue_offset, uniq_key or offset_msg_id,
-            offset_msg_id, uniq_key, properties.get(PROPERTY_TAGS, ""), tuple(keys.split()) if keys else (),
-            properties, body, born_timestamp, _hosts.get(born_raw) or _host(born_raw), store_timestamp,
-            _hosts.get(store_raw) or _host(store_raw), commitlog_offset, reconsume_times, flag, sys_flag, crc, size,
-            compressed))
-        pos = record_end
+        layout = record_layout(data, pos, end)
+        append(layout_message(data, layout, queue_id))
+        pos = layout.record_end
     return messages
+
+
+class Layout(NamedTuple):
+    """Where one record's fields are: its fixed fields (``head``, :data:`_HEADS`' order) and the
+    boundaries of its body, topic and properties, as absolute positions in the answer."""
+
+    head: tuple[Any, ...]
+    pos: int
+    body_start: int
+    body_end: int
+    topic_start: int
+    topic_end: int
+    properties_start: int
+    record_end: int
+
+
+def record_layout(data: bytes, pos: int, end: int) -> Layout:
+    """The record at ``pos``, checked to be whole: its sizes add up within ``end`` and its magic is a
+    message's (the body CRC and the text's UTF-8 are checked when those fields are decoded)."""
+    if end - pos < _MIN_RECORD:
+        raise DataLossError("DATA_LOSS", f"raw records at byte {pos}: {end - pos} bytes left, too few for a record")
+    head_struct = _HEADS[data[pos + _SYSFLAG_LOW_BYTE] & _V6_BITS]
+    try:
+        head = head_struct.unpack_from(data, pos)
+    except struct.error:
+        raise _malformed(pos, f"{end - pos} bytes left, too few for the fixed fields") from None
+    size, magic, body_length = head[0], head[1], head[14]
+    record_end = pos + size
+    body_start = pos + head_struct.size
+    body_end = body_start + body_length
+    if size < _MIN_RECORD or record_end > end or body_length < 0 or body_end >= record_end:
+        raise _malformed(pos, f"total size {size}, body length {body_length}, {end - pos} bytes left")
+    if magic == MESSAGE_MAGIC_CODE:
+        topic_start = body_end + 1
+        topic_end = topic_start + data[body_end]
+    elif magic == MESSAGE_MAGIC_CODE_V2:
+        topic_start = body_end + 2
+        topic_end = topic_start + ((data[body_end] << 8) | data[body_end + 1])
+    else:
+        raise _malformed(pos, f"magic code {magic:#x} is not a message's")
+    properties_start = topic_end + 2
+    if properties_start > record_end:
+        raise _malformed(pos, "the topic runs past the record's end")
+    properties_length = (data[topic_end] << 8) | data[topic_end + 1]
+    if properties_start + properties_length != record_end:
+        raise _malformed(pos, f"fields add up to {properties_start + properties_length - pos} bytes, "
+                              f"total size says {size}")
+    return Layout(head, pos, body_start, body_end, topic_start, topic_end, properties_start, record_end)
+
+
+def checked_body(data: bytes, layout: Layout) -> bytes:
+    """The record's body as stored, after its CRC check (DataLossError when it does not match)."""
+    body = data[layout.body_start:layout.body_end]
+    crc = layout.head[2]
+    if zlib.crc32(body) & _CRC_MASK != crc:
+        raise DataLossError("DATA_LOSS", f"the record at commitlog offset {layout.head[6]} (queue offset "
+                                         f"{layout.head[5]}): its body does not match its CRC {crc}")
+    return body
+
+
+def record_topic(data: bytes, layout: Layout) -> str:
+    raw_topic = data[layout.topic_start:layout.topic_end]
+    try:
+        return _topics.get(raw_topic) or _topic(raw_topic)
+    except UnicodeDecodeError as exc:
+        raise _malformed(layout.pos, f"topic or properties are not UTF-8 ({exc})") from None
+
+
+def record_properties(data: bytes, layout: Layout) -> dict[str, str]:
+    if layout.properties_start == layout.record_end:
+        return {}
+    try:
+        return _properties(data[layout.properties_start:layout.record_end].decode())
+    except UnicodeDecodeError as exc:
+        raise _malformed(layout.pos, f"topic or properties are not UTF-8 ({exc})") from None
+
+
+def layout_message(data: bytes, layout: Layout, queue_id: int | None) -> Message:
+    """The record as :class:`Message` (what a decoded pull gives for it)."""
+    (size, _, crc, record_queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
+     born_raw, store_timestamp, store_raw, reconsume_times, _, _) = layout.head
+    body = checked_body(data, layout)
+    topic = record_topic(data, layout)
+    properties = record_properties(data, layout)
+    compressed = False
+    if sys_flag & COMPRESSED_FLAG:
+        body, compressed = consumer_body(body, sys_flag)
+    uniq_key = properties.get(PROPERTY_UNIQ_KEY, "")
+    offset_msg_id = _offset_msg_id(store_raw, commitlog_offset)
+    keys = properties.get(PROPERTY_KEYS)
+    return _message(
+        topic, record_queue_id if queue_id is None else queue_id, queue_offset, uniq_key or offset_msg_id,
+        offset_msg_id, uniq_key, properties.get(PROPERTY_TAGS, ""), tuple(keys.split()) if keys else (),
+        properties, body, born_timestamp, _hosts.get(born_raw) or _host(born_raw), store_timestamp,
+        _hosts.get(store_raw) or _host(store_raw), commitlog_offset, reconsume_times, flag, sys_flag, crc, size,
+        compressed)
 
 
 def _slot_constructor() -> Callable[..., Message]:
