@@ -87,6 +87,18 @@ def _normalize_locations(args: argparse.Namespace) -> None:
                                 "give a local path or file:// URI")
 
 
+def _input_bytes(args: argparse.Namespace) -> int | None:
+    """The commitlog bytes a job over a local store reads (None: a remote store or a stream), which
+    decide whether it gets a small job's session (pipeline/session.py). A store that cannot be opened
+    is refused here, as the job would before Spark starts."""
+    if args.job == "stream" or parse_location(args.store).local is None:
+        return None
+    from pipeline.scan import StoreInput
+    from services.store.formats.geometry import options_of
+
+    return StoreInput.open(args.store, options_of(args)).data_bytes()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mqstore pipeline", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pipeline import session
 
         progress = args.progress if args.progress is not None else sys.stderr.isatty()
-        session.configure(args.master, parse_conf(args.conf), progress)
         _normalize_locations(args)
+        session.configure(args.master, parse_conf(args.conf), progress, _input_bytes(args))
         return 0
 
     try:

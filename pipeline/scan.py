@@ -18,6 +18,7 @@ from pipeline.split_reader import (
     Gap,
     MappedSplit,
     Split,
+    data_end,
     iter_record_positions,
     plan_splits,
     scan_split,
@@ -95,6 +96,18 @@ class StoreInput:
             return splits
         uris = {str(Path(f.uri)): f.uri for f in self.remote}  # Path() folds "//"; the split keeps the URI
         return [replace(split, path=uris[split.path]) for split in splits]
+
+    def data_bytes(self) -> int:
+        """Commitlog bytes up to the last non-zero byte (a remote store: its files' sizes): what a
+        whole scan reads, which sizes the job (pipeline/session.py), not the preallocated files."""
+        files = self.commitlog_files()
+        if self.remote is not None or not files:
+            return sum(f.size for f in files)
+        for file in reversed(files):
+            end = data_end(file.path, file.size)
+            if end:
+                return file.start_offset + end - files[0].start_offset
+        return 0
 
     def planned_bytes(self, from_offset: int = 0) -> int:
         """Commitlog bytes a scan from ``from_offset`` covers (for progress: MB/s)."""

@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from pipeline.fs import LocationError, parse_location
 from pipeline.progress import Progress
 from services.cli import main as mqstore_main
+from tests.conftest import StoreFactory
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -104,3 +105,40 @@ def test_progress_shows_stages_tasks_and_rate(spark: SparkSession) -> None:
         Progress.expect(0, 0)
     last = stream.getvalue().strip().splitlines()[-1]
     assert "8 tasks done" in last and "commitlog 64.0/64.0 MB" in last and "MB/s" in last
+
+
+SMALL = 24 * 1024 * 1024
+
+
+def test_small_job_settings() -> None:
+    """A small local job's time is the JVM's start and its first queries: the driver JVM compiles with
+    C1 only and shuffles go to two partitions; a large job, an unknown size or a cluster keeps the
+    defaults, and ``--conf`` wins over both."""
+    from pipeline import session
+
+    small = session.settings("local[*]", SMALL)
+    assert small["spark.driver.extraJavaOptions"].endswith(" -XX:TieredStopAtLevel=1")
+    assert small["spark.sql.shuffle.partitions"] == "2"
+    assert session.settings("local[*]", 2 << 30) == session.settings("local[*]", None) == session.DEFAULT_CONF
+    assert "TieredStopAtLevel" not in session.settings("spark://host:7077", SMALL)["spark.driver.extraJavaOptions"]
+    assert session.settings("local[2]", SMALL, {"spark.sql.shuffle.partitions": "5"})[
+        "spark.sql.shuffle.partitions"] == "5"
+
+
+def test_the_command_line_sizes_the_job_by_the_store(pristine_store: StoreFactory, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commitlog bytes up to the last record (not the preallocated files' size) decide a small job,
+    before Spark starts."""
+    from pipeline import session, stats
+
+    seen: list[int | None] = []
+    configure = session.configure
+
+    def spy(*args: object, **kwargs: object) -> None:
+        configure(*args, **kwargs)  # type: ignore[arg-type]
+        seen.append(session.DEFAULTS.input_bytes)
+
+    monkeypatch.setattr(session, "configure", spy)
+    monkeypatch.setattr(stats, "run", lambda args: 0)
+    assert mqstore_main(["pipeline", "stats", str(pristine_store("normal-raw")), str(tmp_path / "out")]) == 0
+    assert seen[0] == 3008717  # the last record's end; the third 1 MiB file's zeros are not counted
