@@ -87,6 +87,10 @@ class Layout(NamedTuple):
     record_end: int
 
 
+# Layout(...) checks its arguments in Python; a pull answer builds up to 1024 of them.
+_new_layout: Callable[[type[Layout], tuple[Any, ...]], Layout] = tuple.__new__  # type: ignore[assignment]
+
+
 def record_layout(data: bytes, pos: int, end: int) -> Layout:
     """The record at ``pos``, checked to be whole: its sizes add up within ``end`` and its magic is a
     message's (the body CRC and the text's UTF-8 are checked when those fields are decoded)."""
@@ -118,7 +122,8 @@ def record_layout(data: bytes, pos: int, end: int) -> Layout:
     if properties_start + properties_length != record_end:
         raise _malformed(pos, f"fields add up to {properties_start + properties_length - pos} bytes, "
                               f"total size says {size}")
-    return Layout(head, pos, body_start, body_end, topic_start, topic_end, properties_start, record_end)
+    return _new_layout(Layout, (head, pos, body_start, body_end, topic_start, topic_end, properties_start,
+                                record_end))
 
 
 def checked_body(data: bytes, layout: Layout) -> bytes:
@@ -150,11 +155,15 @@ def record_properties(data: bytes, layout: Layout) -> dict[str, str]:
 
 def layout_message(data: bytes, layout: Layout, queue_id: int | None) -> Message:
     """The record as :class:`Message` (what a decoded pull gives for it)."""
+    head, _, body_start, body_end, topic_start, topic_end, properties_start, record_end = layout
     (size, _, crc, record_queue_id, flag, queue_offset, commitlog_offset, sys_flag, born_timestamp,
-     born_raw, store_timestamp, store_raw, reconsume_times, _, _) = layout.head
-    body = checked_body(data, layout)
-    topic = record_topic(data, layout)
-    properties = record_properties(data, layout)
+     born_raw, store_timestamp, store_raw, reconsume_times, _, _) = head
+    # checked_body, record_topic and record_properties inlined: this runs once per pulled message.
+    body = data[body_start:body_end]
+    if zlib.crc32(body) & _CRC_MASK != crc:
+        checked_body(data, layout)  # raises its error
+    topic = _topics.get(data[topic_start:topic_end]) or record_topic(data, layout)
+    properties = record_properties(data, layout) if properties_start != record_end else {}
     compressed = False
     if sys_flag & COMPRESSED_FLAG:
         body, compressed = consumer_body(body, sys_flag)
