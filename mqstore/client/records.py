@@ -88,7 +88,7 @@ class Layout(NamedTuple):
 
 
 # Layout(...) checks its arguments in Python; a pull answer builds up to 1024 of them.
-_new_layout: Callable[[type[Layout], tuple[Any, ...]], Layout] = tuple.__new__  # type: ignore[assignment]
+_new_layout: Callable[[type[Layout], tuple[Any, ...]], Layout] = tuple.__new__
 
 
 def record_layout(data: bytes, pos: int, end: int) -> Layout:
