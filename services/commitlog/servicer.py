@@ -218,14 +218,19 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
         self.engine = engine
         self.stopping = False
         self._puts = _MeteredEngine(engine)
-        # Puts that wait (a group-commit flush, SYNC_MASTER followers) run off the loop.
-        self._puts_wait_for_flush = engine.commit_log.sync_flush or engine.commit_log.wait_for_replicas is not None
         # The batcher only calls put_each: the metered wrapper stands in for the engine.
         self._batcher = PutBatcher(self._puts)
         self._growth = _GrowthWatch(engine)
         self._max_streams = max_streams
         self._open_streams = 0
         self._stream_wakeups: set[asyncio.Event] = set()
+
+    @property
+    def _puts_wait_for_flush(self) -> bool:
+        """Puts that wait (a group-commit flush, SYNC_MASTER followers) run off the loop. Asked per put:
+        a replica that etcd makes leader starts waiting for its followers after this servicer exists."""
+        commit_log = self.engine.commit_log
+        return commit_log.sync_flush or commit_log.wait_for_replicas is not None
 
     async def start(self) -> None:
         self._batcher.start()

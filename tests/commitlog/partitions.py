@@ -37,6 +37,8 @@ TOPIC = "PartitionTopic"
 QUEUES = 4
 FAULTS = ("kill_leader", "kill_follower", "kill_etcd", "wipe_leader", "partition_leader_followers",
           "partition_leader_etcd")
+#: The long campaign's faults also slow the link between the leader and its followers.
+SOAK_FAULTS = (*FAULTS, "slow_leader_followers")
 
 
 class Etcd:
@@ -107,6 +109,7 @@ class Shard:
     start_commitlog: StartCommitLog
     root: Path
     role: str = "SYNC_MASTER"
+    flush: str = "SYNC_FLUSH"
     etcd: Etcd = field(init=False)
     replicas: dict[str, Replica] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
@@ -135,7 +138,7 @@ class Shard:
         return {**BASE_ENV, "MQSTORE_ETCD_ENDPOINT": replica.etcd_proxy.address,
                 "MQSTORE_HA_LISTEN_PORT": str(replica.ha_port), "MQSTORE_HA_ADVERTISED_ADDRESS":
                 replica.ha_proxy.address, "MQSTORE_HA_REPLICA_NAME": replica.name, "MQSTORE_BROKER_ROLE": self.role,
-                "MQSTORE_FLUSH_DISK_TYPE": "SYNC_FLUSH", "MQSTORE_MIN_IN_SYNC_REPLICAS": "2",
+                "MQSTORE_FLUSH_DISK_TYPE": self.flush, "MQSTORE_MIN_IN_SYNC_REPLICAS": "2",
                 "MQSTORE_HA_SEND_TIMEOUT": "3000", "MQSTORE_HA_LEASE_TTL_SECONDS": "2",
                 "MQSTORE_HA_HOUSEKEEPING_INTERVAL": "3000", "MQSTORE_METRICS_PORT": str(replica.metrics_port)}
 
@@ -266,6 +269,10 @@ def inject(shard: Shard, fault: str, rng: random.Random) -> None:
         shard.etcd.kill9()
         time.sleep(held)
         shard.etcd.start()
+    elif fault == "slow_leader_followers":
+        replica.ha_proxy.delay(rng.uniform(0.05, 0.5))
+        time.sleep(held + 2.0)
+        replica.ha_proxy.heal()
     else:
         proxy = replica.ha_proxy if fault == "partition_leader_followers" else replica.etcd_proxy
         proxy.set(rng.choice((HOLD, HOLD, DROP)))

@@ -10,19 +10,33 @@ acknowledged in one epoch, and each replica's log, ConsumeQueue and IndexFile eq
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
+from mqstore.v1 import commitlog_pb2
 from tests.commitlog.commitlog_process import StartCommitLog
-from tests.commitlog.partitions import FAULTS, SHARD, Producer, Shard, check_indexes, check_shard, message, run_campaign
-from tests.commitlog.replicas import BASE_ENV, append, max_offset, wait_caught_up
+from tests.commitlog.partitions import (
+    FAULTS,
+    SHARD,
+    SOAK_FAULTS,
+    Producer,
+    Shard,
+    check_indexes,
+    check_shard,
+    message,
+    run_campaign,
+)
+from tests.commitlog.replicas import AUTH, BASE_ENV, append, max_offset, wait_caught_up
 from tests.commitlog.test_replication import wait_indexed
 from tests.fault_proxy import DROP, HOLD, UP, FaultProxy
 from tests.indexer.indexer_process import start_indexer
@@ -105,9 +119,9 @@ def test_partition_campaign_every_fault_once(start_commitlog: StartCommitLog, tm
 def test_partition_campaign_soak(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
     seed = int(os.environ.get("SOAK_SEED", "0")) or random.randrange(1 << 30)
     rng = random.Random(seed)
-    deadline, faults = time.monotonic() + MINUTES * 60, []
+    deadline = time.monotonic() + MINUTES * 60
     # about 8 s a fault on the 2-core machine: drawn up front, the campaign stops at the first past the time
-    faults = [rng.choice(FAULTS) for _ in range(int(MINUTES * 60 / 8) + 1)]
+    faults = [rng.choice(SOAK_FAULTS) for _ in range(int(MINUTES * 60 / 8) + 1)]
     _campaign(start_commitlog, tmp_path, faults, rng, seed, deadline)
 
 
@@ -165,3 +179,40 @@ def test_async_master_loss_is_reported_with_its_range(start_commitlog: StartComm
             assert f"{series} {float(offset)}" in metrics, metrics
     finally:
         shard.stop()
+
+
+def test_a_leader_waiting_for_its_followers_still_answers_other_calls(start_commitlog: StartCommitLog,
+                                                                      tmp_path: Path) -> None:
+    """A replica that becomes leader through etcd starts waiting for its followers on every put after
+    its commitlog service was built: that wait must run off the service's event loop, or one put
+    waiting for a follower (up to haSendTimeout) stops every other call of the leader, and puts are
+    acknowledged one at a time. (Under SYNC_FLUSH puts wait off the loop for the flush anyway.)"""
+    shard = Shard(start_commitlog, tmp_path, flush="ASYNC_FLUSH")
+    frozen: list[int] = []
+    try:
+        first = shard.wait_all_in_sync()
+        handle = shard.replicas[first].handle
+        assert handle is not None
+        append(handle, message(0, 0))
+        frozen = [r.handle.pid for r in shard.replicas.values() if r.name != first and r.handle is not None]
+        for pid in frozen:  # the followers stop reporting: the next put waits up to haSendTimeout (3 s)
+            os.kill(pid, signal.SIGSTOP)
+        batch = commitlog_pb2.AppendBatchRequest(messages=[message(0, i) for i in range(1, 9)])
+        waiting = threading.Thread(target=lambda: _quietly(handle.stub.AppendBatch, batch, timeout=30, metadata=AUTH),
+                                   daemon=True)
+        waiting.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        max_offset(handle)  # GetStoreInfo while the put waits
+        answered_s = time.monotonic() - started
+        assert answered_s < 1.5, f"the leader answered GetStoreInfo after {answered_s:.1f} s: a put's wait blocked it"
+        waiting.join(30)
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+        shard.stop()
+
+
+def _quietly(call: object, *args: object, **kwargs: object) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        call(*args, **kwargs)  # type: ignore[operator]
