@@ -34,12 +34,25 @@ class OffsetFileError(RuntimeError):
     """Neither the offsets file nor its backup can be read: starting empty would rewind every group."""
 
 
+#: mqstore's key in the file (RocketMQ's fastjson skips it): on a replicated shard, the metadata topic's
+#: queue offset below which every record is in the table (services/query/offset_log.py).
+METADATA_OFFSET_KEY = "mqstoreMetadataQueueOffset"
+
+
+class _Snapshot(dict[str, dict[int, int]]):
+    """A copy of the table with the metadata queue offset it covers, taken together on the loop."""
+
+    applied_metadata: int | None = None
+
+
 class ConsumerOffsetTable(StateFile[OffsetTable]):
     def __init__(self, config_dir: Path, max_entries: int = MAX_ENTRIES) -> None:
         super().__init__(config_dir / FILE_NAME)
         self._max_entries = max_entries
         self._table: OffsetTable = {}
         self._entries = 0
+        #: Set by the offset log as it applies records; written with the table (METADATA_OFFSET_KEY).
+        self.applied_metadata: int | None = None
 
     @property
     def entries(self) -> int:
@@ -52,7 +65,9 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
             if not candidate.exists():
                 continue
             try:
-                self._table = parse_offset_table(candidate.read_bytes())
+                data = candidate.read_bytes()
+                self._table = parse_offset_table(data)
+                self.applied_metadata = _applied_metadata(data)
             except (OSError, ValueError) as exc:
                 log.error("cannot read %s (%s)", candidate, exc)
                 continue
@@ -80,11 +95,16 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
         return None if queues is None else queues.get(queue_id)
 
     def _copy(self) -> OffsetTable:
-        return {key: dict(queues) for key, queues in self._table.items()}
+        copy = _Snapshot((key, dict(queues)) for key, queues in self._table.items())
+        copy.applied_metadata = self.applied_metadata
+        return copy
 
     def _encode(self, snapshot: OffsetTable) -> bytes:
-        document = {"offsetTable": {key: {str(q): o for q, o in sorted(queues.items())}
-                                    for key, queues in sorted(snapshot.items())}}
+        document: dict[str, object] = {"offsetTable": {key: {str(q): o for q, o in sorted(queues.items())}
+                                                       for key, queues in sorted(snapshot.items())}}
+        applied = getattr(snapshot, "applied_metadata", None)
+        if applied is not None:
+            document[METADATA_OFFSET_KEY] = applied
         return json.dumps(document, indent=1).encode()
 
     def groups(self) -> list[str]:
@@ -96,3 +116,10 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
         suffix = TOPIC_GROUP_SEPARATOR + group
         return {(key[:-len(suffix)], q): offset for key, queues in self._table.items() if key.endswith(suffix)
                 for q, offset in queues.items()}
+
+
+def _applied_metadata(data: bytes) -> int | None:
+    value = json.loads(data).get(METADATA_OFFSET_KEY)
+    if value is not None and (not isinstance(value, int) or value < 0):
+        raise ValueError(f"{METADATA_OFFSET_KEY} {value!r} is not a queue offset")
+    return value

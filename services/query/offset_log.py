@@ -8,9 +8,10 @@ replica's indexer dispatches it and applies each commit in log order. A commit i
 is applied here, and a query first waits until every record the indexer has dispatched is applied,
 so a follower promoted to leader answers with exactly the offsets its log holds.
 
-At start the whole queue is applied again from its first record over the table read from
-``consumerOffset.json`` (each record holds a whole offset, so replaying older records ends in the
-same state).
+``consumerOffset.json`` records, with the table, the queue offset its records were applied up to
+(``mqstoreMetadataQueueOffset``); a start goes on from there. Each record holds a whole offset, so
+applying records again (the file's ``.bak``, a queue the indexer rebuilds, a log a failover cut and
+wrote again) ends, once applied to the queue's end, in the same state as the log.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ APPLY_TIMEOUT_S = 10.0
 LONG_POLL_MS = 1000
 RETRY_S = 0.2
 IDLE_S = 0.05
+#: A pull past the queue's end: the queue is shorter than what was applied.
+_ENDS_BELOW = (GetMessageStatus.OFFSET_OVERFLOW_BADLY, GetMessageStatus.NO_MESSAGE_IN_QUEUE)
 
 
 class OffsetLog:
@@ -50,7 +53,7 @@ class OffsetLog:
         self._commitlog = commitlog
         self._indexer = indexer
         self._puller = puller
-        self._next = 0  # the metadata queue's next offset to apply
+        self._next = table.applied_metadata or 0  # the metadata queue's next offset to apply
         self._progress = asyncio.Condition()
 
     @property
@@ -95,9 +98,14 @@ class OffsetLog:
             if result.status is GetMessageStatus.OFFSET_TOO_SMALL:  # expired records: the file holds them
                 log.warning("metadata topic: records before queue offset %d expired before this replica applied "
                             "them; consumerOffset.json holds their offsets", result.next_begin_offset)
-            if result.next_begin_offset != self._next:
+            if result.status in _ENDS_BELOW and result.next_begin_offset < self._next:
+                log.warning("metadata topic: this replica's queue ends below queue offset %d applied (its log was "
+                            "cut, or its indexer rebuilds): applying again from %d", self._next,
+                            result.next_begin_offset)
+                self._next = self._table.applied_metadata = result.next_begin_offset
+            elif result.next_begin_offset != self._next:
                 async with self._progress:
-                    self._next = max(self._next, result.next_begin_offset)
+                    self._next = self._table.applied_metadata = max(self._next, result.next_begin_offset)
                     self._progress.notify_all()
             elif result.status is not GetMessageStatus.OFFSET_OVERFLOW_ONE:  # that one waited for an arrival
                 await asyncio.sleep(IDLE_S)

@@ -4,6 +4,7 @@ services may log come through ``metadata_flow``; a refused log leaves the table 
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from services.commitlog.ha.metadata_apply import apply_replicated, metadata_flow
 from services.commitlog.ha.replica_append import ReplicaAppender
 from services.commitlog.message_store import MessageStore
 from services.commitlog.topic_config import TopicConfigManager
+from services.query.consumer_offsets import ConsumerOffsetTable
 from services.store.config import load_config
 from services.store.errors import FailedPreconditionError, InvalidArgumentError, UnavailableError
 from services.store.formats.message import Message
@@ -129,3 +131,22 @@ def test_metadata_records_round_trip_and_metadata_flow_takes_only_offsets_and_st
         metadata_flow_message("T", 0, OFFSET_TAG, offset.body)
     with pytest.raises(InvalidArgumentError, match="not a offset change"):
         metadata_flow_message(METADATA_TOPIC, 0, OFFSET_TAG, b"{}")
+
+
+def test_the_offsets_file_keeps_the_metadata_queue_offset_it_covers(tmp_path: Path) -> None:
+    """A query service's start goes on applying from there, not from the queue's first record."""
+    table = ConsumerOffsetTable(tmp_path)
+    table.commit("g", "T", 1, 7)
+    table.applied_metadata = 42
+    snapshot = table.snapshot()
+    table.applied_metadata = 43  # applied after the snapshot: not what the file says
+    table.write(snapshot)
+    document = json.loads(table.path.read_bytes())
+    assert document == {"offsetTable": {"T@g": {"1": 7}}, "mqstoreMetadataQueueOffset": 42}
+    loaded = ConsumerOffsetTable(tmp_path)
+    loaded.load()
+    assert loaded.applied_metadata == 42 and loaded.query("g", "T", 1) == 7
+    plain = ConsumerOffsetTable(tmp_path / "single-copy")
+    plain.commit("g", "T", 1, 7)
+    plain.persist()
+    assert json.loads(plain.path.read_bytes()) == {"offsetTable": {"T@g": {"1": 7}}}
