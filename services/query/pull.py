@@ -18,6 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from services.query.arrivals import ArrivalWatcher, QueueKey
 from services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
 from services.query.errors import DataLossError
@@ -28,6 +30,9 @@ from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZ
 from services.store.formats.consume_queue import roll_next_file
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import Subscription
+
+#: The fewest records per run worth a run read (fewer: records are read and checked one by one).
+_MIN_RUN = 8
 
 
 class GetMessageStatus(enum.Enum):
@@ -192,20 +197,31 @@ class Puller:
         return result
 
     async def _read_run(self, query: PullQuery, units: Sequence[QueueUnit]) -> bytes | None:
-        """A raw pull's answer when its records lie back to back in the log (a queue written by one
-        producer, or the only busy queue): one read of the whole range - one slice of the mapped file -
-        checked at once by :func:`checked_run` and answered as it is. None when the records are not
-        contiguous, the read fails or a record fails the check: the pull then reads and checks record
-        by record, which returns what comes before a bad record and fails as a decoded pull does."""
-        if len(units) < 2:
+        """A raw pull's answer when its records lie back to back in the log in a few runs (a queue written
+        in batches, or the only busy queue; a run ends at a file's end or at another queue's records):
+        one read per run - one slice of the mapped file - checked at once by :func:`checked_run`, the runs
+        joined. None when the records are scattered, a read fails or a record fails the check: the
+        pull then reads and checks record by record, which returns what comes before a bad record and
+        fails as a decoded pull does."""
+        if len(units) < _MIN_RUN:
             return None
-        first, last = units[0], units[-1]
-        start = first.commitlog_offset
-        try:
-            run = await self._commitlog.read(start, last.commitlog_offset + last.size - start)
-        except StoreError:
+        table = np.array(units, np.int64)
+        ends = np.flatnonzero(table[1:, 1] != table[:-1, 1] + table[:-1, 2]) + 1
+        if len(ends) * _MIN_RUN >= len(units):
             return None
-        return run if checked_run(run, units, query.topic.encode(), query.queue_id) else None
+        topic = query.topic.encode()
+        parts: list[bytes] = []
+        for start, end in zip([0, *ends.tolist()], [*ends.tolist(), len(units)], strict=True):
+            first, last = units[start], units[end - 1]
+            try:
+                run = await self._commitlog.read(first.commitlog_offset,
+                                                 last.commitlog_offset + last.size - first.commitlog_offset)
+            except StoreError:
+                return None
+            if not checked_run(run, units[start:end], topic, query.queue_id):
+                return None
+            parts.append(run)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _read(self, units: Sequence[QueueUnit]) -> list[bytes | DataLossError]:
         if not units:

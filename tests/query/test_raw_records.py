@@ -6,11 +6,12 @@ or the same DATA_LOSS message. And the client decoder against the store's encode
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import struct
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,8 +24,9 @@ from mqstore.v1 import query_pb2
 from services.query.backends import QueueUnit
 from services.query.convert import add_messages
 from services.query.errors import DataLossError
-from services.query.pull import Selection, _collect, _collect_raw
+from services.query.pull import Puller, Selection, _collect, _collect_raw
 from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message
+from services.store.errors import InvalidArgumentError
 from services.store.formats.message import (
     BORNHOST_V6_FLAG,
     COMPRESSED_FLAG,
@@ -300,3 +302,67 @@ def test_the_run_check_passes_only_what_the_record_check_passes(flips: list[tupl
     if run_of(units, damaged):  # a flipped FLAG or timestamp is no damage a check can see
         query = PullQuery.checked(TOPIC, QUEUE, 0, 1024, 0, parse_subscription("*"), 0, 0)
         assert _collect_raw(query, Selection(units, len(units), 0), damaged, 0) == (damaged, len(units))
+
+
+class RunLog:
+    """A commitlog of 4 KiB files for Puller._read_run: read() slices it and counts its calls."""
+
+    FILE = 4096
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.reads = 0
+
+    def put(self, data: bytes) -> int:
+        if len(self.data) // self.FILE != (len(self.data) + len(data) - 1) // self.FILE:
+            self.data += b"\x00" * (-len(self.data) % self.FILE)  # the file's BLANK: records never cross files
+        self.data += data
+        return len(self.data) - len(data)
+
+    async def read(self, offset: int, size: int) -> bytes:
+        self.reads += 1
+        if offset // self.FILE != (offset + size - 1) // self.FILE:
+            raise InvalidArgumentError(f"[{offset}, {offset + size}) crosses the end of a commitlog file")
+        return bytes(self.data[offset:offset + size])
+
+
+def read_run(log: RunLog, units: list[QueueUnit]) -> bytes | None:
+    query = PullQuery.checked(TOPIC, QUEUE, 0, 1024, 0, parse_subscription("*"), 0, 0)
+    puller = Puller(cast(Any, None), cast(Any, log), cast(Any, None), cast(Any, None), 0)
+    return asyncio.run(puller._read_run(query, units))
+
+
+def queue_in_runs(log: RunLog, runs: Sequence[int], body: bytes = b"x" * 200) -> tuple[list[QueueUnit], list[bytes]]:
+    """Runs of the queue's records, another queue's record between runs; files roll on the way."""
+    units, records = [], []
+    for count in runs:
+        for _ in range(count):
+            queue_offset = len(units)
+            data = record(queue_offset, 0, body)
+            offset = log.put(b"\x00" * len(data))  # where it goes, then the record that says so
+            data = record(queue_offset, offset, body)
+            log.data[offset:offset + len(data)] = data
+            units.append(QueueUnit(queue_offset, offset, len(data), 0))
+            records.append(data)
+        log.put(record(0, len(log.data), queue_id=QUEUE + 1))
+    return units, records
+
+
+def test_a_pull_reads_each_run_of_its_records_once() -> None:
+    log = RunLog()
+    units, records = queue_in_runs(log, [12, 9, 30])
+    files = {u.commitlog_offset // RunLog.FILE for u in units}
+    assert len(files) > 1
+    assert read_run(log, units) == b"".join(records)
+    assert 3 <= log.reads <= 3 + len(files)  # one per run, one more where a file ends inside a run
+
+
+def test_scattered_or_damaged_records_are_not_read_as_runs() -> None:
+    log = RunLog()
+    units, _ = queue_in_runs(log, [2, 1, 3, 2])
+    assert read_run(log, units) is None and log.reads == 0  # too few records per run
+    log = RunLog()
+    units, _ = queue_in_runs(log, [10, 10])
+    last = units[-1].commitlog_offset
+    log.data[last + 90] ^= 0x40  # a body byte of the last record
+    assert read_run(log, units) is None
