@@ -163,6 +163,14 @@ bench-peers: $(GENERATED)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements-peers.txt
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
+# What replication costs, beside Redis (one replica, WAIT 1) and NATS (an R3 stream on 3 servers), and ten
+# leader kills (bench/replication.py, about 5 min): REPLICATION_ARGS="--seconds 10 --flush SYNC_FLUSH".
+REPLICATION_ARGS ?=
+.PHONY: bench-replication
+bench-replication: $(GENERATED) etcd
+	$(PY) -m pip install --quiet --disable-pip-version-check -r bench/requirements-peers.txt
+	$(PY) -m bench.replication $(REPLICATION_ARGS)
+
 # The long differential soak (not in CI; tests/soak/soak.py): kill -9 of every service while producing,
 # then every index and export compared with every other, and each round the damaged-copy check (a
 # quarantined record). SOAK_MINUTES=60, SOAK_GEOMETRY=default (or small, or CL_BYTES,CQ_UNITS,SLOTS,ENTRIES),
