@@ -6,7 +6,8 @@ The commitlog, indexer, query service and scheduler keep their files on the file
 mid-roll; ConsumeQueue and index files roll too). Each cycle producers send through the gateway for a
 random moment while the cycle also creates a topic, commits a consumer offset, sends delay-level and
 timer messages and ends two transactions (one commit, one rollback); then the power is cut (every
-service process dies in the same instant) and the next processes, imported ahead, are released. Every
+service process dies in the same instant) and the next processes, forked from a server that imported
+every service once (fork_server.py), start. Every
 fifth cycle also cuts while the restarted services recover. After each restart, what was acknowledged
 before the cut is looked for: every send pulled at its queue offset and fetched by offset msg id and
 UNIQ_KEY, no queue offset acknowledged to two messages, the topics with their queue counts, the
@@ -25,15 +26,13 @@ import contextlib
 import itertools
 import random
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -43,7 +42,11 @@ from services.runner import wait_serving
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, free_port, spawn_service
 from tests.gateway.system_process import GATEWAY_SERVICE
 from tests.geometry import SMALL
+from tests.powercut.fork_server import ForkedProcess, ForkServer
 from tests.powercut.mount import REPO_ROOT, PowerCutMount
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 TOPIC = "PowerCutGw"
 QUEUES = 4
@@ -116,7 +119,7 @@ def _median(values: list[float]) -> float:
 
 
 class StoreServices:
-    """The four services on the mount at fixed ports, started by releasing processes imported ahead."""
+    """The four services on the mount at fixed ports, forked from a server that imported them once."""
 
     def __init__(self, store: Path, logs: Path, env: dict[str, str]) -> None:
         self.store = store
@@ -124,8 +127,8 @@ class StoreServices:
         self.env = env
         self.addresses = {name: f"127.0.0.1:{free_port()}" for name in SERVICES}
         self._numbers = itertools.count()
-        self.running: dict[str, subprocess.Popen[bytes]] = {}
-        self.ahead = self._import_ahead()
+        self.running: dict[str, ForkedProcess] = {}
+        self.forks = ForkServer(REPO_ROOT, commitlog_env(self.env), logs / "fork-server.log")
 
     def _args(self, name: str) -> list[str]:
         a, store = self.addresses, str(self.store)
@@ -138,25 +141,11 @@ class StoreServices:
                           "--indexer", a["indexer"], "--persist-interval-ms", "500"],
         }[name] + ["--listen", a[name]]
 
-    def _import_ahead(self) -> dict[str, subprocess.Popen[bytes]]:
-        number = next(self._numbers)
-        procs = {}
-        for name in SERVICES:
-            with open(self.logs / f"{name}-{number}.log", "ab") as log_file:
-                procs[name] = subprocess.Popen(
-                    [sys.executable, "-m", "tests.powercut.warm_start", "serve", name, *self._args(name)],
-                    cwd=REPO_ROOT, env=commitlog_env(self.env), stdin=subprocess.PIPE, stdout=log_file,
-                    stderr=log_file)
-        return procs
-
     def release(self) -> None:
-        """Start the services imported ahead (all at once: each waits for the ones it reads) and import
-        the next set while they run."""
-        self.running, self.ahead = self.ahead, self._import_ahead()
-        for proc in self.running.values():
-            assert proc.stdin is not None
-            proc.stdin.write(b"go\n")
-            proc.stdin.close()
+        """Start the services, all at once (each waits for the ones it reads)."""
+        number = next(self._numbers)
+        self.running = {name: self.forks.start(["serve", name, *self._args(name)], self.logs / f"{name}-{number}.log")
+                        for name in SERVICES}
 
     def wait_serving(self, timeout_s: float = 90.0) -> None:
         for name in SERVICES:
@@ -185,10 +174,11 @@ class StoreServices:
                 proc.wait(60)
 
     def close(self) -> None:
-        for proc in [*self.running.values(), *self.ahead.values()]:
+        for proc in self.running.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+        self.forks.close()
 
 
 class Gateway:
@@ -226,6 +216,19 @@ def _retry(call: Callable[[], T | None], timeout_s: float = 30.0) -> T | None:
                 return answer
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DATA_LOSS or time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
+def _reachable(call: Callable[[], T], timeout_s: float = 30.0) -> T:
+    """``call()``, again while the gateway answers UNAVAILABLE: its channels to the restarted services may
+    still wait out a reconnect backoff when the services already serve."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
                 raise
         time.sleep(0.05)
 
@@ -353,15 +356,16 @@ def _check_sends(stub: gateway_pb2_grpc.MessagingServiceStub, sends: list[Sent],
 def _check_state(stub: gateway_pb2_grpc.MessagingServiceStub, acked: Acked) -> list[str]:
     """Topics with their queue counts, and the consumer offset, as acknowledged before the cut."""
     wrong: list[str] = []
-    topics = {t.topic: t for t in stub.ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=10).topics}
+    listed = _reachable(lambda: stub.ListTopics(commitlog_pb2.ListTopicsRequest(), timeout=10))
+    topics = {t.topic: t for t in listed.topics}
     for topic, queues in acked.topics.items():
         config = topics.get(topic)
         if config is None or (config.read_queue_nums, config.write_queue_nums) != (queues, queues):
             wrong.append(f"topic {topic}: {'missing' if config is None else 'other queue counts'} after a cut")
     if acked.offsets:
         try:
-            now = stub.QueryOffset(query_pb2.QueryConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC,
-                                                                        queue_id=0), timeout=10).offset
+            request = query_pb2.QueryConsumerOffsetRequest(consumer_group=GROUP, topic=TOPIC, queue_id=0)
+            now = _reachable(lambda: stub.QueryOffset(request, timeout=10)).offset
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:  # no commit kept (only while none was answered)
                 raise
@@ -412,17 +416,24 @@ def _check_deliveries(stub: gateway_pb2_grpc.MessagingServiceStub, acked: Acked,
     return wrong
 
 
-def _pipeline_verify(backing_store: Path, work: Path) -> list[str]:
-    from tests.soak.soak import finish_pipeline, start_pipeline, verify_findings
+def _pipeline_verify(backing_store: Path, work: Path, spark: SparkSession | None) -> list[str]:
+    """``mqstore pipeline verify`` of the stopped store: in ``spark``, the test suite's session, when given
+    (no JVM to start: that took longer than the verify itself), else in a process of its own."""
+    from tests.soak.soak import finish_pipeline, run_pipeline_in_session, start_pipeline, verify_findings
 
     report = work / "verify-report.json"
-    proc = start_pipeline(work, SMALL, "verify", str(backing_store), "--report", str(report), "--master", "local[1]")
+    args = (str(backing_store), "--report", str(report), "--master", "local[1]")
+    if spark is not None:
+        return verify_findings(report, run_pipeline_in_session(work, SMALL, "verify", *args))
+    proc = start_pipeline(work, SMALL, "verify", *args)
     return verify_findings(report, finish_pipeline(work, "verify", proc, 300))
 
 
 def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | None = None,
-                 verify: bool = True, log: Callable[[str], None] = lambda line: None) -> CampaignResult:
-    """``cuts`` power cuts of the store's services (every fifth while they recover); what was lost."""
+                 verify: bool = True, log: Callable[[str], None] = lambda line: None,
+                 spark: SparkSession | None = None) -> CampaignResult:
+    """``cuts`` power cuts of the store's services (every fifth while they recover); what was lost.
+    ``spark``: the session ``pipeline verify`` runs in (else a process of its own)."""
     started = time.monotonic()
     rng = random.Random(seed)
     fs = PowerCutMount(base, seed=seed)
@@ -492,7 +503,8 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
             fs.stop()
             if verify and not result.lost:
                 mark = time.monotonic()
-                result.lost += [f"pipeline verify: {line}" for line in _pipeline_verify(fs.backing / "store", base)]
+                found = _pipeline_verify(fs.backing / "store", base, spark)
+                result.lost += [f"pipeline verify: {line}" for line in found]
                 result.verify_s = time.monotonic() - mark
     finally:
         gateway.close()
