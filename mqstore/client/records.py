@@ -87,7 +87,7 @@ class Layout(NamedTuple):
     record_end: int
 
 
-# Layout(...) checks its arguments in Python; a pull answer builds up to 1024 of them.
+# Layout(...) runs a generated Python __new__; a pull answer builds up to 1024 of them.
 _new_layout: Callable[[type[Layout], tuple[Any, ...]], Layout] = tuple.__new__
 
 
