@@ -1,9 +1,12 @@
 """``reindex``: rebuild ``consumequeue/`` and ``index/`` from the commitlog, in parallel.
 
-Stage 1 parses every split into dispatch requests (the library's ``parse_dispatch_requests``, bodies
-never copied) and the index items the online indexer would put for them (``IndexService``'s own
-collection code). Stage 2 builds each topic-queue with ``ConsumeQueueStore.dispatch_batch`` (one task a
-queue) and each index file with ``IndexFile.put_columns`` (one task a file): a file holds exactly
+Stage 1 parses every split into dispatch requests (the columnar decoder, else the library's
+``parse_dispatch_requests``, bodies never copied) and the index items the online indexer would put for
+them (``IndexService``'s own collection code); each task spills them, packed, to a scratch file of its
+split next to the output and returns only where each queue's units and its items lie there, so no
+request crosses the JVM (no cached RDD read several times, no shuffle). Stage 2 builds each
+topic-queue with ``ConsumeQueueStore.dispatch_columns`` (one task a queue) and each index file with
+``IndexFile.put_columns`` (one task a file), all in one Spark job: a file holds exactly
 ``indexNum - 1`` items and starts from the previous file's last item, so the items a file gets follow
 from the item counts per split, which the driver adds up. The output is what the online indexer
 builds: ConsumeQueue files byte-identical, index files with identical headers and entries; index files
@@ -27,10 +30,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import shutil
 import struct
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -95,6 +100,98 @@ class IndexPiece:
     split: int
     first: int
     items: bytes
+
+
+@dataclass(frozen=True)
+class SpilledSplit:
+    """Stage 1's answer for a split: where its pieces lie in its scratch file (``split-NNNNNN``: each
+    queue's packed units, then the packed index items), and its counts and gaps."""
+
+    index: int
+    queues: dict[tuple[str, int], tuple[int, int]]  # topic-queue: (byte offset, length)
+    items_at: int
+    item_count: int
+    records: int
+    gaps: list[Gap]
+
+
+def _scratch_file(scratch: str, split_index: int) -> Path:
+    return Path(scratch) / f"split-{split_index:06d}"
+
+
+def spill_split(split: Split, scratch: str, lost: Sequence[tuple[int, int]] = ()) -> SpilledSplit:
+    """Stage 1's task: :func:`dispatch_split`, written to the split's scratch file (a temporary name of
+    this attempt, renamed: a retried task replaces it whole)."""
+    dispatch = dispatch_split(split, lost)
+    path = _scratch_file(scratch, split.index)
+    temp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}")
+    queues: dict[tuple[str, int], tuple[int, int]] = {}
+    at = 0
+    with open(temp, "wb") as handle:
+        for key, units in dispatch.queues.items():
+            handle.write(units)
+            queues[key] = (at, len(units))
+            at += len(units)
+        handle.write(dispatch.items)
+    os.replace(temp, path)
+    return SpilledSplit(split.index, queues, at, dispatch.item_count, dispatch.records, dispatch.gaps)
+
+
+def _read(scratch: str, split_index: int, at: int, length: int) -> bytes:
+    with open(_scratch_file(scratch, split_index), "rb") as handle:
+        handle.seek(at)
+        return handle.read(length)
+
+
+@dataclass(frozen=True)
+class BuildTask:
+    """Stage 2's task: a topic-queue (``key``) from its pieces (split, byte offset, length), or index
+    file ``file_number`` from item ranges (split, first item's global number, byte offset, length)."""
+
+    key: tuple[str, int] | None
+    file_number: int
+    pieces: tuple[tuple[int, ...], ...]
+
+
+def run_build(task: BuildTask, scratch: str, cq_root: str, index_dir: str, cq_file_size: int, per_file: int,
+              hash_slot_num: int, index_num: int, lost: Sequence[tuple[int, int]]
+              ) -> tuple[int, tuple[int, IndexHeader] | None]:
+    """(units written, None) for a queue; (0, (file number, header)) for an index file."""
+    if task.key is not None:
+        pieces = [(split, _read(scratch, split, at, length)) for split, at, length in task.pieces]
+        return build_queue(task.key, pieces, cq_root, cq_file_size, lost), None
+    items = [IndexPiece(split, first, _read(scratch, split, at, length)) for split, first, at, length in task.pieces]
+    return 0, build_index_file(task.file_number, items, index_dir, per_file, hash_slot_num, index_num)
+
+
+def index_tasks(spilled: Sequence[SpilledSplit], per_file: int) -> list[BuildTask]:
+    """One task per index file, naming the item ranges of every split that go into it (as
+    :func:`index_pieces` cuts them): a file also gets the item before its own, the previous file's last."""
+    total = sum(s.item_count for s in spilled)
+    files = (total + per_file - 1) // per_file
+    pieces: dict[int, list[tuple[int, ...]]] = {f: [] for f in range(files)}
+    first_item = 0
+    for split in sorted(spilled, key=lambda s: s.index):
+        last = first_item + split.item_count
+        file_number = first_item // per_file
+        while split.item_count and file_number < files and file_number * per_file - 1 < last:
+            lo = max(file_number * per_file - 1, 0, first_item)
+            hi = min((file_number + 1) * per_file, last)
+            if lo < hi:
+                pieces[file_number].append((split.index, lo, split.items_at + (lo - first_item) * _ITEM.size,
+                                            (hi - lo) * _ITEM.size))
+            file_number += 1
+        first_item = last
+    return [BuildTask(None, f, tuple(p)) for f, p in pieces.items()]
+
+
+def queue_tasks(spilled: Sequence[SpilledSplit]) -> list[BuildTask]:
+    """One task per topic-queue, with its pieces from every split."""
+    pieces: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+    for split in spilled:
+        for key, (at, length) in split.queues.items():
+            pieces.setdefault(key, []).append((split.index, at, length))
+    return [BuildTask(key, 0, tuple(p)) for key, p in sorted(pieces.items())]
 
 
 @dataclass(frozen=True)
@@ -288,24 +385,6 @@ def build_queue(key: tuple[str, int], pieces: Iterable[tuple[int, bytes]], root:
         store.shutdown()
 
 
-def index_pieces(dispatch: SplitDispatch, first_item: int, per_file: int,
-                 file_count: int) -> Iterator[tuple[int, IndexPiece]]:
-    """(file number, piece) for every index file this split's items go to. A file also gets the item
-    just before its own (the previous file's last), whose offset and time the file starts from."""
-    count = dispatch.item_count
-    if count == 0:
-        return
-    last = first_item + count
-    file_number = first_item // per_file
-    while file_number < file_count and file_number * per_file - 1 < last:
-        lo = max(file_number * per_file - 1, 0, first_item)
-        hi = min((file_number + 1) * per_file, last)
-        if lo < hi:
-            piece = dispatch.items[(lo - first_item) * _ITEM.size:(hi - first_item) * _ITEM.size]
-            yield file_number, IndexPiece(dispatch.index, lo, piece)
-        file_number += 1
-
-
 def build_index_file(file_number: int, pieces: Iterable[IndexPiece], directory: str, per_file: int,
                      hash_slot_num: int, index_num: int) -> tuple[int, IndexHeader]:
     """Write index file ``file_number`` (a temporary name; the driver renames it)."""
@@ -383,30 +462,26 @@ def reindex(spark: SparkSession, store: str | Path | StoreInput | ReindexInputs,
     _prepare(index_dir)
     quarantined = _quarantined(inputs.source)
     lost = tuple((r.start, r.end) for r in quarantined)
-    dispatched = splits_rdd(spark, splits).map(functools.partial(dispatch_split, lost=lost)).cache()
-    counts = dispatched.map(lambda d: (d.index, d.item_count, d.records, d.gaps)).collect()
-    records = sum(c[2] for c in counts)
-    gaps = _with_quarantined([gap for c in counts for gap in c[3]], quarantined)
-    first_items: dict[int, int] = {}
-    total = 0
-    for split_index, item_count, _, _ in sorted(counts, key=lambda c: c[0]):
-        first_items[split_index] = total
-        total += item_count
-    per_file = index_num - 1
-    files = (total + per_file - 1) // per_file
-    partitions = max(min(files, spark.sparkContext.defaultParallelism * 4), 1)
-
-    queue_count = dispatched.flatMap(lambda d: d.queues.keys()).distinct().count()
-    cq_units = dispatched.flatMap(lambda d: [(key, (d.index, units)) for key, units in d.queues.items()]) \
-        .groupByKey(max(min(queue_count, 64), 1)) \
-        .map(lambda kv: build_queue(kv[0], kv[1], str(cq_root), cq_file_size, lost)).sum()
-    built = dispatched.flatMap(lambda d: index_pieces(d, first_items[d.index], per_file, files)) \
-        .groupByKey(partitions) \
-        .map(lambda kv: build_index_file(kv[0], kv[1], str(index_dir), per_file, hash_slot_num, index_num)) \
-        .collect()
-    dispatched.unpersist()
+    scratch = index_dir.parent / f".reindex-scratch-{uuid.uuid4().hex}"
+    scratch.mkdir(parents=True)
+    try:
+        spilled = splits_rdd(spark, splits).map(
+            functools.partial(spill_split, scratch=str(scratch), lost=lost)).collect()
+        per_file = index_num - 1
+        tasks = index_tasks(spilled, per_file) + queue_tasks(spilled)  # index files first: the longest tasks
+        build = functools.partial(run_build, scratch=str(scratch), cq_root=str(cq_root), index_dir=str(index_dir),
+                                  cq_file_size=cq_file_size, per_file=per_file, hash_slot_num=hash_slot_num,
+                                  index_num=index_num, lost=lost)
+        results = spark.sparkContext.parallelize(tasks, max(len(tasks), 1)).map(build).collect() if tasks else []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    records = sum(s.records for s in spilled)
+    gaps = _with_quarantined([gap for s in spilled for gap in s.gaps], quarantined)
+    queue_count = sum(1 for task in tasks if task.key is not None)
+    cq_units = sum(units for units, _ in results)
+    built = [header for _, header in results if header is not None]
     named = _name_index_files(index_dir, sorted(built))
-    return ReindexResult(records, queue_count, int(cq_units), named, gaps)
+    return ReindexResult(records, queue_count, cq_units, named, gaps)
 
 
 def _quarantined(source: StoreInput) -> tuple[QuarantinedRange, ...]:
