@@ -24,10 +24,10 @@ from pathlib import Path
 
 from pipeline.columnar import export_batches
 from pipeline.export import SCHEMA, decode_split, export, records_batch
-from pipeline.reindex import reindex
+from pipeline.reindex import dispatch_split, reindex
 from pipeline.scan import ScanSummary, StoreInput
 from pipeline.session import get_session
-from pipeline.verify import verify
+from pipeline.verify import digest_split, verify
 from services.commitlog.message_store import MessageStore
 from services.store.config import load_config
 from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
@@ -108,11 +108,12 @@ class CpuMeter:
         self.jvm = _tree_cpu(self.jvm_pid, own_only=True) - self.jvm
 
 
-def _figures(meter: CpuMeter, records: int, size: int) -> dict[str, float]:
+def _figures(meter: CpuMeter, records: int, size: int) -> dict[str, float | None]:
     return {"records": records, "bytes": size, "seconds": round(meter.wall, 2),
             "mb_per_s": round(size / meter.wall / 1e6, 1), "records_per_s": round(records / meter.wall),
             "cpu_s": round(meter.cpu, 1), "jvm_cpu_s": round(meter.jvm, 1), "cores": round(meter.cpu / meter.wall, 2),
-            "mb_per_cpu_s": round(size / meter.cpu / 1e6, 1), "records_per_cpu_s": round(records / meter.cpu)}
+            "mb_per_cpu_s": round(size / meter.cpu / 1e6, 1), "records_per_cpu_s": round(records / meter.cpu),
+            "cpu_s_per_gib": round(meter.cpu / size * (1 << 30), 1) if size else None}
 
 
 def plain_columnar(store: Path, split_size: int, per_record: bool) -> dict[str, float]:
@@ -133,6 +134,23 @@ def plain_columnar(store: Path, split_size: int, per_record: bool) -> dict[str, 
             "records_per_s": round(summary.records / seconds), "cpu_s": round(cpu, 1)}
 
 
+def plain_worker_floor(store: Path, split_size: int, job: str) -> dict[str, float]:
+    """One process running a job's worker reduction over every split (verify: ``digest_split``,
+    reindex: ``dispatch_split``), the floor the Spark job's workers cannot beat per CPU second."""
+    source = StoreInput.open(store)
+    start, cpu = time.perf_counter(), time.process_time()
+    records = 0
+    for split in source.plan(split_size):
+        if job == "verify":
+            digest = digest_split(split)
+            records += digest.summary.records
+        else:
+            records += dispatch_split(split).records
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"records": records, "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
+            "cpu_s": round(cpu, 1), "records_per_cpu_s": round(records / cpu)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=2.0, help="commitlog size in GiB (default 2)")
@@ -141,6 +159,8 @@ def main() -> None:
     parser.add_argument("--master", default="local[*]")
     parser.add_argument("--split-size", type=int, default=64 * 1024 * 1024)
     parser.add_argument("--skip-plain", action="store_true", help="skip the single-process baselines")
+    parser.add_argument("--skip-per-record", action="store_true",
+                        help="of the single-process baselines, run only the columnar floors (each job's own)")
     parser.add_argument("--jobs", default="export,reindex,verify", help="Spark jobs to time (comma-separated)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for the session (repeatable)")
@@ -155,15 +175,20 @@ def main() -> None:
         print(f"wrote the store in {time.perf_counter() - t:.1f} s")
     results: dict[str, object] = {"gib": args.gib, "master": args.master, "split_size": args.split_size}
     jobs = args.jobs.split(",")
-    if not args.skip_plain:
+    if not args.skip_plain and not args.skip_per_record:
         records, size, seconds = plain_decode(args.store / "commitlog")
         results["plain"] = {"records": records, "bytes": size, "seconds": round(seconds, 2),
                             "mb_per_s": round(size / seconds / 1e6, 1), "records_per_s": round(records / seconds)}
         print("plain decode loop (iter_commitlog):", results["plain"], flush=True)
         results["plain_export_rows"] = plain_columnar(args.store, args.split_size, per_record=True)
         print("one process, export rows, record by record:", results["plain_export_rows"], flush=True)
+    if not args.skip_plain:
         results["plain_columnar"] = plain_columnar(args.store, args.split_size, per_record=False)
         print("one process, export rows, columnar:", results["plain_columnar"], flush=True)
+        for job in ("reindex", "verify"):
+            if job in jobs:
+                results[f"plain_{job}"] = plain_worker_floor(args.store, args.split_size, job)
+                print(f"one process, {job}'s worker reduction:", results[f"plain_{job}"], flush=True)
     spark = get_session(args.master, conf=dict(item.split("=", 1) for item in args.conf))
     results["conf"] = args.conf
     jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]

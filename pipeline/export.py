@@ -41,11 +41,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mqstore.client.compression import consumer_body
-from pipeline.columnar import export_batches
+from pipeline.columnar import export_batches, pc
 from pipeline.failures import JobError, run_job
 from pipeline.fs import HadoopFiles, parse_location
 from pipeline.scan import (
@@ -223,6 +222,9 @@ _SPARK_ESCAPED = frozenset([chr(c) for c in range(1, 32)] + list('"#%\'*/:=?\\\x
 #: What Spark names the directory of a null or empty partition value.
 _HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _EPOCH = date(1970, 1, 1)
+#: pyarrow's stubs type ``where`` and ``use_dictionary`` narrower than the function takes (a file-like
+#: object, a list of column names).
+_write_table: Any = pq.write_table
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,7 @@ def partitions(rows: pa.Table) -> Iterator[tuple[str, pa.Table]]:
         row = int(first[k])
         day = _EPOCH + timedelta(days=int(days[row]))
         directory = f"topic={partition_value(names[topics.indices[row].as_py()])}/store_date={day.isoformat()}"
-        yield directory, rows if keys.size == 1 else rows.take(pa.array(np.flatnonzero(inverse == k)))
+        yield directory, rows if keys.size == 1 else rows.take(np.flatnonzero(inverse == k))
 
 
 class _CrashingSink:
@@ -305,7 +307,7 @@ def commit_file(path: Path, table: pa.Table) -> None:
     try:
         with open(temp, "wb") as handle:
             sink = _CrashingSink(handle, crash_after) if crash_after > 0 else handle
-            pq.write_table(table, sink, compression="snappy", use_dictionary=list(DICTIONARY_COLUMNS),
+            _write_table(table, sink, compression="snappy", use_dictionary=list(DICTIONARY_COLUMNS),
                            row_group_size=1 << 20)
             handle.flush()
             os.fsync(handle.fileno())
@@ -445,6 +447,19 @@ def written_rows(spark: SparkSession, path: str) -> WrittenRows:
     return WrittenRows(int(row[0]), int(row[1]), int(row[2] or 0))
 
 
+def written_rows_local(path: Path) -> WrittenRows:
+    """:func:`written_rows` of a local directory, read by the driver with pyarrow (the commitlog offset
+    column of every Parquet file under ``path``; files whose names start with ``.`` or ``_`` are
+    skipped, as Spark's reader skips them)."""
+    import pyarrow.dataset as ds
+
+    if not path.is_dir():
+        return WrittenRows(0, 0, 0)
+    offsets = ds.dataset(path, format="parquet", ignore_prefixes=[".", "_"]).to_table(
+        columns=["commitlog_offset"])["commitlog_offset"].to_numpy()
+    return WrittenRows(int(offsets.size), int(np.unique(offsets).size), sum(offsets.tolist()))
+
+
 def with_kafka_columns(frame: DataFrame) -> DataFrame:
     """``frame`` with :data:`KAFKA_COLUMNS` added before the partition columns (computed by Spark)."""
     from pyspark.sql import functions as F
@@ -557,7 +572,7 @@ def export(spark: SparkSession, store: str | Path | StoreInput, output: str, *, 
             frame = with_kafka_columns(frame)
             frame.write.mode("errorifexists").partitionBy(*PARTITION_COLUMNS).parquet(staging)
             summary = accumulator.value
-        written = written_rows(spark, staging)
+        written = written_rows_local(local_output / run) if local_output is not None else written_rows(spark, staging)
         check_written(written, summary)
     except BaseException:
         out_files.delete(staging)
