@@ -24,7 +24,10 @@ import grpc
 import pytest
 
 from mqstore.v1 import commitlog_pb2
+from services.commitlog.ha.leadership import ShardLeadership
+from services.server.etcd_client import EtcdClient
 from tests.commitlog.commitlog_process import StartCommitLog
+from tests.commitlog.etcd_process import running_etcd
 from tests.commitlog.partitions import (
     FAULTS,
     SHARD,
@@ -216,3 +219,24 @@ def test_a_leader_waiting_for_its_followers_still_answers_other_calls(start_comm
 def _quietly(call: object, *args: object, **kwargs: object) -> None:
     with contextlib.suppress(grpc.RpcError):
         call(*args, **kwargs)  # type: ignore[operator]
+
+
+def test_a_lapsed_lease_is_not_revived_by_a_late_renewal(tmp_path: Path) -> None:
+    """The fence says a leader whose lease may have lapsed stops at once, and the failover loop then
+    stops leading (its HA listener closed, writes refused). A renewal that gets through only after that
+    (etcd restarted, which gives every lease its TTL again) must not make it the leader again: that
+    replica would hold the shard's leader key and renew it forever, leading nothing, and the shard would
+    accept no write until it stops."""
+    with running_etcd(tmp_path / "etcd") as endpoint:
+        client = EtcdClient(endpoint)
+        leadership = ShardLeadership(client, "s-revive", "a", "a:1", 2)
+        try:
+            assert leadership.campaign() == 1
+            with leadership._lock:  # the fence lapsed (etcd was away a moment): etcd still has the lease
+                leadership._valid_until = time.monotonic() - 0.01
+            assert not leadership.is_leader()
+            time.sleep(1.5)  # past the next renewal (every TTL/3), which etcd answers
+            assert not leadership.is_leader(), "a renewal after the fence lapsed made it the leader again"
+        finally:
+            leadership.resign()
+            client.close()

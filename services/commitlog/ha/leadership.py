@@ -148,8 +148,13 @@ class ShardLeadership:
                 self._lose(lease, "etcd says the lease expired")
                 return
             with self._lock:
-                if self._lease == lease:
+                lapsed = self._lease == lease and time.monotonic() >= self._valid_until
+                if self._lease == lease and not lapsed:
                     self._valid_until = sent + ttl * (1 - LEASE_MARGIN)
+            if lapsed:  # is_leader() may have said no already: the leadership ended then, never revived
+                self._lose(lease, "the fence lapsed before a renewal got through")
+                self._revoke(lease)
+                return
 
     def _lose(self, lease: int, why: str) -> None:
         with self._lock:
