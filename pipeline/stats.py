@@ -106,16 +106,18 @@ def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Pat
     out = Path(output)
     source = StoreInput.open(store, geometry)
     records, _ = records_frame(spark, source, split_size)
-    records = records.cache()
-    count = records.count()
+    records = records.cache()  # decoded by the first table's job, read from memory by the others
     tables = stats_tables(records, skew_limit_ms)
     paths: dict[str, str] = {}
     frames = {}
     for name, frame in tables.items():
         paths[name] = str(out / name)
         frame.write.mode("overwrite").parquet(paths[name])
-        frames[name] = spark.read.parquet(paths[name]).toPandas()
+        # With the schema it was written with: no job reading the files' footers to infer it.
+        frames[name] = spark.read.schema(frame.schema).parquet(paths[name]).toPandas()
     records.unpersist()
+    summary = frames["latency_summary"]
+    count = int(summary["messages"].iloc[0]) if len(summary) else 0  # every record, as a count() would say
     report = write_report(out / "report", str(source.layout.root), count, frames)
     skewed = int(frames["latency_summary"]["skewed"].fillna(0).iloc[0]) if len(frames["latency_summary"]) else 0
     return StatsResult(count, paths, report, skewed)

@@ -55,3 +55,20 @@ def test_export_and_verify_through_the_cli(spark: SparkSession, mqstore_store: P
     assert len(pq.read_table(tmp_path / "out", partitioning="hive")) == 400
     # the commitlog alone: nothing is in a consume queue or the index, and verify says so
     assert mqstore_main(["pipeline", "verify", str(mqstore_store), "--report", str(tmp_path / "r.json")]) == 1
+
+
+def _spark_jobs(spark: SparkSession) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def test_stats_runs_no_job_it_does_not_need(spark: SparkSession, pristine_store: StoreFactory, tmp_path: Path) -> None:
+    """A small store's stats is fixed cost: every Spark job is a scheduling round and a plan. The records
+    are decoded once (their count is in the tables), and a table read back for the report is read with the
+    schema it was written with (no job reading Parquet footers to infer it): one write and one read per
+    table, the write's shuffles, and nothing else."""
+    from pipeline.stats import stats
+
+    before = _spark_jobs(spark)
+    result = stats(spark, pristine_store("normal-raw"), tmp_path / "stats", 1 << 20)
+    assert result.records == 3000
+    assert _spark_jobs(spark) - before <= 22
