@@ -82,6 +82,7 @@ def main() -> None:
         write_store(args.store, int(args.mb * 1e6))
     out = args.store.with_name(args.store.name + "-out")
     shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     size = StoreInput.open(args.store).data_bytes()
     print(f"store {args.store}: {size} commitlog bytes", flush=True)
     conf = cli.parse_conf(args.conf)
