@@ -15,11 +15,21 @@ from tests.conftest import StoreFactory
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _spark_jobs(spark: SparkSession) -> int:
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
 def test_stats_tables_and_report(spark: SparkSession, pristine_store: StoreFactory, tmp_path: Path,
                                  dump_rows: Callable[..., list[dict[str, Any]]]) -> None:
     out = tmp_path / "stats"
+    jobs_before = _spark_jobs(spark)
     code = mqstore_main(["pipeline", "stats", str(pristine_store("normal-raw")), str(out), "--split-size", "1048576"])
     assert code == 0
+    # A small store's stats is fixed cost, every Spark job a scheduling round and a plan: the records are
+    # decoded once (their count is in the tables) and each table is read back with the schema it was
+    # written with (no job reading Parquet footers): one write and one read per table with the write's
+    # shuffles, nothing else.
+    assert _spark_jobs(spark) - jobs_before <= 22
     msgs = dump_rows("normal", "msg")
     per_minute = pq.read_table(out / "per_minute").to_pylist()
     assert sum(row["messages"] for row in per_minute) == 3000
@@ -56,19 +66,3 @@ def test_export_and_verify_through_the_cli(spark: SparkSession, mqstore_store: P
     # the commitlog alone: nothing is in a consume queue or the index, and verify says so
     assert mqstore_main(["pipeline", "verify", str(mqstore_store), "--report", str(tmp_path / "r.json")]) == 1
 
-
-def _spark_jobs(spark: SparkSession) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
-
-
-def test_stats_runs_no_job_it_does_not_need(spark: SparkSession, pristine_store: StoreFactory, tmp_path: Path) -> None:
-    """A small store's stats is fixed cost: every Spark job is a scheduling round and a plan. The records
-    are decoded once (their count is in the tables), and a table read back for the report is read with the
-    schema it was written with (no job reading Parquet footers to infer it): one write and one read per
-    table, the write's shuffles, and nothing else."""
-    from pipeline.stats import stats
-
-    before = _spark_jobs(spark)
-    result = stats(spark, pristine_store("normal-raw"), tmp_path / "stats", 1 << 20)
-    assert result.records == 3000
-    assert _spark_jobs(spark) - before <= 22
