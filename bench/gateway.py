@@ -109,6 +109,7 @@ from mqstore.client.batch_encoder import encode_entry, properties_bytes
 from mqstore.client.progress import Progress
 from mqstore.client.records import decode_records
 from mqstore.v1 import commitlog_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc, query_pb2
+from services.runner import is_child_command
 
 SERVICE = "mqstore.v1.MessagingService"
 SEND = f"/{SERVICE}/Send"
@@ -219,7 +220,7 @@ class System:
             os.kill(self.proc.pid, signal.SIGKILL)
         for pid in self.children.values():
             with contextlib.suppress(OSError):
-                if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if is_child_command(Path(f"/proc/{pid}/cmdline").read_bytes()):
                     os.kill(pid, signal.SIGKILL)
 
 

@@ -48,9 +48,17 @@ from services.store.config import ConfigError, load_config
 from services.store.store_root import make_dirs
 
 log = logging.getLogger("services.runner")
+#: The modules a child runs as (``python -m``): plain, or held while it imports (services/held_start.py).
+CLI_ENTRY, HELD_ENTRY = "services.cli", "services.held_start"
 STOP_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 120.0
 DEFAULT_METRICS_BASE_PORT = 9910
+
+
+def is_child_command(cmdline: bytes) -> bool:
+    """Whether a process's ``/proc/<pid>/cmdline`` is one of the children ``up`` starts: what a
+    harness that kills a system's leftovers by pid checks first (a pid may have been reused)."""
+    return CLI_ENTRY.encode() in cmdline or HELD_ENTRY.encode() in cmdline
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,7 @@ class _Child:
             env["MQSTORE_METRICS_PORT"] = str(spec.metrics_port)
         # Own session: a Ctrl-C on the terminal reaches only the runner, which then stops each child
         # once, in order (a second signal would make a child skip its clean shutdown).
-        entry = "services.held_start" if held else "services.cli"
+        entry = HELD_ENTRY if held else CLI_ENTRY
         self.proc = subprocess.Popen([sys.executable, "-m", entry, *spec.args], start_new_session=True, env=env,
                                      stdin=subprocess.PIPE if held else None)
         self.held = held

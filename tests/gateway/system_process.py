@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.services import free_port_block
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, gateway_pb2_grpc
+from services.runner import is_child_command
 from tests.commitlog.commitlog_process import CHANNEL_OPTIONS, commitlog_env, mqstore_command
 
 GATEWAY_SERVICE = "mqstore.v1.MessagingService"
@@ -89,7 +90,7 @@ class UpProcess:
                 pid = int(line.split("(pid ")[1].split(")")[0])
                 # Only our own child: after a clean stop its pid may belong to someone else by now.
                 with contextlib.suppress(OSError):
-                    if b"services.cli" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    if is_child_command(Path(f"/proc/{pid}/cmdline").read_bytes()):
                         os.kill(pid, signal.SIGKILL)
 
 
