@@ -17,6 +17,7 @@ A figure for the issue's goals: CreateTopic p99 <= 5 ms at any count, a clean re
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -87,10 +88,15 @@ def run(args: argparse.Namespace) -> int:
     print_machine("")
     with scratch_dir("topic-scale-", args.keep_store) as scratch:
         system = System(scratch, {})
-        system.wait_up()
-        per_queue = preload(system, PRELOAD * QUEUES, True)  # offsets are committed up to a queue's max
+        try:
+            system.wait_up()
+            per_queue = preload(system, PRELOAD * QUEUES, True)  # offsets are committed up to a queue's max
+        except BaseException:
+            system.kill()
+            raise
         base = memory(system)
-        with grpc.insecure_channel(system.gateway) as channel:
+        with contextlib.ExitStack() as on_failure, grpc.insecure_channel(system.gateway) as channel:
+            on_failure.callback(system.kill)  # a failed or interrupted run leaves no system behind
             stub = _stub(channel)
 
             def create(i: int) -> None:
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
             after_topics = memory(system)
             rows += timed_calls("CommitOffset", args.offsets, args.every, commit, system)
             grown = memory(system)
+            on_failure.pop_all()
         stopping = time.monotonic()
         code = system.stop()
         stop_s = time.monotonic() - stopping

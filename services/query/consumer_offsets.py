@@ -1,10 +1,13 @@
 """Consumer offsets: RocketMQ's ConsumerOffsetManager, kept in ``config/consumerOffset.json``.
 
-The table lives in memory and is written whole, atomically (temp file, fsync, rename; the previous
-file kept as ``.bak``), every persist interval when it changed and at a clean stop. A kill -9 or a
-power cut loses at most the commits of the last interval (5 s by default, RocketMQ's
-flushConsumerOffsetInterval), unless commits wait for ``durable()`` (syncConsumerOffsetCommit, on
-under SYNC_FLUSH): then an answered commit is on disk.
+The table lives in memory. Every persist interval when it changed, and at once for commits that wait
+for ``durable()`` (syncConsumerOffsetCommit, on under SYNC_FLUSH: then an answered commit is on
+disk), the offsets committed since the last write are appended to ``consumerOffset.json.journal``
+and fdatasync'd (services/store/formats/table_journal.py): a write costs the commits it carries, not
+the table, which may hold 100,000 offsets. The journal is folded into a new ``consumerOffset.json``
+(atomically, the previous one kept as ``.bak``) when it holds as many entries as the file had
+offsets, at a start and at a clean stop. A kill -9 or a power cut loses at most the commits of the
+last interval (5 s by default, RocketMQ's flushConsumerOffsetInterval) unless they waited.
 The file has RocketMQ's shape, ``{"offsetTable": {"topic@group": {"0": 12}}}``, with the queue ids
 quoted (RocketMQ's fastjson writes them bare, which is not JSON); its format is in
 ``services/store/formats/consumer_offsets_file.py``, which the commitlog service reads it with.
@@ -14,16 +17,26 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.query.state_file import StateFile
 from services.store.errors import ResourceExhaustedError
 from services.store.formats.consumer_offsets_file import (
     FILE_NAME,
+    METADATA_OFFSET_KEY,
     TOPIC_GROUP_SEPARATOR,
     OffsetTable,
+    applied_entry,
+    applied_metadata_offset,
+    apply_offset_entries,
+    offset_entry,
     parse_offset_table,
 )
+from services.store.formats.table_journal import TableJournal, encode_entry
+from services.store.store_root import read_with_backup
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +47,18 @@ class OffsetFileError(RuntimeError):
     """Neither the offsets file nor its backup can be read: starting empty would rewind every group."""
 
 
-#: mqstore's key in the file (RocketMQ's fastjson skips it): on a replicated shard, the metadata topic's
-#: queue offset below which every record is in the table (services/query/offset_log.py).
-METADATA_OFFSET_KEY = "mqstoreMetadataQueueOffset"
+@dataclass
+class _Write:
+    """What one write makes durable, taken on the loop in one step: the offsets committed since the
+    last write (and the metadata offset they reach), or, when the journal is due for folding, the
+    whole table."""
 
-
-class _Snapshot(dict[str, dict[int, int]]):
-    """A copy of the table with the metadata queue offset it covers, taken together on the loop."""
-
+    changes: dict[tuple[str, int], int] = field(default_factory=dict)
     applied_metadata: int | None = None
+    full: OffsetTable | None = None
 
 
-class ConsumerOffsetTable(StateFile[OffsetTable]):
+class ConsumerOffsetTable(StateFile[_Write]):
     def __init__(self, config_dir: Path, max_entries: int = MAX_ENTRIES) -> None:
         super().__init__(config_dir / FILE_NAME)
         self._max_entries = max_entries
@@ -53,30 +66,39 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
         self._entries = 0
         #: Set by the offset log as it applies records; written with the table (METADATA_OFFSET_KEY).
         self.applied_metadata: int | None = None
+        self._journal = TableJournal(self.path)
+        #: ("topic@group", queue id) -> offset committed since the last write was taken.
+        self._changes: dict[tuple[str, int], int] = {}
+        self._changes_lock = threading.Lock()  # the loop takes them, a failed write (a thread) gives them back
+        self._written_metadata: int | None = None
 
     @property
     def entries(self) -> int:
         return self._entries
 
     def load(self) -> None:
-        """The file, else its ``.bak`` (a crash during the backup's own rename), else nothing yet."""
-        backup = self.path.with_name(self.path.name + ".bak")
-        for candidate in (self.path, backup):
-            if not candidate.exists():
-                continue
-            try:
-                data = candidate.read_bytes()
-                self._table = parse_offset_table(data)
-                self.applied_metadata = _applied_metadata(data)
-            except (OSError, ValueError) as exc:
-                log.error("cannot read %s (%s)", candidate, exc)
-                continue
-            self._entries = sum(len(queues) for queues in self._table.values())
-            log.info("loaded %d consumer offsets from %s", self._entries, candidate)
-            return
-        if self.path.exists() or backup.exists():
+        """The file (else its ``.bak``, a crash during the backup's own rename), with the journal's
+        commits replayed over it; a journal with entries is folded into a new file at once."""
+        try:
+            loaded = read_with_backup(self.path, _parse)
+        except ValueError as exc:
+            log.error("cannot read %s or its .bak (%s)", self.path, exc)
             raise OffsetFileError(f"{self.path} and its .bak are unreadable: repair or remove them (starting "
-                                  "without them would send every consumer group back to its first offset)")
+                                  "without them would send every consumer group back to its first offset)") from None
+        if loaded is not None:
+            self._table, self.applied_metadata = loaded
+        entries = self._journal.open()
+        applied = apply_offset_entries(self._table, entries)
+        if applied is not None:
+            self.applied_metadata = applied
+        self._written_metadata = self.applied_metadata
+        self._entries = sum(len(queues) for queues in self._table.values())
+        if loaded is not None or entries:
+            log.info("loaded %d consumer offsets from %s (%d journal entries)", self._entries, self.path,
+                     len(entries))
+        if entries:
+            with self._write_lock:
+                self._journal.compact(self._encode_table(self._table, self.applied_metadata), keep_backup=True)
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Arguments are checked by the caller (names without '@', offset >= 0)."""
@@ -88,23 +110,71 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
             queues = self._table.setdefault(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {})
             self._entries += 1
         queues[queue_id] = offset
+        with self._changes_lock:
+            self._changes[(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", queue_id)] = offset
         self.changed()
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         queues = self._table.get(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}")
         return None if queues is None else queues.get(queue_id)
 
-    def _copy(self) -> OffsetTable:
-        copy = _Snapshot((key, dict(queues)) for key, queues in self._table.items())
-        copy.applied_metadata = self.applied_metadata
-        return copy
+    def copy_table(self) -> OffsetTable:
+        """The whole table now (on the loop), for readers that walk it (consumer lag)."""
+        return {key: dict(queues) for key, queues in self._table.items()}
 
-    def _encode(self, snapshot: OffsetTable) -> bytes:
+    def _copy(self) -> _Write:
+        """The commits since the last write, taken (a failed write gives them back); the whole table
+        instead when the journal is due for folding into a new file."""
+        with self._changes_lock:
+            changes, self._changes = self._changes, {}
+        full = self.copy_table() if self._journal.due(self._entries) else None
+        return _Write(changes, self.applied_metadata, full)
+
+    def _encode(self, snapshot: _Write) -> bytes:
+        """The journal lines of a write that does not fold (one that does writes the whole table)."""
+        return b"".join(encode_entry(e) for e in self._entries_of(snapshot))
+
+    def _entries_of(self, taken: _Write) -> list[dict[str, Any]]:
+        entries = [offset_entry(key, queue_id, offset) for (key, queue_id), offset in taken.changes.items()]
+        if taken.applied_metadata is not None and taken.applied_metadata != self._written_metadata:
+            entries.append(applied_entry(taken.applied_metadata))
+        return entries
+
+    def write(self, snapshot: tuple[int, _Write]) -> None:
+        """Append the write's commits to the journal and fdatasync it (or fold the journal into a new
+        file): blocking, for a worker thread. On failure the commits are kept for the next write."""
+        version, taken = snapshot
+        with self._write_lock:
+            try:
+                if taken.full is not None:
+                    self._journal.compact(self._encode_table(taken.full, taken.applied_metadata), keep_backup=True)
+                else:
+                    self._journal.append(self._entries_of(taken))
+            except BaseException:
+                with self._changes_lock:  # newer commits of the same queues win
+                    self._changes = {**taken.changes, **self._changes}
+                raise
+            self._written_metadata = taken.applied_metadata
+            self._persisted_version = max(self._persisted_version, version)
+
+    def persist(self) -> None:
+        """The stop path (no loop, no thread): the journal folded into a new file, so that a stopped
+        store's offsets are one file, as RocketMQ's tools expect."""
+        with self._write_lock:
+            if self.dirty or self._journal.entries:
+                with self._changes_lock:
+                    self._changes = {}
+                version = self._version
+                self._journal.compact(self._encode_table(self.copy_table(), self.applied_metadata), keep_backup=True)
+                self._persisted_version = version
+            self._journal.close()
+
+    @staticmethod
+    def _encode_table(table: OffsetTable, applied_metadata: int | None) -> bytes:
         document: dict[str, object] = {"offsetTable": {key: {str(q): o for q, o in sorted(queues.items())}
-                                                       for key, queues in sorted(snapshot.items())}}
-        applied = getattr(snapshot, "applied_metadata", None)
-        if applied is not None:
-            document[METADATA_OFFSET_KEY] = applied
+                                                       for key, queues in sorted(table.items())}}
+        if applied_metadata is not None:
+            document[METADATA_OFFSET_KEY] = applied_metadata
         return json.dumps(document, indent=1).encode()
 
     def groups(self) -> list[str]:
@@ -118,8 +188,5 @@ class ConsumerOffsetTable(StateFile[OffsetTable]):
                 for q, offset in queues.items()}
 
 
-def _applied_metadata(data: bytes) -> int | None:
-    value = json.loads(data).get(METADATA_OFFSET_KEY)
-    if value is not None and (not isinstance(value, int) or value < 0):
-        raise ValueError(f"{METADATA_OFFSET_KEY} {value!r} is not a queue offset")
-    return value
+def _parse(data: bytes) -> tuple[OffsetTable, int | None]:
+    return parse_offset_table(data), applied_metadata_offset(data)

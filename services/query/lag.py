@@ -101,7 +101,7 @@ class LagMonitor:
         started = time.perf_counter()
         queues = await self._indexer.queues()
         bounds = {(topic, queue_id): (low, high) for topic, queue_id, low, high in queues}
-        _, table = self._offsets.snapshot()
+        table = self._offsets.copy_table()
         lagging: list[tuple[int, str, str, int, int]] = []
         for key, committed_by_queue in table.items():
             topic, _, group = key.rpartition(TOPIC_GROUP_SEPARATOR)

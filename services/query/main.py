@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,8 +216,11 @@ async def _persist_periodically(offsets: ConsumerOffsetTable, pops: PopCheckpoin
     A failed write is logged and tried again next interval (the stop path writes once more)."""
     while True:
         await asyncio.sleep(interval_s)
-        writes = [(table.path, functools.partial(table.write, table.snapshot()))
-                  for table in (pops, offsets) if table.dirty]
+        writes: list[tuple[Path, Callable[[], None]]] = []
+        if pops.dirty:
+            writes.append((pops.path, functools.partial(pops.write, pops.snapshot())))
+        if offsets.dirty:
+            writes.append((offsets.path, functools.partial(offsets.write, offsets.snapshot())))
         for path, write in writes:
             try:
                 await asyncio.to_thread(write)

@@ -16,7 +16,6 @@ is filled past diskSpaceCleanForciblyRatio (0.85) but below diskSpaceWarningLeve
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.resilience import backend_error
 from mqstore.v1 import commitlog_pb2, common_pb2, query_pb2
+from services.store.formats.consumer_offsets_file import read_offset_table
 from tests.commitlog.commitlog_process import CommitLogProcess, free_port, start_commitlog
 from tests.commitlog.small_disk import MIB, small_filesystem
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
@@ -100,8 +100,9 @@ class Deployment:
 
 
 def _on_disk(path: Path) -> dict[str, dict[str, int]]:
+    """What the store holds: the file and the commits its journal appended since."""
     try:
-        return dict(json.loads(path.read_text())["offsetTable"])
+        return {key: {str(q): o for q, o in queues.items()} for key, queues in read_offset_table(path).items()}
     except (OSError, ValueError, KeyError):
         return {}
 

@@ -141,11 +141,11 @@ def test_the_offsets_file_keeps_the_metadata_queue_offset_it_covers(tmp_path: Pa
     snapshot = table.snapshot()
     table.applied_metadata = 43  # applied after the snapshot: not what the file says
     table.write(snapshot)
+    loaded = ConsumerOffsetTable(tmp_path)
+    loaded.load()  # replays the journal the write appended to, and folds it into the file
+    assert loaded.applied_metadata == 42 and loaded.query("g", "T", 1) == 7
     document = json.loads(table.path.read_bytes())
     assert document == {"offsetTable": {"T@g": {"1": 7}}, "mqstoreMetadataQueueOffset": 42}
-    loaded = ConsumerOffsetTable(tmp_path)
-    loaded.load()
-    assert loaded.applied_metadata == 42 and loaded.query("g", "T", 1) == 7
     plain = ConsumerOffsetTable(tmp_path / "single-copy")
     plain.commit("g", "T", 1, 7)
     plain.persist()

@@ -35,6 +35,7 @@ from services.store.formats.consumer_offsets_file import (
     split_key,
 )
 from services.store.formats.store_layout import StoreLayoutError, resolve_store
+from services.store.formats.table_journal import journal_path
 from services.store.rules.names import check_topic_name
 
 _OFFSET_AND_SIZE = struct.Struct(">qi")
@@ -196,7 +197,7 @@ class UnconsumedReader:
     def __init__(self, store_root: Path) -> None:
         self.store_root = store_root
         self.looked_at = offsets_file_candidates(store_root)
-        self._cached: tuple[tuple[Path, int, int, int], OffsetTable] | None = None
+        self._cached: tuple[tuple[_Signature | None, _Signature | None], OffsetTable] | None = None
 
     def holders(self, start: int, end: int) -> Holders:
         """Who has not consumed commitlog offsets [start, end)."""
@@ -231,8 +232,9 @@ class UnconsumedReader:
     def _offsets(self) -> tuple[Path, OffsetTable] | None:
         """The first consumer offsets file that exists (or whose .bak does), parsed; None if none does."""
         for path in self.looked_at:
-            signature = _signature(path) or _signature(path.with_name(path.name + ".bak"))
-            if signature is None:
+            signature = (_signature(path) or _signature(path.with_name(path.name + ".bak")),
+                         _signature(journal_path(path)))  # the commits appended since the file was written
+            if signature == (None, None):
                 continue
             if self._cached is not None and self._cached[0] == signature:
                 return path, self._cached[1]
@@ -242,7 +244,10 @@ class UnconsumedReader:
         return None
 
 
-def _signature(path: Path) -> tuple[Path, int, int, int] | None:
+_Signature = tuple[Path, int, int, int]
+
+
+def _signature(path: Path) -> _Signature | None:
     """What changes when the writer replaces the file (it renames a new one over it)."""
     try:
         st = os.stat(path)

@@ -37,6 +37,8 @@ from typing import Any
 from services.store.errors import StoreError
 from services.store.formats.checkpoint import StoreCheckpoint, read_checkpoint
 from services.store.formats.commitlog_walk import CommitLogError, list_commitlog_files
+from services.store.formats.consumer_offsets_file import FILE_NAME as CONSUMER_OFFSET_FILE
+from services.store.formats.consumer_offsets_file import read_offset_table
 from services.store.formats.delay_offsets_file import FILE_NAME, read_delay_offsets
 from services.store.formats.index_file import IndexFileError
 from services.store.formats.message import SCHEDULE_TOPIC
@@ -53,7 +55,6 @@ CONSUME_QUEUE_DIR = "consumequeue"
 INDEX_DIR = "index"
 CONFIG_DIR = "config"
 CHECKPOINT_FILE = "checkpoint"
-CONSUMER_OFFSET_FILE = "consumerOffset.json"
 DELAY_OFFSET_FILE = FILE_NAME  # delayOffset.json
 #: the scheduler's root inside an mqstore store (``mqstore up``)
 SCHEDULER_DIR = "scheduler"
@@ -397,17 +398,13 @@ def _write_consumer_offsets(source: Path, target: Path, check_offsets: Path | No
     service already keeps that shape; queue ids stay quoted (strict JSON, which fastjson reads too).
     ``check_offsets``: the scheduler's transaction checker progress, RocketMQ's CID_RMQ_SYS_TRANS offsets
     of the half and op queues (so a broker does not check again what mqstore checked or discarded)."""
-    document = _read_json(source, "consumer offsets", CONSUMER_OFFSET_FILE)
-    raw = document.get("offsetTable", {}) if document is not None else {}
-    table: dict[str, dict[str, int]] = {}
     try:
-        for key, queues in sorted(raw.items()):
-            if "@" not in key:
-                raise ValueError(key)
-            table[key] = {str(int(q)): int(o) for q, o in sorted(queues.items(), key=lambda item: int(item[0]))}
-    except (AttributeError, TypeError, ValueError):
-        raise ExportError(f"{source}: offsetTable is not {{\"topic@group\": {{queue: offset}}}}; repair it or "
-                          "restore its .bak") from None
+        raw = read_offset_table(source)  # the file and the commits its journal holds since
+    except FileNotFoundError:
+        raw = {}
+    except (ValueError, StoreError) as exc:
+        raise ExportError(f"the consumer offsets in {source}: {exc}; repair it or restore its .bak") from None
+    table = {key: {str(q): o for q, o in sorted(queues.items())} for key, queues in sorted(raw.items())}
     if check_offsets is not None:
         try:
             table.update(check_consumer_offsets(check_offsets))
@@ -436,22 +433,6 @@ def _write_delay_offsets(dest: Path, scheduler_offsets: Path) -> int:
     _write_json(dest / CONFIG_DIR / DELAY_OFFSET_FILE,
                 {"offsetTable": {str(level): delivered.get(level, 0) for level in levels}})
     return len(levels)
-
-
-def _read_json(path: Path, what: str, name: str) -> dict[str, Any] | None:
-    """The file, else its ``.bak`` (what the services load), else None when neither exists."""
-    backup = path.with_name(path.name + ".bak")
-    for candidate in (path, backup):
-        if candidate.exists():
-            try:
-                document = json.loads(candidate.read_bytes())
-            except (OSError, ValueError):
-                continue
-            if isinstance(document, dict):
-                return document
-    if path.exists() or backup.exists():
-        raise ExportError(f"the {what} in {path} and its .bak are unreadable: repair or restore {name}")
-    return None
 
 
 def _write_json(path: Path, document: dict[str, Any]) -> None:
