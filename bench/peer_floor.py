@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 
 import grpc
 
-from bench.peer_runner import Job, Tally
+from bench.peer_runner import Job, Tally, windowed_stream
 from bench.workload import BODY_SIZE
 
 SERVICE = "mqstore.bench.Floor"
@@ -41,11 +39,12 @@ CLIENT_OPTIONS = [*OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
 
 # -- the server ----------------------------------------------------------------------------------------
-async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+async def _echo(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
     return request
 
 
-async def _echo_stream(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+async def _echo_stream(requests: AsyncIterator[bytes],
+                       context: grpc.aio.ServicerContext[bytes, bytes]) -> AsyncIterator[bytes]:
     async for request in requests:
         yield request
 
@@ -104,43 +103,17 @@ class FloorSession:
 
     async def _stream(self, deadline_ns: int, tally: Tally) -> None:
         """One stream, at most ``data[0]`` frames unanswered; latency per frame, written to echoed."""
-        payload, batch, window = self.payload, max(self.job.batch, 1), int(self.job.data[0])
+        payload, batch = self.payload, max(self.job.batch, 1)
         call = self.channel.stream_stream(STREAM, request_serializer=None,
                                           response_deserializer=None)(None, timeout=self.job.duration_s + 120)
-        slots = asyncio.Semaphore(window)
-        sent: deque[int] = deque()
-        clock, now = time.perf_counter_ns, time.monotonic_ns
 
-        async def write() -> None:
-            try:
-                while True:
-                    await slots.acquire()
-                    if now() >= deadline_ns:
-                        break
-                    sent.append(clock())
-                    await call.write(payload)
-            finally:
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await call.done_writing()
+        def answered(answer: bytes) -> None:
+            if len(answer) == len(payload):
+                tally.ok += batch
+            else:
+                tally.error(RuntimeError(f"echo answered {len(answer)} of {len(payload)} bytes"), batch)
 
-        writer = asyncio.create_task(write())
-        try:
-            while True:
-                answer = await call.read()
-                if not isinstance(answer, bytes):  # EOF
-                    break
-                tally.latencies.append(clock() - sent.popleft())
-                slots.release()
-                if len(answer) == len(payload):
-                    tally.ok += batch
-                else:
-                    tally.error(RuntimeError(f"echo answered {len(answer)} of {len(payload)} bytes"), batch)
-        except grpc.aio.AioRpcError as exc:
-            tally.error(exc, len(sent) * batch)
-            sent.clear()
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await writer
+        await windowed_stream(call, lambda: payload, int(self.job.data[0]), deadline_ns, tally, answered, batch)
 
 
 async def prepare(job: Job) -> FloorSession:

@@ -20,8 +20,7 @@ this module adds what the peer table needs beyond them, all through the gateway'
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import itertools
 import random
 import time
 from collections import deque
@@ -38,7 +37,7 @@ from bench.gateway import (
     create_topic,
     wait_dispatched,
 )
-from bench.peer_runner import Job, Tally
+from bench.peer_runner import Job, Tally, windowed_stream
 from bench.query import KEY_BODY, KEY_TOPIC, KEYS_PER_MESSAGE, key_of
 from bench.workload import BODY_SIZE, BORN_HOST, CLUSTER, QUEUES, RECORD_SIZE, TOPIC, Workload
 from mqstore.client.record_view import PulledRecords
@@ -149,42 +148,13 @@ class MqstoreSession:
 
     async def _blob_stream(self, index: int, deadline_ns: int, tally: Tally) -> None:
         """One SendBatchStream, at most ``data[0]`` batches unanswered; latency per batch, send to answer."""
-        requests, batch, window = self.requests, self.job.batch, int(self.job.data[0])
+        requests, batch = self.requests, self.job.batch
         call = self.channel.stream_stream(f"/{SERVICE}/SendBatchStream", request_serializer=None,
                                           response_deserializer=None)(None, timeout=self.job.duration_s + 120)
-        slots = asyncio.Semaphore(window)
-        sent: deque[int] = deque()
-        clock, now = time.perf_counter_ns, time.monotonic_ns
-
-        async def write() -> None:
-            k = index * len(requests) // max(self.job.concurrency, 1)
-            try:
-                while True:
-                    await slots.acquire()
-                    if now() >= deadline_ns:
-                        break
-                    sent.append(clock())
-                    await call.write(requests[k % len(requests)])
-                    k += 1
-            finally:
-                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                    await call.done_writing()
-
-        writer = asyncio.create_task(write())
-        try:
-            while True:
-                answer = await call.read()
-                if not isinstance(answer, bytes):  # EOF
-                    break
-                tally.latencies.append(clock() - sent.popleft())
-                slots.release()
-                count_acked(answer, batch, tally)
-        except grpc.aio.AioRpcError as exc:
-            tally.error(exc, len(sent) * batch)
-            sent.clear()
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-            await writer
+        frames = itertools.islice(itertools.cycle(requests), index * len(requests) // max(self.job.concurrency, 1),
+                                  None)
+        await windowed_stream(call, frames.__next__, int(self.job.data[0]), deadline_ns, tally,
+                              lambda answer: count_acked(answer, batch, tally), batch)
 
     async def _pull(self, index: int, deadline_ns: int, tally: Tally) -> None:
         job = self.job

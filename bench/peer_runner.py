@@ -16,9 +16,12 @@ import contextlib
 import importlib
 import time
 from array import array
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+
+import grpc
 
 from bench.client_procs import run_client_processes
 from bench.peer_table import Measure
@@ -55,6 +58,44 @@ class Tally:
         self.failed += count
         if len(self.errors) < 3:
             self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def windowed_stream(call: Any, next_frame: Callable[[], bytes], window: int, deadline_ns: int, tally: Tally,
+                          answered: Callable[[bytes], None], frame_messages: int) -> None:
+    """Drive one open bidirectional stream: frames written while fewer than ``window`` are unanswered,
+    until the deadline; each answer's latency (written to answered) sampled and ``answered(bytes)``
+    called; an error counts the unanswered frames' messages as failed."""
+    slots = asyncio.Semaphore(window)
+    sent: deque[int] = deque()
+    clock, now = time.perf_counter_ns, time.monotonic_ns
+
+    async def write() -> None:
+        try:
+            while True:
+                await slots.acquire()
+                if now() >= deadline_ns:
+                    break
+                sent.append(clock())
+                await call.write(next_frame())
+        finally:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.done_writing()
+
+    writer = asyncio.create_task(write())
+    try:
+        while True:
+            answer = await call.read()
+            if not isinstance(answer, bytes):  # EOF
+                break
+            tally.latencies.append(clock() - sent.popleft())
+            slots.release()
+            answered(answer)
+    except grpc.aio.AioRpcError as exc:
+        tally.error(exc, len(sent) * frame_messages)
+        sent.clear()
+    writer.cancel()
+    with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+        await writer
 
 
 class Session(Protocol):
