@@ -15,6 +15,10 @@ counted per minute (``delayed``) and left out of the latency columns too. Top pr
 hosts without the port (a producer's connections each have their own ephemeral port), and leave out
 the records the store wrote itself (born at its own address: transaction op records).
 
+For a local OUT the Python workers reduce each split to partial aggregates and the driver writes the
+tables (pipeline/stats_partials.py: one Spark job); other outputs, or ``workers=False``, take the
+DataFrame path below, which is also the reference the workers' tables are tested against.
+
 Run as ``mqstore pipeline stats STORE OUT`` or ``spark-submit pipeline/stats.py STORE OUT``.
 """
 
@@ -24,22 +28,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.failures import run_job
+from pipeline.fs import parse_location
 from pipeline.records import records_frame
-from pipeline.scan import StoreInput
+from pipeline.scan import StoreInput, splits_rdd
 from pipeline.split_reader import DEFAULT_SPLIT_SIZE
+from pipeline.stats_partials import CHART_CLIP_PERCENTILE, PERCENTILES, TOP_N
 from services.store.formats.geometry import GeometryOptions, add_geometry_arguments, options_of
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import DataFrame, SparkSession
 
-TOP_N = 10
-PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 SKEW_LIMIT_MS = 3_600_000
-CHART_CLIP_PERCENTILE = 0.999
 
 
 @dataclass(frozen=True)
@@ -100,11 +105,48 @@ def stats_tables(records: DataFrame, skew_limit_ms: int = SKEW_LIMIT_MS) -> dict
 
 def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Path,
           split_size: int = DEFAULT_SPLIT_SIZE, geometry: GeometryOptions | None = None,
-          skew_limit_ms: int = SKEW_LIMIT_MS) -> StatsResult:
+          skew_limit_ms: int = SKEW_LIMIT_MS, workers: bool = True) -> StatsResult:
+    """The tables and the report of a store. ``workers``: reduce in the Python workers where the
+    output is local (else, and with False, the DataFrame path)."""
     from pipeline.report import write_report
 
     out = Path(output)
     source = StoreInput.open(store, geometry)
+    local = parse_location(str(output)).local
+    if workers and local is not None:
+        frames = _worker_tables(spark, source, local, split_size, skew_limit_ms)
+        paths = {name: str(local / name) for name in frames}
+        out = local
+    else:
+        paths, frames = _frame_tables(spark, source, out, split_size, skew_limit_ms)
+    summary = frames["latency_summary"]
+    count = int(summary["messages"].iloc[0]) if len(summary) else 0  # every record, as a count() would say
+    report = write_report(out / "report", str(source.layout.root), count, frames)
+    skewed = int(frames["latency_summary"]["skewed"].fillna(0).iloc[0]) if len(frames["latency_summary"]) else 0
+    return StatsResult(count, paths, report, skewed)
+
+
+def _worker_tables(spark: SparkSession, source: StoreInput, out: Path, split_size: int,
+                   skew_limit_ms: int) -> dict[str, pd.DataFrame]:
+    """Each split reduced by its task, merged and written here: the tables as pandas frames."""
+    from pipeline.stats_partials import (
+        merge_partials,
+        pandas_frames,
+        split_partials,
+        stats_tables,
+        write_spark_table,
+    )
+
+    reduce = partial(split_partials, skew_limit_ms=skew_limit_ms)
+    parts = splits_rdd(spark, source.plan(split_size)).map(reduce).collect()
+    tables = stats_tables(merge_partials(parts), skew_limit_ms)
+    for name, table in tables.items():
+        write_spark_table(out / name, table)
+    return pandas_frames(tables)
+
+
+def _frame_tables(spark: SparkSession, source: StoreInput, out: Path, split_size: int, skew_limit_ms: int
+                  ) -> tuple[dict[str, str], dict[str, pd.DataFrame]]:
     records, _ = records_frame(spark, source, split_size)
     records = records.cache()  # decoded by the first table's job, read from memory by the others
     tables = stats_tables(records, skew_limit_ms)
@@ -116,11 +158,7 @@ def stats(spark: SparkSession, store: str | Path | StoreInput, output: str | Pat
         # With the schema it was written with: no job reading the files' footers to infer it.
         frames[name] = spark.read.schema(frame.schema).parquet(paths[name]).toPandas()
     records.unpersist()
-    summary = frames["latency_summary"]
-    count = int(summary["messages"].iloc[0]) if len(summary) else 0  # every record, as a count() would say
-    report = write_report(out / "report", str(source.layout.root), count, frames)
-    skewed = int(frames["latency_summary"]["skewed"].fillna(0).iloc[0]) if len(frames["latency_summary"]) else 0
-    return StatsResult(count, paths, report, skewed)
+    return paths, frames
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
