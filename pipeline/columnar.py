@@ -90,19 +90,28 @@ def _gather(raw: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarra
     if offsets[-1] <= _GATHER_BYTES_PER_RANGE * starts.size:  # short ranges: one vectorised gather
         source = np.frombuffer(raw, dtype=np.uint8)
         return offsets, source[np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])].tobytes()
+    return offsets, b"".join(_slices(raw, starts, ends))
+
+
+def _slices(raw: bytes, starts: np.ndarray, ends: np.ndarray) -> list[memoryview]:
+    """Zero-copy views of the byte ranges ``[starts[i], ends[i])`` of ``raw``."""
     view = memoryview(raw)
-    return offsets, b"".join([view[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)])
+    return [view[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
 def ranges(raw: bytes, starts: np.ndarray, ends: np.ndarray, kind: pa.DataType) -> Column:
     """The byte ranges ``[starts[i], ends[i])`` of ``raw`` as one Arrow array of ``kind`` (binary or
     string): one ``bytes.join`` of memoryview slices (a C loop of copies) and the offsets."""
-    offsets, data = _gather(raw, starts, ends)
+    return _column(*_gather(raw, starts, ends), kind)
+
+
+def _column(offsets: np.ndarray, data: bytes, kind: pa.DataType) -> Column:
+    """An Arrow array of ``kind`` (binary or string) over values back to back in ``data``."""
     if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(kind, starts.size, [None, _py_buffer(offsets.astype(np.int32)),
-                                                          _py_buffer(data)])
+        return pa.Array.from_buffers(kind, offsets.size - 1, [None, _py_buffer(offsets.astype(np.int32)),
+                                                              _py_buffer(data)])
     large = pa.large_binary() if kind == pa.binary() else pa.large_string()
-    return pa.Array.from_buffers(large, starts.size, [None, _py_buffer(offsets), _py_buffer(data)]).cast(kind)
+    return pa.Array.from_buffers(large, offsets.size - 1, [None, _py_buffer(offsets), _py_buffer(data)]).cast(kind)
 
 
 def host_strings(raw: np.ndarray) -> Column:
@@ -218,12 +227,14 @@ class FastRecords:
     slow: list[int]  # absolute file positions for the per-record decoder
 
 
-def body_crcs_ok(raw: bytes, starts: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> np.ndarray:
-    """Whether each body ``raw[start:end]`` matches its stored BODYCRC (ISA-L's CRC-32, one C call each)."""
-    view = memoryview(raw)
-    computed = np.fromiter((crc32(view[s:e]) for s, e in zip(starts.tolist(), ends.tolist(), strict=True)),
-                           dtype=np.int64, count=starts.size)
-    return np.asarray((computed & 0x7FFFFFFF) == stored)
+def bodies_checked(raw: bytes, starts: np.ndarray, ends: np.ndarray, stored: np.ndarray) -> tuple[Column, np.ndarray]:
+    """The bodies ``raw[start:end]`` as a binary column, and whether each matches its stored BODYCRC
+    (ISA-L's CRC-32, one C call each): the CRC and the copy share one list of views."""
+    pieces = _slices(raw, starts, ends)
+    computed = np.fromiter(map(crc32, pieces), dtype=np.int64, count=starts.size)
+    offsets = np.zeros(starts.size + 1, dtype=np.int64)
+    np.cumsum(ends - starts, out=offsets[1:])
+    return _column(offsets, b"".join(pieces), pa.binary()), np.asarray((computed & 0x7FFFFFFF) == stored)
 
 
 def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool, bodies: bool = True) -> FastRecords:
@@ -295,8 +306,7 @@ def decode_fast(view: memoryview, positions: np.ndarray, decompress: bool, bodie
     fields["body_size"] = body_len[rows]
     if not bodies:
         return FastRecords(positions[rows], fields, None, topic, props, positions[slow_mask].tolist())
-    fields["crc_ok"] = body_crcs_ok(raw, body_start[rows], body_end[rows], fields["body_crc"])
-    body = ranges(raw, body_start[rows], body_end[rows], pa.binary())
+    body, fields["crc_ok"] = bodies_checked(raw, body_start[rows], body_end[rows], fields["body_crc"])
     return FastRecords(positions[rows], fields, body, topic, props, positions[slow_mask].tolist())
 
 

@@ -149,6 +149,30 @@ def test_common_records_take_the_fast_path(tmp_path: Path) -> None:
     assert columnar.equals(reference)
 
 
+def test_properties_next_to_each_other_keep_their_records(tmp_path: Path) -> None:
+    """The properties of consecutive records are parsed back to back: empty ones in a row, ones made
+    of separators only, trailing separators, and bodies full of separator bytes (never parsed) must
+    still give each record its own items, on the fast path."""
+    props = [b"", b"", b"TAGS\x01a\x02", b"\x02", b"", b"\x02TAGS\x01b", b"", b"\x02\x02KEYS\x01k1 k2\x02",
+             b"\x01\x02\x01", b"a\x01\x01\x02b\x01c", b"", b"TAGS\x01z"]
+    specs = [{"topic": b"Orders", "properties": p, "body": (b"\x01\x02" * 40)[:i * 7], "sys_flag": 0,
+              "born_host": encode_address("10.0.0.1:4000"), "store_host": encode_address("127.0.0.1:10911"),
+              "queue_id": 0, "flag": 0, "born_timestamp": 1, "store_timestamp": 2, "crc_ok": True, "v2": False}
+             for i, p in enumerate(props)]
+    commitlog = write_commitlog(tmp_path / "commitlog", specs, None)
+    split = plan_splits(commitlog, FILE_SIZE, files=list_commitlog_files(commitlog, FILE_SIZE))[0]
+
+    def refuse(_: object) -> pa.RecordBatch:
+        raise AssertionError("a record went to the per-record decoder")
+
+    columnar = pa.Table.from_batches(list(export_batches(split, False, ScanSummary(), 4096, SCHEMA, refuse)))
+    assert columnar.column("properties").to_pylist() == [
+        [], [], [("TAGS", "a")], [], [], [("TAGS", "b")], [], [("KEYS", "k1 k2")], [], [("a", "\x01"), ("b", "c")], [],
+        [("TAGS", "z")]]
+    reference, columnar, _, _ = decode_both(commitlog, FILE_SIZE, False)
+    assert columnar.equals(reference)
+
+
 def test_bad_utf8_in_a_dropped_property_item_makes_the_record_bad(tmp_path: Path) -> None:
     """The properties string is decoded as a whole: bad UTF-8 in an item RocketMQ drops (no name/value
     separator, an empty name) still makes the record undecodable, in both decoders."""
