@@ -32,30 +32,32 @@ PERCENTILES = (0.5, 0.9, 0.99, 0.999)
 CHART_CLIP_PERCENTILE = 0.999
 
 _MINUTE = ["topic", "minute_ms"]
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_TYPES: dict[str, pa.DataType] = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(),
+                                  "timestamp": pa.timestamp("us", tz="UTC")}
+
+
+def _schema(spec: str) -> pa.Schema:
+    """``name type`` pairs, comma-separated; ``type!`` for a column Spark writes as not null."""
+    fields: list[pa.Field[Any]] = []
+    for item in spec.split(","):
+        name, kind = item.split()
+        fields.append(pa.field(name, _TYPES[kind.rstrip("!")], nullable=not kind.endswith("!")))
+    return pa.schema(fields)
+
+
 #: The tables as Spark writes them (types and nullability of the DataFrame path's columns).
 SCHEMAS: dict[str, pa.Schema] = {
-    "per_minute": pa.schema([
-        ("topic", pa.string()), ("minute", _TIMESTAMP), pa.field("messages", pa.int64(), nullable=False),
-        ("bytes", pa.int64()), ("body_bytes", pa.int64()), ("size_min", pa.int32()), ("size_p50", pa.int32()),
-        ("size_p90", pa.int32()), ("size_p99", pa.int32()), ("size_max", pa.int32()), ("latency_p50_ms", pa.int64()),
-        ("latency_p90_ms", pa.int64()), ("latency_p99_ms", pa.int64()), ("latency_p999_ms", pa.int64()),
-        ("latency_max_ms", pa.int64()), ("skewed", pa.int64()), ("delayed", pa.int64())]),
-    "size_histogram": pa.schema([("topic", pa.string()), ("bucket", pa.int32()),
-                                 pa.field("count", pa.int64(), nullable=False), ("size_from", pa.int64())]),
-    "top_keys": pa.schema([("topic", pa.string()), ("name", pa.string()), pa.field("count", pa.int64(), nullable=False),
-                           pa.field("rank", pa.int32(), nullable=False)]),
-    "top_producers": pa.schema([("topic", pa.string()), ("name", pa.string()),
-                                pa.field("count", pa.int64(), nullable=False),
-                                pa.field("rank", pa.int32(), nullable=False)]),
-    "clock_skew": pa.schema([
-        ("topic", pa.string()), ("born_host", pa.string()), pa.field("messages", pa.int64(), nullable=False),
-        ("skew_min_ms", pa.int64()), ("skew_p50_ms", pa.int64()), ("skew_max_ms", pa.int64()),
-        ("first_store_time", _TIMESTAMP), ("last_store_time", _TIMESTAMP)]),
-    "latency_summary": pa.schema([
-        pa.field("messages", pa.int64(), nullable=False), ("skewed", pa.int64()), ("delayed", pa.int64()),
-        pa.field("skew_limit_ms", pa.int64(), nullable=False), ("latency_clip_ms", pa.int64()),
-        ("latency_min_ms", pa.int64()), ("latency_max_ms", pa.int64())]),
+    "per_minute": _schema(
+        "topic string, minute timestamp, messages long!, bytes long, body_bytes long, size_min int, size_p50 int, "
+        "size_p90 int, size_p99 int, size_max int, latency_p50_ms long, latency_p90_ms long, latency_p99_ms long, "
+        "latency_p999_ms long, latency_max_ms long, skewed long, delayed long"),
+    "size_histogram": _schema("topic string, bucket int, count long!, size_from long"),
+    "top_keys": _schema("topic string, name string, count long!, rank int!"),
+    "top_producers": _schema("topic string, name string, count long!, rank int!"),
+    "clock_skew": _schema("topic string, born_host string, messages long!, skew_min_ms long, skew_p50_ms long, "
+                          "skew_max_ms long, first_store_time timestamp, last_store_time timestamp"),
+    "latency_summary": _schema("messages long!, skewed long, delayed long, skew_limit_ms long!, latency_clip_ms long, "
+                               "latency_min_ms long, latency_max_ms long"),
 }
 
 
@@ -74,6 +76,10 @@ class Partials:
     skew_values: pa.Table  # topic, born_host, value (born minus store), count
 
 
+def _table_of(columns: dict[str, Any]) -> pa.Table:
+    return pa.table(columns)
+
+
 def _count(table: pa.Table, keys: list[str]) -> pa.Table:
     return table.group_by(keys, use_threads=False).aggregate([([], "count_all")]).rename_columns(keys + ["count"])
 
@@ -89,7 +95,7 @@ def split_partials(split: Split, skew_limit_ms: int) -> Partials:
     sizes = facts["store_size"].to_numpy()
     # Spark's floor(log2(x)): ln(x) / ln(2) in doubles, not the bit length, so edge sizes fall alike.
     bucket = np.floor(np.log(sizes.astype(np.float64)) / math.log(2)).astype(np.int32)
-    base = pa.table({
+    base = _table_of({
         "topic": facts["topic"], "minute_ms": pa.array(store_ms - np.mod(store_ms, 60_000)),
         "store_size": facts["store_size"], "body_size": pa.array(facts["body_size"].to_numpy().astype(np.int64)),
         "latency": pa.array(raw_latency, mask=~latency_ok), "skewed": pa.array(skewed.astype(np.int64)),
@@ -104,15 +110,15 @@ def split_partials(split: Split, skew_limit_ms: int) -> Partials:
                             _MINUTE + ["value"])
     buckets = _count(base.select(["topic", "bucket"]), ["topic", "bucket"])
     key_lists = facts["keys"].combine_chunks()
-    words = pa.table({"topic": facts["topic"].take(pc.list_parent_indices(key_lists)),
+    words = _table_of({"topic": facts["topic"].take(pc.list_parent_indices(key_lists)),
                       "name": pc.list_flatten(key_lists)})
     keys = _count(words, ["topic", "name"])
     others = facts.filter(pc.invert(facts["store_born"]))
-    producers = _count(pa.table({"topic": others["topic"],
+    producers = _count(_table_of({"topic": others["topic"],
                                  "name": pc.replace_substring_regex(others["born_host"], r":[0-9]+$", "")}),
                        ["topic", "name"])
     skewed_rows = np.flatnonzero(skewed)
-    off = pa.table({"topic": facts["topic"].take(skewed_rows), "born_host": facts["born_host"].take(skewed_rows),
+    off = _table_of({"topic": facts["topic"].take(skewed_rows), "born_host": facts["born_host"].take(skewed_rows),
                     "skew": pa.array(-raw_latency[skewed_rows]), "store_ms": pa.array(store_ms[skewed_rows])})
     skews = off.group_by(["topic", "born_host"], use_threads=False).aggregate([
         ([], "count_all"), ("skew", "min"), ("skew", "max"), ("store_ms", "min"), ("store_ms", "max")]) \
@@ -125,7 +131,8 @@ def split_partials(split: Split, skew_limit_ms: int) -> Partials:
 def _regroup(tables: list[pa.Table], keys: list[str], how: dict[str, str]) -> pa.Table:
     merged = pa.concat_tables(tables)
     names = list(how)
-    return merged.group_by(keys, use_threads=False).aggregate([(name, how[name]) for name in names]) \
+    aggregations: list[Any] = [(name, how[name]) for name in names]
+    return merged.group_by(keys, use_threads=False).aggregate(aggregations) \
         .rename_columns(keys + names)
 
 
@@ -175,7 +182,7 @@ def stats_tables(merged: Partials, skew_limit_ms: int) -> dict[str, pa.Table]:
     latency_pct = _percentiles(merged.latencies, _MINUTE, PERCENTILES)
     keys = list(zip(minutes["topic"], minutes["minute_ms"], strict=True))
     nothing: list[Any] = [None] * len(PERCENTILES)
-    per_minute = {
+    per_minute: dict[str, Any] = {
         "topic": minutes["topic"], "minute": (minutes["minute_ms"] * 1000).astype("int64"),
         "messages": minutes["messages"], "bytes": minutes["bytes"], "body_bytes": minutes["body_bytes"],
         "size_min": minutes["size_min"]}

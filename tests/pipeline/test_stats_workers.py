@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from pyspark.sql import SparkSession
 
 from pipeline.stats import stats
@@ -35,18 +34,14 @@ def _assert_same_tables(spark: SparkSession, store: Path, tmp_path: Path, split_
     assert sorted(new_page.split("<tr>")) == sorted(old_page.split("<tr>"))
 
 
-@pytest.mark.parametrize("split_size", [16 * 1024, 1 << 20])
-def test_worker_tables_match_on_a_clock_skewed_store(spark: SparkSession, tmp_path: Path, split_size: int) -> None:
+def test_worker_tables_match_on_a_clock_skewed_store(spark: SparkSession, tmp_path: Path) -> None:
+    """Several splits (merged by the driver), skewed producers, keys that tie for the top ranks."""
     store = tmp_path / "store"
     write_skewed_store(store)
-    _assert_same_tables(spark, store, tmp_path, split_size)
+    _assert_same_tables(spark, store, tmp_path, 16 * 1024)
 
 
 def test_worker_tables_match_on_the_fixture_store(spark: SparkSession, pristine_store: StoreFactory,
                                                   tmp_path: Path) -> None:
     _assert_same_tables(spark, pristine_store("normal-raw"), tmp_path, 200_000)
 
-
-def test_worker_tables_match_on_varied_keys_and_sizes(spark: SparkSession, mqstore_store: Path,
-                                                      tmp_path: Path) -> None:
-    _assert_same_tables(spark, mqstore_store, tmp_path, 16 * 1024)
