@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipeline.records import record_facts
+from pipeline.records import SCHEMA, record_facts
 from pipeline.scan import ScanSummary
 from pipeline.split_reader import Split
 
@@ -86,7 +86,11 @@ def _count(table: pa.Table, keys: list[str]) -> pa.Table:
 
 def split_partials(split: Split, skew_limit_ms: int) -> Partials:
     """The task: a split's record facts (columnar decode) reduced to partial aggregates."""
-    facts = pa.Table.from_batches([record_facts(split, ScanSummary())])
+    return facts_partials(pa.Table.from_batches([record_facts(split, ScanSummary())]), skew_limit_ms)
+
+
+def facts_partials(facts: pa.Table, skew_limit_ms: int) -> Partials:
+    """Record facts (pipeline/records.py's schema) reduced to partial aggregates."""
     store_ms = facts["store_ms"].to_numpy()
     raw_latency = store_ms - facts["born_ms"].to_numpy()
     skewed = np.abs(raw_latency) > skew_limit_ms
@@ -137,7 +141,9 @@ def _regroup(tables: list[pa.Table], keys: list[str], how: dict[str, str]) -> pa
 
 
 def merge_partials(parts: list[Partials]) -> Partials:
-    """The store's partials from its splits'."""
+    """The store's partials from its splits' (a store without splits: those of no records)."""
+    if not parts:
+        parts = [facts_partials(SCHEMA.empty_table(), 0)]
     summed = {"count": "sum"}
 
     def values(field: str, keys: list[str]) -> pa.Table:

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from pipeline.stats import stats
+from pipeline.stats_partials import merge_partials, stats_tables
 from tests.conftest import StoreFactory
 from tests.pipeline.test_stats_skew import write_skewed_store
 
@@ -45,3 +46,13 @@ def test_worker_tables_match_on_the_fixture_store(spark: SparkSession, pristine_
                                                   tmp_path: Path) -> None:
     _assert_same_tables(spark, pristine_store("normal-raw"), tmp_path, 200_000)
 
+
+
+def test_a_store_without_splits_has_the_tables_of_no_records() -> None:
+    """As Spark aggregates no rows: empty groupings, one summary row counting 0 with null sums."""
+    tables = stats_tables(merge_partials([]), 1000)
+    assert {name: tables[name].num_rows for name in TABLES} == {
+        "clock_skew": 0, "latency_summary": 1, "per_minute": 0, "size_histogram": 0, "top_keys": 0, "top_producers": 0}
+    assert tables["latency_summary"].to_pylist() == [{
+        "messages": 0, "skewed": None, "delayed": None, "skew_limit_ms": 1000, "latency_clip_ms": None,
+        "latency_min_ms": None, "latency_max_ms": None}]
