@@ -2,11 +2,11 @@
 
 The per-record decoder (``decode_record`` into a ``MessageRecord``, then Python lists into Arrow)
 costs about 18 µs a record, which caps export at one core's ~55 MB/s. Here the split's record bytes
-are copied once, the fixed header fields of all records are gathered at their offsets with NumPy,
-and the variable parts (body, topic, properties, property names and values) become Arrow arrays over
-that one buffer: an array whose offsets alternate between the gaps and the wanted ranges, of which a
-``take`` of every second element copies the wanted ranges out in C. Properties are split into items
-at the separator bytes with NumPy (``\\x01`` and ``\\x02`` never occur inside a UTF-8 multi-byte
+are copied once, the fixed headers of all records are gathered at their offsets with NumPy, and the
+variable parts (body, topic, properties, property names and values) become Arrow arrays copied out of
+that one buffer in C: short ranges by a vectorised gather, long ones (bodies) through a binary-view
+array that points into it. Properties are gathered back to back and split into items at the
+separator bytes with NumPy (``\\x01`` and ``\\x02`` never occur inside a UTF-8 multi-byte
 character, so byte positions are character boundaries).
 
 Only the common layout takes this path: a v1 record with IPv4 hosts whose lengths add up, whose
