@@ -14,7 +14,7 @@ from services.store.config import ENV_PREFIX, is_known_env, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 #: Every source tree whose processes read MQSTORE_* variables.
-SOURCES = ("gateway", "services", "pipeline", "mqstore_client")
+SOURCES = ("gateway", "services", "pipeline", "mqstore")
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, environ: dict[str, str]) -> list[str]:
