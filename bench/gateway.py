@@ -293,12 +293,15 @@ def settle(system: System | RunningSystem, max_wait_s: float, limit_cores: float
 
 
 def warm_up(system: System | RunningSystem, topic: str) -> None:
-    """One untimed batch: the commitlog starts its first file (and prefaults it), routes are cached."""
+    """One untimed batch: the commitlog starts its first file (and prefaults it), routes are cached.
+    Returns once the indexer has dispatched it, so that the first case's count starts after it."""
     workload = Workload.fresh(64)
     spec = ClientSpec(system.gateway, "batch", 1, 0, topic=topic)
+    before = sum(queue_depths(system.gateway, topic))  # the callers create the topic first
     with grpc.insecure_channel(system.gateway, options=CHANNEL_OPTIONS) as channel:
         _stub(channel).SendBatch(gateway_pb2.SendBatchRequest(
             messages=[_message(spec, workload, i) for i in range(64)]), timeout=60)
+    wait_dispatched(system.gateway, topic, before + 64, before + 64)
 
 
 def _stub(channel: grpc.Channel) -> gateway_pb2_grpc.MessagingServiceStub:

@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
+from services.commitlog.ha.epoch_file import EpochFile
 from services.commitlog.ha.replication import READY_SERVICE
 from services.server.etcd_client import EtcdClient
 from services.server.shard_keys import InSyncSet, LeaderRecord, ShardKeys
@@ -50,6 +51,9 @@ def test_a_replica_is_ready_only_as_the_leader_or_an_in_sync_member(tmp_path: Pa
             # the shard (it may lack acknowledged records), so it is not ready.
             client.put(keys.epoch, b"1")
             client.put(keys.in_sync, InSyncSet(1, frozenset({"replica-0"})).encode())
+            # It followed epoch 1's leader (its epoch file says so): were it to join the in-sync set, it
+            # could stand (a member whose file lacks the set's epoch lost its store and may not).
+            EpochFile(tmp_path / "replica-1").begin(1, 0)
             replica = start_commitlog(tmp_path / "replica-1", {
                 "MQSTORE_ETCD_ENDPOINT": endpoint, "MQSTORE_HA_LISTEN_PORT": str(free_port()),
                 "MQSTORE_HA_REPLICA_NAME": "replica-1", "MQSTORE_BROKER_NAME": "ready-shard",

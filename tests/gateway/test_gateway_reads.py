@@ -87,6 +87,7 @@ def test_query_by_key_and_offset_by_time(up: UpProcess) -> None:
 
 def test_consumer_offsets_commit_and_query(up: UpProcess) -> None:
     sent(up, "consumed", 3)
+    indexed(up, "consumed", 3)  # a commit past what is dispatched is refused (OUT_OF_RANGE), rightly
     key = {"consumer_group": "g1", "topic": "consumed", "queue_id": 0}
     error = rpc_error(up.stub.QueryOffset, query_pb2.QueryConsumerOffsetRequest(**key))  # type: ignore[arg-type]
     assert error.code() == grpc.StatusCode.NOT_FOUND
