@@ -224,6 +224,12 @@ class IndexerStore:
         with self._lock:
             self.reput_offset = offset
 
+    def built_past(self, commitlog_offset: int) -> bool:
+        """Whether a ConsumeQueue unit points at or past ``commitlog_offset``. The reput offset resumes
+        from the dispatch checkpoint, which can be behind the queues' files (their pages flushed after
+        it): units past it that point at records a power cut took are there too."""
+        return any(q.max_physic_offset > commitlog_offset for q in self.consume_queues.queues())
+
     def truncate(self, commitlog_offset: int) -> None:
         """The commitlog now ends at ``commitlog_offset`` (a crash recovery cut it): drop every unit that
         points at or past it, rewind the index to it (or to the dispatch checkpoint, if that is lower:

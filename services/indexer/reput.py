@@ -279,8 +279,9 @@ class ReputService:
         store = self._store
         state = store.load_reput_state()
         if state is None or state.commitlog_incarnation != info.incarnation:
-            # A new start of the commitlog: records we dispatched past its recovered end are gone.
-            if store.reput_offset > info.recovered_offset:
+            # A new start of the commitlog: records we dispatched past its recovered end are gone, and
+            # so are the units any queue file kept for them (whatever the dispatch checkpoint says).
+            if store.reput_offset > info.recovered_offset or store.built_past(info.recovered_offset):
                 store.truncate(info.recovered_offset)
             store.save_reput_state(ReputState(info.incarnation))
         if store.reput_offset > info.max_offset:
