@@ -44,6 +44,7 @@ from tests.gateway.system_process import GATEWAY_SERVICE
 from tests.geometry import SMALL
 from tests.powercut.fork_server import ForkedProcess, ForkServer
 from tests.powercut.mount import REPO_ROOT, PowerCutMount
+from tests.waiting import retried_while
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -223,14 +224,7 @@ def _retry(call: Callable[[], T | None], timeout_s: float = 30.0) -> T | None:
 def _reachable(call: Callable[[], T], timeout_s: float = 30.0) -> T:
     """``call()``, again while the gateway answers UNAVAILABLE: its channels to the restarted services may
     still wait out a reconnect backoff when the services already serve."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
-                raise
-        time.sleep(0.05)
+    return retried_while(grpc.StatusCode.UNAVAILABLE, call, timeout_s)
 
 
 def _send(stub: gateway_pb2_grpc.MessagingServiceStub, topic: str, body: bytes,
