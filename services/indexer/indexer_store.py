@@ -93,7 +93,7 @@ class IndexerStore:
         self._rewinds = 0
         self._save_lock = threading.Lock()
         #: held by a flush round's ConsumeQueue flush and by a topic deletion (no flush of a deleted file)
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()
         self.recovery: RecoveryReport | None = None
         self._lock = threading.RLock()
         self.reput_offset = 0
@@ -316,10 +316,11 @@ class IndexerStore:
             snapshot, rewinds = self._dispatch_snapshot(), self._rewinds
         if snapshot != self.dispatch_checkpoint:
             # Every unit below the snapshot's reput offset durable before it is saved, whatever the least
-            # pages: a restart checks only the largest ConsumeQueue end, so a quiet queue whose units a
-            # power cut took would be resumed past them.
+            # pages and in every file (a queue that rolled since the last round has units in two): a
+            # restart checks only the largest ConsumeQueue end, so a queue whose units a power cut took
+            # would be resumed past them.
             with self._flush_lock:
-                self.consume_queues.flush_all(0)
+                self.consume_queues.flush_everything()
         index_stamp = self.index.flush() if self.index is not None else 0
         if snapshot != self.dispatch_checkpoint:
             with self._save_lock:
@@ -351,6 +352,8 @@ class IndexerStore:
         the old one is deleted, and a crash restart recovers without one."""
         if self.index is None:
             return
+        with self._flush_lock:  # every unit the checkpoint covers durable first
+            self.consume_queues.flush_everything()
         with self._save_lock:
             self.index.flush()
             snapshot = self._dispatch_snapshot()

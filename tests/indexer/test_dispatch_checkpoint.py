@@ -25,7 +25,7 @@ import pytest
 from services.indexer.dispatch_checkpoint import DispatchCheckpoint, DispatchCheckpointFile
 from services.indexer.indexer_store import IndexerStore
 from services.store.config import MessageStoreConfig
-from services.store.formats.consume_queue import ConsumeQueueStore
+from services.store.formats.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueueStore
 from services.store.formats.index_file import IndexFile, IndexHeader
 from services.store.formats.index_service import IndexState
 from services.store.formats.message import TRANSACTION_PREPARED_TYPE
@@ -256,5 +256,44 @@ def test_a_saved_dispatch_checkpoint_covers_only_flushed_consume_queue_units(tmp
             assert files.flushed_where == files.max_offset, \
                 f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below the saved dispatch " \
                 f"checkpoint, flushed only to {files.flushed_where}"
+    finally:
+        store.shutdown()
+
+
+def test_a_saved_dispatch_checkpoint_covers_units_written_past_a_consume_queue_roll(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Units dispatched between a flush round's first pass and its snapshot can roll a queue into a new
+    ConsumeQueue file: the checkpoint then covers units in two unflushed files, and one more flush per
+    queue made only the first durable. After a power cut the new file's first units were gone while
+    dispatch resumed past them, so the next unit went into their slot (pulls answered DATA_LOSS at the
+    file's first queue offset; found by tests/powercut/test_gateway_powercut.py)."""
+    per_file = SMALL.config().mapped_file_size_consume_queue // CQ_STORE_UNIT_SIZE
+    requests, offset = [], 0
+    for i in range(per_file + 60):
+        requests.append(DispatchRequest(True, 120, "CkRoll", 0, offset, i, store_timestamp=1_800_000_000_000 + i))
+        offset += 120
+    store = IndexerStore(config(), tmp_path)
+    store.start()
+    try:
+        dispatch(store, requests[:per_file - 30])
+        store.flush(0)
+        dispatch(store, requests[per_file - 30:per_file - 20])  # under two pages: the first pass skips it
+        racing = requests[per_file - 20:]  # the dispatcher's next chunks, past the roll
+        first_pass = store.consume_queues.flush_all
+
+        def first_pass_then_dispatch(least_pages: int) -> bool:
+            flushed = first_pass(least_pages)
+            if racing:
+                dispatch(store, racing)
+                racing.clear()
+            return flushed
+
+        monkeypatch.setattr(store.consume_queues, "flush_all", first_pass_then_dispatch)
+        store.flush(2)
+        assert store.dispatch_checkpoint is not None and store.dispatch_checkpoint.reput_offset == offset
+        files = store.consume_queues.queues()[0].mapped_file_queue
+        assert len(files.files) == 2
+        assert files.flushed_where == files.max_offset, \
+            f"units up to {files.max_offset} below the saved dispatch checkpoint, flushed only to {files.flushed_where}"
     finally:
         store.shutdown()

@@ -526,6 +526,24 @@ class ChaosThread(threading.Thread):
                 self.stop_event.set()
                 return
             self.done.append((kill.at_s, kill.service, end, time.monotonic() - restarted))
+            if kill.service == "commitlog":
+                self._wait_for_a_write(limit_s=10.0)
+
+    def _wait_for_a_write(self, limit_s: float) -> None:
+        """Hold the next kill until the restarted commitlog has stored a record: each start writes under
+        its own store host, and a start killed before any write would leave that host untested."""
+        deadline = time.monotonic() + limit_s
+        try:
+            base = self.system.store_info().max_offset
+        except Exception:
+            return
+        while time.monotonic() < deadline and not self.stop_event.is_set():
+            try:
+                if self.system.store_info().max_offset > base:
+                    return
+            except Exception:
+                pass
+            time.sleep(0.05)
 
 
 # -- one workload --------------------------------------------------------------------------------------
