@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mqstore.client.compression import consumer_body
-from pipeline.columnar import export_batches, pc
+from pipeline.columnar import export_batches, pc, sorted_distinct
 from pipeline.failures import JobError, run_job
 from pipeline.fs import HadoopFiles, parse_location
 from pipeline.scan import (
@@ -458,7 +458,7 @@ def written_rows_local(path: Path) -> WrittenRows:
     column = pa.schema([pa.field("commitlog_offset", pa.int64())])  # given: a run that wrote no file has none
     offsets = ds.dataset(path, schema=column, format="parquet", ignore_prefixes=[".", "_"]).to_table()[
         "commitlog_offset"].to_numpy()
-    return WrittenRows(int(offsets.size), int(np.unique(offsets).size), sum(offsets.tolist()))
+    return WrittenRows(int(offsets.size), int(sorted_distinct(offsets).size), sum(offsets.tolist()))
 
 
 def with_kafka_columns(frame: DataFrame) -> DataFrame:

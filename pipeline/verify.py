@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.columnar import pc
+from pipeline.columnar import pc, sorted_distinct
 from pipeline.failures import run_job
 from pipeline.records import record_facts, records_frame
 from pipeline.scan import ScanSummary, StoreInput
@@ -273,7 +273,7 @@ def digest_index(path: str, hash_slot_num: int, index_num: int) -> tuple[int, in
     slots = data[INDEX_HEADER_SIZE:INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE].view(">i4")
     entries_at = INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE
     entries = data[entries_at:entries_at + index_num * INDEX_ENTRY_SIZE].view(_ENTRY_DTYPE)
-    queried = np.unique(entries["key_hash"][1:entry_count])
+    queried = sorted_distinct(entries["key_hash"][1:entry_count])
     last = index_num - 1  # a read-only walk follows entries past the header's count
     slot = np.flatnonzero((slots > INVALID_INDEX) & (slots <= last))
     current = slots[slot].astype(np.int64)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.columnar import export_batches
+from pipeline.columnar import export_batches, sorted_distinct
 from pipeline.export import SCHEMA, decode_split, records_batch
 from pipeline.records import record_facts, record_facts_per_record
 from pipeline.scan import ScanSummary
@@ -228,3 +229,10 @@ def test_reindex_dispatch_takes_the_columnar_path(tmp_path: Path) -> None:
         assert all(reindex._fast_columns(view, split, start, end) is not None for start, end in layout.runs)
     dispatched = reindex.dispatch_split(split)
     assert dispatched.records == 50 and dispatched.item_count == 150
+
+
+@given(st.lists(st.integers(-2**31, 2**31 - 1), max_size=300), st.sampled_from(["<i8", ">i4", "<i4"]))
+def test_sorted_distinct_is_np_unique(values: list[int], dtype: str) -> None:
+    array = np.array(values, dtype=np.int64).astype(dtype)
+    expected = np.unique(array)
+    assert sorted_distinct(array).tolist() == expected.tolist()
