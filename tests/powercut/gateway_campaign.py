@@ -441,6 +441,7 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
     acked = Acked()
     previous: list[Sent] = []
     files_before = 0
+    stop = threading.Event()
     try:
         cycle = 0
         while result.cuts + result.cuts_starting < cuts:
@@ -466,10 +467,11 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
                 break
             stop = threading.Event()
             per_producer: list[list[Sent]] = [[] for _ in range(PRODUCERS)]
-            threads = [threading.Thread(target=_produce, args=(stub, p, cycle, per_producer[p], stop))
+            threads = [threading.Thread(target=_produce, args=(stub, p, cycle, per_producer[p], stop), daemon=True)
                        for p in range(PRODUCERS)]
             # The cycle's other changes run beside the producers: the cut may land in any of them.
-            threads.append(threading.Thread(target=_side_work, args=(stub, cycle, acked, random.Random(rng.random()))))
+            threads.append(threading.Thread(target=_side_work, args=(stub, cycle, acked, random.Random(rng.random())),
+                                            daemon=True))
             for thread in threads:
                 thread.start()
             time.sleep(rng.uniform(0.1, 0.6))
@@ -501,6 +503,7 @@ def run_campaign(base: Path, cuts: int, seed: int = 1, env: dict[str, str] | Non
                 result.lost += [f"pipeline verify: {line}" for line in found]
                 result.verify_s = time.monotonic() - mark
     finally:
+        stop.set()  # the producers of a cycle that ended in an error too
         gateway.close()
         services.close()
         fs.kill()

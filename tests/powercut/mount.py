@@ -16,9 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.powercut.powercut_fs import FREEZE_NAME
+from tests.powercut.powercut_fs import FREEZE_NAME, FUSERMOUNT
 
-FUSERMOUNT = "fusermount3"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -31,6 +31,7 @@ import os
 import random
 import shutil
 import stat
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ import mfusepy
 PAGE = 4096
 SECTOR = 512
 FREEZE_NAME = ".powercut-freeze"
+FUSERMOUNT = "fusermount3"
 log = logging.getLogger("powercut")
 
 
@@ -393,8 +395,17 @@ def mount_once(backing: Path, mount: Path, work: Path, mode: str, rng: random.Ra
     shutil.rmtree(graveyard, ignore_errors=True)
     graveyard.mkdir(parents=True)
     fs = PowerCutFS(backing, graveyard)
-    mfusepy.FUSE(fs, str(mount), foreground=True, nothreads=False, attr_timeout=0, entry_timeout=0,
-                 negative_timeout=0)
+    try:
+        mfusepy.FUSE(fs, str(mount), foreground=True, nothreads=False, attr_timeout=0, entry_timeout=0,
+                     negative_timeout=0)
+    except RuntimeError as exc:
+        if not fs.frozen:
+            raise
+        # Now and then the kernel ends a frozen mount's connection as aborted ("reading device: Software
+        # caused connection abort") instead of as unmounted. The freeze came first, so the journal
+        # holds every change the mount took: the cut goes on; the dead mount is taken away first.
+        log.warning("the connection ended with error %s after the freeze: cutting all the same", exc)
+        subprocess.run([FUSERMOUNT, "-uz", str(mount)], capture_output=True, check=False)
     if not fs.frozen:
         shutil.rmtree(graveyard)
         return "unmounted: no cut"
