@@ -135,6 +135,7 @@ def _serve(store: str, config_file: str | None, listen: str | None, commitlog: s
 
     def stopping() -> None:
         servicer.stopping.set()
+        hub.end_streams()
         reput.stop()
 
     def stopped() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -41,7 +42,7 @@ class ArrivalHub:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._subscribers: list[queue.Queue[ArrivalBatch]] = []
+        self._subscribers: list[queue.Queue[ArrivalBatch | None]] = []
 
     def publish(self, arrivals: ArrivalBatch) -> None:
         with self._lock:
@@ -57,15 +58,29 @@ class ArrivalHub:
                 except (queue.Empty, queue.Full):
                     pass
 
-    def subscribe(self) -> queue.Queue[ArrivalBatch]:
-        q: queue.Queue[ArrivalBatch] = queue.Queue(ARRIVAL_QUEUE_DEPTH)
+    def subscribe(self) -> queue.Queue[ArrivalBatch | None]:
+        q: queue.Queue[ArrivalBatch | None] = queue.Queue(ARRIVAL_QUEUE_DEPTH)
         with self._lock:
             self._subscribers.append(q)
         return q
 
-    def unsubscribe(self, q: queue.Queue[ArrivalBatch]) -> None:
+    def unsubscribe(self, q: queue.Queue[ArrivalBatch | None]) -> None:
         with self._lock:
             self._subscribers.remove(q)
+
+    def end_streams(self) -> None:
+        """Wake every subscriber with the end of its stream (None), at a stop: a stream waiting for its next
+        heartbeat would hold its worker thread, and so the process's exit, for up to a heartbeat."""
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for q in subscribers:
+            while True:
+                try:
+                    q.put_nowait(None)
+                    break
+                except queue.Full:
+                    with contextlib.suppress(queue.Empty):
+                        q.get_nowait()
 
 
 #: Every RPC's error path: a domain error ends the call with its status.
@@ -172,6 +187,8 @@ class IndexerServicer(indexer_pb2_grpc.IndexerServiceServicer):  # type: ignore[
                     arrivals = subscription.get(timeout=HEARTBEAT_S)
                 except queue.Empty:
                     continue
+                if arrivals is None:  # the service stops
+                    return
                 reput, truncated = arrivals.reput_offset, arrivals.truncated
                 for (topic, queue_id), max_offset in arrivals.maxima.items():
                     yield indexer_pb2.Arrival(topic=topic, queue_id=queue_id, max_offset=max_offset,

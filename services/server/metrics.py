@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, disable_created_metrics, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 # Before any service's metrics module makes its first metric (they all import from here).
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -36,6 +39,9 @@ METRICS_MAX_SERIES_ENV = "MQSTORE_METRICS_MAX_SERIES"
 DEFAULT_MAX_SERIES = 500
 #: The label value of the series past the cap.
 OTHER = "other"
+#: How often the endpoint's accept loop looks for a stop: a stop waits up to this long (the client
+#: library's own server polls every 0.5 s, which made every service's clean stop 0.25 s slower).
+STOP_POLL_S = 0.02
 
 
 @dataclass(slots=True)
@@ -95,13 +101,25 @@ class BoundedLabel:
         return self._kept.setdefault(value, value)
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """A scrape is not worth a log line on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
 def start_metrics_server(port: int | None, host: str | None = None) -> MetricsServer | None:
     """Serve ``/metrics`` on ``host:port`` in a daemon thread; None (and nothing started) without a port.
     The host defaults to ``MQSTORE_METRICS_HOST``, else loopback (a pod sets its own IP or 0.0.0.0)."""
     if port is None:
         return None
     host = host or os.environ.get(METRICS_HOST_ENV, "").strip() or "127.0.0.1"
-    server, thread = start_http_server(port, addr=host)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    server_class = type("MetricsHTTPServer", (ThreadingWSGIServer,), {"address_family": family})
+    server: WSGIServer = make_server(host, port, make_wsgi_app(), server_class, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": STOP_POLL_S},
+                              name="metrics-http", daemon=True)
+    thread.start()
     bound = server.server_address[1]
     address = f"{host}:{bound}"
     log.info("metrics on http://%s/metrics", address, extra={"metrics_address": address})
