@@ -42,14 +42,17 @@ def test_run_sets_the_process_up_around_serving(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv(INTERVAL_ENV, "0.05")
     seen: list[int] = []
 
+    report = tmp_path / f"unit-{os.getpid()}.jsonl"
+
     def serve() -> int:
         seen.append(gc.get_threshold()[0])
-        wait_until(lambda: (tmp_path / f"unit-{os.getpid()}.jsonl").exists(), timeout_s=5)
+        # A whole first line, not only the file: the reporter's open creates it before the line is written.
+        wait_until(lambda: report.exists() and report.read_text().endswith("\n"), timeout_s=30)
         return 7
 
     assert Bootstrap(ServiceProcess("unit", gc_gen0_threshold=12_345)).run(serve) == 7
     assert seen == [12_345]
-    line = (tmp_path / f"unit-{os.getpid()}.jsonl").read_text().splitlines()[0]
+    line = report.read_text().splitlines()[0]
     assert "rss_kb" in json.loads(line)
 
 
