@@ -185,6 +185,8 @@ class DelayScheduler(DeliveryLoop):
                     last_refresh = time.monotonic()
                 if not self._recovered:
                     await self._recover()
+                elif self._unanswered:
+                    await self._reconcile_unanswered()
                 for lv in self._levels:
                     if self._stopping:
                         break

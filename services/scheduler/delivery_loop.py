@@ -230,6 +230,26 @@ class DeliveryLoop(ABC):
                                 self._state_name)
         self._written = False  # the early write after the first acknowledged batch still comes
 
+    async def _reconcile_unanswered(self) -> None:
+        """Before a batch whose AppendBatch got no answer is tried again: count its re-puts that the log
+        holds all the same as delivered. The call can fail after the commitlog stored them (its leader
+        killed while it waited for its followers), and a retry would store them twice. Every re-put before
+        ``scan_from`` is counted already, so the look starts there and needs no time bound.
+        AioRpcError when the commitlog or the indexer does not answer (the deliver loop tries again)."""
+        end = await self._commitlog.log_end()
+        start = self._scan_from
+        if start is not None and start < end:
+            await self._dispatched(end)
+            await self._refresh_bounds()
+            reputs, found = self._reconcile(self._files.reputs(start, end, None))
+            if found:
+                self._log.warning("%d re-puts stored by AppendBatch calls that got no answer, found in the "
+                                  "commitlog [%d, %d): counted as delivered, not put again", found, start, end)
+            elif reputs:
+                self._log.info("%d re-puts in the commitlog [%d, %d) after an unanswered AppendBatch: none of "
+                               "the batch's", reputs, start, end)
+        self._unanswered = False
+
     async def _offsets_after_dispatch(self, topic: str, queue_id: int) -> tuple[int, int] | None:
         """(min, max offset) of a queue once the indexer has dispatched the log as it ends now. A max offset
         below the progress the state recorded is trusted only then: after a power cut the indexer rebuilds
