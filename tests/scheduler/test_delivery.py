@@ -17,6 +17,7 @@ import grpc
 from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 from services.store.formats.java_hash import java_string_hash
 from services.store.formats.message import SCHEDULE_TOPIC
+from tests.fault_proxy import DOWN, DROP, fault_proxy
 from tests.scheduler.conftest import DELAY_MS, Shard
 from tests.scheduler.scheduler_process import (
     SchedulerProcess,
@@ -211,3 +212,31 @@ def test_a_consumer_send_back_is_delivered_to_its_retry_topic(shard: Shard) -> N
     finally:
         assert scheduler.stop() == 0, scheduler.logs()
     assert [(r.topic, r.body, r.properties["RETRY_TOPIC"]) for _, r in delivered] == [(topic, b"retry-me", "orders")]
+
+
+def test_a_batch_stored_whose_answer_was_lost_is_not_put_again(shard: Shard) -> None:
+    """The commitlog stores a delivery but its answer never reaches the scheduler (the connection is
+    reset while the answer is on its way: a leader killed as it waited for its followers). Trying the
+    batch again must not store it twice: the re-put already in the log counts as delivered (a retry
+    stored it twice before: tests/commitlog/test_metadata_replication.py saw a delay-level message
+    delivered twice after a leader kill)."""
+    store = "sched-lost-answer"
+    _fresh_store(shard, store)
+    topic = "delay-lost-answer"
+    with fault_proxy(shard.commitlog.address) as proxy:
+        scheduler = start_scheduler(shard.root / store, shard.root / "broker", shard.root / "indexer",
+                                    proxy.address, shard.indexer.address, shard.env, 200)
+        try:
+            # Every answer of the commitlog to the scheduler arrives 3 s late from now on.
+            proxy.delay(3.0, DOWN)
+            append(shard.commitlog, shard.indexer, [_delayed(topic, 0, b"once", "1")])
+            # Due 1 s after its store time: the re-put is in the log while its answer is held back.
+            wait_for_records(shard.commitlog, shard.indexer, topic, 0, 1, timeout_s=10)
+            proxy.set(DROP)  # the connection goes, with the answer on it
+            time.sleep(0.3)
+            proxy.heal()
+            time.sleep(3.5)  # the scheduler tries again after 1 s, and would have stored it again by now
+            delivered = queue_records(shard.commitlog, shard.indexer, topic, 0)
+        finally:
+            assert scheduler.stop() == 0, scheduler.logs()
+    assert [r.body for _, r in delivered] == [b"once"], scheduler.logs()[-3000:]
