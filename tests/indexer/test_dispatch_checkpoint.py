@@ -297,3 +297,21 @@ def test_a_saved_dispatch_checkpoint_covers_units_written_past_a_consume_queue_r
             f"units up to {files.max_offset} below the saved dispatch checkpoint, flushed only to {files.flushed_where}"
     finally:
         store.shutdown()
+
+
+def test_a_checkpoint_saved_by_a_topic_deletion_covers_only_flushed_units(tmp_path: Path) -> None:
+    """A topic deletion saves a dispatch checkpoint outside a flush round (so does a truncation): the
+    other topics' units below its reput offset must be durable first, as a flush round makes them."""
+    store = IndexerStore(config(), tmp_path)
+    store.start()
+    try:
+        dispatch(store, workload()[:200])  # both topics, no flush round yet
+        store.delete_topic("CkA")
+        assert store.dispatch_checkpoint is not None and store.dispatch_checkpoint.reput_offset == store.reput_offset
+        for queue in store.consume_queues.queues():
+            files = queue.mapped_file_queue
+            assert files.flushed_where == files.max_offset, \
+                f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below the checkpoint the " \
+                f"deletion saved, flushed only to {files.flushed_where}"
+    finally:
+        store.shutdown()
