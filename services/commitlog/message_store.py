@@ -42,7 +42,7 @@ from services.commitlog.topic_queue_table import (
     QueueKey,
     QueueOffsetSnapshot,
     QueueOffsetStore,
-    advances_queue,
+    keep_lost_queue_offsets,
     replay_queue_offsets,
 )
 from services.store.config import MessageStoreConfig
@@ -52,8 +52,8 @@ from services.store.formats.checkpoint import StoreCheckpoint
 from services.store.formats.consumer_offsets_file import offsets_file_candidates, read_offset_table
 from services.store.formats.index_file import index_file_size
 from services.store.formats.message import Message, parse_delay_levels
-from services.store.formats.quarantine import QUARANTINE, QuarantinedRange, QuarantineTable
-from services.store.formats.record import SIZE_AND_MAGIC, RecordError, decode_record
+from services.store.formats.quarantine import QUARANTINE, QuarantineTable
+from services.store.formats.record import SIZE_AND_MAGIC
 from services.store.formats.store_layout import INDEXER_DIR
 from services.store.formats.topics_file import FILE_NAME as TOPICS_FILE
 from services.store.invariants import broken
@@ -255,31 +255,10 @@ class MessageStore:
                         snapshot.commitlog_offset, mfq.min_offset, end)
         replayed = replay_queue_offsets(mfq, start, end, table,
                                         [(r.start, r.end) for r in self.quarantine.ranges])
-        for bad in self.quarantine.ranges:
-            self._keep_lost_queue_offset(bad, table)
+        keep_lost_queue_offsets(mfq, self.quarantine.ranges, table)
         log.info("queue offsets restored: snapshot at %d, %d records replayed", start, replayed)
         self.commit_log.queue_table = table
         self._queue_offset_store.save(QueueOffsetSnapshot(end, dict(table)))
-
-    def _keep_lost_queue_offset(self, bad: QuarantinedRange, table: dict[QueueKey, int]) -> None:
-        """A quarantined record that was the last of its queue must not have its queue offset handed out
-        again: the indexer may hold a (voided) unit there, and a second record at that offset would be
-        skipped as already built. When the damage left the record's fields readable (a flipped body
-        byte: a CRC mismatch), its queue offset is kept used; otherwise a WARNING says it may be reused."""
-        mapped = self.commit_log.mfq.find_by_offset(bad.start)
-        try:
-            if mapped is None:
-                raise RecordError("no file holds it")
-            record = decode_record(mapped.buffer, bad.start - mapped.file_from_offset)
-            if record.commitlog_offset != bad.start:
-                raise RecordError(f"it claims offset {record.commitlog_offset}")
-        except RecordError as exc:
-            log.warning("the queue of the record lost at quarantined offset %d is unknown (%s): if it was the "
-                        "last of its queue, its queue offset is handed out again", bad.start, exc)
-            return
-        if advances_queue(record.sys_flag):
-            key = (record.topic, record.queue_id)
-            table[key] = max(table.get(key, 0), record.queue_offset + 1)
 
     def _discover_topics(self) -> None:
         """Topics the store's data holds but topics.json lacks (a RocketMQ store, a lost file) join the

@@ -12,7 +12,7 @@ import json
 import logging
 import struct
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from services.store.formats.message import (
     TRANSACTION_TYPE_MASK,
     transaction_type,
 )
+from services.store.formats.quarantine import QuarantinedRange
 from services.store.formats.record import (
     MESSAGE_MAGIC_CODE,
     QUEUE_OFFSET_POS,
@@ -118,6 +119,30 @@ def replay_queue_offsets(mfq: MappedFileQueue, start: int, end: int, table: dict
         seen += len(starts)
         offset = mapped.file_tail_offset if blank else base + stop
     return seen
+
+
+def keep_lost_queue_offsets(mfq: MappedFileQueue, quarantined: Iterable[QuarantinedRange],
+                            table: dict[QueueKey, int]) -> None:
+    """A quarantined record that was the last of its queue must not have its queue offset handed out
+    again: an indexer may hold a (voided) unit there, and a second record at that offset would be
+    skipped as already built. When the damage left the record's fields readable (a flipped body
+    byte: a CRC mismatch), its queue offset stays used in ``table``; otherwise a WARNING says it may be
+    reused."""
+    for bad in quarantined:
+        mapped = mfq.find_by_offset(bad.start)
+        try:
+            if mapped is None:
+                raise RecordError("no file holds it")
+            record = decode_record(mapped.buffer, bad.start - mapped.file_from_offset)
+            if record.commitlog_offset != bad.start:
+                raise RecordError(f"it claims offset {record.commitlog_offset}")
+        except RecordError as exc:
+            log.warning("the queue of the record lost at quarantined offset %d is unknown (%s): if it was the "
+                        "last of its queue, its queue offset is handed out again", bad.start, exc)
+            continue
+        if advances_queue(record.sys_flag):
+            key = (record.topic, record.queue_id)
+            table[key] = max(table.get(key, 0), record.queue_offset + 1)
 
 
 def _last_per_queue(buf: Buffer, starts: array[int]) -> dict[QueueKey, int]:

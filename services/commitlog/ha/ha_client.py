@@ -107,6 +107,7 @@ class HAClient:
             leader_log = handshake.read_leader_log(sock)
             if self._epochs is not None:
                 self._cut_divergent_suffix(leader_log)
+            self._appender.adopt_quarantine(leader_log.quarantined, self.leader)
         reported = self._appender.log_end
         sock.sendall(encode_report(reported))
         last_report = time.monotonic()

@@ -118,9 +118,10 @@ class HAConnection:
         leader_log = None
         if hello.version >= 2:
             entries = self._leader_epoch.epochs.entries if self._leader_epoch is not None else []
-            leader_log = handshake.LeaderLog(self._engine.max_offset, entries)
+            leader_log = handshake.LeaderLog(self._engine.max_offset, entries, self._engine.quarantine.ranges)
         self._replica = hello.replica
-        self._sock.sendall(handshake.encode_answer(handshake.ACCEPTED, leader_log=leader_log))
+        self._sock.sendall(handshake.encode_answer(handshake.ACCEPTED, leader_log=leader_log,
+                                                   version=hello.version))
         log.info("HA follower %s authenticated for shard %s, epoch %d", self.address, hello.shard, hello.epoch,
                  extra={"follower": self.address})
         return True

@@ -10,7 +10,9 @@ Follower to leader: ``"MQHA" [version:1] [shard length:2][shard] [epoch:8] [toke
 and from version 2 on ``[replica length:2][replica]`` (the follower's name in the shard's in-sync set).
 Leader to follower: ``"MQHA" [status:1] [reason length:2][reason]`` (status 0: accepted); to an
 accepted version 2 hello it adds ``[max offset:8] [entries:2] ([epoch:8][start offset:8])*``: its epoch
-file, from which the follower finds the point its log shares with the leader's (``epoch_file.py``).
+file, from which the follower finds the point its log shares with the leader's (``epoch_file.py``); to
+a version 3 hello also ``[ranges:2] ([start:8][end:8][reason length:2][reason])*``: its quarantined
+ranges, which the follower adopts before it copies their bytes (``formats/quarantine.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 
 from services.commitlog.ha.epoch_file import EpochEntry
 from services.commitlog.ha.wire import ConnectionClosed, recv_exact
+from services.store.formats.quarantine import QuarantinedRange
 
 MAGIC = b"MQHA"
-VERSION = 2
-VERSIONS = (1, 2)
+VERSION = 3
+VERSIONS = (1, 2, 3)
 #: The epoch every replica follows until epochs are kept (docs/replication.md: not built yet).
 CURRENT_EPOCH = 0
 MAX_SHARD_BYTES = 255
@@ -34,6 +37,8 @@ _LENGTH = struct.Struct(">H")
 _EPOCH = struct.Struct(">q")
 _ENTRY = struct.Struct(">qq")
 MAX_EPOCH_ENTRIES = 65535
+MAX_QUARANTINED_RANGES = 65535
+MAX_REASON_BYTES = 1024
 ACCEPTED = 0
 REFUSED = 1
 
@@ -53,10 +58,12 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class LeaderLog:
-    """What an accepted version 2 follower learns: the leader's max offset and epoch entries."""
+    """What an accepted follower learns: the leader's max offset and epoch entries (version 2 on), and
+    its quarantined ranges (version 3 on)."""
 
     max_offset: int
     epochs: list[EpochEntry]
+    quarantined: tuple[QuarantinedRange, ...] = ()
 
 
 def encode_hello(hello: Hello) -> bytes:
@@ -107,23 +114,41 @@ def check_hello(hello: Hello, shard: str, epoch: int, token: str | None) -> None
         raise HandshakeRefused(f"the follower follows epoch {hello.epoch}, this leader's epoch is {epoch}")
 
 
-def encode_answer(status: int, reason: str = "", leader_log: LeaderLog | None = None) -> bytes:
-    """``leader_log``: only in the acceptance of a version 2 hello."""
-    text = reason.encode()[:1024]
+def encode_answer(status: int, reason: str = "", leader_log: LeaderLog | None = None, version: int = VERSION) -> bytes:
+    """``leader_log``: only in the acceptance of a hello of version 2 or more (``version``)."""
+    text = reason.encode()[:MAX_REASON_BYTES]
     answer = MAGIC + bytes([status]) + _LENGTH.pack(len(text)) + text
     if leader_log is None:
         return answer
     entries = leader_log.epochs[-MAX_EPOCH_ENTRIES:]
-    return b"".join((answer, _EPOCH.pack(leader_log.max_offset), _LENGTH.pack(len(entries)),
-                     *(_ENTRY.pack(e.epoch, e.start_offset) for e in entries)))
+    parts = [answer, _EPOCH.pack(leader_log.max_offset), _LENGTH.pack(len(entries)),
+             *(_ENTRY.pack(e.epoch, e.start_offset) for e in entries)]
+    if version >= 3:
+        if len(leader_log.quarantined) > MAX_QUARANTINED_RANGES:  # never cut: a range left out is read
+            raise ValueError(f"{len(leader_log.quarantined)} quarantined ranges, more than the handshake's "
+                             f"{MAX_QUARANTINED_RANGES}")
+        parts.append(_LENGTH.pack(len(leader_log.quarantined)))
+        for bad in leader_log.quarantined:
+            why = bad.reason.encode()[:MAX_REASON_BYTES]
+            parts += [_ENTRY.pack(bad.start, bad.end), _LENGTH.pack(len(why)), why]
+    return b"".join(parts)
 
 
-def read_leader_log(sock: socket.socket) -> LeaderLog:
-    """What follows the acceptance of a version 2 hello."""
+def read_leader_log(sock: socket.socket, version: int = VERSION) -> LeaderLog:
+    """What follows the acceptance of a hello of ``version`` (2 or more)."""
     max_offset = _EPOCH.unpack(recv_exact(sock, _EPOCH.size))[0]
     count = _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]
     data = recv_exact(sock, count * _ENTRY.size)
-    return LeaderLog(max_offset, [EpochEntry(*_ENTRY.unpack_from(data, i * _ENTRY.size)) for i in range(count)])
+    epochs = [EpochEntry(*_ENTRY.unpack_from(data, i * _ENTRY.size)) for i in range(count)]
+    quarantined: list[QuarantinedRange] = []
+    if version >= 3:
+        for _ in range(_LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]):
+            start, end = _ENTRY.unpack(recv_exact(sock, _ENTRY.size))
+            why = recv_exact(sock, _LENGTH.unpack(recv_exact(sock, _LENGTH.size))[0]).decode(errors="replace")
+            if not 0 <= start < end:
+                raise ConnectionClosed(f"the leader sent a quarantined range [{start}, {end}) that is no range")
+            quarantined.append(QuarantinedRange(start, end, why))
+    return LeaderLog(max_offset, epochs, tuple(quarantined))
 
 
 def read_answer(sock: socket.socket) -> None:

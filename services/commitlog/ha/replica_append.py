@@ -5,17 +5,22 @@ records only: the tail of a cut record waits here until the rest arrives, so the
 Tail (and so its indexer) and its recovery never see half a record, and the offset it reports is
 always a record boundary of the leader's log. Records go into the follower's own mapped files, the
 same geometry and the same file names as the leader's (a file's name is its start offset); a file
-ends with the leader's BLANK record, and the next record starts the next file.
+ends with the leader's BLANK record, and the next record starts the next file. A range the leader
+quarantined (adopted at the handshake) is copied whole, as bytes, and never parsed.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
+from collections.abc import Sequence
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.ha_metrics import REPLICATED_BYTES
 from services.commitlog.ha.metadata_apply import apply_replicated, create_missing_topics
-from services.commitlog.topic_queue_table import QueueKey, replay_queue_offsets
+from services.commitlog.metrics import COMMITLOG_QUARANTINED_BYTES
+from services.commitlog.topic_queue_table import QueueKey, keep_lost_queue_offsets, replay_queue_offsets
+from services.store.formats.quarantine import QuarantinedRange
 from services.store.formats.record import (
     BLANK_MAGIC_CODE,
     MESSAGE_MAGIC_CODE,
@@ -25,6 +30,7 @@ from services.store.formats.record import (
     store_timestamp_pos,
 )
 
+log = logging.getLogger(__name__)
 _I32 = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 
@@ -90,30 +96,59 @@ class ReplicaAppender:
         if offset != self.received_offset:
             raise ReplicationError(f"the leader sent offset {offset}, this follower expects {self.received_offset}")
 
+    def adopt_quarantine(self, leader_ranges: Sequence[QuarantinedRange], leader: str) -> None:
+        """Before any frame: the leader's quarantined ranges become this log's too (saved), so their
+        bytes are copied as they are and never read as records (``formats/quarantine.py``)."""
+        quarantine = self._engine.quarantine
+        for bad in quarantine.adopt(leader_ranges):
+            log.warning("commitlog offsets %s are QUARANTINED on leader %s: copied as they are, reads of them "
+                        "answer DATA_LOSS here too", bad.describe(), leader, extra={"leader": leader})
+        COMMITLOG_QUARANTINED_BYTES.set(quarantine.total_bytes)
+
     def append(self, offset: int, data: bytes) -> int:
-        """Take a frame's bytes; append the whole records among what is pending. Returns the log's end."""
+        """Take a frame's bytes; append the whole records among what is pending, and the quarantined
+        ranges once whole. Returns the log's end."""
         self.accept_start(offset)
         if not self._pending:
             self._pending_start = offset
-        start = self._pending_start
         self._pending += data
-        complete, last = whole_records(self._pending, start % self._file_size, self._file_size)
-        if complete:
-            records = bytes(self._pending[:complete])
-            del self._pending[:complete]
-            stamp = _store_timestamp(records, last) if last >= 0 else 0
-            ordered = apply_replicated(self._engine.topics, records)  # before the log holds them
-            touched: dict[QueueKey, int] = {}
-            self._engine.append_replica_data(lambda: self._write(start, records, stamp, touched))
-            if not ordered:
-                create_missing_topics(self._engine.topics, {key[0] for key in touched})
-            self._pending_start = start + complete
-            REPLICATED_BYTES.inc(complete)
+        quarantine = self._engine.quarantine
+        while self._pending:
+            start = self._pending_start
+            bad = quarantine.overlapping(start, start + 1)
+            if bad is not None:  # damaged bytes, no records: copied whole, never parsed
+                length = bad.end - start
+                if len(self._pending) < length:
+                    break
+                self._take(start, bytes(self._pending[:length]), lost=bad)
+                continue
+            next_bad = quarantine.next_start(start)
+            upto = len(self._pending) if next_bad is None else min(len(self._pending), next_bad - start)
+            window = self._pending if upto == len(self._pending) else self._pending[:upto]
+            complete, last = whole_records(window, start % self._file_size, self._file_size)
+            if not complete:
+                break
+            self._take(start, bytes(self._pending[:complete]), last=last)
         return self.log_end
 
-    def _write(self, start: int, records: bytes, store_timestamp: int, touched: dict[QueueKey, int]) -> None:
+    def _take(self, start: int, records: bytes, last: int = -1, lost: QuarantinedRange | None = None) -> None:
+        """Append the pending bytes ``records`` at ``start``: whole records (``last``: where the last
+        one starts), or the quarantined range ``lost``."""
+        stamp = _store_timestamp(records, last) if last >= 0 else 0
+        ordered = lost is None and apply_replicated(self._engine.topics, records)  # before the log holds them
+        touched: dict[QueueKey, int] = {}
+        self._engine.append_replica_data(lambda: self._write(start, records, stamp, touched, lost))
+        if not ordered:
+            create_missing_topics(self._engine.topics, {key[0] for key in touched})
+        del self._pending[:len(records)]
+        self._pending_start = start + len(records)
+        REPLICATED_BYTES.inc(len(records))
+
+    def _write(self, start: int, records: bytes, store_timestamp: int, touched: dict[QueueKey, int],
+               lost: QuarantinedRange | None) -> None:
         """Under the put lock: copy into the files (rolling at their ends), then advance the queue
-        table over the new records, as a leader's put does (``touched``: the queues they advanced)."""
+        table over the new records, as a leader's put does (``touched``: the queues they advanced);
+        over a quarantined range, as the leader's recovery did (its record's queue offset stays used)."""
         mfq = self._engine.mfq
         offset, view = start, memoryview(records)
         while view:
@@ -127,7 +162,10 @@ class ReplicaAppender:
                 mapped.store_timestamp = store_timestamp
             view, offset = view[take:], offset + take
         try:
-            replay_queue_offsets(mfq, start, start + len(records), touched)
+            if lost is None:
+                replay_queue_offsets(mfq, start, start + len(records), touched)
+            else:
+                keep_lost_queue_offsets(mfq, [lost], touched)
         finally:
             self._engine.queue_table.update(touched)
 

@@ -8,10 +8,11 @@ The order makes a kill -9 at any point safe:
 2. the file holding the cut is zeroed from the cut forward and fdatasync'd, then the later files are
    deleted durably (``MappedFileQueue.truncate_dirty_files``): from here a recovery's walk ends at the
    cut, whatever bookkeeping says;
-3. only then the bookkeeping shrinks: the queue table rebuilt by replaying the truncated log (so the
-   next queue offset of each queue is the one after its last record left: none is handed out twice,
-   none skipped), its snapshot, the checkpoint's store time, a new incarnation (the indexer drops its
-   units past the cut), the epoch file's epochs past the cut;
+3. only then the bookkeeping shrinks: the quarantined ranges past the cut (their offsets hold new
+   records next; a recovery forgets ranges past the log's end the same way), the queue table rebuilt
+   by replaying the truncated log (so the next queue offset of each queue is the one after its last
+   record left: none is handed out twice, none skipped), its snapshot, the checkpoint's store time, a
+   new incarnation (the indexer drops its units past the cut), the epoch file's epochs past the cut;
 4. the record of the cut is removed.
 
 A start that finds the record (a kill during 2 or 3) repeats 2 on the files before the engine
@@ -23,16 +24,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from services.commitlog.commit_log import CommitLog
 from services.commitlog.ha.epoch_file import EpochFile
 from services.commitlog.ha.ha_metrics import ASYNC_LOST_RANGE, TRUNCATED_BYTES, replica_labels
-from services.commitlog.topic_queue_table import QueueKey, replay_queue_offsets
+from services.commitlog.topic_queue_table import QueueKey, keep_lost_queue_offsets, replay_queue_offsets
 from services.store.config import SYNC_MASTER, MessageStoreConfig
 from services.store.formats.checkpoint import StoreCheckpoint
 from services.store.formats.mapped_file_queue import MappedFileQueue
+from services.store.formats.quarantine import QuarantinedRange
 from services.store.store_root import StoreLock, read_with_backup, remove_durably, write_atomically
 
 log = logging.getLogger(__name__)
@@ -62,7 +64,8 @@ def truncate_log(engine: CommitLog, epochs: EpochFile, cut: int, step: StepHook 
         step("recorded")
         engine.mfq.truncate_dirty_files(cut)
         step("invalidated")
-        engine.after_truncation(cut, rebuild_queue_table(engine.mfq, cut))
+        engine.quarantine.forget_from(cut)
+        engine.after_truncation(cut, rebuild_queue_table(engine.mfq, cut, engine.quarantine.ranges))
         step("rebuilt")
         epochs.truncate_from(cut)
         remove_durably(record)
@@ -91,11 +94,14 @@ def _report_cut(config: MessageStoreConfig, cut: int, cut_bytes: int) -> None:
                 extra={"offset": cut, "lost_end": cut + cut_bytes})
 
 
-def rebuild_queue_table(mfq: MappedFileQueue, end: int) -> dict[QueueKey, int]:
-    """Each queue's next queue offset, from the records in [min offset, ``end``)."""
+def rebuild_queue_table(mfq: MappedFileQueue, end: int,
+                        quarantined: Sequence[QuarantinedRange] = ()) -> dict[QueueKey, int]:
+    """Each queue's next queue offset, from the records in [min offset, ``end``), stepping over the
+    ``quarantined`` ranges as recovery does."""
     table: dict[QueueKey, int] = {}
     if mfq.last_file() is not None:  # a cut below the first file leaves none
-        replay_queue_offsets(mfq, mfq.min_offset, end, table)
+        replay_queue_offsets(mfq, mfq.min_offset, end, table, [(r.start, r.end) for r in quarantined])
+        keep_lost_queue_offsets(mfq, quarantined, table)
     return table
 
 

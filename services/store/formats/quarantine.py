@@ -10,6 +10,11 @@ the log).
 
 The ranges are kept in ``config/quarantine.json`` of the store root, so that a later start whose
 walk does not cover them (a clean start walks only the last three files) still knows them.
+
+On a replicated shard a range is quarantined on every replica: the leader's HA handshake carries its
+ranges, and a follower adopts them before it takes the leader's bytes, so that it copies the damaged
+bytes as they are (its log stays byte-identical) without reading them as records, and a follower
+promoted later answers DATA_LOSS for the same offsets the old leader did.
 """
 
 from __future__ import annotations
@@ -52,16 +57,17 @@ class QuarantineTable:
 
     def __init__(self, root: Path) -> None:
         self.path = root / QUARANTINE_FILE
-        self._ranges: list[QuarantinedRange] = []
-        self._starts: list[int] = []
+        # the sorted ranges and their starts, replaced as one value: readers (reads, Tails) run on
+        # other threads than a follower's replication, which adopts its leader's ranges
+        self._table: tuple[tuple[QuarantinedRange, ...], list[int]] = ((), [])
 
     @property
     def ranges(self) -> tuple[QuarantinedRange, ...]:
-        return tuple(self._ranges)
+        return self._table[0]
 
     @property
     def total_bytes(self) -> int:
-        return sum(r.size for r in self._ranges)
+        return sum(r.size for r in self.ranges)
 
     def load(self) -> None:
         """Read the file; a missing one means no quarantine. An unreadable one is an error: silently
@@ -81,24 +87,48 @@ class QuarantineTable:
     def reconcile(self, found: Iterable[QuarantinedRange], min_offset: int, end: int) -> None:
         """After a recovery: keep the known ranges still inside the log [min_offset, end), add those
         the walk ``found``, merge overlaps, and save when anything changed."""
-        kept = [r for r in self._ranges if r.end > min_offset and r.start < end]
+        known = self.ranges
+        kept = [r for r in known if r.end > min_offset and r.start < end]
         merged = _merge([*kept, *found])
-        if merged != self._ranges:
-            for dropped in set(self._ranges) - set(merged):
+        if tuple(merged) != known:
+            for dropped in set(known) - set(merged):
                 if dropped.end <= min_offset or dropped.start >= end:
                     log.info("quarantined range %s is no longer in the log [%d, %d): forgotten",
                              dropped.describe(), min_offset, end)
             self._set(merged)
             self.save()
 
+    def adopt(self, leader_ranges: Iterable[QuarantinedRange]) -> list[QuarantinedRange]:
+        """A follower takes its leader's ranges (merged with its own), saved before it copies any byte
+        of them; returns the ranges it did not know."""
+        known = self.ranges
+        new = [r for r in leader_ranges if r not in known]
+        merged = _merge([*known, *new])
+        if tuple(merged) != known:
+            self._set(merged)
+            self.save()
+        return new
+
+    def forget_from(self, cut: int) -> None:
+        """The log was cut at ``cut``: a range at or past it is gone with its bytes (the offsets are
+        written again with new records), one across it ends there."""
+        known = self.ranges
+        kept = [r if r.end <= cut else QuarantinedRange(r.start, cut, r.reason) for r in known if r.start < cut]
+        if tuple(kept) != known:
+            for dropped in set(known) - set(kept):
+                log.info("quarantined range %s is past the cut at %d: forgotten", dropped.describe(), cut)
+            self._set(kept)
+            self.save()
+
     def save(self) -> None:
-        body = {"ranges": [{"start": r.start, "end": r.end, "reason": r.reason} for r in self._ranges]}
+        body = {"ranges": [{"start": r.start, "end": r.end, "reason": r.reason} for r in self.ranges]}
         write_atomically(self.path, json.dumps(body, indent=1).encode())
 
     def overlapping(self, start: int, end: int) -> QuarantinedRange | None:
         """The first quarantined range that shares a byte with [start, end), if any."""
-        index = bisect.bisect_right(self._starts, start) - 1
-        for candidate in self._ranges[max(index, 0):]:
+        ranges, starts = self._table
+        index = bisect.bisect_right(starts, start) - 1
+        for candidate in ranges[max(index, 0):]:
             if candidate.start >= end:
                 return None
             if candidate.end > start:
@@ -107,12 +137,13 @@ class QuarantineTable:
 
     def next_start(self, offset: int) -> int | None:
         """Start of the first quarantined range at or after ``offset``."""
-        index = bisect.bisect_left(self._starts, offset)
-        return self._starts[index] if index < len(self._starts) else None
+        starts = self._table[1]
+        index = bisect.bisect_left(starts, offset)
+        return starts[index] if index < len(starts) else None
 
     def _set(self, ranges: Sequence[QuarantinedRange]) -> None:
-        self._ranges = sorted(ranges)
-        self._starts = [r.start for r in self._ranges]
+        ordered = tuple(sorted(ranges))
+        self._table = (ordered, [r.start for r in ordered])
 
 
 def _merge(ranges: Iterable[QuarantinedRange]) -> list[QuarantinedRange]:
