@@ -13,15 +13,18 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from services.commitlog.ha import handshake
+from services.commitlog.ha.epoch_file import EpochEntry
 from services.commitlog.ha.group_transfer import GroupTransfer, ReplicaAckError
 from services.commitlog.ha.ha_metrics import bind_followers
 from services.commitlog.ha.ha_service import HAService, HAServiceError
 from services.commitlog.ha.replica_append import ReplicaAppender, ReplicationError, whole_records
+from services.commitlog.ha.wire import encode_report
 from services.commitlog.message_store import MessageStore
 from services.commitlog.put_result import PutMessageStatus
 from services.store.config import ConfigError, load_config
 from services.store.errors import FailedPreconditionError
 from services.store.formats.message import Message
+from services.store.formats.quarantine import QuarantinedRange, QuarantineTable
 
 FILE_SIZE = 64 * 1024
 
@@ -167,3 +170,103 @@ def test_the_ha_listener_refuses_a_busy_port_and_a_public_address_without_a_toke
             HAService(engine.commit_log, None).start()
     finally:
         engine.shutdown()
+
+
+def test_a_follower_copies_a_range_its_leader_quarantined_whole_and_never_parses_it(tmp_path: Path) -> None:
+    """The leader's damaged bytes (a record garbled whole: no size, no magic code) are adopted as
+    quarantined before the stream and copied as they are, whatever the cuts; the queue table is the
+    leader's."""
+    leader = _engine(tmp_path / "leader")
+    follower = _engine(tmp_path / "follower")
+    try:
+        results = [leader.put_messages([Message("T", i % 2, b"m%d" % i * 30)])[0] for i in range(200)]
+        lost = results[120]
+        mapped = leader.commit_log.mfq.find_by_offset(lost.commitlog_offset)
+        assert mapped is not None
+        bad = QuarantinedRange(lost.commitlog_offset, lost.commitlog_offset + lost.wrote_bytes, "test")
+        leader.quarantine.adopt([bad])
+        at = bad.start - mapped.file_from_offset
+        mapped.buffer[at:at + bad.size] = b"\xee" * bad.size  # its size and magic code too: no record at all
+        appender = ReplicaAppender(follower.commit_log)
+        appender.adopt_quarantine(leader.quarantine.ranges, "leader")
+        assert follower.quarantine.ranges == (bad,)
+        rng = random.Random(3)
+        offset = 0
+        while offset < leader.max_offset:
+            mapped = leader.commit_log.mfq.find_by_offset(offset)
+            assert mapped is not None
+            position = offset - mapped.file_from_offset
+            size = min(rng.randrange(1, 700), mapped.read_position - position)
+            offset += size
+            assert appender.append(offset - size, mapped.read(position, size)) <= offset
+        assert follower.max_offset == leader.max_offset
+        ours, theirs = leader.commit_log.mfq.files[0], follower.commit_log.mfq.files[0]
+        assert ours.read(0, ours.read_position) == theirs.read(0, theirs.read_position)
+        assert follower.commit_log.queue_table == leader.commit_log.queue_table
+    finally:
+        leader.shutdown()
+        follower.shutdown()
+
+
+def test_the_handshake_carries_the_leaders_quarantined_ranges_from_version_3() -> None:
+    log = handshake.LeaderLog(9000, [EpochEntry(1, 0), EpochEntry(2, 4096)],
+                              (QuarantinedRange(100, 340, "body CRC mismatch"), QuarantinedRange(5000, 5100, "")))
+    for version, ranges in ((2, ()), (3, log.quarantined)):
+        ours, theirs = socket.socketpair()
+        try:
+            ours.sendall(handshake.encode_answer(handshake.ACCEPTED, leader_log=log, version=version))
+            handshake.read_answer(theirs)
+            got = handshake.read_leader_log(theirs, version)
+        finally:
+            ours.close()
+            theirs.close()
+        assert (got.max_offset, got.epochs, got.quarantined) == (9000, log.epochs, ranges)
+
+
+def test_a_quarantine_table_adopts_ranges_and_forgets_those_past_a_cut(tmp_path: Path) -> None:
+    table = QuarantineTable(tmp_path)
+    first, second = QuarantinedRange(100, 200, "a"), QuarantinedRange(500, 700, "b")
+    assert table.adopt([first]) == [first]
+    assert table.adopt([first, second]) == [second]  # what it knew is not new
+    table.forget_from(600)  # a range across the cut ends there, one past it goes
+    assert table.ranges == (first, QuarantinedRange(500, 600, "b"))
+    table.forget_from(150)
+    assert table.ranges == (QuarantinedRange(100, 150, "a"),)
+    reloaded = QuarantineTable(tmp_path)
+    reloaded.load()
+    assert reloaded.ranges == table.ranges
+
+
+def test_a_report_read_before_the_writer_recorded_its_send_counts_once_it_has(tmp_path: Path) -> None:
+    """The leader counts a report only up to what its writer thread has recorded as sent, which it does
+    once ``sendall`` returns; an honest follower's report of a frame can be read before that. Such a
+    report used to be counted at the sent offset of the moment and then forgotten, so the put waited
+    for the follower's next report (a heartbeat later: about one SYNC_MASTER put in a hundred waited
+    500 ms under load). Here a report ahead of everything stands in for it: the put must be
+    acknowledged as soon as its bytes are sent, not time out."""
+    port = _free_port()
+    engine = _engine(tmp_path / "leader", broker_role="SYNC_MASTER", ha_listen_port=port, ha_send_timeout=2000,
+                     broker_name="shard-x")
+    service = HAService(engine.commit_log, "tok")
+    service.start()
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as follower:
+            follower.sendall(handshake.encode_hello(handshake.Hello("shard-x", 0, b"tok", "f1")))
+            handshake.read_answer(follower)
+            handshake.read_leader_log(follower)
+            follower.sendall(encode_report(0))  # the stream starts at 0
+            follower.sendall(encode_report(1 << 40))  # read by the leader before any byte is sent
+            time.sleep(0.3)
+            started = time.monotonic()
+            result = engine.put_messages([Message("T", 0, b"x" * 100)])[0]
+            assert result.status is PutMessageStatus.PUT_OK
+            assert time.monotonic() - started < 1.0
+    finally:
+        service.stop()
+        engine.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -74,6 +74,7 @@ class GroupTransfer:
         self._timeout_s = timeout_s
         self._fallbehind_max = fallbehind_max
         self._cond = threading.Condition()
+        self._changes = 0  # counts joins, departures, reports and notifications (under _cond)
         self._followers: list[Follower] = []
         self._departed: list[Follower] = []  # the last few that left, named when a put cannot be acked
 
@@ -82,6 +83,7 @@ class GroupTransfer:
         follower = Follower(address, replica, target=self._leader_max())
         with self._cond:
             self._followers.append(follower)
+            self._changes += 1
         return follower
 
     def remove(self, follower: Follower) -> None:
@@ -90,11 +92,13 @@ class GroupTransfer:
                 self._followers.remove(follower)
                 follower.left_at = time.monotonic()
                 self._departed = [*self._departed[-(DEPARTED_KEPT - 1):], follower]
+            self._changes += 1
             self._cond.notify_all()
 
     def acknowledge(self, follower: Follower, offset: int) -> None:
         with self._cond:
             follower.acked_offset = offset
+            self._changes += 1
             self._cond.notify_all()
         now, leader_max = time.monotonic(), self._leader_max()
         if offset >= follower.target:
@@ -114,13 +118,23 @@ class GroupTransfer:
         with self._cond:
             return list(self._followers)
 
-    def wait_change(self, timeout_s: float) -> None:
-        """Block until a follower joins, leaves or reports, or ``timeout_s`` passes."""
+    @property
+    def changes(self) -> int:
+        """A count that moves whenever a follower joins, leaves or reports: read it before looking at
+        the followers, and :meth:`wait_change` returns at once if anything changed since."""
         with self._cond:
-            self._cond.wait(timeout_s)
+            return self._changes
+
+    def wait_change(self, timeout_s: float, seen: int) -> None:
+        """Block until a follower joins, leaves or reports after :attr:`changes` was ``seen``, or
+        ``timeout_s`` passes. (Without ``seen``, a report between the caller's look and this wait would
+        be missed, and the put would sleep the whole timeout.)"""
+        with self._cond:
+            self._cond.wait_for(lambda: self._changes != seen, timeout_s)
 
     def notify(self) -> None:
         with self._cond:
+            self._changes += 1
             self._cond.notify_all()
 
     def describe_followers(self) -> str:

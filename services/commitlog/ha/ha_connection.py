@@ -44,6 +44,12 @@ class HAConnection:
         self._requested = threading.Event()  # the first report arrived: the writer knows where to start
         self._request_offset = -1
         self._sent_offset = 0  # the end of what the writer sent
+        # The follower's last report, and what of it was acknowledged: a report can arrive before the
+        # writer thread has recorded the send it answers; the writer then acknowledges it (else the put
+        # would wait for the follower's next report, a heartbeat away).
+        self._reported = -1
+        self._held = -1
+        self._ack_lock = threading.Lock()
         self._closed = threading.Event()
         self._threads = [threading.Thread(target=self._read_loop, name=f"ha-read-{address}", daemon=True),
                          threading.Thread(target=self._write_loop, name=f"ha-write-{address}", daemon=True)]
@@ -87,9 +93,8 @@ class HAConnection:
                 if self._request_offset < 0:
                     self._request_offset = offset
                     self._requested.set()
-                # Never more than was sent: a report beyond it is no proof of holding anything.
-                held = min(offset, self._sent_offset)
-                self._transfer.acknowledge(follower, held)
+                self._reported = offset
+                held = self._acknowledge(follower)
                 if self._leader_epoch is not None:
                     self._leader_epoch.on_report(self._replica, held)
         except TimeoutError:
@@ -135,9 +140,8 @@ class HAConnection:
             start = self._start_offset(self._request_offset)
             if start is not None:
                 self._sent_offset = start
-                follower = self._follower
-                if follower is not None and follower.acked_offset < min(self._request_offset, start):
-                    self._transfer.acknowledge(follower, min(self._request_offset, start))  # it holds that much
+                if self._follower is not None:  # it holds what it asked for, up to where the stream starts
+                    self._acknowledge(self._follower)
                 self._stream_from(start)
         except (OSError, ValueError) as exc:
             self.close(str(exc) if not self._closed.is_set() else "")
@@ -145,6 +149,16 @@ class HAConnection:
             log.exception("HA stream to %s failed", self.address, extra={"follower": self.address})
         finally:
             self.close()
+
+    def _acknowledge(self, follower: Follower) -> int:
+        """Acknowledge what the follower reported, but never more than was sent: a report beyond it is
+        no proof of holding anything. Returns the offset held."""
+        with self._ack_lock:
+            held = min(self._reported, self._sent_offset)
+            if held > self._held:
+                self._held = held
+                self._transfer.acknowledge(follower, held)
+            return held
 
     def _start_offset(self, requested: int) -> int | None:
         """Where the stream starts: the follower's offset; for an empty follower, 4.9.8 starts at the
@@ -186,6 +200,8 @@ class HAConnection:
                 send(encode_frame_header(offset, len(data)) + data)
                 offset += len(data)
                 self._sent_offset = offset
+                if self._reported > self._held and self._follower is not None:  # answered before recorded
+                    self._acknowledge(self._follower)
                 last_write = time.monotonic()
                 continue
             if time.monotonic() - last_write >= heartbeat_s:

@@ -68,6 +68,7 @@ class InSyncAcks:
         self._leadership.fence()
         deadline = time.monotonic() + self._timeout_s
         while True:
+            seen = self._transfer.changes
             offsets = self._offsets()
             with self._lock:
                 required = (self._members | self._joining) - {self._me}
@@ -86,7 +87,7 @@ class InSyncAcks:
             if late:
                 status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT if drop else PutMessageStatus.SLAVE_NOT_AVAILABLE
                 raise self._refusal(status, end)
-            self._transfer.wait_change(min(POLL_S, deadline - time.monotonic()))
+            self._transfer.wait_change(min(POLL_S, deadline - time.monotonic()), seen)
 
     def _refusal(self, status: PutMessageStatus, end: int) -> ReplicaAckError:
         ha_metrics.UNREPLICATED_PUTS.labels(status.name).inc()

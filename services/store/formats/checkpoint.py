@@ -56,9 +56,13 @@ class StoreCheckpoint:
         return max(0, min(kept) - RECOVERY_SAFETY_MARGIN_MS) if kept else 0
 
     def flush(self) -> None:
+        """Write the timestamps and make them durable with fdatasync of the file, as IndexFile.flush
+        does: Linux's msync(MS_SYNC) of a shared mapping is the file's fdatasync, but CPython's
+        mmap.flush holds the GIL through it, and every thread of the service (a SYNC_MASTER leader's
+        puts waiting for their followers' reports among them) would stall for the write-back."""
         _LAYOUT.pack_into(self._mm, 0, self.physic_msg_timestamp, self.logics_msg_timestamp,
                           self.index_msg_timestamp)
-        self._mm.flush()
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         self.flush()
