@@ -38,6 +38,9 @@ from services.store.store_root import AbortFile, StoreLock, remove_durably, writ
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, int]
+#: Topics whose deletion by dispatch is remembered for DeleteTopic's answer. A follower's indexer is
+#: never asked, so the oldest are forgotten past this many (their answer is then that of a deletion now).
+DISPATCH_DELETIONS_KEPT = 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -102,6 +105,8 @@ class IndexerStore:
         self.last_exit_ok = True
         self._listeners: list[ArrivalListener] = []
         self._flush_service: IndexerFlushService | None = None
+        #: topic -> queues dispatch removed at its last deletion record, until DeleteTopic takes it
+        self._dispatch_deletions: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,10 +204,16 @@ class IndexerStore:
     def add_arrival_listener(self, listener: ArrivalListener) -> None:
         self._listeners.append(listener)
 
-    def dispatch(self, requests: Sequence[DispatchRequest], next_offset: int) -> None:
+    def dispatch(self, requests: Sequence[DispatchRequest], next_offset: int, deleted_topic: str = "") -> None:
         """Build the ConsumeQueue and the index for a chunk of records (in commitlog order), then move
-        the reput offset to ``next_offset``."""
+        the reput offset to ``next_offset``.
+
+        ``deleted_topic``: the chunk ends with that topic's deletion record (``topic_deletion.py``), so
+        its queues are removed right there, as every replica of the shard removes them. The move and the
+        removal are one step under the dispatch lock: a DeleteTopic call that sees the reput offset past
+        its deletion point finds the removal done (``take_dispatch_deletion``)."""
         columns = DispatchColumns(requests)  # read once, shared by the ConsumeQueues and the index
+        deletion: ArrivalBatch | None = None
         with self._lock:
             if requests:
                 _check_dispatch_order(columns, self.reput_offset, next_offset)
@@ -212,8 +223,17 @@ class IndexerStore:
                 self.last_dispatched_store_timestamp = requests[-1].store_timestamp
                 self.dispatched_records += len(requests)
             self.reput_offset = next_offset
-        if requests and self._listeners:
-            self._publish(ArrivalBatch(_arrivals(columns), next_offset))
+            if deleted_topic:
+                removed, deletion = self._remove_topic(deleted_topic)
+                self._dispatch_deletions.pop(deleted_topic, None)  # the newest last: the oldest go first
+                self._dispatch_deletions[deleted_topic] = removed
+                while len(self._dispatch_deletions) > DISPATCH_DELETIONS_KEPT:
+                    del self._dispatch_deletions[next(iter(self._dispatch_deletions))]
+        if self._listeners:
+            if requests:  # the records first, then the deletion: readers end without the topic's queues
+                self._publish(ArrivalBatch(_arrivals(columns), next_offset))
+            if deletion is not None:
+                self._publish(deletion)
 
     def _publish(self, batch: ArrivalBatch) -> None:
         for listener in self._listeners:
@@ -259,10 +279,28 @@ class IndexerStore:
             self._publish(batch)
 
     def delete_topic(self, topic: str) -> int:
-        """RocketMQ's deleteTopics for one topic: its ConsumeQueues' files removed, the queues forgotten
-        (a later record of the topic starts new ones), followers told (an arrival with ``deleted``).
-        The index keeps its entries: they expire with their files. Returns how many queues went."""
-        with self._lock, self._flush_lock:
+        """RocketMQ's deleteTopics for one topic, now: its ConsumeQueues' files removed, the queues
+        forgotten (a later record of the topic starts new ones), followers told (an arrival with
+        ``deleted``). The index keeps its entries: they expire with their files. Returns how many queues
+        went. (On a replicated shard dispatch removes them at the deletion record instead: ``dispatch``.)"""
+        with self._lock:
+            removed, batch = self._remove_topic(topic)
+        if self._listeners:
+            self._publish(batch)
+        return removed
+
+    def take_dispatch_deletion(self, topic: str) -> int | None:
+        """How many queues dispatch removed at the topic's last deletion record, once (the entry is
+        taken, so a second DeleteTopic answers as a second deletion would: nothing left); None when
+        dispatch removed none of its queues at such a record, as far as this process knows. Under the
+        dispatch lock: a deletion whose reput offset a caller saw is complete."""
+        with self._lock:
+            return self._dispatch_deletions.pop(topic, None)
+
+    def _remove_topic(self, topic: str) -> tuple[int, ArrivalBatch]:
+        """Remove the topic's queues and save a dispatch checkpoint past them (the caller holds the
+        dispatch lock and publishes the returned arrival after it)."""
+        with self._flush_lock:
             queues = self.consume_queues.remove_topic(topic)
             for queue in queues:
                 queue.destroy()
@@ -272,11 +310,9 @@ class IndexerStore:
                 self._save_dispatch_checkpoint()  # a restart resumes past the deleted records
             except OSError as exc:  # the queues are gone all the same; the next flush round saves it
                 log.warning("dispatch checkpoint not saved after deleting topic %s: %s", topic, exc)
-            batch = ArrivalBatch({}, self.reput_offset, deleted=topic)
-        log.info("topic %s deleted: %d ConsumeQueues removed", topic, len(queues), extra={"topic": topic})
-        if self._listeners:
-            self._publish(batch)
-        return len(queues)
+        log.info("topic %s deleted at reput offset %d: %d ConsumeQueues removed", topic, self.reput_offset,
+                 len(queues), extra={"topic": topic})
+        return len(queues), ArrivalBatch({}, self.reput_offset, deleted=topic)
 
     def correct_min_offset(self, commitlog_min_offset: int) -> None:
         with self._lock:

@@ -29,6 +29,7 @@ from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc
 from services.indexer.commitlog_reader import CommitLogFiles, FileChunk, FilesMismatch
 from services.indexer.indexer_store import IndexerStore, ReputState
 from services.indexer.tail_protocol import ChunkMismatch, ChunkStep, check_chunk
+from services.indexer.topic_deletion import topic_deletions
 from services.server.channels import sync_channel
 from services.store.errors import DiskFullError
 from services.store.formats.message import parse_delay_levels
@@ -404,20 +405,30 @@ class ReputService:
                 requests = parse_dispatch_requests(chunk.data, chunk.start_offset, self._delay_levels_ms)
             except RecordError as exc:
                 raise Resync(f"unparsable chunk at {chunk.start_offset}: {exc}") from None
-            self._dispatch(requests, step.next_offset)
+            start = 0
+            # A topic-deletion metadata record ends a part of its own: the topic's queues are removed
+            # right after it, before any later record of the topic is dispatched (topic_deletion.py).
+            for end, topic in topic_deletions(requests, chunk.data, chunk.start_offset):
+                record = requests[end]
+                if not self._dispatch(requests[start:end + 1], record.commitlog_offset + record.msg_size, topic):
+                    return
+                start = end + 1
+            if not self._dispatch(requests[start:], step.next_offset):
+                return
         elif step.next_offset != self._store.reput_offset:
             self._store.skip_to(step.next_offset)
         self.resyncs.progressed()
 
-    def _dispatch(self, requests: Sequence[DispatchRequest], next_offset: int) -> None:
-        """Dispatch a chunk; while the disk has no room for the files it needs (DiskFullError, raised
-        before the write that would fail: whatever of the chunk was written is written again
-        unchanged), wait and try again at the same reput offset, logging an ERROR when it starts and
-        every ``DISK_FULL_LOG_INTERVAL_S`` while it lasts. Returns early, nothing dispatched, on a stop."""
+    def _dispatch(self, requests: Sequence[DispatchRequest], next_offset: int, deleted_topic: str = "") -> bool:
+        """Dispatch a chunk (``IndexerStore.dispatch``); while the disk has no room for the files it
+        needs (DiskFullError, raised before the write that would fail: whatever of the chunk was written
+        is written again unchanged), wait and try again at the same reput offset, logging an ERROR when
+        it starts and every ``DISK_FULL_LOG_INTERVAL_S`` while it lasts. Returns False, nothing
+        dispatched, when stopped meanwhile."""
         waiting_since = told = 0.0
         while True:
             try:
-                self._store.dispatch(requests, next_offset)
+                self._store.dispatch(requests, next_offset, deleted_topic)
             except DiskFullError as exc:
                 now = time.monotonic()
                 if not waiting_since:
@@ -429,12 +440,12 @@ class ReputService:
                               "is room", self._store.reput_offset, now - waiting_since, exc, self._max_backoff_s,
                               extra={"reput_offset": self._store.reput_offset})
                 if self._stopped.wait(self._max_backoff_s):
-                    return
+                    return False
                 continue
             if waiting_since:
                 log.warning("dispatch goes on at reput offset %d after waiting %.1f s for room on the disk",
                             self._store.reput_offset, time.monotonic() - waiting_since)
-            return
+            return True
 
     # -- records from the Tail --------------------------------------------------------------
     def _tail(self, stub: commitlog_pb2_grpc.CommitLogServiceStub, file_size: int,

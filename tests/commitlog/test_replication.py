@@ -15,10 +15,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from mqstore.v1 import commitlog_pb2, indexer_pb2
+from mqstore.v1 import admin_pb2, commitlog_pb2, common_pb2, indexer_pb2
 from services.commitlog.ha import handshake
 from services.commitlog.ha.wire import encode_report
-from tests.commitlog.commitlog_process import StartCommitLog, free_port
+from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
 from tests.commitlog.replicas import (
     AUTH,
     BASE_ENV,
@@ -201,3 +201,85 @@ def test_rocketmq_3015_an_unauthenticated_connection_never_makes_sync_master_ack
         stop.set()
         forger.join(5)
     assert any("REFUSED" in r.get("msg", "") for r in group.leader.log_records())
+
+
+def _gone(i: int, queue_id: int) -> common_pb2.Message:
+    return common_pb2.Message(topic="Gone", queue_id=queue_id, body=b"g%d" % i, properties={"KEYS": f"g{i}"})
+
+
+def _kept(i: int) -> common_pb2.Message:
+    return common_pb2.Message(topic="Kept", queue_id=i % 3, body=b"k%d" % i, properties={"KEYS": f"k{i}"})
+
+
+def _append_all(handle: CommitLogProcess, messages: list[common_pb2.Message]) -> None:
+    for start in range(0, len(messages), 40):
+        request = commitlog_pb2.AppendBatchRequest(messages=messages[start:start + 40])
+        handle.stub.AppendBatch(request, timeout=30, metadata=AUTH)
+
+
+def _consume_queue_root(indexer_store: Path) -> Path:
+    return next(p for p in indexer_store.rglob("consumequeue") if p.is_dir())
+
+
+def test_every_replicas_indexer_drops_a_deleted_topic_where_its_deletion_record_is(
+        start_commitlog: StartCommitLog, tmp_path: Path) -> None:
+    """DeleteTopic reaches the followers as the topic-deletion metadata record, but the gateway asks only
+    the leader's indexer to drop the topic's ConsumeQueues: the followers' indexers kept them (a
+    promoted follower served the deleted topic, and its ConsumeQueue files differed from the leader's).
+    Each replica's dispatch drops them at the record; the leader's DeleteTopic answers what its own
+    dispatch removed there. The topic written again starts its queue where its offsets stopped, on
+    every replica, and an indexer rebuilt from offset 0 ends in the same files."""
+    group = start_group(start_commitlog, tmp_path, followers=2)
+    leader = group.leader
+    replicas = [leader, *group.followers]
+    stores = [tmp_path / "leader-indexer", tmp_path / "follower0-indexer", tmp_path / "follower1-indexer"]
+    sources = ["auto", "tail", "auto"]  # the commitlog's files, its Tail
+    indexers: list[IndexerProcess] = []
+    try:
+        for store, handle, source in zip(stores, replicas, sources, strict=True):
+            indexers.append(start_indexer(store, handle.address, {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": source}))
+        # Gone/0 over two ConsumeQueue files (64 units each), Gone/1 in one; Kept in three queues.
+        _append_all(leader, [_gone(i, 0) for i in range(80)] + [_gone(i, 1) for i in range(10)]
+                    + [_kept(i) for i in range(30)])
+        end = max_offset(leader)
+        for indexer in indexers:
+            wait_indexed(indexer, end)
+        for store in stores:  # every replica's indexer built the topic's queues
+            assert sorted(p.name for p in (_consume_queue_root(store) / "Gone").iterdir()) == ["0", "1"]
+
+        # As the gateway deletes a topic (gateway/admin.py): the leader's commitlog, then its indexer.
+        deleted = leader.stub.DeleteTopic(admin_pb2.DeleteTopicRequest(topic="Gone"), timeout=10, metadata=AUTH)
+        answer = indexers[0].stub.DeleteTopic(
+            admin_pb2.DeleteTopicRequest(topic="Gone", commitlog_offset=deleted.commitlog_offset), timeout=10,
+            metadata=AUTH)
+        assert answer.deleted_queues == 2
+        for indexer in indexers:
+            wait_indexed(indexer, deleted.commitlog_offset)
+        for store in stores:
+            assert not (_consume_queue_root(store) / "Gone").exists(), \
+                f"{store.name} kept the deleted topic's ConsumeQueues past its deletion record"
+
+        # Writes go on, the deleted topic among them: its queue 1 starts again at queue offset 10.
+        _append_all(leader, [_kept(i) for i in range(30, 60)] + [_gone(i, 1) for i in range(90, 95)])
+        end = max_offset(leader)
+        indexers.append(start_indexer(tmp_path / "rebuilt-indexer", group.followers[1].address,
+                                      {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": "tail"}))
+        stores.append(tmp_path / "rebuilt-indexer")
+        for indexer in indexers:
+            wait_indexed(indexer, end)
+        queue = indexers[0].stub.GetQueueOffsets(indexer_pb2.GetQueueOffsetsRequest(topic="Gone", queue_id=1),
+                                                 timeout=5, metadata=AUTH)
+        assert queue.max_offset == 15
+        for indexer in indexers:
+            assert indexer.stop() == 0
+    finally:
+        for indexer in indexers:
+            if indexer.running:
+                indexer.kill9()
+    files = [logic_files(store) for store in stores]
+    assert not [name for name in files[0] if name.startswith("consumequeue/Gone/0/")]
+    assert [name for name in files[0] if name.startswith("consumequeue/Gone/1/")]
+    for store, other in zip(stores[1:], files[1:], strict=True):
+        differ = sorted(k for k in other.keys() | files[0].keys() if other.get(k) != files[0].get(k))
+        assert differ == [], f"{store.name}'s ConsumeQueue/IndexFile differ from the leader's: {differ[:10]}"
+
