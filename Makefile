@@ -118,7 +118,8 @@ soak-scheduler: $(GENERATED)
 # SOAK_MINUTES (default 10), every stop point compared byte for byte; then as long again, leaders of
 # three replicas on a local etcd killed and restarted (tests/commitlog/test_failover_soak.py); then as
 # long again, the partition campaign's random faults (tests/commitlog/test_partition_campaign.py: kills of
-# leader, follower and etcd, a wiped leader, partitions through the tests' proxies). SOAK_SEED=N repeats one.
+# leader, follower, etcd and gateway, a wiped leader, partitions through the tests' proxies). SOAK_SEED=N
+# repeats one.
 .PHONY: soak-ha
 soak-ha: $(GENERATED) etcd
 	SOAK_HA_MINUTES=$${SOAK_MINUTES:-10} $(PY) -m pytest tests/commitlog/test_replication_soak.py \

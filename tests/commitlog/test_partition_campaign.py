@@ -1,9 +1,12 @@
 """The partition fault campaign (``partitions.py``): three replicas on etcd, SYNC_MASTER + SYNC_FLUSH,
-a producer under faults: the leader and a follower killed (-9), etcd killed (-9), the leader's machine
-lost (its store deleted: it comes back empty and copies the log again), the leader partitioned from its
-followers and from etcd (held or reset by the test's own proxies). Afterwards every acknowledged
-message is on every replica exactly once at its offset, no queue offset is used twice, no two replicas
-acknowledged in one epoch, and each replica's log, ConsumeQueue and IndexFile equal the leader's.
+a producer sending to the leader and one through a gateway process, under faults: the leader and a
+follower killed (-9), etcd killed (-9), the leader's machine lost (its store deleted: it comes back empty
+and copies the log again), the leader partitioned from its followers and from etcd (held or reset by the
+test's own proxies), the gateway killed (-9) mid-traffic and restarted. Afterwards every acknowledged
+message is on every replica exactly once at its offset (the gateway producer resends what got no
+answer: only those unacknowledged sends may be stored besides), no queue offset is used twice, no two
+replicas acknowledged in one epoch, every replica has the leader's topics, and each replica's log,
+ConsumeQueue and IndexFile equal the leader's.
 
 ``make test`` runs each fault once; ``make soak-ha`` runs random faults for ``SOAK_HA_MINUTES``.
 """
@@ -130,19 +133,23 @@ def test_partition_campaign_soak(start_commitlog: StartCommitLog, tmp_path: Path
 
 def _campaign(start_commitlog: StartCommitLog, tmp_path: Path, faults: list[str], rng: random.Random, seed: int,
               deadline: float | None = None, pace_s: float = 0.0) -> None:
-    shard = Shard(start_commitlog, tmp_path)
+    shard = Shard(start_commitlog, tmp_path, with_gateway=True)
     try:
-        producer, resumed = run_campaign(shard, faults, rng, deadline, pace_s)
-        end = check_shard(shard, producer.acks)
+        run = run_campaign(shard, faults, rng, deadline, pace_s)
+        end = check_shard(shard, run.acks)
         check_indexes(shard, end, start_indexer, wait_indexed, INDEXER_ENV)
         shard.note("indexes equal")
     except BaseException:
-        print(f"\npartition campaign seed {seed}: {shard.log}")
+        print(f"\npartition campaign seed {seed}: {shard.log} (gateway logs: {tmp_path}/gateway-*.log)")
         raise
     finally:
         shard.stop()
-    print(f"\npartition campaign (seed {seed}): {len(shard.log)} faults {shard.log}; {len(producer.acks)} "
-          f"acknowledged, {producer.refused} calls refused; fault -> next ack: max {max(resumed):.2f} s")
+    through_gateway = run.gateway_producer
+    assert through_gateway is not None
+    print(f"\npartition campaign (seed {seed}): {len(shard.log)} faults {shard.log}; {len(run.producer.acks)} "
+          f"acknowledged, {run.producer.refused} calls refused; through the gateway {len(through_gateway.acks)} "
+          f"acknowledged, {through_gateway.refused} calls failed, {through_gateway.resent} messages resent; "
+          f"fault -> next ack of both: max {max(run.resumed):.2f} s")
 
 
 def test_async_master_loss_is_reported_with_its_range(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
