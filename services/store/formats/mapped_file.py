@@ -29,6 +29,11 @@ MADV_POPULATE_READ = 22  # Linux >= 5.14; Python's mmap module has no name for i
 # waits for it: ~20 ms stalls with 64 MiB steps) and, between steps, waits for the GIL (up to the
 # 5 ms switch interval while a producer runs): 16 MiB keeps both short, ~1 s per GiB prefaulted.
 PREFAULT_STEP = 16 * 1024 * 1024
+#: How far ahead of the writer a file's page cache is mapped: a fast producer's next second or so,
+#: asked for again once the writer is half way there. Not the whole file: a 1 GiB file is 262,144 pages,
+#: 1 to 10 s of one core to map (a VM's first touch of its memory is the slow part), which every
+#: replica of a shard spent at once at a start, and a GiB of idle page cache per file held.
+PREFAULT_AHEAD = 64 * 1024 * 1024
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long)
@@ -103,6 +108,8 @@ class MappedFile:
             raise
         self.write_buffer = write_buffer
         self._prefault_lock = threading.Lock()
+        #: Bytes from the file's start a prefault was asked for (by the thread that appends).
+        self.prefault_end = 0
         # Store time of the last record appended: the checkpoint takes it once that data is flushed.
         self.store_timestamp = 0
 
@@ -198,17 +205,20 @@ class MappedFile:
             return True
         return ahead // OS_PAGE_SIZE - behind // OS_PAGE_SIZE >= least_pages
 
-    def prefault(self, position: int = 0, should_stop: Callable[[], bool] = lambda: False) -> bool:
-        """Map the page cache of [position, end) ahead of the writer (MADV_POPULATE_READ), so appends
+    def prefault(self, position: int = 0, should_stop: Callable[[], bool] = lambda: False,
+                 end: int | None = None) -> bool:
+        """Map the page cache of [position, ``end`` or the file's end) ahead of the writer
+        (MADV_POPULATE_READ), so appends
         take cheap minor faults instead of allocating pages on the put path. Called from a background
         thread: the madvise runs through ctypes, which releases the GIL, in steps so that a shutdown
         (``should_stop``) waits for one step at most. Clean pages only: nothing is written to disk and
         the kernel may reclaim them under memory pressure. False if unsupported or stopped."""
         start = position - position % OS_PAGE_SIZE
-        while start < self.file_size:
+        stop = self.file_size if end is None else min(end, self.file_size)
+        while start < stop:
             if should_stop():
                 return False
-            length = min(PREFAULT_STEP, self.file_size - start)
+            length = min(PREFAULT_STEP, stop - start)
             with self._prefault_lock:  # close() waits for the step: never unmapped under the madvise
                 if self._mm.closed:
                     return False

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from services.store.config import ConfigError
 from services.store.disk_space import disk_full_error, is_disk_full
-from services.store.formats.mapped_file import MappedFile, file_name, parse_file_name
+from services.store.formats.mapped_file import PREFAULT_AHEAD, MappedFile, file_name, parse_file_name
 from services.store.formats.transient_store_pool import TransientStorePool
 from services.store.store_root import make_dirs, remove_durably
 
@@ -148,6 +148,8 @@ class MappedFileQueue:
         files = self._files  # (no helper calls: this runs on every put)
         last = files[-1] if files else None
         if last is not None and last.wrote_position != last.file_size:
+            if last.prefault_end - last.wrote_position < PREFAULT_AHEAD // 2 and self._prefault:
+                self._prefault_ahead(last)
             return last
         offset = last.file_tail_offset if last is not None else start_offset - start_offset % self.mapped_file_size
         mapped = self._take_or_create(offset)
@@ -236,13 +238,23 @@ class MappedFileQueue:
             mapped = created.result()
         except Exception:  # noqa: BLE001 - the roll that takes the file reports the failure
             return
-        mapped.prefault(0, self._closing.is_set)  # stops at once if the file was discarded meanwhile
+        mapped.prefault_end = PREFAULT_AHEAD  # not in the log yet: no writer reads it meanwhile
+        mapped.prefault(0, self._closing.is_set, PREFAULT_AHEAD)  # stops at once if discarded meanwhile
+
+    def _prefault_ahead(self, mapped: MappedFile) -> None:
+        """Ask the allocator thread to map ``mapped``'s page cache up to PREFAULT_AHEAD past its write
+        position (the writer's thread: it alone moves ``prefault_end`` of a file in the log)."""
+        if self._allocator is None or mapped.prefault_end >= mapped.file_size:
+            return
+        start = max(mapped.prefault_end, mapped.wrote_position)
+        mapped.prefault_end = min(mapped.file_size, mapped.wrote_position + PREFAULT_AHEAD)
+        self._allocator.submit(mapped.prefault, start, self._closing.is_set, mapped.prefault_end)
 
     def prefault_last_file(self) -> None:
-        """Prefault the unwritten rest of the current file in the background (after a start)."""
+        """Prefault the current file ahead of its write position in the background (after a start)."""
         last = self.last_file()
-        if last is not None and self._allocator is not None and self._prefault:
-            self._allocator.submit(last.prefault, last.wrote_position, self._closing.is_set)
+        if last is not None and self._prefault:
+            self._prefault_ahead(last)
 
     def _discard(self, mapped: MappedFile) -> None:
         if mapped.write_buffer is not None and self.pool is not None:
