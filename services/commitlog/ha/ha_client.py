@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import threading
 import time
@@ -32,6 +33,8 @@ RECONNECT_DELAY_S = 1.0
 MAX_RECONNECT_DELAY_S = 30.0
 #: A frame holds at most haTransferBatchSize bytes; allow some slack for a leader configured larger.
 MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: Frames already received are appended together up to this many bytes.
+APPEND_BYTES_MAX = 4 * 1024 * 1024
 
 
 class HAClient:
@@ -122,6 +125,7 @@ class HAClient:
                                        f"({cfg.ha_housekeeping_interval} ms)") from None
             self._got_frame = True
             if data:
+                offset, data = self._more_frames(sock, offset, data)
                 end = self._appender.append(offset, data)
                 if self._engine.sync_flush:
                     self._engine.mfq.flush_until(end)
@@ -131,6 +135,19 @@ class HAClient:
             if end != reported or time.monotonic() - last_report >= heartbeat_s:
                 sock.sendall(encode_report(end))
                 reported, last_report = end, time.monotonic()
+
+    def _more_frames(self, sock: socket.socket, offset: int, data: bytes) -> tuple[int, bytes]:
+        """``data`` and the frames after it that have already arrived (up to APPEND_BYTES_MAX), as one
+        run of bytes from ``offset``: a burst is appended, flushed and reported once, not per frame.
+        A heartbeat among them is checked against the run's end; a gap is a ReplicationError."""
+        pieces, end = [data], offset + len(data)
+        while end - offset < APPEND_BYTES_MAX and select.select([sock], [], [], 0)[0]:
+            at, more = read_frame(sock, MAX_FRAME_BYTES)
+            if at != end:
+                raise ReplicationError(f"the leader sent offset {at} after a frame that ended at {end}")
+            pieces.append(more)
+            end += len(more)
+        return offset, pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _cut_divergent_suffix(self, leader_log: handshake.LeaderLog) -> None:
         """Cut this log back to the point it shares with the leader's, then take the leader's epochs."""

@@ -25,6 +25,9 @@ from services.commitlog.ha.wire import encode_frame_header, read_report
 from services.store.config import HA_PROTOCOL_MQSTORE, MessageStoreConfig
 
 log = logging.getLogger(__name__)
+#: The most bytes one send carries, in as many frames as it takes: a burst of puts goes out in one
+#: system call (and is answered by one report) rather than one per haTransferBatchSize frame.
+SEND_BYTES_MAX = 1024 * 1024
 
 
 class HAConnection:
@@ -195,9 +198,10 @@ class HAConnection:
         last_write = time.monotonic()
         send = self._sock.sendall
         while not self._closed.is_set():
-            data = self._read_from(offset, batch)
-            if data:
-                send(encode_frame_header(offset, len(data)) + data)
+            data = self._read_from(offset, SEND_BYTES_MAX)
+            if data:  # frames of at most haTransferBatchSize, as 4.9.8 cuts them, sent with one call
+                send(b"".join(encode_frame_header(offset + i, len(piece)) + piece
+                              for i in range(0, len(data), batch) for piece in (data[i:i + batch],)))
                 offset += len(data)
                 self._sent_offset = offset
                 if self._reported > self._held and self._follower is not None:  # answered before recorded
