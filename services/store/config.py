@@ -116,8 +116,9 @@ class MessageStoreConfig:
     # fileReservedTime are deleted either way. See services/commitlog/clean_commitlog.py.
     protect_unconsumed_data: bool = True
     warm_mapped_file_enable: bool = False
-    # Not in RocketMQ: map the next commitlog file's page cache in the background (MADV_POPULATE_READ)
-    # so appends do not allocate pages on the put path. Costs page cache (clean, reclaimable), no I/O.
+    # Not in RocketMQ: map the commitlog's page cache in the background (MADV_POPULATE_READ), a window
+    # ahead of the writer and the next file's start, so appends do not allocate pages on the put path.
+    # Costs page cache (clean, reclaimable), no I/O (services/store/formats/mapped_file.py).
     prefault_mapped_file: bool = True
     # Not in RocketMQ (whose files are sparse): commitlog files are sparse too, and blocks are reserved
     # (fallocate) this many bytes ahead of the write position, so a put never writes into a hole a full
