@@ -11,9 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from mqstore.v1 import commitlog_pb2, common_pb2
+from mqstore.v1 import commitlog_pb2, common_pb2, indexer_pb2
 from services.server.service_auth import METADATA_KEY
 from tests.commitlog.commitlog_process import CommitLogProcess, StartCommitLog, free_port
+from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
 TOKEN = "replication-test-token"
 AUTH = ((METADATA_KEY, TOKEN),)
@@ -146,3 +147,36 @@ def logic_files(indexer_store: Path) -> dict[str, bytes]:
     for i, path in enumerate(sorted((root / "index").iterdir()) if (root / "index").is_dir() else []):
         found[f"index#{i}"] = path.read_bytes()
     return found
+
+
+def wait_indexed(indexer: IndexerProcess, end: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    request = indexer_pb2.GetDispatchStatusRequest()
+    while indexer.stub.GetDispatchStatus(request, timeout=5, metadata=AUTH).reput_offset < end:
+        assert time.monotonic() < deadline, indexer.logs()[-3000:]
+        time.sleep(0.05)
+
+
+def index_replicas(replicas: dict[Path, CommitLogProcess], end: int) -> list[dict[str, bytes]]:
+    """Each replica's own indexer (its commitlog service's Tail, into the store given), run until it
+    dispatched ``end`` and stopped cleanly: the :func:`logic_files` of each, in order."""
+    indexers: list[IndexerProcess] = []
+    try:
+        for store, handle in replicas.items():
+            indexers.append(start_indexer(store, handle.address, {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": "tail"}))
+        for indexer in indexers:
+            wait_indexed(indexer, end)
+    finally:
+        stop_indexers(indexers)
+    return [logic_files(store) for store in replicas]
+
+
+def stop_indexers(indexers: list[IndexerProcess]) -> None:
+    """Stop each cleanly (exit code 0: its files are complete), or kill it if one stop failed."""
+    try:
+        for indexer in indexers:
+            assert indexer.stop() == 0
+    finally:
+        for indexer in indexers:
+            if indexer.running:
+                indexer.kill9()

@@ -42,8 +42,7 @@ from tests.commitlog.partitions import (
     message,
     run_campaign,
 )
-from tests.commitlog.replicas import AUTH, BASE_ENV, append, max_offset, wait_caught_up
-from tests.commitlog.test_replication import wait_indexed
+from tests.commitlog.replicas import AUTH, BASE_ENV, append, max_offset, wait_caught_up, wait_indexed
 from tests.fault_proxy import DROP, HOLD, UP, FaultProxy
 from tests.indexer.indexer_process import start_indexer
 

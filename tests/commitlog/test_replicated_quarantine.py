@@ -21,16 +21,13 @@ from mqstore.v1 import commitlog_pb2, common_pb2
 from tests.commitlog.commitlog_process import StartCommitLog, free_port
 from tests.commitlog.replicas import (
     AUTH,
-    BASE_ENV,
     assert_same_commitlog,
     follower_env,
+    index_replicas,
     leader_env,
-    logic_files,
     max_offset,
     wait_caught_up,
 )
-from tests.commitlog.test_replication import wait_indexed
-from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
 TOPIC = "QuarantinedHa"
 COUNT = 300
@@ -76,37 +73,23 @@ def test_a_follower_copies_a_quarantined_range_and_never_reads_it(start_commitlo
     assert info.max_offset == end
     assert _ranges(info) == [(bad.commitlog_offset, acks[VICTIM + 1].commitlog_offset)]
     follower = start_commitlog(tmp_path / "follower", follower_env(ha_port))
-    indexers: list[IndexerProcess] = []
-    try:
-        wait_caught_up(leader, follower)
-        after = commitlog_pb2.AppendBatchRequest(messages=[_message(i) for i in range(COUNT, COUNT + 20)])
-        leader.stub.AppendBatch(after, timeout=30, metadata=AUTH)  # the stream goes on past the range
-        end = wait_caught_up(leader, follower)
-        assert_same_commitlog(tmp_path / "leader", tmp_path / "follower", end)
+    wait_caught_up(leader, follower)
+    after = commitlog_pb2.AppendBatchRequest(messages=[_message(i) for i in range(COUNT, COUNT + 20)])
+    leader.stub.AppendBatch(after, timeout=30, metadata=AUTH)  # the stream goes on past the range
+    end = wait_caught_up(leader, follower)
+    assert_same_commitlog(tmp_path / "leader", tmp_path / "follower", end)
 
-        ours = follower.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=10, metadata=AUTH)
-        assert _ranges(ours) == _ranges(info), "the follower does not know the range its leader quarantined"
-        with pytest.raises(grpc.RpcError) as lost:
-            follower.stub.Read(commitlog_pb2.ReadRequest(offset=bad.commitlog_offset, size=bad.wrote_bytes),
-                               timeout=10, metadata=AUTH)
-        assert lost.value.code() == grpc.StatusCode.DATA_LOSS and "QUARANTINED" in (lost.value.details() or "")
-        next_record = acks[VICTIM + 1]
-        read = follower.stub.Read(commitlog_pb2.ReadRequest(offset=next_record.commitlog_offset,
-                                                            size=next_record.wrote_bytes), timeout=10, metadata=AUTH)
-        assert _message(VICTIM + 1).body in read.data
-
-        for name, handle in (("leader", leader), ("follower", follower)):
-            indexers.append(start_indexer(tmp_path / f"{name}-indexer", handle.address,
-                                          {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": "tail"}))
-        for indexer in indexers:
-            wait_indexed(indexer, end)
-        for indexer in indexers:
-            assert indexer.stop() == 0
-    finally:
-        for indexer in indexers:
-            if indexer.running:
-                indexer.kill9()
-    built = [logic_files(tmp_path / f"{name}-indexer") for name in ("leader", "follower")]
+    ours = follower.stub.GetStoreInfo(commitlog_pb2.GetStoreInfoRequest(), timeout=10, metadata=AUTH)
+    assert _ranges(ours) == _ranges(info), "the follower does not know the range its leader quarantined"
+    with pytest.raises(grpc.RpcError) as lost:
+        follower.stub.Read(commitlog_pb2.ReadRequest(offset=bad.commitlog_offset, size=bad.wrote_bytes),
+                           timeout=10, metadata=AUTH)
+    assert lost.value.code() == grpc.StatusCode.DATA_LOSS and "QUARANTINED" in (lost.value.details() or "")
+    next_record = acks[VICTIM + 1]
+    read = follower.stub.Read(commitlog_pb2.ReadRequest(offset=next_record.commitlog_offset,
+                                                        size=next_record.wrote_bytes), timeout=10, metadata=AUTH)
+    assert _message(VICTIM + 1).body in read.data
+    built = index_replicas({tmp_path / "leader-indexer": leader, tmp_path / "follower-indexer": follower}, end)
     differ = sorted(k for k in built[0].keys() | built[1].keys() if built[0].get(k) != built[1].get(k))
     assert differ == [], f"the follower's ConsumeQueue/IndexFile differ from the leader's: {differ[:10]}"
 

@@ -28,12 +28,15 @@ from tests.commitlog.replicas import (
     append,
     assert_same_commitlog,
     follower_env,
+    index_replicas,
     leader_env,
     logic_files,
     max_offset,
     message,
     start_group,
+    stop_indexers,
     wait_caught_up,
+    wait_indexed,
 )
 from tests.indexer.indexer_process import IndexerProcess, start_indexer
 
@@ -73,30 +76,11 @@ def test_sync_master_followers_hold_every_acked_byte(start_commitlog: StartCommi
     # The follower's own indexer builds what the leader's builds, byte for byte.
     end = max_offset(leader)
     # Each replica's indexer reads its own commitlog service's Tail.
-    stores = [tmp_path / "leader-indexer", tmp_path / "follower-indexer"]
-    indexers = [start_indexer(store, h.address, {**BASE_ENV, "MQSTORE_INDEXER_REPUT_SOURCE": "tail"})
-                for store, h in zip(stores, (leader, group.followers[0]), strict=True)]
-    try:
-        for indexer in indexers:
-            wait_indexed(indexer, end)
-        for indexer in indexers:
-            assert indexer.stop() == 0
-    finally:
-        for indexer in indexers:
-            if indexer.running:
-                indexer.kill9()
-    ours, theirs = logic_files(stores[0]), logic_files(stores[1])
+    ours, theirs = index_replicas({tmp_path / "leader-indexer": leader,
+                                   tmp_path / "follower-indexer": group.followers[0]}, end)
     assert any(name.startswith("index#") for name in ours) and len(ours) > 3
     assert sorted(ours) == sorted(theirs)
     assert [name for name in ours if ours[name] != theirs[name]] == []
-
-
-def wait_indexed(indexer: IndexerProcess, end: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    request = indexer_pb2.GetDispatchStatusRequest()
-    while indexer.stub.GetDispatchStatus(request, timeout=5, metadata=AUTH).reput_offset < end:
-        assert time.monotonic() < deadline, indexer.logs()[-3000:]
-        time.sleep(0.05)
 
 
 def test_a_killed_follower_catches_up_from_its_own_offset(start_commitlog: StartCommitLog, tmp_path: Path) -> None:
@@ -270,12 +254,8 @@ def test_every_replicas_indexer_drops_a_deleted_topic_where_its_deletion_record_
         queue = indexers[0].stub.GetQueueOffsets(indexer_pb2.GetQueueOffsetsRequest(topic="Gone", queue_id=1),
                                                  timeout=5, metadata=AUTH)
         assert queue.max_offset == 15
-        for indexer in indexers:
-            assert indexer.stop() == 0
     finally:
-        for indexer in indexers:
-            if indexer.running:
-                indexer.kill9()
+        stop_indexers(indexers)
     files = [logic_files(store) for store in stores]
     assert not [name for name in files[0] if name.startswith("consumequeue/Gone/0/")]
     assert [name for name in files[0] if name.startswith("consumequeue/Gone/1/")]
