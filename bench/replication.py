@@ -349,6 +349,27 @@ async def sample_lag(copies: MqstoreCopies, stop: asyncio.Event, period_s: float
 
 
 # -- the rows -------------------------------------------------------------------------------------
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of a process so far (this one by default), from /proc."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def cpu_by_role(copies: MqstoreCopies) -> dict[str, float]:
+    """CPU seconds so far of the client (this process), the leader, the followers together and etcd."""
+    leader = copies.view()[0] or "r0"
+    found = {"client": cpu_seconds(), "leader": 0.0, "followers": 0.0, "etcd": 0.0}
+    with contextlib.suppress(OSError):
+        for name, service in copies.services.items():
+            found["leader" if name == leader else "followers"] += cpu_seconds(service.pid)
+        if copies.etcd_proc is not None:
+            found["etcd"] = cpu_seconds(copies.etcd_proc.pid)
+    return found
+
+
 async def mqstore_rows(root: Path, args: argparse.Namespace, workload: Workload) -> list[Row]:
     rows: list[Row] = []
     for replicas in (1, 3):
@@ -359,10 +380,14 @@ async def mqstore_rows(root: Path, args: argparse.Namespace, workload: Workload)
                 progress(f"mqstore {label}, batch {batch} ...")
                 stop = asyncio.Event()
                 lag = asyncio.ensure_future(sample_lag(copies, stop)) if replicas > 1 and batch == BATCHES[-1] else None
+                before, started = cpu_by_role(copies), time.monotonic()
                 rate, p50, p99, errors = await drive(partial(mqstore_sender, copies, batch, workload),
                                                      args.producers, args.seconds)
+                after, elapsed = cpu_by_role(copies), time.monotonic() - started
                 stop.set()
-                extra = {**(await lag if lag else {}), "lostLeaderships": copies.lost_leaderships()}
+                # The share of the machine's cores each role used over the row (warm-up included).
+                cpu = {f"cpu{role.capitalize()}": (after[role] - before[role]) / elapsed for role in after}
+                extra = {**(await lag if lag else {}), "lostLeaderships": copies.lost_leaderships(), **cpu}
                 rows.append(Row("mqstore", label, batch, rate, p50, p99, errors, extra))
         finally:
             copies.stop()
@@ -546,6 +571,14 @@ def print_report(rows: list[Row], kills: list[Kill]) -> None:
                 one, three = pair
                 print(f"  {system} batch {batch}: costs {100 * (1 - three.msgs_s / one.msgs_s):.0f}% "
                       f"({three.msgs_s:,.0f} against {one.msgs_s:,.0f} msgs/s)")
+    cpu_rows = [r for r in rows if "cpuLeader" in r.extra]
+    if cpu_rows:
+        print(f"\nmqstore CPU over each row, in cores (the machine has {os.cpu_count()}):")
+        for r in cpu_rows:
+            e = r.extra
+            print(f"  {r.copies}, batch {r.batch}: client {e['cpuClient']:.2f}, leader {e['cpuLeader']:.2f}, "
+                  f"followers {e['cpuFollowers']:.2f}, etcd {e['cpuEtcd']:.2f}; all "
+                  f"{sum(e[k] for k in ('cpuClient', 'cpuLeader', 'cpuFollowers', 'cpuEtcd')):.2f}")
     for r in rows:
         if r.extra.get("lostLeaderships"):
             print(f"\n{r.system} {r.copies} batch {r.batch}: {r.extra['lostLeaderships']} leaderships lost so far "
