@@ -25,6 +25,7 @@ from services.scheduler.delivery import DelayScheduler
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
 from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduleFiles
+from services.scheduler.timer_delivery import PROGRESS_NAME as TIMER_PROGRESS_NAME
 from services.scheduler.timer_delivery import TimerScheduler
 from services.scheduler.transaction_check import FILE_NAME as TX_OFFSETS_FILE
 from services.scheduler.transaction_check import SERVICE_NAME as TX_SERVICE_NAME
@@ -107,6 +108,8 @@ async def _serve(options: SchedulerOptions) -> int:
         # Timer messages (services/scheduler/timer_delivery.py): rmq_sys_wheel_timer, state under ROOT/timer.
         timers = TimerScheduler(root, files, indexer, commitlog, options.persist_interval_ms / 1000,
                                 config.timer_max_delay_sec)
+        if replicates_metadata(config):
+            timers.replicated = ReplicatedStateFile(TIMER_PROGRESS_NAME, files, indexer, commitlog)
         # Transactions (services/scheduler/transaction_check.py): ends and check-backs of the shard's halves.
         checker = TransactionChecker(check_settings, files, Path(options.indexer_store) if options.indexer_store else
                                      store_root / INDEXER_DIR, config.mapped_file_size_consume_queue, indexer,

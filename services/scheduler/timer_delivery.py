@@ -15,17 +15,29 @@ the timer files are fsynced. Nothing is lost: a unit leaves the store only by it
 which happens after its delivery was acknowledged. Nothing is repeated, after kill -9 either: before
 its first delivery a run takes in what the queue holds and marks done the units whose re-puts the log
 holds past ``scanFromOffset`` (:meth:`TimerScheduler._reconcile`).
+
+On a replicated shard the scheduler moves with the leadership, and the checkpoint names positions in
+its replica's own timer store, which no other replica has. So each checkpoint also goes to the log
+(``replicated_state.py``) in the log's terms: the enqueue queue offset, the delivered second, the
+commitlog offsets of the done units and ``scanFromOffset`` (:class:`TimerProgress`). A run that finds
+in its replica's log a copy newer than its own checkpoint (a fresh replica, or one another leader
+went on from) rebuilds its timer store from the queue: units taken in before the copy whose second
+had passed were delivered and are passed over, the done ones are marked done, and the re-puts past
+the copy's ``scanFromOffset`` are counted as a kill -9's are. So a timer delivered before a failover
+is not delivered again, and one due is delivered once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
 from contextlib import suppress
+from dataclasses import dataclass
 from functools import cached_property, partial
 from operator import attrgetter
 from pathlib import Path
@@ -35,17 +47,19 @@ import grpc
 from services.scheduler import metrics
 from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
+from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, ReputKey, reput_key, timer_timeup
 from services.store.formats.message import Message
 from services.store.formats.parked_record import ParkedRecord
-from services.store.formats.timer_files import CHECK_NAME, UNIT_SIZE, TimerFiles, TimerUnit
+from services.store.formats.timer_files import CHECK_NAME, TIMER_DIR, UNIT_SIZE, TimerFiles, TimerUnit
 from services.store.rules.timer_message import (
     PROPERTY_TIMER_DEQUEUE_MS,
     PROPERTY_TIMER_OUT_MS,
     TIMER_QUEUE_ID,
     TIMER_TOPIC,
 )
+from services.store.store_root import remove_durably
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +69,33 @@ MAX_BATCH = 256
 ENQUEUE_PER_ROUND = 4096
 
 _deliver_ms = attrgetter("deliver_ms")
+
+
+#: The name of the timer progress among a replicated shard's state files (metadata_log.StateFileChange).
+PROGRESS_NAME = "timerProgress.json"
+
+
+@dataclass(frozen=True, slots=True)
+class TimerProgress:
+    """A timer checkpoint in the log's terms, which every replica of the shard can read."""
+
+    #: units of rmq_sys_wheel_timer before it were taken in before ``delivered_second`` began: those
+    #: whose own second is earlier were filed under a passed second, so they were delivered
+    enqueue_offset: int
+    delivered_second: int  # every unit filed under an earlier second was delivered
+    done: frozenset[int]  # the commitlog offsets of the parked records of the later units delivered
+    scan_from: int | None  # re-puts past it are not counted in ``done``
+
+    def to_json(self) -> bytes:
+        return json.dumps({"enqueueOffset": self.enqueue_offset, "deliveredSecond": self.delivered_second,
+                           "done": sorted(self.done), "scanFromOffset": self.scan_from}).encode()
+
+    @classmethod
+    def parse(cls, data: bytes) -> TimerProgress:
+        doc = json.loads(data)
+        scan_from = doc.get("scanFromOffset")
+        return cls(int(doc["enqueueOffset"]), int(doc["deliveredSecond"]), frozenset(int(o) for o in doc["done"]),
+                   None if scan_from is None else int(scan_from))
 
 
 def wheel_slots(max_delay_sec: int) -> int:
@@ -81,6 +122,14 @@ class TimerScheduler(DeliveryLoop):
         #: their second: later ones are found in the log after a kill -9)
         self._current: list[tuple[int, int, TimerUnit]] | None = None
         self._done: dict[int, int] = {}
+        #: Set on a replicated shard: each checkpoint also goes to the log (as ``_document``), and a start
+        #: takes the log's copy when it is newer than this replica's checkpoint.
+        self.replicated: ReplicatedStateFile | None = None
+        self._document = b""
+        #: After a rebuild from the log's copy, until the copy's second has passed: that copy.
+        self._adopted: TimerProgress | None = None
+        #: the enqueue offset when delivered_second began (TimerProgress.enqueue_offset)
+        self._second_enqueue_offset = 0
 
     @property
     def timer(self) -> TimerFiles:
@@ -101,6 +150,7 @@ class TimerScheduler(DeliveryLoop):
         timer = self._timer
         self._done = {p: timer.unit(p).second for p in check.done_positions if p + UNIT_SIZE <= timer.log_end}
         self._scan_from = check.scan_from
+        self._second_enqueue_offset = check.second_enqueue_offset
         self._written_at_ms = written_at_ms(timer.directory / CHECK_NAME)
 
     def _snapshot(self) -> partial[None]:
@@ -109,8 +159,55 @@ class TimerScheduler(DeliveryLoop):
         timerlog length: recovery undoes them and they are taken in again)."""
         timer = self.timer
         timer.flush_writes()
+        if self.replicated is not None:
+            done = frozenset(timer.unit(p).commitlog_offset for p in self._done)
+            self._document = TimerProgress(self._second_enqueue_offset, self.delivered_second, done,
+                                           self._scan_from).to_json()
         return partial(timer.save, self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end,
-                       self._scan_from)
+                       self._scan_from, self._second_enqueue_offset)
+
+    async def _write(self) -> None:
+        await super()._write()
+        if self.replicated is not None and self._document:
+            await self.replicated.log(self._document)
+
+    async def _recover(self) -> None:
+        if self.replicated is not None:
+            await self._adopt_replicated()
+        await super()._recover()
+
+    async def _adopt_replicated(self) -> None:
+        """Rebuild the timer store from the log's newest copy of the progress when this replica's own
+        checkpoint is older (its scan offset is behind the copy's, or it has none)."""
+        assert self.replicated is not None
+        await self._dispatched(await self._commitlog.log_end())
+        latest = await self.replicated.latest()
+        if latest is None:
+            return
+        content, stored_ms = latest
+        try:
+            progress = TimerProgress.parse(content)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("timers: the log's newest copy of %s does not read (%s): starting from this replica's "
+                      "checkpoint", PROGRESS_NAME, exc)
+            return
+        if self._scan_from is not None and progress.scan_from is not None and self._scan_from >= progress.scan_from:
+            return  # this replica wrote it, or went on from it
+        log.warning("timers: the log's copy of the progress (stored at %d: enqueue offset %d, second %d, %d units "
+                    "done, re-puts looked for from %s) is newer than this replica's checkpoint: rebuilding the "
+                    "timer store from the queue", stored_ms, progress.enqueue_offset, progress.delivered_second,
+                    len(progress.done), progress.scan_from)
+        self.timer.close()
+        for name in (CHECK_NAME, CHECK_NAME + ".bak"):
+            path = self._store / TIMER_DIR / name
+            if path.exists():
+                remove_durably(path)
+        self._timer = TimerFiles.open(self._store, wheel_slots(self._max_delay_sec))
+        await self._refresh_bounds()
+        self.enqueue_offset, self.delivered_second = self._min_offset, progress.delivered_second
+        self._done, self._current, self._scan_from = {}, None, progress.scan_from
+        self._second_enqueue_offset = progress.enqueue_offset
+        self._written_at_ms, self._adopted, self._dirty = stored_ms, progress, True
 
     @cached_property
     def _metrics(self) -> DeliveryMetrics:
@@ -190,13 +287,19 @@ class TimerScheduler(DeliveryLoop):
             if unit is None:
                 return False
             deliver = self._deliver_ms_of(unit.commitlog_offset, offset) if unit.valid else None
-            if deliver is not None:
+            adopted = self._adopted
+            if adopted is not None and offset < adopted.enqueue_offset and deliver is not None \
+                    and deliver // 1000 < adopted.delivered_second:
+                pass  # the copy's writer filed it under a second that passed: delivered
+            elif deliver is not None:
                 second = max(deliver // 1000, self.delivered_second)
                 if second - self.delivered_second >= timer.slots:
                     return False  # the wheel's far side still holds undelivered seconds: wait for them
                 filed = timer.append(second, deliver, enqueue_ms, unit.commitlog_offset, unit.size, offset)
                 scheduled.inc()
-                if second == self.delivered_second and self._current is not None:
+                if adopted is not None and unit.commitlog_offset in adopted.done:
+                    self._done[filed.position] = second  # delivered by the copy's writer
+                elif second == self.delivered_second and self._current is not None:
                     heapq.heappush(self._current, (filed.deliver_ms, filed.position, filed))
             else:
                 self._metrics.skipped.inc()
@@ -273,6 +376,9 @@ class TimerScheduler(DeliveryLoop):
             if now_ms() < (second + 1) * 1000:
                 return ((second + 1) * 1000 - now_ms()) / 1000
             self.delivered_second, self._current, self._dirty = second + 1, None, True
+            self._second_enqueue_offset = self.enqueue_offset
+            if self._adopted is not None and second >= self._adopted.delivered_second:
+                self._adopted = None  # its done units were all of that second
             if self._done:
                 self._done = {p: s for p, s in self._done.items() if s > second}
             passed += 1

@@ -5,7 +5,8 @@ the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the 
 counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
 on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
 the leader, as it refuses sends. A pop group's acknowledged offset survives too. The scheduler, moved
-to the new leader, delivers each delay-level message once: not again those the old leader delivered.
+to the new leader, delivers each delay-level message and each timer once: not again those the old
+leader delivered.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tests.gateway.test_up_replicas import REPLICAS, _leader, _pid, replicated  
 
 TOPIC = "created-on-the-leader"
 DELAYED = "delayed-once"
+TIMED = "timed-once"
 GROUP = "resumes-exactly"
 POP_GROUP = "pops-and-acks"
 QUEUES = 5
@@ -94,16 +96,25 @@ def _send_delayed(up: UpProcess, bodies: list[bytes]) -> None:
                                                                         properties={"DELAY": "1"})), timeout=15)
 
 
-def _delivered(up: UpProcess) -> list[bytes]:
-    pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=DELAYED, queue_id=0, queue_offset=0, max_messages=64),
+def _send_timers(up: UpProcess, bodies: list[bytes]) -> None:
+    """Timers due in a second, into TIMED's one queue."""
+    for body in bodies:
+        due = str(int(time.time() * 1000) + 1000)
+        up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(
+            topic=TIMED, body=body, properties={"TIMER_DELIVER_MS": due})), timeout=15)
+
+
+def _delivered(up: UpProcess, topic: str = DELAYED) -> list[bytes]:
+    pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=topic, queue_id=0, queue_offset=0, max_messages=64),
                           timeout=10)
     return [m.body for m in pulled.messages]
 
 
-def _wait_delivered(up: UpProcess, count: int) -> None:
+def _wait_delivered(up: UpProcess, count: int, topic: str = DELAYED) -> None:
     deadline = time.monotonic() + 30
-    while len(_delivered(up)) < count:
-        assert time.monotonic() < deadline, f"{count} delayed messages not delivered within 30 s: {_delivered(up)}"
+    while len(_delivered(up, topic)) < count:
+        assert time.monotonic() < deadline, \
+            f"{count} messages not delivered into {topic} within 30 s: {_delivered(up, topic)}"
         time.sleep(0.2)
 
 
@@ -126,6 +137,7 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     leader, epoch = _leader(etcd)
     _create_topic(up, TOPIC, QUEUES)
     _create_topic(up, DELAYED, 1)
+    _create_topic(up, TIMED, 1)
     for queue_id in range(QUEUES):
         for i in range(8):
             up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=TOPIC, body=b"m%d" % i),
@@ -142,7 +154,10 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
 
     popped_to = _pop_and_ack(up, _replica_index(leader), queue_id=1, count=3)
     _send_delayed(up, [b"before-%d" % i for i in range(5)])
+    _send_timers(up, [b"timer-before-%d" % i for i in range(5)])
     _wait_delivered(up, 5)
+    _wait_delivered(up, 5, TIMED)
+    time.sleep(1.5)  # the timer checkpoint (persisted every second) after the deliveries
 
     # Acknowledged means held: every follower has both before the leader dies.
     for i in range(REPLICAS):
@@ -183,7 +198,13 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     # The scheduler moves to the new leader: what was delivered is not delivered again, what is due
     # now is delivered once.
     _send_delayed(up, [b"after-%d" % i for i in range(2)])
+    _send_timers(up, [b"timer-after-%d" % i for i in range(2)])
     _wait_delivered(up, 7)
+    _wait_delivered(up, 7, TIMED)
     time.sleep(2)
     bodies = _delivered(up)
     assert sorted(bodies) == sorted([b"before-%d" % i for i in range(5)] + [b"after-0", b"after-1"]), bodies
+    # Timers too: the new leader's scheduler rebuilt its timer store from the log's copy of the progress.
+    timed = _delivered(up, TIMED)
+    assert sorted(timed) == sorted([b"timer-before-%d" % i for i in range(5)] + [b"timer-after-0", b"timer-after-1"]), \
+        timed

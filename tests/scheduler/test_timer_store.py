@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from services.commitlog.message_store import MessageStore
+from services.scheduler.timer_delivery import TimerProgress
 from services.store.formats.message import SCHEDULE_TOPIC, Message
 from services.store.formats.record import decode_record
 from services.store.formats.timer_files import UNIT_SIZE, TimerFiles
@@ -116,3 +117,24 @@ def test_chunks_of_delivered_seconds_are_given_back(tmp_path: Path) -> None:
         assert [u.queue_offset for u in files.units_of(40)] == [8]
     finally:
         files.close()
+
+
+def test_the_checkpoint_keeps_the_enqueue_offset_its_second_began_with(tmp_path: Path) -> None:
+    """A replicated shard's TimerProgress needs it after a restart too (services/scheduler/timer_delivery.py)."""
+    files = TimerFiles.open(tmp_path, slots=100)
+    files.save(enqueue_offset=12, delivered_second=30, done_positions=[], scan_from=500, second_enqueue_offset=7)
+    files.close()
+    files = TimerFiles.open(tmp_path, slots=100)
+    try:
+        check = files.checkpoint
+        assert (check.enqueue_offset, check.second_enqueue_offset, check.scan_from) == (12, 7, 500)
+    finally:
+        files.close()
+
+
+def test_timer_progress_reads_back_what_it_writes() -> None:
+    progress = TimerProgress(7, 30, frozenset({4096, 8192}), 500)
+    assert TimerProgress.parse(progress.to_json()) == progress
+    assert TimerProgress.parse(TimerProgress(0, 1, frozenset(), None).to_json()).scan_from is None
+    with pytest.raises((ValueError, KeyError)):
+        TimerProgress.parse(b'{"deliveredSecond": 1}')

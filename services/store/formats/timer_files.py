@@ -100,6 +100,9 @@ class TimerCheckpoint:
     chunk_seconds: dict[int, int] = field(default_factory=dict)
     #: a commitlog offset at or below every re-put this checkpoint does not count (None: not recorded)
     scan_from: int | None = None
+    #: the enqueue offset when ``delivered_second`` began: every unit before it was filed under an earlier
+    #: second unless its own second is this one or later (a replicated shard's TimerProgress needs it)
+    second_enqueue_offset: int = 0
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {"enqueueOffset": self.enqueue_offset, "timerLogPos": self.timer_log_pos,
@@ -108,6 +111,8 @@ class TimerCheckpoint:
                                "chunkSeconds": {str(k): v for k, v in sorted(self.chunk_seconds.items())}}
         if self.scan_from is not None:
             doc["scanFromOffset"] = self.scan_from
+        if self.second_enqueue_offset:
+            doc["secondEnqueueOffset"] = self.second_enqueue_offset
         return json.dumps(doc).encode()
 
     @classmethod
@@ -118,7 +123,8 @@ class TimerCheckpoint:
         check = cls(int(doc["enqueueOffset"]), int(doc["timerLogPos"]), int(doc["deliveredSecond"]),
                     int(doc["slots"]), [int(p) for p in doc.get("donePositions", [])],
                     {int(k): int(v) for k, v in doc.get("chunkSeconds", {}).items()},
-                    None if doc.get("scanFromOffset") is None else int(doc["scanFromOffset"]))
+                    None if doc.get("scanFromOffset") is None else int(doc["scanFromOffset"]),
+                    int(doc.get("secondEnqueueOffset", 0)))
         if min(check.enqueue_offset, check.timer_log_pos, check.delivered_second, check.scan_from or 0) < 0 \
                 or check.slots <= 0 or check.timer_log_pos % UNIT_SIZE:
             raise ValueError(f"impossible values {check}")
@@ -265,7 +271,7 @@ class TimerFiles:
 
     # -- checkpoint ----------------------------------------------------------------------------
     def save(self, enqueue_offset: int, delivered_second: int, done_positions: list[int],
-             log_pos: int | None = None, scan_from: int | None = None) -> None:
+             log_pos: int | None = None, scan_from: int | None = None, second_enqueue_offset: int = 0) -> None:
         """Make the units and slots so far durable, then record how far both sides got. ``log_pos``:
         the timerlog length that goes with ``enqueue_offset`` (default: the length now); ``scan_from``:
         the commitlog offset from which re-puts not counted here may lie. The writes must have been
@@ -283,7 +289,7 @@ class TimerFiles:
         for chunk in spent:
             del chunks[chunk]
         self.checkpoint = TimerCheckpoint(enqueue_offset, log_pos, delivered_second, self.slots, done_positions,
-                                          chunks, scan_from)
+                                          chunks, scan_from, second_enqueue_offset)
         write_atomically(self.directory / CHECK_NAME, self.checkpoint.to_json(), keep_backup=True)
         for chunk in spent:  # after the checkpoint that no longer lists them
             self._chunk_seconds.pop(chunk, None)
