@@ -236,8 +236,11 @@ def test_read_range_pulls_exactly_the_range_and_names_missing_offsets(up: UpProc
     from pipeline import streaming
 
     _send(up, topic, 0, 80, batch=1)
-    with Client(up.gateway) as client:
-        ends = {r.queue_id: r.max_offset for r in client.all_queue_offsets(topic)}
+    deadline = time.monotonic() + 30
+    with Client(up.gateway) as client:  # all 80 dispatched: a queue's end read earlier moves on under the test
+        while sum((ends := {r.queue_id: r.max_offset for r in client.all_queue_offsets(topic)}).values()) < 80:
+            assert time.monotonic() < deadline, f"80 sends not all dispatched within 30 s: {ends}"
+            time.sleep(0.05)
     queue = max(ends, key=lambda q: ends[q])
     assert ends[queue] >= 17
     options = StreamOptions.parse({"endpoint": up.gateway, "topic": topic})
