@@ -40,7 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2
 from services.runner import ChildSpec
+from services.server.channels import sync_channel
 from services.store.formats.commitlog_walk import RecordEntry, iter_commitlog, list_commitlog_files
 from services.store.formats.message import TRANSACTION_PREPARED_TYPE, TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 from services.store.formats.record import host_lengths, store_timestamp_pos
@@ -227,6 +229,11 @@ def corrupted_record_checks(system: SoakSystem, work: Path, options: SoakOptions
     root = copy_dir / "store"
     shutil.copytree(system.root, root)
     victim = pick_victim(root, rng)
+    if victim is None:  # the last files hold a few big records only: the online indexer builds small ones
+        padding = pad_last_files(root, options, copy_dir / "padding-logs")
+        if padding:
+            return [padding]
+        victim = pick_victim(root, rng)
     if victim is None:
         return ["no record to damage: the last three commitlog files hold none with a later record in its queue"]
     entry, body_at = victim
@@ -266,6 +273,35 @@ def corrupted_record_checks(system: SoakSystem, work: Path, options: SoakOptions
     if not problems:
         shutil.rmtree(copy_dir, ignore_errors=True)
     return problems
+
+
+def pad_last_files(root: Path, options: SoakOptions, log_dir: Path) -> str | None:
+    """Append two small records to each of the last few queues of the store and have its indexer build
+    their units (a workload that ended with huge records leaves the last files, which a clean start's
+    recovery walks, too few records to damage one). A problem, or None."""
+    last: dict[tuple[str, int], None] = {}
+    for entry in iter_commitlog(root / "commitlog", check_crc=False):
+        if isinstance(entry, RecordEntry) and not entry.record.topic.startswith("RMQ_SYS_"):
+            key = (entry.record.topic, entry.record.queue_id)
+            last.pop(key, None)
+            last[key] = None
+    queues = list(last)[-4:]
+    system = SoakSystem(root, options.geometry, log_dir)
+    try:
+        system.start("commitlog")
+        with sync_channel(system.addresses.commitlog) as channel:
+            messages = [common_pb2.Message(topic=topic, queue_id=queue_id, body=b"padding-%d" % i)
+                        for topic, queue_id in queues for i in range(2)]
+            commitlog_pb2_grpc.CommitLogServiceStub(channel).AppendBatch(
+                commitlog_pb2.AppendBatchRequest(messages=messages), timeout=30)
+        system.start("indexer")
+        stuck = system.wait_indexer_caught_up(options.catch_up_timeout_s)
+        codes = system.stop_all()
+    finally:
+        system.kill_all()
+    if stuck or any(codes.values()):
+        return f"padding the copy's last files: {stuck or codes}"
+    return None
 
 
 def pick_victim(root: Path, rng: random.Random) -> tuple[RecordEntry, int] | None:
