@@ -36,7 +36,6 @@ import grpc
 
 from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
-from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduledUnit, ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, ReputKey, message_timeup, reput_key
 from services.store.formats.delay_offsets_file import (
@@ -90,9 +89,6 @@ class DelayScheduler(DeliveryLoop):
         self._levels: list[_Level] = []
         self._queues: dict[int, _Level] = {}
         self._level_counters: dict[int, DeliveryMetrics] = {}
-        #: Set on a replicated shard: the file also goes to the log, and a start takes the log's copy.
-        self.replicated: ReplicatedStateFile | None = None
-        self._document = b""
 
     # -- the table -----------------------------------------------------------------------------
     def load(self) -> None:
@@ -117,21 +113,9 @@ class DelayScheduler(DeliveryLoop):
         self._document = delay_progress_bytes(self.table(), self._scan_from)
         return partial(write_atomically, self.offsets_path, self._document, keep_backup=True)
 
-    async def _write(self) -> None:
-        await super()._write()
-        if self.replicated is not None:
-            await self.replicated.log(self._document)
-
-    async def _recover(self) -> None:
-        if self.replicated is not None:
-            await self._adopt_replicated()
-        await super()._recover()
-
     async def _adopt_replicated(self) -> None:
         """Start from the newest copy of the file in this replica's log (replicated_state.py)."""
-        assert self.replicated is not None
-        await self._dispatched(await self._commitlog.log_end())
-        latest = await self.replicated.latest()
+        latest = await self._replicated_copy()
         if latest is None:
             log.info("the log holds no copy of %s: starting from this replica's file", self.offsets_path.name)
             return

@@ -37,6 +37,7 @@ import grpc
 
 from services.scheduler import metrics
 from services.scheduler.peers import REFUSED, STORED, CommitLogPeer, IndexerPeer
+from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduleFiles
 from services.server import tracing
 from services.server.metrics import Counter, Histogram
@@ -137,6 +138,11 @@ class DeliveryLoop(ABC):
         self._appending = False
         self._appends = 0
         self._unanswered = False
+        #: Set on a replicated shard (replicated_state.py): each state written also goes to the log as
+        #: ``_document`` (the subclass's snapshot sets it), and a start first takes the log's newest copy
+        #: where it says more than this replica's own state (:meth:`_adopt_replicated`).
+        self.replicated: ReplicatedStateFile | None = None
+        self._document = b""
 
     # -- the hooks -----------------------------------------------------------------------------
     @abstractmethod
@@ -162,6 +168,18 @@ class DeliveryLoop(ABC):
         ``scan_from``, once; those of the other kind are passed over): (re-puts of this kind, units
         counted)."""
 
+    @abstractmethod
+    async def _adopt_replicated(self) -> None:
+        """On a replicated shard, before the re-puts past ``scan_from`` are counted: take the log's newest
+        copy of the state if it says more than this replica's own (:meth:`_replicated_copy`)."""
+
+    async def _replicated_copy(self) -> tuple[bytes, int] | None:
+        """The newest copy of the state in this replica's log, once its indexer dispatched all of it, and
+        its store time (ms); None when the log holds none."""
+        assert self.replicated is not None
+        await self._dispatched(await self._commitlog.log_end())
+        return await self.replicated.latest()
+
     # -- the state file ------------------------------------------------------------------------
     async def _write(self) -> None:
         """Write the state as it is now. The write is shielded: a cancelled caller (the persist loop at
@@ -179,6 +197,8 @@ class DeliveryLoop(ABC):
             except BaseException:
                 self._dirty, self._since_write = True, self._since_write + since
                 raise
+        if self.replicated is not None and self._document:
+            await self.replicated.log(self._document)
 
     def _write_soon_if_due(self) -> None:
         """After a batch: have the state written now for the first acknowledged batch of this run, or
@@ -204,6 +224,8 @@ class DeliveryLoop(ABC):
         """Count the re-puts stored after the state was written (by a run killed since) as delivered,
         then have the state written with ``scan_from`` at the log's end before anything is delivered.
         AioRpcError when the commitlog service does not answer (the deliver loop tries again)."""
+        if self.replicated is not None:
+            await self._adopt_replicated()
         end = await self._commitlog.log_end()
         start = self._scan_from
         if start is None:

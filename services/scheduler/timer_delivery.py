@@ -47,7 +47,6 @@ import grpc
 from services.scheduler import metrics
 from services.scheduler.delivery_loop import RETRY_S, DeliveryLoop, DeliveryMetrics, now_ms, written_at_ms
 from services.scheduler.peers import CommitLogPeer, IndexerPeer
-from services.scheduler.replicated_state import ReplicatedStateFile
 from services.scheduler.store_reader import ScheduleFiles
 from services.scheduler.timeup import NotDeliverable, ReputKey, reput_key, timer_timeup
 from services.store.formats.message import Message
@@ -122,10 +121,6 @@ class TimerScheduler(DeliveryLoop):
         #: their second: later ones are found in the log after a kill -9)
         self._current: list[tuple[int, int, TimerUnit]] | None = None
         self._done: dict[int, int] = {}
-        #: Set on a replicated shard: each checkpoint also goes to the log (as ``_document``), and a start
-        #: takes the log's copy when it is newer than this replica's checkpoint.
-        self.replicated: ReplicatedStateFile | None = None
-        self._document = b""
         #: After a rebuild from the log's copy, until the copy's second has passed: that copy.
         self._adopted: TimerProgress | None = None
         #: the enqueue offset when delivered_second began (TimerProgress.enqueue_offset)
@@ -166,22 +161,10 @@ class TimerScheduler(DeliveryLoop):
         return partial(timer.save, self.enqueue_offset, self.delivered_second, sorted(self._done), timer.log_end,
                        self._scan_from, self._second_enqueue_offset)
 
-    async def _write(self) -> None:
-        await super()._write()
-        if self.replicated is not None and self._document:
-            await self.replicated.log(self._document)
-
-    async def _recover(self) -> None:
-        if self.replicated is not None:
-            await self._adopt_replicated()
-        await super()._recover()
-
     async def _adopt_replicated(self) -> None:
         """Rebuild the timer store from the log's newest copy of the progress when this replica's own
         checkpoint is older (its scan offset is behind the copy's, or it has none)."""
-        assert self.replicated is not None
-        await self._dispatched(await self._commitlog.log_end())
-        latest = await self.replicated.latest()
+        latest = await self._replicated_copy()
         if latest is None:
             return
         content, stored_ms = latest
