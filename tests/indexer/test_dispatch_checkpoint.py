@@ -251,11 +251,7 @@ def test_a_saved_dispatch_checkpoint_covers_only_flushed_consume_queue_units(tmp
         dispatch(store, workload()[:40])  # four queues of about ten units: far below two pages each
         store.flush(2)  # a FlushConsumeQueueService round (flushConsumeQueueLeastPages = 2)
         assert store.dispatch_checkpoint is not None
-        for queue in store.consume_queues.queues():
-            files = queue.mapped_file_queue
-            assert files.flushed_where == files.max_offset, \
-                f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below the saved dispatch " \
-                f"checkpoint, flushed only to {files.flushed_where}"
+        assert_every_queue_flushed(store, "the saved dispatch checkpoint")
     finally:
         store.shutdown()
 
@@ -308,10 +304,15 @@ def test_a_checkpoint_saved_by_a_topic_deletion_covers_only_flushed_units(tmp_pa
         dispatch(store, workload()[:200])  # both topics, no flush round yet
         store.delete_topic("CkA")
         assert store.dispatch_checkpoint is not None and store.dispatch_checkpoint.reput_offset == store.reput_offset
-        for queue in store.consume_queues.queues():
-            files = queue.mapped_file_queue
-            assert files.flushed_where == files.max_offset, \
-                f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below the checkpoint the " \
-                f"deletion saved, flushed only to {files.flushed_where}"
+        assert_every_queue_flushed(store, "the checkpoint the deletion saved")
     finally:
         store.shutdown()
+
+
+def assert_every_queue_flushed(store: IndexerStore, checkpoint: str) -> None:
+    """Every ConsumeQueue unit below ``checkpoint`` (a dispatch checkpoint just saved) is durable."""
+    for queue in store.consume_queues.queues():
+        files = queue.mapped_file_queue
+        assert files.flushed_where == files.max_offset, \
+            f"{queue.topic}/{queue.queue_id}: units up to {files.max_offset} below {checkpoint}, flushed only " \
+            f"to {files.flushed_where}"

@@ -125,8 +125,7 @@ class HAClient:
                                        f"({cfg.ha_housekeeping_interval} ms)") from None
             self._got_frame = True
             if data:
-                offset, data = self._more_frames(sock, offset, data)
-                end = self._appender.append(offset, data)
+                end = self._appender.append(offset, self._more_frames(sock, offset, data))
                 if self._engine.sync_flush:
                     self._engine.mfq.flush_until(end)
             else:  # a heartbeat: where the leader's stream is
@@ -136,7 +135,7 @@ class HAClient:
                 sock.sendall(encode_report(end))
                 reported, last_report = end, time.monotonic()
 
-    def _more_frames(self, sock: socket.socket, offset: int, data: bytes) -> tuple[int, bytes]:
+    def _more_frames(self, sock: socket.socket, offset: int, data: bytes) -> bytes:
         """``data`` and the frames after it that have already arrived (up to APPEND_BYTES_MAX), as one
         run of bytes from ``offset``: a burst is appended, flushed and reported once, not per frame.
         A heartbeat among them is checked against the run's end; a gap is a ReplicationError."""
@@ -147,7 +146,7 @@ class HAClient:
                 raise ReplicationError(f"the leader sent offset {at} after a frame that ended at {end}")
             pieces.append(more)
             end += len(more)
-        return offset, pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def _cut_divergent_suffix(self, leader_log: handshake.LeaderLog) -> None:
         """Cut this log back to the point it shares with the leader's, then take the leader's epochs."""

@@ -200,8 +200,10 @@ class HAConnection:
         while not self._closed.is_set():
             data = self._read_from(offset, SEND_BYTES_MAX)
             if data:  # frames of at most haTransferBatchSize, as 4.9.8 cuts them, sent with one call
-                send(b"".join(encode_frame_header(offset + i, len(piece)) + piece
-                              for i in range(0, len(data), batch) for piece in (data[i:i + batch],)))
+                view = memoryview(data)  # the bytes are copied once, by the join
+                send(b"".join(part for i in range(0, len(data), batch)
+                              for part in (encode_frame_header(offset + i, min(batch, len(data) - i)),
+                                           view[i:i + batch])))
                 offset += len(data)
                 self._sent_offset = offset
                 if self._reported > self._held and self._follower is not None:  # answered before recorded
