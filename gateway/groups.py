@@ -4,7 +4,8 @@ Members are kept by each shard's query service (services/query/consumer_manager.
 offsets, because the gateway is stateless and may run as several workers or replicas. A heartbeat
 goes to every shard at once; the answer is the union of the shards that answered, so the group keeps
 rebalancing while one shard is down (a shard that comes back learns the members from their next
-heartbeat). DescribeGroups adds what only the routes know: route queue ids, max offsets, lag.
+heartbeat). On a replicated shard a heartbeat goes to every replica, so a failover keeps the members.
+DescribeGroups adds what only the routes know: route queue ids, max offsets, lag.
 
 Tokens name topics, not groups, so a group is reached through its topics (its members' and those it
 committed offsets on). A token sees a group only if it may consume one of those topics, and then only
@@ -29,6 +30,10 @@ from mqstore.v1 import groups_pb2, query_pb2
 from services.store.rules.group_membership import check_heartbeat, check_member
 from services.store.rules.names import check_group
 
+#: Calls that change membership: made on every replica of a replicated shard, so that each replica's query
+#: service knows the members when it comes to lead.
+MEMBERSHIP_CHANGES = frozenset({"Heartbeat", "UnregisterConsumer"})
+
 
 class GroupDirectory:
     def __init__(self, shards: Sequence[ShardClient], routes: RouteTable, retry: RetryPolicy,
@@ -42,6 +47,8 @@ class GroupDirectory:
         """Each shard's answer, or its BackendError."""
 
         async def ask(shard: ShardClient) -> Any:
+            if method in MEMBERSHIP_CHANGES:
+                return await self.retry.read(functools.partial(shard.on_every_replica, method, request, timeout))
             call: Callable[..., Awaitable[Any]] = getattr(shard.query, method)
             return await self.retry.read(functools.partial(shard.on_query, call, request, timeout))
 

@@ -20,3 +20,7 @@ def observe_call(method: str, code: str, elapsed_s: float) -> None:
         pair = _children[(method, code)] = (CALLS.labels(method=method, code=code), CALL_LATENCY.labels(method=method))
     pair[0].inc()
     pair[1].observe(elapsed_s)
+FOLLOWER_READS = Counter(
+    "mqstore_gateway_follower_reads",
+    "Reads a replicated shard's follower answered (slaveReadEnable): reason cold (the leader's pull read far "
+    "behind the log's end) or leader_unreachable", ["shard", "replica", "reason"])

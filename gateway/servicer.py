@@ -636,7 +636,7 @@ class MessagingServicer:
         request.queue_id = queue.shard_queue_id
         timeout = self._timeout(context, request.long_poll_ms / 1000)
         shard = queue.shard
-        data: bytes = await self.retry.read(lambda: shard.on_query(shard.pull_bytes, request, timeout))
+        data: bytes = await self.retry.read(lambda: shard.pull(request, timeout))
         metrics.PULLED_BYTES.inc(len(data))
         if not queue.base or request.raw_records:
             # A raw answer's records keep the shard's queue id: the client uses the one it asked for.

@@ -16,13 +16,16 @@ from typing import Any, TypeVar
 
 import grpc
 
+from gateway.cold_reads import ColdReads, follower_for
 from gateway.leader import ShardLeader, not_leader
+from gateway.metrics import FOLLOWER_READS
 from gateway.resilience import BackendError, backend_error
 from gateway.settings import ReplicaSettings, ShardSettings
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, query_pb2, query_pb2_grpc, scheduler_pb2_grpc
 from services.server.channels import aio_channel
 from services.server.etcd_client import EtcdError
 from services.store.formats.socket_address import AddressError, encode_address
+from services.store.rules.cold_read import NEXT_FROM_FOLLOWER
 
 MIB = 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -51,6 +54,18 @@ async def call_backend(what: str, call: Callable[..., Awaitable[T]], request: An
         return await call(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         raise backend_error(what, exc) from None
+
+
+def _forget_task(tasks: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback that drops a background call from ``tasks``; its failure is expected (a follower
+    down) and only retrieved, so that asyncio does not log it as never retrieved."""
+
+    def done(task: asyncio.Future[Any]) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()
+
+    return done
 
 
 class ReplicaCopy:
@@ -121,6 +136,9 @@ class ShardClient:
         self._copies = {r.name: ReplicaCopy(self.name, r) for r in replicas}
         self._last = self._copies[replicas[0].name]
         self.leader = ShardLeader(settings.etcd, settings.broker_name) if settings.replicas else None
+        self._cold_reads = ColdReads()
+        #: Calls made on followers that nobody waits for (on_every_replica), kept until done.
+        self._background: set[asyncio.Future[Any]] = set()
         self.store_host: str | None = None
         #: The store's maxMessageSize (the largest record it takes), learned with the store host.
         self.max_message_size: int | None = None
@@ -219,6 +237,85 @@ class ShardClient:
             elsewhere: T = await self._on_in_sync(made[1], copy.name, request, timeout, exc)
             return elsewhere
 
+    async def pull(self, request: query_pb2.PullMessageRequest, timeout: float) -> bytes:
+        """A pull's answer as the query service wrote it. On a replicated shard: from the leader, or from
+        an in-sync follower where the pull before it read cold data (gateway/cold_reads.py); a follower
+        that returns no message (it has not got there yet, or cannot answer) is passed over for the leader."""
+        if self.leader is None:
+            return await self.on_query(self.pull_bytes, request, timeout)
+        follower = self._cold_follower(request)
+        if follower is not None:
+            try:
+                data, cold = await self._pull_on(follower, request, timeout)
+            except BackendError:
+                pass
+            else:
+                response = query_pb2.PullMessageResponse.FromString(data)
+                if response.messages or response.record_count:
+                    FOLLOWER_READS.labels(self.name, follower.name, "cold").inc()
+                    if cold is not None:
+                        self._cold_reads.remember(request.topic, request.queue_id, cold)
+                    return data
+        leader = self.current
+        try:
+            data, cold = await self._pull_on(leader, request, timeout)
+        except BackendError as exc:
+            if exc.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            elsewhere: bytes = await self._on_in_sync(("", "pull_bytes"), leader.name, request, timeout, exc)
+            return elsewhere
+        if cold is not None:
+            self._cold_reads.remember(request.topic, request.queue_id, cold)
+        return data
+
+    def _cold_follower(self, request: query_pb2.PullMessageRequest) -> ReplicaCopy | None:
+        """The in-sync follower this pull goes to, if the pull before it read cold data."""
+        assert self.leader is not None
+        if not self._cold_reads or not self._cold_reads.take(request.topic, request.queue_id, request.queue_offset):
+            return None
+        followers = [n for n in self.leader.in_sync if n != self.leader.leader and n in self._copies]
+        return self._copies[follower_for(request.topic, request.queue_id, followers)] if followers else None
+
+    @staticmethod
+    async def _pull_on(copy: ReplicaCopy, request: query_pb2.PullMessageRequest,
+                       timeout: float) -> tuple[bytes, int | None]:
+        """A pull on ``copy``, and where the next pull should start on a follower, if it said so."""
+        call = copy.pull_bytes(request, timeout=timeout)
+        try:
+            data: bytes = await call
+            trailing = await call.trailing_metadata()
+        except grpc.aio.AioRpcError as exc:
+            raise backend_error(copy.query_what, exc) from None
+        for key, value in trailing or ():
+            if key == NEXT_FROM_FOLLOWER:
+                return data, int(value)
+        return data, None
+
+    async def on_every_replica(self, method: str, request: Any, timeout: float) -> Any:
+        """A query service call made on every replica (consumer group membership, which each replica's
+        query service keeps in memory: a new leader then knows the members without waiting for their next
+        heartbeat). The leader's answer; another replica's only while the leader's is UNAVAILABLE. The
+        followers' calls are not waited for otherwise, so a follower that hangs does not slow the call."""
+        if self.leader is None:
+            return await self.on_query(getattr(self.query, method), request, timeout)
+        leader = self.current
+        others = [asyncio.ensure_future(call_backend(c.query_what, getattr(c.query, method), request, timeout))
+                  for c in self._copies.values() if c is not leader]
+        for task in others:
+            self._background.add(task)
+            task.add_done_callback(_forget_task(self._background))
+        try:
+            return await call_backend(leader.query_what, getattr(leader.query, method), request, timeout)
+        except BackendError as exc:
+            if exc.code != grpc.StatusCode.UNAVAILABLE:
+                raise
+            for task in others:
+                try:
+                    return await task
+                except BackendError:
+                    continue
+            raise
+
     async def _on_in_sync(self, where: tuple[str, str], failed: str, request: Any, timeout: float,
                           first: BackendError) -> Any:
         """A read made again on the in-sync replicas other than ``failed``, the first answer wins."""
@@ -232,10 +329,13 @@ class ShardClient:
             if copy is None:
                 continue
             try:
-                return await call_backend(copy.query_what, copy.call(where), request, timeout)
+                answer = await call_backend(copy.query_what, copy.call(where), request, timeout)
             except BackendError as exc:
                 if exc.code != grpc.StatusCode.UNAVAILABLE:
                     raise
+            else:
+                FOLLOWER_READS.labels(self.name, name, "leader_unreachable").inc()
+                return answer
         raise first
 
     async def on_scheduler(self, call: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:

@@ -55,6 +55,7 @@ from services.server.grpc_server import (
 from services.server.process import EXIT_BAD_SETTINGS, EXIT_STORE_LOCKED
 from services.store.config import ConfigError, MessageStoreConfig, load_config
 from services.store.metadata_log import replicates_metadata
+from services.store.rules.cold_read import cold_read_threshold
 from services.store.rules.pull_request import DEFAULT_MAX_LONG_POLL_MS
 from services.store.store_root import StoreLock, StoreLockedError
 
@@ -159,7 +160,9 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
     store = StoreView(commitlog)
     watcher = ArrivalWatcher(indexer)
     query_metrics.bind(lambda: watcher.waiting, lambda: watcher.connected)
-    puller = Puller(indexer, commitlog, store, watcher, cq_file_size)
+    cold_threshold = cold_read_threshold(config.access_message_in_memory_max_ratio) \
+        if config.slave_read_enable else None
+    puller = Puller(indexer, commitlog, store, watcher, cq_file_size, cold_threshold)
     servicer = QueryServicer(puller, MessageLookup(indexer, commitlog, store), QueueOffsets(indexer, commitlog),
                              offsets, options.max_long_poll_ms, pops=pops,
                              sync_offset_commits=config.consumer_offset_commit_sync)

@@ -28,6 +28,7 @@ from services.query.stored_message import StoredMessage, checked_raw, checked_ru
 from services.store.errors import OutOfRangeError, StoreError, UnavailableError
 from services.store.formats.consume_queue import JAVA_INT_MAX as FILLER_UNIT_SIZE
 from services.store.formats.consume_queue import roll_next_file
+from services.store.rules.cold_read import is_cold
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import Subscription
 
@@ -56,6 +57,9 @@ class PullResult:
     #: A raw pull's answer instead of ``messages``: the records as stored, concatenated in queue order.
     records: bytes = b""
     record_count: int = 0
+    #: The pull read far behind the log's end: the next one should go to a follower (RocketMQ's
+    #: suggestPullingFromSlave; services/store/rules/cold_read.py).
+    cold: bool = False
 
     @property
     def count(self) -> int:
@@ -121,12 +125,15 @@ def waits_for_arrival(result: PullResult, offset: int) -> bool:
 
 class Puller:
     def __init__(self, indexer: IndexerClient, commitlog: CommitLogClient, store: StoreView,
-                 arrivals: ArrivalWatcher, mapped_file_size_consume_queue: int) -> None:
+                 arrivals: ArrivalWatcher, mapped_file_size_consume_queue: int,
+                 cold_read_threshold: int | None = None) -> None:
         self._indexer = indexer
         self._commitlog = commitlog
         self._store = store
         self._arrivals = arrivals
         self._cq_file_size = mapped_file_size_consume_queue
+        #: Bytes behind the log's end past which a pull is cold; None: never said (no slaveReadEnable).
+        self._cold_read_threshold = cold_read_threshold
 
     async def pull(self, query: PullQuery, deadline_s: float | None = None, raw: bool = False) -> PullResult:
         """Pull once; when there is nothing to return, wait (at most ``long_poll_ms`` and until
@@ -165,11 +172,14 @@ class Puller:
         info = self._store.cached or await self._store.info()
         selection = select_units(entries.units, query.subscription, query.max_messages, query.max_bytes,
                                  info.min_offset)
+        cold = (self._cold_read_threshold is not None and selection.walked > 0
+                and is_cold(info.max_offset, entries.units[selection.walked - 1].commitlog_offset,
+                            self._cold_read_threshold))
         if raw and query.subscription.takes_all:
             run = await self._read_run(query, selection.units)
             if run is not None:
                 return PullResult(GetMessageStatus.FOUND, offset + selection.walked, entries.min_offset,
-                                  entries.max_offset, records=run, record_count=len(selection.units))
+                                  entries.max_offset, records=run, record_count=len(selection.units), cold=cold)
         try:
             data = await self._read(selection.units)
         except OutOfRangeError:
@@ -189,6 +199,7 @@ class Puller:
         else:
             messages, next_offset = _collect(query, selection, data, offset)
             result = PullResult(GetMessageStatus.FOUND, next_offset, entries.min_offset, entries.max_offset, messages)
+        result.cold = cold
         if not result.count:
             if selection.removed and selection.removed == selection.walked:
                 result.status = GetMessageStatus.MESSAGE_WAS_REMOVING

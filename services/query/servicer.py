@@ -33,6 +33,7 @@ from services.query.queue_offset_lookup import QueueOffsets
 from services.store.errors import NotFoundError, OutOfRangeError, StoreError, UnavailableError
 from services.store.formats.message_id import message_id_kind
 from services.store.metadata_log import OffsetChange
+from services.store.rules.cold_read import NEXT_FROM_FOLLOWER
 from services.store.rules.names import check_group, check_offset, check_queue
 
 SERVICE_NAME: str = query_pb2.DESCRIPTOR.services_by_name["QueryService"].full_name
@@ -86,6 +87,8 @@ class QueryServicer(GroupRpcs, PopRpcs, query_pb2_grpc.QueryServiceServicer):  #
             metrics.PULL_LATENCY.observe(time.monotonic() - started)
             raise
         metrics.observe_pull(result, time.monotonic() - started)
+        if result.cold:
+            context.set_trailing_metadata(((NEXT_FROM_FOLLOWER, str(result.next_begin_offset)),))
         return pull_result_to_proto(result)
 
     @rpc

@@ -124,7 +124,12 @@ class MessageStoreConfig:
     # (fallocate) this many bytes ahead of the write position, so a put never writes into a hole a full
     # disk has no blocks for (a SIGBUS). 0 allocates each file whole when it is created.
     reserve_ahead_commit_log: int = 16 * 1024 * 1024
+    # How far behind the commitlog's end (this percent of the machine's memory) a pull reads before
+    # the leader suggests a follower for the next one, with slaveReadEnable (services/store/rules/cold_read.py).
+    access_message_in_memory_max_ratio: float = 40.0
     # Not in MessageStoreConfig: the broker-level settings the store needs.
+    # BrokerConfig's slaveReadEnable: pulls that read cold data go to an in-sync follower.
+    slave_read_enable: bool = False
     broker_ip: str = "127.0.0.1"
     listen_port: int = 10911
     auto_create_topic_enable: bool = True
@@ -184,6 +189,8 @@ class MessageStoreConfig:
             raise ConfigError("mappedFileSizeCommitLog must be at least 4096 bytes")
         if self.reserve_ahead_commit_log < 0:
             raise ConfigError("reserveAheadCommitLog must be 0 (allocate whole files) or a number of bytes")
+        if not 0 <= self.access_message_in_memory_max_ratio <= 100:
+            raise ConfigError("accessMessageInMemoryMaxRatio must be a percent of memory, 0..100")
         for name in ("flush_interval_commit_log", "commit_interval_commit_log", "sync_flush_timeout",
                      "timer_max_delay_sec"):
             if getattr(self, name) <= 0:

@@ -4,7 +4,8 @@ A topic created and consumer offsets committed through the gateway are held by e
 the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the topic with its queue
 counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
 on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
-the leader, as it refuses sends. A pop group's acknowledged offset survives too. The scheduler, moved
+the leader, as it refuses sends. A pop group's acknowledged offset survives too, and the group's members
+(every replica's query service takes each heartbeat). The scheduler, moved
 to the new leader, delivers each delay-level message and each timer once: not again those the old
 leader delivered.
 """
@@ -18,7 +19,15 @@ import time
 import grpc
 import pytest
 
-from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, gateway_pb2, query_pb2, query_pb2_grpc
+from mqstore.v1 import (
+    commitlog_pb2,
+    commitlog_pb2_grpc,
+    common_pb2,
+    gateway_pb2,
+    groups_pb2,
+    query_pb2,
+    query_pb2_grpc,
+)
 from services.replica_set import ReplicaPorts
 from tests.gateway.system_process import UpProcess
 from tests.gateway.test_up_replicas import REPLICAS, _leader, _pid, replicated  # noqa: F401 - the fixture
@@ -30,6 +39,7 @@ GROUP = "resumes-exactly"
 POP_GROUP = "pops-and-acks"
 QUEUES = 5
 COMMITTED = {0: 3, 2: 7, 4: 1}
+MEMBERS = ("consumer-a", "consumer-b")
 
 
 def _commitlog(up: UpProcess, i: int) -> commitlog_pb2_grpc.CommitLogServiceStub:
@@ -57,6 +67,13 @@ def _offsets(up: UpProcess, i: int | None) -> dict[int, int]:
         else:
             found[queue_id] = _query(up, i).QueryConsumerOffset(request, timeout=10, wait_for_ready=True).offset
     return found
+
+
+def _members(up: UpProcess, i: int) -> list[str]:
+    """The group's members as replica ``i``'s query service knows them."""
+    described = _query(up, i).DescribeGroups(groups_pb2.DescribeGroupsRequest(group=GROUP), timeout=10,
+                                             wait_for_ready=True)
+    return sorted(m.client_id for g in described.groups if g.group == GROUP for m in g.members)
 
 
 def _create_topic(up: UpProcess, topic: str, queues: int) -> None:
@@ -153,6 +170,11 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
           f"{', '.join(f'{t * 1000:.1f}' for t in took)} ms")
 
     popped_to = _pop_and_ack(up, _replica_index(leader), queue_id=1, count=3)
+    for member in MEMBERS:
+        up.stub.Heartbeat(groups_pb2.HeartbeatRequest(group=GROUP, client_id=member, topics=[TOPIC],
+                                                      rebalance_interval_ms=60_000), timeout=10)
+    up.stub.Heartbeat(groups_pb2.HeartbeatRequest(group=GROUP, client_id="leaves", topics=[TOPIC]), timeout=10)
+    up.stub.UnregisterConsumer(groups_pb2.UnregisterConsumerRequest(group=GROUP, client_id="leaves"), timeout=10)
     _send_delayed(up, [b"before-%d" % i for i in range(5)])
     _send_timers(up, [b"timer-before-%d" % i for i in range(5)])
     _wait_delivered(up, 5)
@@ -163,6 +185,7 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     for i in range(REPLICAS):
         assert _topics(up, i).get(TOPIC) == (QUEUES, QUEUES), f"replica-{i} lacks the topic"
         assert _offsets(up, i) == COMMITTED, f"replica-{i}'s consumer offsets"
+        assert _members(up, i) == sorted(MEMBERS), f"replica-{i}'s members of {GROUP}"
 
     follower = next(i for i in range(REPLICAS) if f"replica-{i}" != leader)
     with pytest.raises(grpc.RpcError) as refused:
@@ -194,6 +217,8 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     popped = _query(up, new).QueryConsumerOffset(query_pb2.QueryConsumerOffsetRequest(
         consumer_group=POP_GROUP, topic=TOPIC, queue_id=1), timeout=10).offset
     assert popped == popped_to == 3, "the pop group's acknowledged offset"
+    # The members are known at once, not after their next heartbeat (a minute away).
+    assert _members(up, new) == sorted(MEMBERS), f"the new leader {new_leader}'s members of {GROUP}"
 
     # The scheduler moves to the new leader: what was delivered is not delivered again, what is due
     # now is delivered once.
