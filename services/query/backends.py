@@ -17,7 +17,7 @@ import grpc
 from mqstore.v1 import commitlog_pb2, commitlog_pb2_grpc, common_pb2, indexer_pb2, indexer_pb2_grpc
 from services.server.channels import aio_channel
 from services.store.errors import DataLossError, FailedPreconditionError, OutOfRangeError, StoreError, UnavailableError
-from services.store.metadata_log import OffsetChange, metadata_message
+from services.store.metadata_log import OffsetChange, PopChange, metadata_message
 
 MIB = 1024 * 1024
 CALL_TIMEOUT_S = 5.0
@@ -207,8 +207,8 @@ class CommitLogClient:
         return StoreInfo(info.min_offset, info.max_offset, info.mapped_file_size, info.store_host, info.incarnation,
                          tuple((r.start_offset, r.end_offset) for r in info.quarantined_ranges))
 
-    async def append_metadata(self, change: OffsetChange) -> int:
-        """Log a consumer offset change (a replicated shard's, offset_log.py); returns its queue offset in
+    async def append_metadata(self, change: OffsetChange | PopChange) -> int:
+        """Log a consumer offset or pop state change (a replicated shard's, offset_log.py); returns its queue offset in
         the metadata topic. A follower's FAILED_PRECONDITION (naming the leader) and SYNC_MASTER's
         UNAVAILABLE (the followers lack it) come back with the commitlog's own words."""
         message = metadata_message(change)

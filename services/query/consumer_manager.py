@@ -7,8 +7,8 @@ the answers, so a group's members are known as long as one shard's query service
 
 Nothing is persisted: a restarted query service learns the members again from their next heartbeat
 (within one rebalance interval), as a restarted RocketMQ broker does. Each replica of a replicated shard
-takes every heartbeat (the gateway sends them to all), so a new leader knows the members at once. A member not heard from for its
-``member_timeout`` is dropped (RocketMQ: 120 s channel expiry).
+takes every heartbeat (the gateway sends them to all), so a new leader knows the members at once. A
+member not heard from for its ``member_timeout`` is dropped (RocketMQ: 120 s channel expiry).
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ async def _run(options: QueryOptions, config: MessageStoreConfig, offsets: Consu
                              offsets, options.max_long_poll_ms, pops=pops,
                              sync_offset_commits=config.consumer_offset_commit_sync)
     if replicates_metadata(config):
-        servicer.replicate_offsets(OffsetLog(offsets, commitlog, indexer, puller))
+        servicer.replicate_offsets(OffsetLog(offsets, commitlog, indexer, puller, pops))
     address = options.listen or DEFAULT_LISTEN
     settings = ServerSettings(listen=address, max_concurrent_rpcs=MAX_CONCURRENT_RPCS,
                               max_receive_message_bytes=MIB).as_internal()

@@ -4,7 +4,9 @@ A commit is appended to the shard's CommitLog as a record of the metadata topic 
 service's Append with ``metadata_flow``: a follower refuses it with FAILED_PRECONDITION naming the
 leader; SYNC_MASTER answers once the in-sync followers hold it). The table then takes it from the
 log only, on every replica alike: :meth:`OffsetLog.run` follows the metadata topic's queue as this
-replica's indexer dispatches it and applies each commit in log order. A commit is answered once it
+replica's indexer dispatches it and applies each commit in log order. Pop consumption's changes
+(``PopChange``: hand-outs, acks, invisible times, with the offset they move) go the same way into the
+pop checkpoint table (services/query/pop_checkpoints.py). A commit is answered once it
 is applied here, and a query first waits until every record the indexer has dispatched is applied,
 so a follower promoted to leader answers with exactly the offsets its log holds.
 
@@ -23,6 +25,7 @@ import time
 
 from services.query.backends import CommitLogClient, IndexerClient
 from services.query.consumer_offsets import ConsumerOffsetTable
+from services.query.pop_checkpoints import PopCheckpointTable
 from services.query.pull import GetMessageStatus, Puller
 from services.store.errors import ResourceExhaustedError, StoreError, UnavailableError
 from services.store.formats.message import PROPERTY_TAGS
@@ -30,6 +33,7 @@ from services.store.metadata_log import (
     METADATA_QUEUE_ID,
     METADATA_TOPIC,
     OffsetChange,
+    PopChange,
     parse_change,
 )
 from services.store.rules.pull_request import MAX_BYTES, MAX_MESSAGES, PullQuery
@@ -48,19 +52,24 @@ _ENDS_BELOW = (GetMessageStatus.OFFSET_OVERFLOW_BADLY, GetMessageStatus.NO_MESSA
 
 class OffsetLog:
     def __init__(self, table: ConsumerOffsetTable, commitlog: CommitLogClient, indexer: IndexerClient,
-                 puller: Puller) -> None:
+                 puller: Puller, pops: PopCheckpointTable | None = None) -> None:
         self._table = table
+        self._pops = pops
         self._commitlog = commitlog
         self._indexer = indexer
         self._puller = puller
-        self._next = table.applied_metadata or 0  # the metadata queue's next offset to apply
+        # The metadata queue's next offset to apply: where both files are (the pop state's file may have
+        # been written before the offsets' one, and its records are deltas).
+        self._next = table.applied_metadata or 0
+        if pops is not None and pops.applied_metadata is not None:
+            self._next = min(self._next, pops.applied_metadata)
         self._progress = asyncio.Condition()
 
     @property
     def applied(self) -> int:
         return self._next
 
-    async def commit(self, change: OffsetChange) -> None:
+    async def commit(self, change: OffsetChange | PopChange) -> None:
         """Log the commit, then wait until this replica applied it (raises what the Append raised)."""
         queue_offset = await self._commitlog.append_metadata(change)
         await self._wait_applied(queue_offset + 1)
@@ -102,13 +111,18 @@ class OffsetLog:
                 log.warning("metadata topic: this replica's queue ends below queue offset %d applied (its log was "
                             "cut, or its indexer rebuilds): applying again from %d", self._next,
                             result.next_begin_offset)
-                self._next = self._table.applied_metadata = result.next_begin_offset
+                self._set_applied(result.next_begin_offset)
             elif result.next_begin_offset != self._next:
                 async with self._progress:
-                    self._next = self._table.applied_metadata = max(self._next, result.next_begin_offset)
+                    self._set_applied(max(self._next, result.next_begin_offset))
                     self._progress.notify_all()
             elif result.status is not GetMessageStatus.OFFSET_OVERFLOW_ONE:  # that one waited for an arrival
                 await asyncio.sleep(IDLE_S)
+
+    def _set_applied(self, queue_offset: int) -> None:
+        self._next = self._table.applied_metadata = queue_offset
+        if self._pops is not None:
+            self._pops.set_applied(queue_offset)
 
     def _apply(self, tags: str | None, body: bytes, queue_offset: int) -> None:
         try:
@@ -116,9 +130,14 @@ class OffsetLog:
         except (ValueError, KeyError, TypeError) as exc:
             log.error("metadata record at queue offset %d is not a change (%s): skipped", queue_offset, exc)
             return
-        if not isinstance(change, OffsetChange):  # topic changes are the commitlog service's
-            return
         try:
-            self._table.commit(change.group, change.topic, change.queue_id, change.offset)
+            if isinstance(change, OffsetChange):
+                self._table.commit(change.group, change.topic, change.queue_id, change.offset)
+            elif isinstance(change, PopChange):
+                if self._pops is not None:
+                    self._pops.apply(change)
+                if change.committed >= 0:
+                    self._table.commit(change.group, change.topic, change.queue_id, change.committed)
+            # topic changes are the commitlog service's, state files the scheduler's
         except ResourceExhaustedError as exc:
             log.error("metadata record at queue offset %d: %s", queue_offset, exc)

@@ -15,12 +15,12 @@ import logging
 from services.query.consumer_offsets import ConsumerOffsetTable
 from services.query.errors import FailedPreconditionError
 from services.query.offset_log import OffsetLog
-from services.query.pop_checkpoints import InFlight, Key, PopCheckpointTable, PopQueue, now_ms
+from services.query.pop_checkpoints import InFlight, Key, PopCheckpointTable, PopQueue, inflight_entries, now_ms
 from services.query.pull import GetMessageStatus, Puller
 from services.query.queue_offset_lookup import QueueOffsets
 from services.query.stored_message import StoredMessage
 from services.store.errors import InvalidArgumentError, NotFoundError
-from services.store.metadata_log import OffsetChange
+from services.store.metadata_log import InFlightEntry, PopChange
 from services.store.rules.names import check_group, check_queue
 from services.store.rules.pull_request import PullQuery
 from services.store.rules.subscription import parse_subscription
@@ -34,6 +34,8 @@ PULL_BATCH = 32
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 DEFAULT_MAX_ATTEMPTS = 16
 DEFAULT_MAX_CLAIM = 64
+#: A queue's pop offset and in-flight messages before a change (replicated shards log the difference).
+_Logged = tuple[int, dict[int, InFlightEntry]]
 
 
 @dataclasses.dataclass(slots=True)
@@ -96,6 +98,7 @@ class PopService:
         q = await self._queue(group, topic, queue_id)
         async with q.lock:
             before = (q.pop_offset, len(q.inflight))
+            logged = self._logged(q)
             self._follow_offset(group, topic, queue_id, q)
             out: list[Popped] = []
             await self._hand_out_again(topic, queue_id, q, max_messages, invisible_ms, max_attempts, out)
@@ -104,7 +107,7 @@ class PopService:
                 query = PullQuery.checked(topic, queue_id, q.pop_offset, min(max_messages - len(out), PULL_BATCH), 0,
                                           filtered, 0, 0)
                 blocked = await self._hand_out_new(query, q, invisible_ms, out)
-            await self._sync_offset(group, topic, queue_id, q)
+            await self._settle(group, topic, queue_id, q, logged)
             if out or before != (q.pop_offset, len(q.inflight)):
                 self.table.changed()  # an empty look (a waiting consumer's) writes nothing
             return PopResult(out, q.pop_offset, blocked, q.next_visible_ms(max_attempts))
@@ -150,8 +153,9 @@ class PopService:
         q = self._existing(ref)
         async with q.lock:
             self._entry(ref, q)
+            logged = self._logged(q)
             del q.inflight[ref.offset]
-            await self._sync_offset(ref.group, ref.topic, ref.queue_id, q)
+            await self._settle(ref.group, ref.topic, ref.queue_id, q, logged)
             self.table.changed()
             return q.committed
 
@@ -160,9 +164,12 @@ class PopService:
         q = self._existing(ref)
         async with q.lock:
             entry = self._entry(ref, q)
+            logged = self._logged(q)
             entry.visible_at_ms = now_ms() + invisible_ms
             if not renew:
                 entry.version = self.table.new_version()
+            await self._settle(ref.group, ref.topic, ref.queue_id, q, logged)
+            entry = q.inflight[ref.offset]  # the log's copy, on a replicated shard
             self.table.changed()
             return dataclasses.replace(entry)
 
@@ -180,6 +187,7 @@ class PopService:
             if not any(e.visible_at_ms <= now and e.attempts >= max_attempts for e in q.inflight.values()):
                 continue
             async with q.lock:
+                logged = self._logged(q)
                 for offset, entry in sorted(q.inflight.items()):
                     if len(out) >= wanted:
                         break
@@ -193,7 +201,7 @@ class PopService:
                     entry.visible_at_ms = now_ms() + claim_ms
                     out.append(Claimed(Ref(group, topic, queue_id, offset, entry.version), message.msg_id,
                                        entry.attempts, message.reconsume_times))
-                await self._sync_offset(group, topic, queue_id, q)
+                await self._settle(group, topic, queue_id, q, logged)
                 self.table.changed()
         return out
 
@@ -241,15 +249,29 @@ class PopService:
         q.inflight.clear()
         q.pop_offset = q.committed = stored
 
-    async def _sync_offset(self, group: str, topic: str, queue_id: int, q: PopQueue) -> None:
-        """Under the queue's lock. On a replicated shard the offset goes through the log (offset_log.py):
-        the table has it once this returns, so a pop's ``_follow_offset`` never takes it for a reset."""
+    def _logged(self, q: PopQueue) -> _Logged | None:
+        """On a replicated shard, the queue's state before a change (what :meth:`_settle` logs the
+        difference from); None otherwise."""
+        return None if self.offset_log is None else (q.pop_offset, inflight_entries(q))
+
+    async def _settle(self, group: str, topic: str, queue_id: int, q: PopQueue, before: _Logged | None) -> None:
+        """Under the queue's lock, after a change: the group's offset (the lowest in flight) goes into the
+        consumer offsets. On a replicated shard the change goes through the log instead (offset_log.py),
+        with the messages it handed out, changed or removed: both tables have it once this returns, so a
+        pop's ``_follow_offset`` never takes the offset for a reset, and a new leader knows what is in
+        flight."""
         lowest = q.lowest
-        if lowest != q.committed:
-            if self.offset_log is None:
+        if self.offset_log is None or before is None:
+            if lowest != q.committed:
                 self._offsets.commit(group, topic, queue_id, lowest)
-            else:
-                await self.offset_log.commit(OffsetChange(group, topic, queue_id, lowest))
+                q.committed = lowest
+            return
+        pop_offset, entries = before
+        after = inflight_entries(q)
+        changed = {o: e for o, e in after.items() if entries.get(o) != e}
+        removed = tuple(o for o in entries if o not in after)
+        if changed or removed or lowest != q.committed or q.pop_offset != pop_offset:
+            await self.offset_log.commit(PopChange(group, topic, queue_id, q.pop_offset, lowest, changed, removed))
             q.committed = lowest
 
     async def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:

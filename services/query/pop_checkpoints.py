@@ -11,6 +11,13 @@ topic; here it is one table, written whole, atomically (temp file, fsync, rename
 together with the consumer offsets (every persist interval when it changed, and at a clean stop): a
 kill -9 forgets at most the hand-outs and acks of the last interval (those messages are delivered
 again: at least once).
+
+On a replicated shard every change is also a record of the shard's log (``PopChange``,
+services/store/metadata_log.py) and the table takes it from there on every replica alike
+(services/query/offset_log.py), as RocketMQ 5 writes its pop checkpoints and acks into the commitlog: a
+new leader hands out neither a message in flight before its invisible time ends nor one acked. The file
+then also records the metadata queue offset its records were applied up to, and a start goes on from
+there, so the hand-outs a kill -9 forgot are applied again.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from services.query.state_file import StateFile
-from services.store.formats.consumer_offsets_file import TOPIC_GROUP_SEPARATOR
+from services.store.formats.consumer_offsets_file import METADATA_OFFSET_KEY, TOPIC_GROUP_SEPARATOR
+from services.store.metadata_log import InFlightEntry, PopChange
 from services.store.store_root import read_with_backup
 
 log = logging.getLogger(__name__)
@@ -75,11 +83,38 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def inflight_entries(q: PopQueue) -> dict[int, InFlightEntry]:
+    """The queue's in-flight messages as whole values (what a PopChange carries)."""
+    return {o: (d.visible_at_ms, d.attempts, d.version, d.group_key) for o, d in q.inflight.items()}
+
+
 class PopCheckpointTable(StateFile[dict[str, Any]]):
     def __init__(self, config_dir: Path) -> None:
         super().__init__(config_dir / FILE_NAME)
         self.queues: dict[Key, PopQueue] = {}
         self._last_version = 0
+        #: A replicated shard's: the metadata topic's queue offset the table holds every record below.
+        self.applied_metadata: int | None = None
+
+    def apply(self, change: PopChange) -> None:
+        """A logged pop state change (a replicated shard's; offset_log.py)."""
+        key = (change.group, change.topic, change.queue_id)
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = PopQueue(change.pop_offset)
+        q.pop_offset, q.committed = change.pop_offset, change.committed
+        for offset in change.removed:
+            q.inflight.pop(offset, None)
+        for offset, (visible_at_ms, attempts, version, group_key) in change.inflight.items():
+            q.inflight[offset] = InFlight(visible_at_ms, attempts, version, group_key)
+            self._last_version = max(self._last_version, version)
+        self.changed()
+
+    def set_applied(self, queue_offset: int) -> None:
+        """Every metadata record below ``queue_offset`` is applied (written with the table next time)."""
+        if queue_offset != self.applied_metadata:
+            self.applied_metadata = queue_offset
+            self.changed()
 
     def new_version(self) -> int:
         """A hand-out's version: microseconds since the epoch, strictly increasing, so a version is not
@@ -92,13 +127,15 @@ class PopCheckpointTable(StateFile[dict[str, Any]]):
         parsed = read_with_backup(self.path, _parse)
         if parsed is None:
             return
-        self.queues, self._last_version = parsed
+        self.queues, self._last_version, self.applied_metadata = parsed
         log.info("loaded the pop state of %d queues (%d messages in flight) from %s", len(self.queues),
                  sum(len(q.inflight) for q in self.queues.values()), self.path)
 
     def _copy(self) -> dict[str, Any]:
         """The document: built on the event loop (cheap), encoded in a thread."""
         document: dict[str, Any] = {"lastVersion": self._last_version, "queues": {}}
+        if self.applied_metadata is not None:
+            document[METADATA_OFFSET_KEY] = self.applied_metadata
         for (group, topic, queue_id), q in self.queues.items():
             entry = {"popOffset": q.pop_offset, "committed": q.committed,
                      "inflight": {str(o): [d.visible_at_ms, d.attempts, d.version, d.group_key]
@@ -110,7 +147,7 @@ class PopCheckpointTable(StateFile[dict[str, Any]]):
         return json.dumps(snapshot, separators=(",", ":")).encode()
 
 
-def _parse(data: bytes) -> tuple[dict[Key, PopQueue], int]:
+def _parse(data: bytes) -> tuple[dict[Key, PopQueue], int, int | None]:
     document = json.loads(data)
     queues: dict[Key, PopQueue] = {}
     for key, per_queue in document["queues"].items():
@@ -120,4 +157,5 @@ def _parse(data: bytes) -> tuple[dict[Key, PopQueue], int]:
                         for o, (v, a, ver, g) in entry["inflight"].items()}
             queues[(group, topic, int(queue_id))] = PopQueue(int(entry["popOffset"]), inflight,
                                                              int(entry["committed"]))
-    return queues, int(document["lastVersion"])
+    applied = document.get(METADATA_OFFSET_KEY)
+    return queues, int(document["lastVersion"]), None if applied is None else int(applied)

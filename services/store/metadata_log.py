@@ -31,6 +31,9 @@ METADATA_QUEUE_ID = 0
 TOPIC_TAG = "topic"
 OFFSET_TAG = "offset"
 STATE_FILE_TAG = "stateFile"
+POP_TAG = "pop"
+#: The kinds other services than the commitlog log through an Append with ``metadata_flow``.
+FLOW_TAGS = (OFFSET_TAG, STATE_FILE_TAG, POP_TAG)
 
 
 def replicates_metadata(config: MessageStoreConfig) -> bool:
@@ -65,7 +68,27 @@ class StateFileChange:
     content: bytes
 
 
-Change = TopicChange | OffsetChange | StateFileChange
+#: A message handed out by pop and not acked: (visible at ms, delivery attempts, version, message group).
+InFlightEntry = tuple[int, int, int, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PopChange:
+    """What one pop, ack or change of invisible time did to a (group, topic, queue)'s pop state: its pop
+    offset and committed offset (whole values), the in-flight messages it handed out or changed (each
+    whole) and those it removed (acked, or gone from the store). Applied in log order from any earlier
+    point, the records end in the same state; each stays as small as the call that made it."""
+
+    group: str
+    topic: str
+    queue_id: int
+    pop_offset: int
+    committed: int
+    inflight: dict[int, InFlightEntry]
+    removed: tuple[int, ...]
+
+
+Change = TopicChange | OffsetChange | StateFileChange | PopChange
 
 
 def metadata_message(change: Change) -> Message:
@@ -81,6 +104,11 @@ def metadata_message(change: Change) -> Message:
     elif isinstance(change, OffsetChange):
         tag = OFFSET_TAG
         body = {"group": change.group, "topic": change.topic, "queueId": change.queue_id, "offset": change.offset}
+    elif isinstance(change, PopChange):
+        tag = POP_TAG
+        body = {"group": change.group, "topic": change.topic, "queueId": change.queue_id,
+                "popOffset": change.pop_offset, "committed": change.committed,
+                "inflight": {str(o): list(e) for o, e in change.inflight.items()}, "removed": list(change.removed)}
     else:
         tag = STATE_FILE_TAG
         body = {"file": change.name, "content": change.content.decode()}
@@ -100,6 +128,11 @@ def parse_change(tags: str | None, body: bytes) -> Change | None:
                                               int(fields["perm"])))
     if tags == OFFSET_TAG:
         return OffsetChange(str(fields["group"]), str(fields["topic"]), int(fields["queueId"]), int(fields["offset"]))
+    if tags == POP_TAG:
+        inflight = {int(o): (int(v), int(a), int(ver), None if g is None else str(g))
+                    for o, (v, a, ver, g) in fields["inflight"].items()}
+        return PopChange(str(fields["group"]), str(fields["topic"]), int(fields["queueId"]), int(fields["popOffset"]),
+                         int(fields["committed"]), inflight, tuple(int(o) for o in fields["removed"]))
     if tags == STATE_FILE_TAG:
         return StateFileChange(str(fields["file"]), str(fields["content"]).encode())
     return None

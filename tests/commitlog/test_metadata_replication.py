@@ -4,7 +4,8 @@ A topic created and consumer offsets committed through the gateway are held by e
 the calls are answered (SYNC_MASTER), so a SIGKILLed leader's successor has the topic with its queue
 counts, and the group resumes at exactly its committed offset (itboon/rocketmq-helm#33: topics created
 on the master were missing on the slave after a switch). A follower refuses metadata writes, naming
-the leader, as it refuses sends. A pop group's acknowledged offset survives too, and the group's members
+the leader, as it refuses sends. A pop group's state survives too (neither its acknowledged messages nor
+those in flight are handed out again), and the group's members
 (every replica's query service takes each heartbeat). The scheduler, moved
 to the new leader, delivers each delay-level message and each timer once: not again those the old
 leader delivered.
@@ -106,6 +107,14 @@ def _pop_and_ack(up: UpProcess, replica: int, queue_id: int, count: int) -> int:
     return int(committed)
 
 
+def _pop(up: UpProcess, replica: int, queue_id: int, count: int) -> list[int]:
+    """Pop up to ``count`` messages of TOPIC's queue on ``replica``'s query service (invisible for a
+    minute, not acked); their queue offsets."""
+    popped = _query(up, replica).PopMessage(query_pb2.PopMessageRequest(
+        consumer_group=POP_GROUP, topic=TOPIC, queue_id=queue_id, max_messages=count, invisible_ms=60_000), timeout=10)
+    return [m.message.queue_offset for m in popped.messages]
+
+
 def _send_delayed(up: UpProcess, bodies: list[bytes]) -> None:
     """Delay level 1 (1 s), into DELAYED's one queue."""
     for body in bodies:
@@ -170,6 +179,7 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
           f"{', '.join(f'{t * 1000:.1f}' for t in took)} ms")
 
     popped_to = _pop_and_ack(up, _replica_index(leader), queue_id=1, count=3)
+    assert _pop(up, _replica_index(leader), queue_id=1, count=2) == [3, 4], "in flight, invisible for a minute"
     for member in MEMBERS:
         up.stub.Heartbeat(groups_pb2.HeartbeatRequest(group=GROUP, client_id=member, topics=[TOPIC],
                                                       rebalance_interval_ms=60_000), timeout=10)
@@ -217,6 +227,8 @@ def test_itboon_33_topics_and_offsets_survive_a_leader_kill(replicated: UpProces
     popped = _query(up, new).QueryConsumerOffset(query_pb2.QueryConsumerOffsetRequest(
         consumer_group=POP_GROUP, topic=TOPIC, queue_id=1), timeout=10).offset
     assert popped == popped_to == 3, "the pop group's acknowledged offset"
+    # Pop state is replicated: neither the acknowledged messages nor those in flight are handed out again.
+    assert _pop(up, new, queue_id=1, count=8) == [5, 6, 7], "the new leader's pop of the queue"
     # The members are known at once, not after their next heartbeat (a minute away).
     assert _members(up, new) == sorted(MEMBERS), f"the new leader {new_leader}'s members of {GROUP}"
 

@@ -21,8 +21,10 @@ from services.store.formats.message import Message
 from services.store.metadata_log import (
     METADATA_TOPIC,
     OFFSET_TAG,
+    POP_TAG,
     TOPIC_TAG,
     OffsetChange,
+    PopChange,
     StateFileChange,
     TopicChange,
     metadata_message,
@@ -115,9 +117,10 @@ def test_a_change_written_but_not_acknowledged_is_applied_and_refused(tmp_path: 
     assert topics.get("A") is not None and not topics.is_deleted("A")
 
 
-def test_metadata_records_round_trip_and_metadata_flow_takes_only_offsets_and_state_files() -> None:
+def test_metadata_records_round_trip_and_metadata_flow_takes_only_offsets_pops_and_state_files() -> None:
     changes = [TopicChange("A", TopicConfig("A", 3, 5, 4)), TopicChange("B", None), OffsetChange("g", "A", 2, 17),
-               StateFileChange("delayOffset.json", b'{"offsetTable": {"1": 3}}')]
+               StateFileChange("delayOffset.json", b'{"offsetTable": {"1": 3}}'),
+               PopChange("g", "A", 1, 9, 4, {4: (1700000000000, 2, 17, None), 6: (1700000000001, 1, 18, "k")}, (5,))]
     for change in changes:
         message = metadata_message(change)
         assert message.topic == METADATA_TOPIC and message.queue_id == 0
@@ -125,7 +128,9 @@ def test_metadata_records_round_trip_and_metadata_flow_takes_only_offsets_and_st
     offset = metadata_message(changes[2])
     assert metadata_flow_message(METADATA_TOPIC, 0, OFFSET_TAG, offset.body).body == offset.body
     topic = metadata_message(changes[0])
-    with pytest.raises(InvalidArgumentError, match="consumer offset or a state file"):
+    pop = metadata_message(changes[-1])
+    assert metadata_flow_message(METADATA_TOPIC, 0, POP_TAG, pop.body).body == pop.body
+    with pytest.raises(InvalidArgumentError, match="consumer offset, a pop state change or a state file"):
         metadata_flow_message(METADATA_TOPIC, 0, TOPIC_TAG, topic.body)
     with pytest.raises(InvalidArgumentError, match="not 'T' queue 0"):
         metadata_flow_message("T", 0, OFFSET_TAG, offset.body)

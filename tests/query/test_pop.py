@@ -17,6 +17,7 @@ from services.query.pop import PopService, Ref
 from services.query.pop_checkpoints import PopCheckpointTable
 from services.query.pull import GetMessageStatus, PullResult
 from services.store.errors import NotFoundError
+from services.store.metadata_log import PopChange, metadata_message, parse_change
 
 G, T = "group", "topic"
 
@@ -104,3 +105,81 @@ def test_pop_ack_change_claim_and_restart(tmp_path: Path) -> None:
         assert [p.attempts for p in reset.messages] == [1, 1]
 
     asyncio.run(scenario())
+
+
+class LogStub:
+    """What OffsetLog does on a replicated shard, in-process: each change is encoded as its metadata record,
+    parsed back and applied to every replica's tables in log order."""
+
+    def __init__(self, replicas: list[tuple[PopCheckpointTable, ConsumerOffsetTable]]) -> None:
+        self.replicas = replicas
+        self.records: list[PopChange] = []
+
+    async def commit(self, change: PopChange) -> None:
+        message = metadata_message(change)
+        parsed = parse_change(message.properties["TAGS"], message.body)
+        assert isinstance(parsed, PopChange) and parsed == change
+        self.records.append(parsed)
+        for table, offsets in self.replicas:
+            table.apply(parsed)
+            offsets.commit(parsed.group, parsed.topic, parsed.queue_id, parsed.committed)
+
+
+def _queues(table: PopCheckpointTable) -> dict[str, Any]:
+    return dict(table._copy()["queues"])
+
+
+def test_a_replicated_pop_state_is_the_same_on_every_replica_and_replays_to_it(tmp_path: Path) -> None:
+    """Hand-outs, acks, invisible-time changes and claims go through the log: a follower's table equals the
+    leader's after each call, and replaying the records from any earlier point ends in the same state."""
+    async def scenario() -> None:
+        pop, offsets = service(tmp_path / "leader")
+        follower = (PopCheckpointTable(tmp_path / "follower"), ConsumerOffsetTable(tmp_path / "follower"))
+        log = LogStub([(pop.table, offsets), follower])
+        pop.offset_log = log  # type: ignore[assignment]
+        states = [_queues(follower[0])]
+
+        async def step(call: Any) -> Any:
+            result = await call
+            assert _queues(follower[0]) == _queues(pop.table), "the follower's pop state is the leader's"
+            assert follower[1].query(G, T, 0) == offsets.query(G, T, 0)
+            states.append(_queues(follower[0]))
+            return result
+
+        first = await step(pop.pop(G, T, 0, 32, 60_000, "*", 2))
+        v1 = first.messages[0].version
+        changed = await step(pop.change_invisible_time(ref(v1), 0, renew=False))
+        again = await step(pop.pop(G, T, 0, 1, 60_000, "*", 2))
+        await step(pop.change_invisible_time(ref(again.messages[0].version), 0, renew=True))
+        await step(pop.pop(G, T, 0, 32, 60_000, "*", 2))
+        [claimed] = await step(pop.claim_exhausted(2, 30_000, 0))
+        assert await step(pop.ack(claimed.ref)) == 11
+        rest = await step(pop.pop(G, T, 0, 32, 60_000, "*", 2))
+        assert [p.message.queue_offset for p in rest.messages] == [11, 12, 13]
+        await step(pop.ack(Ref(G, T, 0, 12, rest.messages[1].version)))
+        assert changed.version != v1 and len(log.records) == len(states) - 2, "one record per call but the empty pop"
+        # A replica whose file was written at record k (or one that lost the file: k = 0) applies the
+        # records from k on and ends where the others are.
+        for k in range(len(log.records) + 1):
+            table = PopCheckpointTable(tmp_path / f"replay-{k}")
+            for record in log.records[:k]:
+                table.apply(record)
+            table.persist()
+            restarted = PopCheckpointTable(tmp_path / f"replay-{k}")
+            restarted.load()
+            for record in log.records[max(0, k - 2):]:  # from a little before: records applied twice
+                restarted.apply(record)
+            assert _queues(restarted) == _queues(pop.table), f"replayed from record {k}"
+
+    asyncio.run(scenario())
+
+
+def test_the_pop_file_keeps_the_metadata_queue_offset_it_covers(tmp_path: Path) -> None:
+    table = PopCheckpointTable(tmp_path)
+    table.apply(PopChange(G, T, 0, 12, 10, {10: (5, 1, 7, None), 11: (6, 2, 8, "k")}, ()))
+    table.set_applied(42)
+    table.persist()
+    loaded = PopCheckpointTable(tmp_path)
+    loaded.load()
+    assert loaded.applied_metadata == 42 and _queues(loaded) == _queues(table)
+    assert loaded.new_version() > 8

@@ -28,11 +28,11 @@ from services.store.formats.record import (
     host_lengths,
 )
 from services.store.metadata_log import (
+    FLOW_TAGS,
     METADATA_QUEUE_ID,
     METADATA_TOPIC,
-    OFFSET_TAG,
-    STATE_FILE_TAG,
     OffsetChange,
+    PopChange,
     StateFileChange,
     TopicChange,
     metadata_message,
@@ -130,17 +130,17 @@ def _apply_change(topics: TopicConfigManager, tags: str | None, body: bytes, off
 
 
 def metadata_flow_message(topic: str, queue_id: int, tags: str | None, body: bytes) -> Message:
-    """An Append with ``metadata_flow``: a consumer offset change of the shard's query service or a
-    progress file of its scheduler, the kinds other services log (a topic change must come through
-    CreateTopic, UpdateTopic or DeleteTopic, which apply it to this service's table too)."""
-    if topic != METADATA_TOPIC or queue_id != METADATA_QUEUE_ID or tags not in (OFFSET_TAG, STATE_FILE_TAG):
-        raise InvalidArgumentError(f"a metadata_flow Append carries a consumer offset or a state file: topic "
-                                   f"{METADATA_TOPIC} queue {METADATA_QUEUE_ID} with TAGS {OFFSET_TAG!r} or "
-                                   f"{STATE_FILE_TAG!r}, not {topic!r} queue {queue_id} with TAGS {tags!r}")
+    """An Append with ``metadata_flow``: a consumer offset change or a pop state change of the shard's
+    query service, or a progress file of its scheduler, the kinds other services log (a topic change must
+    come through CreateTopic, UpdateTopic or DeleteTopic, which apply it to this service's table too)."""
+    if topic != METADATA_TOPIC or queue_id != METADATA_QUEUE_ID or tags not in FLOW_TAGS:
+        raise InvalidArgumentError(f"a metadata_flow Append carries a consumer offset, a pop state change or a "
+                                   f"state file: topic {METADATA_TOPIC} queue {METADATA_QUEUE_ID} with TAGS one of "
+                                   f"{', '.join(FLOW_TAGS)}, not {topic!r} queue {queue_id} with TAGS {tags!r}")
     try:
         change = parse_change(tags, body)
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"a metadata_flow Append's body is not a {tags} change ({exc}): see "
                                    "services/store/metadata_log.py") from None
-    assert isinstance(change, (OffsetChange, StateFileChange))
+    assert isinstance(change, (OffsetChange, StateFileChange, PopChange))
     return metadata_message(change)
