@@ -245,8 +245,11 @@ class ShardClient:
             return await self.on_query(self.pull_bytes, request, timeout)
         follower = self._cold_follower(request)
         if follower is not None:
+            at_once = query_pb2.PullMessageRequest()
+            at_once.CopyFrom(request)
+            at_once.long_poll_ms = 0  # a follower with nothing there yet must not hold the pull: the leader waits
             try:
-                data, cold = await self._pull_on(follower, request, timeout)
+                data, cold = await self._pull_on(follower, at_once, timeout)
             except BackendError:
                 pass
             else:
