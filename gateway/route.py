@@ -63,8 +63,9 @@ class TopicRoute:
 
 
 class RouteTable:
-    """Cached routes, refreshed from the shards every ``refresh_s`` and when a topic is missing
-    (at most once per ``miss_refresh_s``, so a client asking for unknown topics cannot flood the shards).
+    """Cached routes, refreshed from the shards every ``refresh_s`` and when a topic is missing (at most
+    once per ``miss_refresh_s``, so a client asking for unknown topics cannot make every shard list all
+    its topics again and again; a miss within it asks the shards for that topic alone).
 
     A refresh keeps only the shards' topic configs; a topic's route (a QueueRoute per queue) is built
     the first time a call needs it, so the cost of a refresh is the configs' and not every queue's of
@@ -91,8 +92,28 @@ class RouteTable:
         if route is not None and now - self._loaded_at < self._refresh_s:
             return route
         if route is None and now - self._loaded_at < self._miss_refresh_s and not fresh_on_miss:
-            return None
+            return await self._look_up(topic)
         await self.refresh()
+        return self._built(topic)
+
+    async def _look_up(self, topic: str) -> TopicRoute | None:
+        """A topic missing from a table read a moment ago: every shard is asked for that one topic (another
+        gateway process may have just created it), a small call rather than a read of every topic."""
+        answers = await asyncio.gather(*(s.topics(self._timeout_s, topic) for s in self.shards),
+                                       return_exceptions=True)
+        pairs: list[tuple[ShardClient, common_pb2.TopicConfig]] = []
+        for shard, answer in zip(self.shards, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, BackendError):
+                    raise answer
+                # A route without that shard's part would number the queues differently: read everything,
+                # keeping that shard's last known topics.
+                await self.refresh()
+                return self._built(topic)
+            pairs += [(shard, config) for config in answer]
+        if not pairs:
+            return None
+        self.changed(topic, pairs)
         return self._built(topic)
 
     def _built(self, topic: str) -> TopicRoute | None:

@@ -351,9 +351,12 @@ class ShardClient:
         return {"commitlog": copy.commitlog_channel, "query": copy.query_channel,
                 "scheduler": copy.scheduler_channel}
 
-    async def topics(self, timeout: float) -> list[common_pb2.TopicConfig]:
-        response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(), timeout)
-        return list(response.topics)
+    async def topics(self, timeout: float, topic: str = "") -> list[common_pb2.TopicConfig]:
+        """The shard's topic configs; with ``topic``, only that one's (filtered here too: a shard of an
+        older version answers every topic)."""
+        response = await self.on_commitlog(self.commitlog.ListTopics, commitlog_pb2.ListTopicsRequest(topic=topic),
+                                           timeout)
+        return [c for c in response.topics if c.topic == topic] if topic else list(response.topics)
 
     async def learn_store_host(self, timeout: float) -> str:
         info = await self.on_commitlog(self.commitlog.GetStoreInfo, commitlog_pb2.GetStoreInfoRequest(), timeout)

@@ -497,6 +497,9 @@ class CommitLogServicer(commitlog_pb2_grpc.CommitLogServiceServicer):  # type: i
     @rpc
     async def ListTopics(self, request: commitlog_pb2.ListTopicsRequest,
                          context: Context) -> commitlog_pb2.ListTopicsResponse:
+        if request.topic:
+            config = self.engine.topics.get(request.topic)
+            return commitlog_pb2.ListTopicsResponse(topics=[] if config is None else [topic_config_to_proto(config)])
         return commitlog_pb2.ListTopicsResponse(
             topics=[topic_config_to_proto(c) for c in self.engine.topics.list()])
 

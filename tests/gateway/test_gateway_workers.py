@@ -299,3 +299,26 @@ def test_a_worker_that_cannot_start_stops_the_group_with_code_2(tmp_path: Path) 
     assert group.returncode == 2, logs[-3000:]
     assert "gateway worker 1 (pid" in logs and "exited with code 2" in logs and "stopping the group" in logs
     assert all(not Path(f"/proc/{pid}").exists() for pid in _worker_pids(logs).values())
+
+
+def test_a_topic_created_through_one_worker_is_found_at_once_by_every_worker(up2: UpProcess) -> None:
+    """Each worker has just read its route table (a miss made it), then one worker creates a topic: a read
+    of the topic on every connection finds it at once, though every other worker's table predates it
+    (a miss within the table's refresh pause asks the shards for that topic alone)."""
+    channels = [grpc.insecure_channel(up2.gateway, options=CHANNEL_OPTIONS) for _ in range(16)]
+    try:
+        stubs = [_stub(c) for c in channels]
+        for round_ in range(3):
+            topic = f"workers-created-{round_}"
+            for stub in stubs:  # every worker's table read a moment ago
+                with pytest.raises(grpc.RpcError) as missing:
+                    stub.GetQueueOffsets(query_pb2.GetQueueOffsetRangeRequest(topic=f"absent-{round_}"), timeout=10)
+                assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+            stubs[0].CreateTopic(commitlog_pb2.TopicRequest(topic=common_pb2.TopicConfig(
+                topic=topic, read_queue_nums=2, write_queue_nums=2, perm=6)), timeout=10)
+            for stub in stubs:
+                found = stub.GetQueueOffsets(query_pb2.GetQueueOffsetRangeRequest(topic=topic, queue_id=1), timeout=10)
+                assert (found.min_offset, found.max_offset) == (0, 0)
+    finally:
+        for channel in channels:
+            channel.close()
