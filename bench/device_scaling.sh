@@ -7,6 +7,11 @@
 # manylinux wheels of the pinned runtime dependencies, installed here with --target, no index), gen/
 # (the generated protobuf code, so no grpc_tools is needed), bin/etcd.xz, bin/nats-server.xz and
 # bin/redis.tar.xz (redis-server and the shared libraries it links, used by redis-server alone).
+# To build it: `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+# --platform manylinux2014_x86_64 -d .devbundle/whl NAME==VERSION` for each runtime dependency pinned in
+# requirements.lock (and redis, hiredis, nats-py), `cp -r gen .devbundle/gen` (again after a proto change),
+# `xz -9c /usr/bin/etcd > .devbundle/bin/etcd.xz` (likewise nats-server), and redis-server with the
+# libraries `ldd` lists in a tar.xz; add `/.devbundle/` to .git/info/exclude.
 #
 # Two stages, each under a hard time limit (every process a stage started, orphans included, is stopped
 # by PID when it ends), full output into $OUT (default /tmp/out), a summary table printed last:
