@@ -95,6 +95,7 @@ class PopService:
         _check_bound("invisible_ms", invisible_ms, 1, MAX_INVISIBLE_MS)
         filtered = parse_subscription(subscription)
         max_attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
+        await self._caught_up()
         q = await self._queue(group, topic, queue_id)
         async with q.lock:
             before = (q.pop_offset, len(q.inflight))
@@ -150,6 +151,7 @@ class PopService:
 
     async def ack(self, ref: Ref) -> int:
         """The group's offset after the ack."""
+        await self._caught_up()
         q = self._existing(ref)
         async with q.lock:
             self._entry(ref, q)
@@ -161,6 +163,7 @@ class PopService:
 
     async def change_invisible_time(self, ref: Ref, invisible_ms: int, renew: bool) -> InFlight:
         _check_bound("invisible_ms", invisible_ms, 0, MAX_INVISIBLE_MS)
+        await self._caught_up()
         q = self._existing(ref)
         async with q.lock:
             entry = self._entry(ref, q)
@@ -179,6 +182,7 @@ class PopService:
         _check_bound("claim_ms", claim_ms, 1, MAX_INVISIBLE_MS)
         max_attempts = max_attempts or DEFAULT_MAX_ATTEMPTS
         wanted = max_messages or DEFAULT_MAX_CLAIM
+        await self._caught_up()
         out: list[Claimed] = []
         for (group, topic, queue_id), q in list(self.table.queues.items()):
             if len(out) >= wanted:
@@ -248,6 +252,13 @@ class PopService:
                  "are forgotten and popping goes on from there", group, topic, queue_id, stored, len(q.inflight))
         q.inflight.clear()
         q.pop_offset = q.committed = stored
+
+    async def _caught_up(self) -> None:
+        """On a replicated shard, before a call reads the pop state: every record this replica's log holds
+        is applied (a follower just promoted may still be applying its predecessor's last changes, and a
+        change made on an older state would be logged as a difference from it)."""
+        if self.offset_log is not None:
+            await self.offset_log.caught_up()
 
     def _logged(self, q: PopQueue) -> _Logged | None:
         """On a replicated shard, the queue's state before a change (what :meth:`_settle` logs the

@@ -115,6 +115,9 @@ class LogStub:
         self.replicas = replicas
         self.records: list[PopChange] = []
 
+    async def caught_up(self) -> None:
+        """Every record is applied as it is committed here."""
+
     async def commit(self, change: PopChange) -> None:
         message = metadata_message(change)
         parsed = parse_change(message.properties["TAGS"], message.body)
