@@ -265,11 +265,24 @@ class ShardClient:
         except BackendError as exc:
             if exc.code != grpc.StatusCode.UNAVAILABLE:
                 raise
-            elsewhere: bytes = await self._on_in_sync(("", "pull_bytes"), leader.name, request, timeout, exc)
-            return elsewhere
+            return await self._pull_in_sync(request, leader.name, timeout, exc)
         if cold is not None:
             self._cold_reads.remember(request.topic, request.queue_id, cold)
         return data
+
+    async def _pull_in_sync(self, request: query_pb2.PullMessageRequest, failed: str, timeout: float,
+                            first: BackendError) -> bytes:
+        """The leader's query service cannot be reached: an in-sync follower answers the pull. Its indexer
+        may not have reached an offset the leader acknowledged yet (its queue ends before the offset asked
+        for: OFFSET_OVERFLOW_BADLY or NO_MESSAGE_IN_QUEUE, an offset a RocketMQ slave does not correct
+        either), so such an answer is asked for again until the pull's long poll ends."""
+        ends = time.monotonic() + min(timeout, request.long_poll_ms / 1000)
+        while True:
+            data: bytes = await self._on_in_sync(("", "pull_bytes"), failed, request, timeout, first)
+            if time.monotonic() + RETRY_PAUSE_S >= ends or \
+                    query_pb2.PullMessageResponse.FromString(data).max_offset >= request.queue_offset:
+                return data
+            await asyncio.sleep(RETRY_PAUSE_S)
 
     def _cold_follower(self, request: query_pb2.PullMessageRequest) -> ReplicaCopy | None:
         """The in-sync follower this pull goes to, if the pull before it read cold data."""

@@ -1,6 +1,8 @@
 """slaveReadEnable through the gateway (``mqstore up --replicas 3``): a consumer far behind the log's end
 pulls from an in-sync follower, one near the end from the leader, and every pull answers the same
 messages whichever replica served it. A follower that cannot answer is passed over for the leader.
+While the leader's query service is down, a pull of a message the followers' indexers have not reached
+yet waits for them (within its long poll) rather than answering nothing.
 
 The share of memory (accessMessageInMemoryMaxRatio) is set so that "far behind" is 96 KiB on any
 machine: 400 messages of 1 KiB make the first pulls cold and the last ones warm.
@@ -8,17 +10,20 @@ machine: 400 messages of 1 KiB make the first pulls cold and the last ones warm.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from bench.services import free_port_block
 from mqstore.client.records import decode_records
 from mqstore.v1 import common_pb2, gateway_pb2, query_pb2
+from services.query.main import STORE_VIEW_REFRESH_S
 from services.replica_set import REPLICA_METRICS_OFFSET, SERVICES
 from services.store.rules.cold_read import physical_memory_bytes
 from tests.commitlog.commitlog_process import commitlog_env, mqstore_command
@@ -32,8 +37,9 @@ MESSAGES = 400
 COLD_BYTES = 96 * 1024
 
 
-@pytest.fixture
-def slave_read(tmp_path: Path) -> Iterator[UpProcess]:
+@pytest.fixture(scope="module")
+def slave_read(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    tmp_path = tmp_path_factory.mktemp("slave-read")
     store = tmp_path / "store"
     base_port = free_port_block(10 * (REPLICAS + 1) + 5)
     metrics_base = free_port_block(REPLICA_METRICS_OFFSET + 10 * REPLICAS + 5,
@@ -94,6 +100,9 @@ def test_a_consumer_far_behind_pulls_from_an_in_sync_follower_and_gets_the_same_
         assert result.queue_id == 0
     leader, _ = _leader(f"127.0.0.1:{up.base_port + 1}")
     leader_index = int(leader.rsplit("-", 1)[1])
+    # A query service measures "behind the log's end" against its view of that end, refreshed every second
+    # (services/query/main.py STORE_VIEW_REFRESH_S): a view older than the last sends finds fewer pulls cold.
+    time.sleep(2 * STORE_VIEW_REFRESH_S + 0.5)
     before = [_pulls_served(up, i) for i in range(REPLICAS)]
 
     assert _pull_all(up, 0, raw=False) == sent
@@ -111,3 +120,29 @@ def test_a_consumer_far_behind_pulls_from_an_in_sync_follower_and_gets_the_same_
     assert _pull_all(up, 0, raw=True) == sent
     os.kill(_pid(up.store, f"replica-{follower}", "query"), signal.SIGKILL)
     assert _pull_all(up, 0, raw=False) == sent
+
+
+def test_a_pull_the_followers_have_not_indexed_yet_waits_for_them_while_the_leader_is_down(
+        slave_read: UpProcess) -> None:
+    up = slave_read
+    leader, _ = _leader(f"127.0.0.1:{up.base_port + 1}")
+    followers = [f"replica-{i}" for i in range(REPLICAS) if f"replica-{i}" != leader]
+    indexers = [_pid(up.store, name, "indexer") for name in followers]
+    for pid in indexers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        sent = [up.stub.Send(gateway_pb2.SendRequest(message=common_pb2.Message(topic=TOPIC, body=b"late-%d" % i),
+                                                     queue_id=1), timeout=15) for i in range(3)]
+        os.kill(_pid(up.store, leader, "query"), signal.SIGKILL)
+        resume = threading.Timer(1.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in indexers])
+        resume.start()
+        last = sent[-1]
+        pulled = up.stub.Pull(query_pb2.PullMessageRequest(topic=TOPIC, queue_id=1, queue_offset=last.queue_offset,
+                                                           max_messages=1, long_poll_ms=8000), timeout=15)
+        resume.join()
+    finally:
+        for pid in indexers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+    assert [m.body for m in pulled.messages] == [b"late-2"], pulled
+    assert any(reason == "leader_unreachable" for _, reason in _follower_reads(up)), _follower_reads(up)
