@@ -105,16 +105,19 @@ class PopCheckpointTable(StateFile[dict[str, Any]]):
         q.pop_offset, q.committed = change.pop_offset, change.committed
         for offset in change.removed:
             q.inflight.pop(offset, None)
-        for offset, (visible_at_ms, attempts, version, group_key) in change.inflight.items():
-            q.inflight[offset] = InFlight(visible_at_ms, attempts, version, group_key)
-            self._last_version = max(self._last_version, version)
+        for offset, entry in change.inflight.items():
+            q.inflight[offset] = InFlight(*entry)
+            self._last_version = max(self._last_version, entry[2])
         self.changed()
 
     def set_applied(self, queue_offset: int) -> None:
-        """Every metadata record below ``queue_offset`` is applied (written with the table next time)."""
+        """Every metadata record below ``queue_offset`` is applied (written with the table next time). A
+        table that never took a pop record (no queue: records only add them) has nothing to apply again,
+        so its file is not rewritten for the offset alone."""
         if queue_offset != self.applied_metadata:
             self.applied_metadata = queue_offset
-            self.changed()
+            if self.queues:
+                self.changed()
 
     def new_version(self) -> int:
         """A hand-out's version: microseconds since the epoch, strictly increasing, so a version is not
@@ -138,8 +141,7 @@ class PopCheckpointTable(StateFile[dict[str, Any]]):
             document[METADATA_OFFSET_KEY] = self.applied_metadata
         for (group, topic, queue_id), q in self.queues.items():
             entry = {"popOffset": q.pop_offset, "committed": q.committed,
-                     "inflight": {str(o): [d.visible_at_ms, d.attempts, d.version, d.group_key]
-                                  for o, d in sorted(q.inflight.items())}}
+                     "inflight": {str(o): list(e) for o, e in sorted(inflight_entries(q).items())}}
             document["queues"].setdefault(f"{topic}{TOPIC_GROUP_SEPARATOR}{group}", {})[str(queue_id)] = entry
         return document
 
